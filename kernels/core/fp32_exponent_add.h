@@ -1,0 +1,49 @@
+#ifndef MLASERVE_KERNELS_CORE_FP32_EXPONENT_ADD_H_
+#define MLASERVE_KERNELS_CORE_FP32_EXPONENT_ADD_H_
+
+#include <bit>
+#include <cstdint>
+
+namespace mlaserve {
+
+// AMLA's "multiply by adding" (AMLA paper, Lemma 3.1): for a normal fp32 F with exponent
+// field E and an integer n with 0 < E + n < 255,
+//     F * 2^n  ==  AS_FP32(AS_INT32(F) + n * 2^23)        (bit for bit).
+// AMLA folds a small mantissa correction into the same add (delta is not always a multiple
+// of 2^23), so in general delta = n * 2^23 + k with |k| << 2^23.
+
+// The raw operation an int32 atomic add into global memory performs. Unsigned arithmetic
+// because the hardware wraps where C++ signed overflow would be undefined.
+constexpr uint32_t RawInt32Add(uint32_t word, int32_t delta) {
+  return word + static_cast<uint32_t>(delta);
+}
+
+// The same add with the edges defined, which is what mlaserve's AMLA kernels use:
+//  * +-0 and subnormals are left as signed zero (the raw add would turn +0 with n < 0 into
+//    -inf/NaN, and -0 into +inf; the hardware flushes fp32 subnormals anyway);
+//  * a result below the smallest normal (exponent underflow) becomes signed zero;
+//  * a result past the largest finite value becomes signed infinity;
+//  * inf and NaN are left unchanged;
+//  * the sign bit is never touched.
+// Inside the lemma's domain it equals RawInt32Add bit for bit.
+constexpr uint32_t AddToExponentField(uint32_t word, int32_t delta) {
+  constexpr uint32_t kSign = 0x80000000u;
+  constexpr int64_t kMinNormal = 0x00800000;
+  constexpr int64_t kInf = 0x7f800000;
+  const uint32_t sign = word & kSign;
+  const int64_t magnitude = word & ~kSign;
+  if (magnitude >= kInf) return word;            // inf, NaN
+  if (magnitude < kMinNormal) return sign;       // zero, subnormal
+  const int64_t scaled = magnitude + delta;
+  if (scaled < kMinNormal) return sign;          // underflow
+  if (scaled >= kInf) return sign | static_cast<uint32_t>(kInf);  // overflow
+  return sign | static_cast<uint32_t>(scaled);
+}
+
+inline float AddToExponentField(float value, int32_t delta) {
+  return std::bit_cast<float>(AddToExponentField(std::bit_cast<uint32_t>(value), delta));
+}
+
+}  // namespace mlaserve
+
+#endif  // MLASERVE_KERNELS_CORE_FP32_EXPONENT_ADD_H_

@@ -1,0 +1,57 @@
+#include "kernels/core/kv_block_source.h"
+
+#include <algorithm>
+
+#include "kernels/core/vector_ops.h"
+
+namespace mlaserve {
+PagedLatentSource::PagedLatentSource(const PagedKvCache& cache, const PagedSequences& seqs,
+                                     int request, int value_width)
+    : cache_(cache),
+      seqs_(seqs),
+      request_(request),
+      length_(seqs.seqlens[request]),
+      value_width_(value_width) {}
+
+KvBlock PagedLatentSource::Load(int begin, int count) {
+  const int width = cache_.width();
+  buffer_.resize(static_cast<size_t>(count) * width);
+  const int page_size = cache_.page_size();
+  // Copy page runs: within a page the token rows are consecutive.
+  for (int t = begin; t < begin + count;) {
+    const int in_page = t % page_size;
+    const int run = std::min(page_size - in_page, begin + count - t);
+    const Bf16* src = TokenRow(cache_, seqs_, request_, t);
+    const int64_t row_stride = cache_.pages.stride(1);
+    float* dst = buffer_.data() + static_cast<int64_t>(t - begin) * width;
+    if (row_stride == width) {
+      WidenBf16(src, static_cast<int64_t>(run) * width, dst);
+    } else {
+      for (int r = 0; r < run; ++r) WidenBf16(src + r * row_stride, width, dst + r * width);
+    }
+    t += run;
+  }
+  return KvBlock{buffer_.data(), width, buffer_.data(), width};
+}
+
+DenseKvSource::DenseKvSource(const Bf16* keys, int64_t ldk, int key_width, const Bf16* values,
+                             int64_t ldv, int value_width, int length)
+    : keys_(keys),
+      ldk_(ldk),
+      key_width_(key_width),
+      values_(values),
+      ldv_(ldv),
+      value_width_(value_width),
+      length_(length) {}
+
+KvBlock DenseKvSource::Load(int begin, int count) {
+  k_buffer_.resize(static_cast<size_t>(count) * key_width_);
+  v_buffer_.resize(static_cast<size_t>(count) * value_width_);
+  for (int r = 0; r < count; ++r) {
+    WidenBf16(keys_ + (begin + r) * ldk_, key_width_, k_buffer_.data() + r * key_width_);
+    WidenBf16(values_ + (begin + r) * ldv_, value_width_, v_buffer_.data() + r * value_width_);
+  }
+  return KvBlock{k_buffer_.data(), key_width_, v_buffer_.data(), value_width_};
+}
+
+}  // namespace mlaserve

@@ -1,0 +1,34 @@
+#ifndef MLASERVE_KERNELS_CORE_VECTOR_OPS_H_
+#define MLASERVE_KERNELS_CORE_VECTOR_OPS_H_
+
+#include <cstdint>
+
+#include "kernels/core/bfloat16.h"
+
+namespace mlaserve {
+
+// Row operations of the vector unit. Each has one fixed evaluation order, shared by the
+// host kernels and the emulated AIV programs, so both produce identical bits.
+
+// Largest element of x[0..n); -inf for n == 0.
+float RowMax(const float* x, int n);
+
+// Sum of x[0..n) in the vector unit's order: 64 fp32 lanes (one 256-byte repeat) accumulate
+// repeat by repeat, then the lanes reduce pairwise.
+float RowSum(const float* x, int n);
+
+// y[j] = exp(x[j] - shift); a shift of -inf (no visible key yet) yields zeros.
+void ExpShifted(const float* x, int n, float shift, float* y);
+
+// y[j] = bf16(x[j] * factor): the cast that feeds the matrix unit.
+void ScaleToBf16(const float* x, int n, float factor, float* y);
+
+// x[j] = bf16(x[j]).
+void RoundToBf16InPlace(float* x, int64_t n);
+
+// Widens n bf16 values to fp32.
+void WidenBf16(const Bf16* in, int64_t n, float* out);
+
+}  // namespace mlaserve
+
+#endif  // MLASERVE_KERNELS_CORE_VECTOR_OPS_H_

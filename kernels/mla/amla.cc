@@ -1,0 +1,134 @@
+#include "kernels/mla/amla.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <vector>
+
+#include "kernels/core/bfloat16.h"
+#include "kernels/core/block_scores.h"
+#include "kernels/core/fp32_exponent_add.h"
+#include "kernels/core/matmul.h"
+#include "kernels/core/tiling.h"
+#include "kernels/core/vector_ops.h"
+
+namespace mlaserve {
+namespace {
+
+constexpr float kLn2 = std::numbers::ln2_v<float>;
+constexpr float kMantissaScale = 8388608.0f;  // 2^23
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// round(-m / ln 2), kept in int32 range even for absurd inputs (float->int overflow is UB).
+int32_t ExponentOfMax(float m) {
+  const float n = std::nearbyint(-m / kLn2);
+  return static_cast<int32_t>(std::clamp(n, -1073741824.0f, 1073741824.0f));
+}
+
+}  // namespace
+
+int32_t AmlaSoftmaxStep(float* row, int count, const AmlaOptions& options, AmlaRowState& st) {
+  const float m_new = std::max(st.m, RowMax(row, count));
+  if (m_new == kNegInf) {  // nothing visible yet: P = 0, state unchanged
+    std::fill_n(row, count, 0.0f);
+    return 0;
+  }
+  const float m_up = std::exp(st.m - m_new);  // exp(-inf) = 0 on the first block
+  ExpShifted(row, count, m_new, row);
+  st.l = st.l * m_up + RowSum(row, count);
+
+  const int32_t n_new = ExponentOfMax(m_new);
+  const float s32 = std::exp(std::fma(static_cast<float>(n_new), kLn2, m_new));  // in [2^-.5, 2^.5]
+  const float s16 = RoundToBf16(s32);
+  const float c_new = s32 / s16;
+  ScaleToBf16(row, count, s16, row);
+
+  int32_t delta = 0;
+  if (st.started) {
+    float ratio = 1.0f;
+    switch (options.compensation) {
+      case AmlaCompensation::kDerived:
+        ratio = st.c / c_new;
+        break;
+      case AmlaCompensation::kAlgorithm2Listing:
+        ratio = c_new / st.c;
+        break;
+      case AmlaCompensation::kNone:
+        break;
+    }
+    const int32_t shift = std::max(n_new - st.n, kAmlaMinExponentShift);
+    const auto mantissa_fix =
+        static_cast<int32_t>(std::nearbyint(1.5f * (ratio - 1.0f) * kMantissaScale));
+    delta = shift * (int32_t{1} << 23) + mantissa_fix;
+  }
+  st.m = m_new;
+  st.n = n_new;
+  st.s16 = s16;
+  st.c = c_new;
+  st.started = true;
+  return delta;
+}
+
+void AmlaFinalizeRow(const float* acc, int dv, const AmlaRowState& st, float* out, float* lse) {
+  if (!st.started || !(st.l > 0.0f)) {
+    std::fill_n(out, dv, 0.0f);
+    *lse = kNegInf;
+    return;
+  }
+  const float denominator = st.l * st.s16;
+  for (int d = 0; d < dv; ++d) out[d] = acc[d] / denominator;
+  *lse = st.m + std::log(st.l);
+}
+
+void AmlaRows(const QueryRows& rows, KvBlockSource& kv, float softmax_scale,
+              const AmlaOptions& options, RowOutputs out) {
+  const int g = rows.count;
+  const int dv = kv.value_width();
+  const int max_visible =
+      rows.visible.empty()
+          ? 0
+          : std::min(kv.length(), *std::max_element(rows.visible.begin(), rows.visible.end()));
+
+  // The accumulator lives in "global memory": only integer adds and fp32 adds touch it.
+  std::vector<float> acc(static_cast<size_t>(g) * dv, 0.0f);
+  std::vector<AmlaRowState> state(g);
+  std::vector<int32_t> delta(g);
+  std::vector<float> p(static_cast<size_t>(g) * kKvBlockTokens);
+  std::vector<float> pv(static_cast<size_t>(g) * dv);
+
+  for (int begin = 0; begin < max_visible; begin += kKvBlockTokens) {
+    const int count = std::min(kKvBlockTokens, max_visible - begin);
+    const KvBlock block = kv.Load(begin, count);
+    ComputeBlockScores(rows, block, begin, count, softmax_scale, p.data(), kKvBlockTokens);
+    for (int i = 0; i < g; ++i) {
+      delta[i] = AmlaSoftmaxStep(p.data() + static_cast<int64_t>(i) * kKvBlockTokens, count,
+                                 options, state[i]);
+    }
+    MatmulNN(g, dv, count, p.data(), kKvBlockTokens, block.v, block.ldv, pv.data(), dv,
+             /*accumulate=*/false, kPvDepthChunk);
+    const bool first_block = begin == 0;
+    for (int i = 0; i < g; ++i) {
+      float* dst = acc.data() + static_cast<int64_t>(i) * dv;
+      const float* add = pv.data() + static_cast<int64_t>(i) * dv;
+      if (first_block) {  // [C2] writes the first block instead of adding it
+        std::copy_n(add, dv, dst);
+        continue;
+      }
+      for (int d = 0; d < dv; ++d) dst[d] = AddToExponentField(dst[d], delta[i]);  // int32 atomic add
+      for (int d = 0; d < dv; ++d) dst[d] += add[d];                               // fp32 atomic add
+    }
+  }
+
+  for (int i = 0; i < g; ++i) {
+    AmlaFinalizeRow(acc.data() + static_cast<int64_t>(i) * dv, dv, state[i], out.out + i * out.ldo,
+                    out.lse + i);
+  }
+}
+
+absl::StatusOr<AttentionOutput> AmlaDecode(const LatentDecodeProblem& problem,
+                                           const AmlaOptions& options) {
+  return RunLatentDecode(problem, [&](const QueryRows& rows, KvBlockSource& kv, float scale,
+                                      RowOutputs out) { AmlaRows(rows, kv, scale, options, out); });
+}
+
+}  // namespace mlaserve

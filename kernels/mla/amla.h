@@ -1,0 +1,64 @@
+#ifndef MLASERVE_KERNELS_MLA_AMLA_H_
+#define MLASERVE_KERNELS_MLA_AMLA_H_
+
+#include <cstdint>
+#include <limits>
+
+#include "absl/status/statusor.h"
+#include "kernels/core/attention_rows.h"
+#include "kernels/core/kv_block_source.h"
+#include "kernels/core/latent_decode.h"
+
+namespace mlaserve {
+
+// AMLA (design §2.2, AMLA paper Algorithm 2 + Appendix A). The fp32 output accumulator is
+// kept as  Obar_i = O_i * S16_i  where O_i is FlashAttention's unnormalised accumulator and
+// S16_i = bf16(exp(m_i + n_i ln2)) with n_i = round(-m_i / ln 2). Between blocks it is
+// rescaled in place by an int32 add on its bits,
+//     delta = max(n_i - n_{i-1}, -30) * 2^23 + round(1.5 * 2^23 * eps_i),
+// then P_i' V_i is added with P_i' = bf16(P_i * S16_i). docs/numerics.md derives
+// eps_i = c_{i-1} / c_i - 1 with c_i = S32_i / S16_i.
+
+// Which mantissa correction the rescale carries (kept selectable so the accuracy sweep can
+// show why the derived orientation is the right one).
+enum class AmlaCompensation {
+  kDerived,             // eps = c_{i-1}/c_i - 1 (Appendix A's recurrence)
+  kAlgorithm2Listing,   // eps = c_i/c_{i-1} - 1 (as printed in Algorithm 2, line 11)
+  kNone,                // eps = 0
+};
+
+struct AmlaOptions {
+  AmlaCompensation compensation = AmlaCompensation::kDerived;
+};
+
+// What the vector cores remember about one query row between KV blocks.
+struct AmlaRowState {
+  float m = -std::numeric_limits<float>::infinity();  // running max of scaled scores
+  float l = 0.0f;      // running softmax denominator, relative to m
+  int32_t n = 0;       // round(-m / ln 2)
+  float s16 = 1.0f;    // bf16(S32) for the current m
+  float c = 1.0f;      // S32 / S16 for the current m
+  bool started = false;
+};
+
+// The smallest shift the rescale applies (the paper's clamp): older blocks are then worth at
+// most 2^-30 of their true weight less, far below bf16 resolution.
+inline constexpr int32_t kAmlaMinExponentShift = -30;
+
+// Stage [V1] for one row of one block. `row` holds scaled, masked scores on entry and
+// bf16(P * S16) on exit. Returns the int32 delta to add to the row's accumulator bits before
+// this block's P V is added; meaningless (0) on the row's first block, which writes instead.
+int32_t AmlaSoftmaxStep(float* row, int count, const AmlaOptions& options, AmlaRowState& state);
+
+// Final [V] stage: out = acc / (l * S16) and lse = m + ln l (zeros and -inf for an empty row).
+void AmlaFinalizeRow(const float* acc, int dv, const AmlaRowState& state, float* out, float* lse);
+
+void AmlaRows(const QueryRows& rows, KvBlockSource& kv, float softmax_scale,
+              const AmlaOptions& options, RowOutputs out);
+
+absl::StatusOr<AttentionOutput> AmlaDecode(const LatentDecodeProblem& problem,
+                                           const AmlaOptions& options = {});
+
+}  // namespace mlaserve
+
+#endif  // MLASERVE_KERNELS_MLA_AMLA_H_

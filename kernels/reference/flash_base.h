@@ -1,0 +1,23 @@
+#ifndef MLASERVE_KERNELS_REFERENCE_FLASH_BASE_H_
+#define MLASERVE_KERNELS_REFERENCE_FLASH_BASE_H_
+
+#include "absl/status/statusor.h"
+#include "kernels/core/attention_rows.h"
+#include "kernels/core/kv_block_source.h"
+#include "kernels/core/latent_decode.h"
+
+namespace mlaserve {
+
+// "Base": FlashAttention-2 as the AMLA paper's Algorithm 1 runs it (design §2.1). Per block
+// of 512 keys: S = Q K^T (bf16 in, fp32 accumulate), online max m, P = exp(S*scale - m) in
+// fp32, l updated in fp32 from that P, P cast to bf16 for P V (fp32 accumulate), and the
+// fp32 output accumulator rescaled by exp(m_old - m_new) before the new block is added
+// (the [V2] stage that reads and writes O). Final O / l in fp32.
+void FlashBaseRows(const QueryRows& rows, KvBlockSource& kv, float softmax_scale, RowOutputs out);
+
+// Base over a paged latent decode batch.
+absl::StatusOr<AttentionOutput> FlashBaseDecode(const LatentDecodeProblem& problem);
+
+}  // namespace mlaserve
+
+#endif  // MLASERVE_KERNELS_REFERENCE_FLASH_BASE_H_

@@ -1,0 +1,63 @@
+#include "kernels/core/bfloat16.h"
+
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace mlaserve {
+namespace {
+
+// Independent reference: the two bf16 neighbours of f by truncation, pick the nearer in
+// double arithmetic, ties to the even bit pattern.
+uint16_t ReferenceRne(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint16_t lo = static_cast<uint16_t>(u >> 16);
+  const uint16_t hi = static_cast<uint16_t>(lo + 1);
+  const double x = f;
+  const double a = std::bit_cast<float>(static_cast<uint32_t>(lo) << 16);
+  const double b = std::bit_cast<float>(static_cast<uint32_t>(hi) << 16);
+  const double da = std::fabs(x - a), db = std::fabs(b - x);
+  if (da < db) return lo;
+  if (db < da) return hi;
+  return (lo & 1) == 0 ? lo : hi;
+}
+
+TEST(Bf16Test, RoundsToNearestEvenOnRandomFloats) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<uint32_t> bits(0, 0x7f7effffu);  // finite, below the top binade edge
+  for (int i = 0; i < 200000; ++i) {
+    float f = std::bit_cast<float>(bits(rng));
+    if (i % 2) f = -f;
+    const uint16_t expected = ReferenceRne(std::fabs(f)) | (std::signbit(f) ? 0x8000 : 0);
+    ASSERT_EQ(Bf16::FromFloat(f).bits, expected) << "f = " << f;
+  }
+}
+
+TEST(Bf16Test, TiesGoToEven) {
+  // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: even is 1.0.
+  EXPECT_EQ(Bf16::FromFloat(1.0f + std::ldexp(1.0f, -8)).ToFloat(), 1.0f);
+  // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 (odd) and 1 + 2^-6 (even).
+  EXPECT_EQ(Bf16::FromFloat(1.0f + 3 * std::ldexp(1.0f, -8)).ToFloat(), 1.0f + std::ldexp(1.0f, -6));
+}
+
+TEST(Bf16Test, SpecialValues) {
+  EXPECT_TRUE(std::isnan(Bf16::FromFloat(std::numeric_limits<float>::quiet_NaN()).ToFloat()));
+  // A signalling-looking NaN whose payload lives only in the low bits must not become inf.
+  EXPECT_TRUE(std::isnan(Bf16::FromFloat(std::bit_cast<float>(0x7f800001u)).ToFloat()));
+  EXPECT_EQ(Bf16::FromFloat(std::numeric_limits<float>::infinity()).ToFloat(),
+            std::numeric_limits<float>::infinity());
+  EXPECT_EQ(Bf16::FromFloat(std::numeric_limits<float>::max()).ToFloat(),
+            std::numeric_limits<float>::infinity());
+  EXPECT_EQ(Bf16::FromFloat(-0.0f).bits, 0x8000);
+  for (uint32_t b = 0; b < 0x10000; ++b) {  // every finite bf16 survives a round trip
+    const Bf16 v = Bf16::FromBits(static_cast<uint16_t>(b));
+    if (std::isnan(v.ToFloat())) continue;
+    ASSERT_EQ(Bf16::FromFloat(v.ToFloat()).bits, b);
+  }
+}
+
+}  // namespace
+}  // namespace mlaserve
