@@ -8,39 +8,102 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "bench/accuracy_command.h"
+#include "bench/kernel_command.h"
 
-ABSL_FLAG(int, seeds, 5, "accuracy: random draws per distribution");
 ABSL_FLAG(bool, json, false, "print one JSON object per line instead of a table");
+ABSL_FLAG(int, seeds, 5, "accuracy: random draws per distribution");
+ABSL_FLAG(std::string, profile, "ascend910", "kernel: device profile name or path");
+ABSL_FLAG(std::vector<std::string>, kernel, {"amla"}, "kernel: amla and/or base (comma-separated)");
+ABSL_FLAG(int, batch, 4, "kernel: requests in the batch");
+ABSL_FLAG(int, heads, 128, "kernel: query heads");
+ABSL_FLAG(std::vector<std::string>, sq, {"1"}, "kernel: query tokens per request (comma-separated)");
+ABSL_FLAG(std::vector<std::string>, sk, {"4096"}, "kernel: cached tokens per request (comma-separated)");
+ABSL_FLAG(int, preload, 2, "kernel: preload count of the pipeline (0, 1, 2)");
+ABSL_FLAG(int, page_size, 128, "kernel: KV cache page size");
+ABSL_FLAG(int, host_threads, 2, "kernel: host threads of the emulated device");
+ABSL_FLAG(bool, model_only, false, "kernel: model the time only, no host arithmetic");
 
 namespace {
 
 constexpr char kUsage[] =
-    "mlaserve-bench <command> [flags]\n"
+    "mlaserve-bench <command> [flags]   (flags take - or _ between words)\n"
     "commands:\n"
-    "  accuracy   AMLA paper accuracy sweep (Base vs AMLA vs fp64 golden)\n";
+    "  accuracy   AMLA paper accuracy sweep (Base vs AMLA vs fp64 golden)\n"
+    "  kernel     decode attention on the emulated NPU: modelled time, FU, host rate\n";
+
+absl::StatusOr<std::vector<int>> ParseInts(const std::vector<std::string>& items, const char* flag) {
+  std::vector<int> values;
+  for (const std::string& item : items) {
+    int v = 0;
+    if (!absl::SimpleAtoi(item, &v) || v <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": '", item, "' is not a positive integer"));
+    }
+    values.push_back(v);
+  }
+  return values;
+}
+
+// Accepts --model-only as well as --model_only: the documented spellings use dashes.
+std::vector<std::string> NormalizeFlagNames(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (std::string& arg : args) {
+    if (arg.rfind("--", 0) != 0) continue;
+    const size_t end = std::min(arg.find('='), arg.size());
+    for (size_t i = 2; i < end; ++i) {
+      if (arg[i] == '-') arg[i] = '_';
+    }
+  }
+  return args;
+}
+
+absl::Status Run(const std::string& command) {
+  if (command == "accuracy") {
+    return mlaserve::bench::RunAccuracyCommand(
+        {.seeds = absl::GetFlag(FLAGS_seeds), .json = absl::GetFlag(FLAGS_json)}, std::cout);
+  }
+  if (command == "kernel") {
+    mlaserve::bench::KernelCommandOptions o;
+    o.profile = absl::GetFlag(FLAGS_profile);
+    o.kernels = absl::GetFlag(FLAGS_kernel);
+    o.batch = absl::GetFlag(FLAGS_batch);
+    o.heads = absl::GetFlag(FLAGS_heads);
+    absl::StatusOr<std::vector<int>> sq = ParseInts(absl::GetFlag(FLAGS_sq), "sq");
+    if (!sq.ok()) return sq.status();
+    absl::StatusOr<std::vector<int>> sk = ParseInts(absl::GetFlag(FLAGS_sk), "sk");
+    if (!sk.ok()) return sk.status();
+    o.sq = *sq;
+    o.sk = *sk;
+    o.preload = absl::GetFlag(FLAGS_preload);
+    o.page_size = absl::GetFlag(FLAGS_page_size);
+    o.host_threads = absl::GetFlag(FLAGS_host_threads);
+    o.model_only = absl::GetFlag(FLAGS_model_only);
+    o.json = absl::GetFlag(FLAGS_json);
+    return mlaserve::bench::RunKernelCommand(o, std::cout);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown command '", command, "'"));
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  std::vector<std::string> normalized = NormalizeFlagNames(argc, argv);
+  std::vector<char*> normalized_argv;
+  for (std::string& arg : normalized) normalized_argv.push_back(arg.data());
+  std::vector<char*> args =
+      absl::ParseCommandLine(static_cast<int>(normalized_argv.size()), normalized_argv.data());
   if (args.size() != 2) {
     std::cerr << kUsage;
     return 2;
   }
-  const std::string command = args[1];
-  absl::Status status;
-  if (command == "accuracy") {
-    status = mlaserve::bench::RunAccuracyCommand(
-        {.seeds = absl::GetFlag(FLAGS_seeds), .json = absl::GetFlag(FLAGS_json)}, std::cout);
-  } else {
-    std::cerr << "unknown command '" << command << "'\n" << kUsage;
-    return 2;
-  }
+  const absl::Status status = Run(args[1]);
   if (!status.ok()) {
-    std::cerr << "mlaserve-bench " << command << ": " << status << "\n";
-    return 1;
+    std::cerr << "mlaserve-bench " << args[1] << ": " << status << "\n";
+    return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   return 0;
 }

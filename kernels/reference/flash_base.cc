@@ -11,16 +11,50 @@
 #include "kernels/core/vector_ops.h"
 
 namespace mlaserve {
+namespace {
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+}  // namespace
+
+float FlashBaseSoftmaxStep(float* row, int count, FlashBaseRowState& st) {
+  const float m_new = std::max(st.m, RowMax(row, count));
+  const float rescale = m_new == kNegInf ? 1.0f : std::exp(st.m - m_new);
+  ExpShifted(row, count, m_new, row);
+  st.l = st.l * rescale + RowSum(row, count);
+  RoundToBf16InPlace(row, count);
+  st.m = m_new;
+  return rescale;
+}
+
+void FlashBaseRescaleAdd(float* acc, const float* pv, int dv, float rescale, bool first_block) {
+  if (first_block) {
+    std::copy_n(pv, dv, acc);
+    return;
+  }
+  for (int d = 0; d < dv; ++d) acc[d] = acc[d] * rescale + pv[d];
+}
+
+void FlashBaseFinalizeRow(const float* acc, int dv, const FlashBaseRowState& st, float* out,
+                          float* lse) {
+  if (!(st.l > 0.0f)) {
+    std::fill_n(out, dv, 0.0f);
+    *lse = kNegInf;
+    return;
+  }
+  for (int d = 0; d < dv; ++d) out[d] = acc[d] / st.l;
+  *lse = st.m + std::log(st.l);
+}
 
 void FlashBaseRows(const QueryRows& rows, KvBlockSource& kv, float softmax_scale, RowOutputs out) {
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int g = rows.count;
   const int dv = kv.value_width();
   const int max_visible =
-      rows.visible.empty() ? 0 : std::min(kv.length(), *std::max_element(rows.visible.begin(), rows.visible.end()));
+      rows.visible.empty()
+          ? 0
+          : std::min(kv.length(), *std::max_element(rows.visible.begin(), rows.visible.end()));
 
-  std::vector<float> o(static_cast<size_t>(g) * dv, 0.0f);
-  std::vector<float> m(g, kNegInf), l(g, 0.0f), rescale(g, 1.0f);
+  std::vector<float> acc(static_cast<size_t>(g) * dv, 0.0f);
+  std::vector<FlashBaseRowState> state(g);
+  std::vector<float> rescale(g, 1.0f);
   std::vector<float> s(static_cast<size_t>(g) * kKvBlockTokens);
   std::vector<float> pv(static_cast<size_t>(g) * dv);
 
@@ -29,33 +63,19 @@ void FlashBaseRows(const QueryRows& rows, KvBlockSource& kv, float softmax_scale
     const KvBlock block = kv.Load(begin, count);
     ComputeBlockScores(rows, block, begin, count, softmax_scale, s.data(), kKvBlockTokens);
     for (int i = 0; i < g; ++i) {
-      float* row = s.data() + static_cast<int64_t>(i) * kKvBlockTokens;
-      const float m_new = std::max(m[i], RowMax(row, count));
-      rescale[i] = m_new == kNegInf ? 1.0f : std::exp(m[i] - m_new);
-      ExpShifted(row, count, m_new, row);
-      l[i] = l[i] * rescale[i] + RowSum(row, count);
-      RoundToBf16InPlace(row, count);
-      m[i] = m_new;
+      rescale[i] = FlashBaseSoftmaxStep(s.data() + static_cast<int64_t>(i) * kKvBlockTokens, count,
+                                        state[i]);
     }
     MatmulNN(g, dv, count, s.data(), kKvBlockTokens, block.v, block.ldv, pv.data(), dv,
              /*accumulate=*/false, kPvDepthChunk);
     for (int i = 0; i < g; ++i) {
-      float* acc = o.data() + static_cast<int64_t>(i) * dv;
-      const float* add = pv.data() + static_cast<int64_t>(i) * dv;
-      for (int d = 0; d < dv; ++d) acc[d] = acc[d] * rescale[i] + add[d];
+      FlashBaseRescaleAdd(acc.data() + static_cast<int64_t>(i) * dv,
+                          pv.data() + static_cast<int64_t>(i) * dv, dv, rescale[i], begin == 0);
     }
   }
-
   for (int i = 0; i < g; ++i) {
-    float* dst = out.out + i * out.ldo;
-    if (l[i] > 0.0f) {
-      const float* acc = o.data() + static_cast<int64_t>(i) * dv;
-      for (int d = 0; d < dv; ++d) dst[d] = acc[d] / l[i];
-      out.lse[i] = m[i] + std::log(l[i]);
-    } else {
-      std::fill_n(dst, dv, 0.0f);
-      out.lse[i] = kNegInf;
-    }
+    FlashBaseFinalizeRow(acc.data() + static_cast<int64_t>(i) * dv, dv, state[i],
+                         out.out + i * out.ldo, out.lse + i);
   }
 }
 

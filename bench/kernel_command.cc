@@ -1,0 +1,125 @@
+#include "bench/kernel_command.h"
+
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_format.h"
+#include "bench/sgemm_baseline.h"
+#include "kernels/core/random_fill.h"
+#include "kernels/core/status_macros.h"
+#include "kernels/npu/device.h"
+#include "kernels/npu/programs/latent_decode_on_device.h"
+#include "nlohmann/json.hpp"
+
+namespace mlaserve::bench {
+namespace {
+
+constexpr int kDk = 576;
+constexpr int kDv = 512;
+
+absl::StatusOr<npu::RescaleAlgorithm> ParseKernel(const std::string& name) {
+  if (name == "amla") return npu::RescaleAlgorithm::kAmla;
+  if (name == "base") return npu::RescaleAlgorithm::kBase;
+  return absl::InvalidArgumentError(absl::StrCat("--kernel: unknown kernel '", name, "' (amla, base)"));
+}
+
+// A dense random batch: every request has `sk` cached tokens in its own run of pages.
+struct Batch {
+  std::vector<Bf16> q, pages;
+  std::vector<int32_t> table, seqlens;
+  int pages_per_seq = 0;
+};
+
+Batch MakeBatch(int batch, int sq, int heads, int sk, int page_size) {
+  Batch b;
+  Rng rng(42);
+  b.pages_per_seq = (sk + page_size - 1) / page_size;
+  b.q.resize(static_cast<size_t>(batch) * sq * heads * kDk);
+  b.pages.resize(static_cast<size_t>(batch) * b.pages_per_seq * page_size * kDk);
+  FillNormal(b.q, 1.0, rng);
+  FillNormal(b.pages, 1.0, rng);
+  b.table.resize(static_cast<size_t>(batch) * b.pages_per_seq);
+  std::iota(b.table.begin(), b.table.end(), 0);
+  b.seqlens.assign(batch, sk);
+  return b;
+}
+
+}  // namespace
+
+absl::Status RunKernelCommand(const KernelCommandOptions& o, std::ostream& out) {
+  ASSIGN_OR_RETURN(npu::DeviceProfile profile, npu::LoadDeviceProfile(o.profile));
+  ASSIGN_OR_RETURN(auto device, npu::Device::Create(profile, {.host_threads = o.host_threads}));
+  if (!o.json) {
+    out << absl::StrFormat(
+        "decode attention on %s (%d AIC, %.1f TFLOPS peak, %.2f TB/s): batch=%d heads=%d "
+        "preload=%d%s\n",
+        profile.name, profile.cube_cores, profile.PeakFlops() / 1e12,
+        profile.HbmBytesPerSecond() / 1e12, o.batch, o.heads, o.preload,
+        o.model_only ? " (model only)" : "");
+    out << absl::StrFormat("%-5s %3s %6s %11s %6s %6s %8s %6s %8s %9s %9s %10s %6s\n", "kernel",
+                           "sq", "sk", "modeled_us", "FU%", "AIC.M", "AIC.MTE2", "AIV.V",
+                           "AIV.MTE2", "host_ms", "host_GF/s", "sgemm_GF/s", "ratio");
+  }
+  for (int sq : o.sq) {
+    for (int sk : o.sk) {
+      Batch data;
+      if (!o.model_only) data = MakeBatch(o.batch, sq, o.heads, sk, o.page_size);
+      for (const std::string& name : o.kernels) {
+        ASSIGN_OR_RETURN(npu::RescaleAlgorithm algorithm, ParseKernel(name));
+        const npu::AttentionKernelOptions options{.algorithm = algorithm, .preload = o.preload, .amla = {}};
+        npu::LaunchReport report;
+        if (o.model_only) {
+          ASSIGN_OR_RETURN(report, npu::ModelLatentDecodeOnDevice(
+                                       *device,
+                                       {.heads = o.heads, .sq = sq, .seqlens = std::vector<int32_t>(o.batch, sk),
+                                        .dk = kDk, .dv = kDv, .page_size = o.page_size, .causal = true},
+                                       options));
+        } else {
+          ASSIGN_OR_RETURN(auto q, (TensorView<const Bf16, 4>::Create(data.q, {o.batch, sq, o.heads, kDk})));
+          ASSIGN_OR_RETURN(auto pages, (TensorView<const Bf16, 3>::Create(
+                                           data.pages, {o.batch * data.pages_per_seq, o.page_size, kDk})));
+          ASSIGN_OR_RETURN(auto table, (TensorView<const int32_t, 2>::Create(
+                                           data.table, {o.batch, data.pages_per_seq})));
+          const LatentDecodeProblem problem{q, PagedKvCache{pages}, PagedSequences{table, data.seqlens},
+                                            kDv, static_cast<float>(1.0 / std::sqrt(192.0)), true};
+          ASSIGN_OR_RETURN(auto result, npu::RunLatentDecodeOnDevice(*device, problem, options));
+          report = std::move(result.report);
+        }
+        const double host_gflops = report.host_ms ? report.flops / (*report.host_ms * 1e6) : 0.0;
+        const double sgemm_gflops =
+            report.host_ms ? MeasureSgemmBaselineGflops(report.mmad_shapes, o.host_threads) : 0.0;
+        if (o.json) {
+          nlohmann::json row = {{"kernel", name},         {"profile", profile.name},
+                                {"batch", o.batch},       {"heads", o.heads},
+                                {"sq", sq},               {"sk", sk},
+                                {"preload", o.preload},   {"modeled_us", report.modeled_us},
+                                {"fu", report.fu},        {"flops", report.flops},
+                                {"pipe_busy", report.pipe_busy},
+                                {"gm_read_bytes", report.gm_read_bytes},
+                                {"hbm_read_bytes", report.hbm_read_bytes}};
+          if (report.host_ms) {
+            row["host_ms"] = *report.host_ms;
+            row["host_gflops"] = host_gflops;
+            row["host_sgemm_gflops"] = sgemm_gflops;
+          }
+          out << row.dump() << "\n";
+        } else {
+          auto busy = [&](const char* pipe) { return 100.0 * report.pipe_busy[pipe]; };
+          out << absl::StrFormat("%-6s %3d %6d %11.1f %6.1f %6.1f %8.1f %6.1f %8.1f ", name, sq, sk,
+                                 report.modeled_us, 100.0 * report.fu, busy("AIC.M"), busy("AIC.MTE2"),
+                                 busy("AIV.V"), busy("AIV.MTE2"));
+          if (report.host_ms) {
+            out << absl::StrFormat("%9.1f %9.1f %10.1f %6.3f\n", *report.host_ms, host_gflops,
+                                   sgemm_gflops, host_gflops / sgemm_gflops);
+          } else {
+            out << absl::StrFormat("%9s %9s %10s %6s\n", "-", "-", "-", "-");
+          }
+        }
+        out.flush();
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace mlaserve::bench

@@ -1,0 +1,34 @@
+#ifndef MLASERVE_BENCH_KERNEL_COMMAND_H_
+#define MLASERVE_BENCH_KERNEL_COMMAND_H_
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace mlaserve::bench {
+
+struct KernelCommandOptions {
+  std::string profile = "ascend910";
+  std::vector<std::string> kernels = {"amla"};  // amla, base
+  int batch = 4;
+  int heads = 128;
+  std::vector<int> sq = {1};
+  std::vector<int> sk = {4096};
+  int preload = 2;
+  int page_size = 128;
+  int host_threads = 2;
+  bool model_only = false;
+  bool json = false;
+};
+
+// `mlaserve-bench kernel`: runs decode attention on an emulated device for every
+// (kernel, sq, sk) combination and prints modelled time, FLOPS utilisation, pipe busy
+// fractions and, unless --model-only, the host execution rate beside the same-run SGEMM
+// rate on the kernel's own matrix-unit shapes.
+absl::Status RunKernelCommand(const KernelCommandOptions& options, std::ostream& out);
+
+}  // namespace mlaserve::bench
+
+#endif  // MLASERVE_BENCH_KERNEL_COMMAND_H_

@@ -1,0 +1,64 @@
+#include "kernels/npu/device.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/core/status_macros.h"
+#include "kernels/npu/timing_model.h"
+
+namespace mlaserve::npu {
+
+absl::StatusOr<std::unique_ptr<Device>> Device::Create(DeviceProfile profile, DeviceOptions options) {
+  if (options.host_threads < 1 || options.host_threads > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("host_threads = ", options.host_threads, " must be in 1..256"));
+  }
+  return std::unique_ptr<Device>(new Device(std::move(profile), options));
+}
+
+Device::Device(DeviceProfile profile, DeviceOptions options)
+    : profile_(std::move(profile)),
+      gm_(profile_.hbm_bytes, profile_.gm_alignment),
+      local_(profile_),
+      executor_(options.host_threads) {}
+
+absl::StatusOr<LaunchReport> Device::Launch(const DeviceKernel& kernel, ExecutionMode mode) {
+  absl::MutexLock lock(&launch_mu_);
+  const bool execute = mode == ExecutionMode::kExecute;
+  Program program(profile_, kernel.BlockDim(), execute ? &local_ : nullptr);
+  RETURN_IF_ERROR(kernel.Record(program));
+  RETURN_IF_ERROR(program.Finalize());
+  ASSIGN_OR_RETURN(LaunchTiming timing, SimulateLaunch(program, profile_));
+
+  LaunchReport report;
+  report.kernel = kernel.Name();
+  report.block_dim = program.block_dim();
+  report.modeled_cycles = timing.total_cycles;
+  report.modeled_us = profile_.CyclesToMicroseconds(static_cast<double>(timing.total_cycles));
+  report.flops = kernel.Flops();
+  report.fu = report.flops / (report.modeled_us * 1e-6 * profile_.PeakFlops());
+  report.instructions = timing.instructions;
+  report.gm_read_bytes = timing.gm_read_bytes;
+  report.hbm_read_bytes = timing.hbm_read_bytes;
+  report.gm_write_bytes = timing.gm_write_bytes;
+  report.mmad_shapes = program.mmad_shapes();
+  const double cube_capacity = static_cast<double>(timing.total_cycles) * profile_.cube_cores;
+  const double vector_capacity = static_cast<double>(timing.total_cycles) * profile_.vector_cores();
+  for (Pipe pipe : {Pipe::kMte2, Pipe::kMte1, Pipe::kM, Pipe::kFix}) {
+    report.pipe_busy[absl::StrCat("AIC.", PipeName(pipe))] =
+        static_cast<double>(timing.cube_busy[static_cast<int>(pipe)]) / cube_capacity;
+  }
+  for (Pipe pipe : {Pipe::kMte2, Pipe::kV, Pipe::kMte3}) {
+    report.pipe_busy[absl::StrCat("AIV.", PipeName(pipe))] =
+        static_cast<double>(timing.vector_busy[static_cast<int>(pipe)]) / vector_capacity;
+  }
+  if (execute) {
+    const auto start = std::chrono::steady_clock::now();
+    executor_.Run(program, gm_);
+    report.host_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  }
+  return report;
+}
+
+}  // namespace mlaserve::npu

@@ -1,0 +1,55 @@
+#ifndef MLASERVE_KERNELS_NPU_DEVICE_H_
+#define MLASERVE_KERNELS_NPU_DEVICE_H_
+
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/npu/device_kernel.h"
+#include "kernels/npu/device_profile.h"
+#include "kernels/npu/global_memory.h"
+#include "kernels/npu/host_executor.h"
+#include "kernels/npu/launch_report.h"
+#include "kernels/npu/local_memory.h"
+#include "kernels/npu/program.h"
+
+namespace mlaserve::npu {
+
+struct DeviceOptions {
+  // Host threads that execute the cores' work; AIC and AIV work overlaps across them.
+  int host_threads = 2;
+};
+
+enum class ExecutionMode {
+  kExecute,    // compute the real result and model its time
+  kModelOnly,  // model the time only: no host arithmetic, no host memory for GM data
+};
+
+// One emulated NPU: it executes kernels for real on the host and models their duration on
+// the part its profile describes. Launches on one device run one at a time, like a single
+// device stream; a pool holds several devices for parallelism.
+class Device {
+ public:
+  static absl::StatusOr<std::unique_ptr<Device>> Create(DeviceProfile profile,
+                                                        DeviceOptions options = {});
+
+  const DeviceProfile& profile() const { return profile_; }
+  GlobalMemory& gm() { return gm_; }
+  int host_threads() const { return executor_.threads(); }
+
+  absl::StatusOr<LaunchReport> Launch(const DeviceKernel& kernel, ExecutionMode mode);
+
+ private:
+  Device(DeviceProfile profile, DeviceOptions options);
+
+  const DeviceProfile profile_;
+  GlobalMemory gm_;
+  absl::Mutex launch_mu_;
+  LocalMemoryStorage local_ ABSL_GUARDED_BY(launch_mu_);
+  HostExecutor executor_;
+};
+
+}  // namespace mlaserve::npu
+
+#endif  // MLASERVE_KERNELS_NPU_DEVICE_H_

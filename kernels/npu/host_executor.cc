@@ -1,0 +1,197 @@
+#include "kernels/npu/host_executor.h"
+
+#if defined(__SANITIZE_THREAD__)
+// ThreadSanitizer must see the happens-before the *device program* guarantees, not the one
+// the executor's queue lock happens to create between unrelated instructions (which would
+// hide a missing flag). In TSan builds the workers' use of that lock is made invisible to
+// TSan and ordering is published along the program's dependency edges only.
+extern "C" void AnnotateIgnoreSyncBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreSyncEnd(const char* file, int line);
+extern "C" void AnnotateIgnoreReadsBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreReadsEnd(const char* file, int line);
+extern "C" void AnnotateIgnoreWritesBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreWritesEnd(const char* file, int line);
+extern "C" void __tsan_acquire(void* addr);
+extern "C" void __tsan_release(void* addr);
+// The executor's own bookkeeping (queue, counters), which is correctly locked, is hidden
+// from TSan together with its lock.
+#define MLASERVE_TSAN_BOOKKEEPING_BEGIN()        \
+  do {                                           \
+    AnnotateIgnoreReadsBegin(__FILE__, __LINE__);  \
+    AnnotateIgnoreWritesBegin(__FILE__, __LINE__); \
+    AnnotateIgnoreSyncBegin(__FILE__, __LINE__);   \
+  } while (false)
+#define MLASERVE_TSAN_BOOKKEEPING_END()        \
+  do {                                         \
+    AnnotateIgnoreSyncEnd(__FILE__, __LINE__);   \
+    AnnotateIgnoreWritesEnd(__FILE__, __LINE__); \
+    AnnotateIgnoreReadsEnd(__FILE__, __LINE__);  \
+  } while (false)
+#else
+#define MLASERVE_TSAN_BOOKKEEPING_BEGIN()
+#define MLASERVE_TSAN_BOOKKEEPING_END()
+#endif
+
+namespace mlaserve::npu {
+namespace {
+
+#if defined(__SANITIZE_THREAD__)
+// For every instruction with host work: the instructions with host work it enables,
+// looking through flag instructions (which have none).
+std::vector<std::vector<uint32_t>> WorkSuccessors(const Program& program) {
+  const auto& ins = program.instructions();
+  std::vector<std::vector<uint32_t>> out(ins.size());
+  std::vector<uint32_t> stack;
+  std::vector<uint32_t> seen(ins.size(), UINT32_MAX);
+  for (uint32_t x = 0; x < ins.size(); ++x) {
+    if (program.payload(ins[x]) == nullptr) continue;
+    stack.assign(1, x);
+    while (!stack.empty()) {
+      const uint32_t y = stack.back();
+      stack.pop_back();
+      for (uint32_t e = program.edge_offsets()[y]; e < program.edge_offsets()[y + 1]; ++e) {
+        const uint32_t to = program.edges()[e].to;
+        if (seen[to] == x) continue;
+        seen[to] = x;
+        if (program.payload(ins[to]) != nullptr) {
+          out[x].push_back(to);
+        } else {
+          stack.push_back(to);
+        }
+      }
+    }
+  }
+  return out;
+}
+#endif
+
+}  // namespace
+
+HostExecutor::HostExecutor(int threads) {
+  for (int i = 0; i < std::max(threads, 1); ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
+
+HostExecutor::~HostExecutor() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  work_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+void HostExecutor::Run(const Program& program, GlobalMemory& gm) {
+#if defined(__SANITIZE_THREAD__)
+  tsan_sync_.assign(program.instructions().size(), 0);
+  tsan_successors_ = WorkSuccessors(program);
+  __tsan_release(&tsan_launch_);  // everything set up so far is visible to the work
+#endif
+  MLASERVE_TSAN_BOOKKEEPING_BEGIN();
+  std::unique_lock<std::mutex> lock(mu_);
+  program_ = &program;
+  gm_ = &gm;
+  pending_ = program.in_degree();
+  remaining_ = static_cast<int64_t>(program.instructions().size());
+  std::vector<uint32_t> roots;
+  for (uint32_t i = 0; i < pending_.size(); ++i) {
+    if (pending_[i] == 0) roots.push_back(i);
+  }
+  for (uint32_t i : roots) {  // collected first: completing one releases others
+    if (program.payload(program.instructions()[i]) == nullptr) {
+      const int64_t next = Complete(i);
+      if (next >= 0) ready_.push_back(static_cast<uint32_t>(next));
+    } else {
+      ready_.push_back(i);
+    }
+  }
+  work_.notify_all();
+  done_.wait(lock, [this] { return remaining_ == 0; });
+  program_ = nullptr;
+  lock.unlock();
+  MLASERVE_TSAN_BOOKKEEPING_END();
+#if defined(__SANITIZE_THREAD__)
+  __tsan_acquire(&tsan_all_done_);  // the caller reads what every instruction wrote
+#endif
+}
+
+void HostExecutor::Execute(const Program& program, uint32_t id) {
+#if defined(__SANITIZE_THREAD__)
+  __tsan_acquire(&tsan_launch_);
+  __tsan_acquire(&tsan_sync_[id]);
+#endif
+  const Instruction& ins = program.instructions()[id];
+  const Payload* payload = program.payload(ins);
+  if (payload == nullptr) return;
+#if defined(__SANITIZE_THREAD__)
+  struct Publish {
+    HostExecutor* self;
+    uint32_t id;
+    ~Publish() {
+      for (uint32_t to : self->tsan_successors_[id]) __tsan_release(&self->tsan_sync_[to]);
+      __tsan_release(&self->tsan_all_done_);
+    }
+  } publish{this, id};
+#endif
+  if (ins.atomic != AtomicMode::kNone) {
+    const GmRegion region{ins.gm_addr, ins.gm_rows, ins.gm_row_bytes, ins.gm_stride};
+    GlobalMemory::AtomicGuard guard(*gm_, region.addr, region.span());
+    (*payload)();
+  } else {
+    (*payload)();
+  }
+}
+
+int64_t HostExecutor::Complete(uint32_t id) {
+  const auto& offsets = program_->edge_offsets();
+  const auto& edges = program_->edges();
+  const auto& instructions = program_->instructions();
+  int64_t next = -1;
+  bool queued = false;
+  stack_.push_back(id);
+  while (!stack_.empty()) {
+    const uint32_t finished = stack_.back();
+    stack_.pop_back();
+    --remaining_;
+    for (uint32_t e = offsets[finished]; e < offsets[finished + 1]; ++e) {
+      const uint32_t to = edges[e].to;
+      if (--pending_[to] != 0) continue;
+      if (program_->payload(instructions[to]) == nullptr) {
+        stack_.push_back(to);
+      } else if (next < 0) {
+        next = to;
+      } else {
+        ready_.push_back(to);
+        queued = true;
+      }
+    }
+  }
+  if (queued) work_.notify_all();
+  if (remaining_ == 0) done_.notify_all();
+  return next;
+}
+
+void HostExecutor::WorkerLoop() {
+  MLASERVE_TSAN_BOOKKEEPING_BEGIN();
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    work_.wait(lock, [this] { return stopping_ || !ready_.empty(); });
+    if (ready_.empty()) {  // stopping
+      lock.unlock();
+      MLASERVE_TSAN_BOOKKEEPING_END();
+      return;
+    }
+    int64_t id = ready_.front();
+    ready_.pop_front();
+    const Program& program = *program_;
+    while (id >= 0) {  // keep going down a chain without a queue round trip
+      lock.unlock();
+      MLASERVE_TSAN_BOOKKEEPING_END();
+      Execute(program, static_cast<uint32_t>(id));
+      MLASERVE_TSAN_BOOKKEEPING_BEGIN();
+      lock.lock();
+      id = Complete(static_cast<uint32_t>(id));
+    }
+  }
+}
+
+}  // namespace mlaserve::npu

@@ -1,0 +1,69 @@
+#ifndef MLASERVE_KERNELS_NPU_HOST_EXECUTOR_H_
+#define MLASERVE_KERNELS_NPU_HOST_EXECUTOR_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "kernels/npu/global_memory.h"
+#include "kernels/npu/program.h"
+
+namespace mlaserve::npu {
+
+// Runs a program's host work for real on a fixed set of host threads, honouring exactly the
+// dependencies the device would: each pipe in order, every wait after its set. AIC and AIV
+// work of different pipes and cores therefore overlaps on the host as the preload pipeline
+// overlaps it on the device, and a program missing a flag shows up as a data race.
+//
+// std::mutex rather than absl::Mutex: Debian's abseil is not built for ThreadSanitizer, and
+// the executor is exactly what the TSan runs must see through.
+class HostExecutor {
+ public:
+  explicit HostExecutor(int threads);
+  ~HostExecutor();
+  HostExecutor(const HostExecutor&) = delete;
+  HostExecutor& operator=(const HostExecutor&) = delete;
+
+  // Blocks until every instruction of `program` has run. One Run at a time.
+  void Run(const Program& program, GlobalMemory& gm);
+  int threads() const { return static_cast<int>(workers_.size()); }
+
+ private:
+  void WorkerLoop();
+  void Execute(const Program& program, uint32_t id);
+  // Marks `id` done and releases its successors. Successors without host work (flags, waits)
+  // are completed on the spot; the first one with work is returned for the caller to run
+  // next, the others are queued. Returns -1 when there is nothing to continue with.
+  // Requires mu_.
+  int64_t Complete(uint32_t id);
+
+  std::mutex mu_;
+  std::condition_variable work_;  // ready_ gained an entry, or stopping_
+  std::condition_variable done_;  // remaining_ reached zero
+  // Guarded by mu_:
+  std::deque<uint32_t> ready_;
+  const Program* program_ = nullptr;
+  GlobalMemory* gm_ = nullptr;
+  std::vector<uint32_t> pending_;  // unfinished predecessors per instruction
+  std::vector<uint32_t> stack_;    // scratch for Complete
+#if defined(__SANITIZE_THREAD__)
+  // ThreadSanitizer's view: one sync object per instruction, released by every instruction
+  // with host work that enables it (see host_executor.cc).
+  std::vector<char> tsan_sync_;
+  std::vector<std::vector<uint32_t>> tsan_successors_;
+  char tsan_all_done_ = 0;
+  char tsan_launch_ = 0;
+#endif
+  std::vector<char> sync_;         // per instruction: ThreadSanitizer's view of its inputs
+  int64_t remaining_ = 0;
+  bool stopping_ = false;
+
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace mlaserve::npu
+
+#endif  // MLASERVE_KERNELS_NPU_HOST_EXECUTOR_H_

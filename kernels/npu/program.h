@@ -1,0 +1,181 @@
+#ifndef MLASERVE_KERNELS_NPU_PROGRAM_H_
+#define MLASERVE_KERNELS_NPU_PROGRAM_H_
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/npu/device_profile.h"
+#include "kernels/npu/global_memory.h"
+#include "kernels/npu/instruction.h"
+#include "kernels/npu/local_memory.h"
+#include "kernels/npu/pipe.h"
+
+namespace mlaserve::npu {
+
+class Program;
+
+// Host work attached to an instruction; runs when the launch executes for real.
+using Payload = std::function<void()>;
+
+// Vector instruction classes and their cost (cycles per 256-byte repeat in the profile).
+enum class VecClass : uint8_t { kUnary, kBinary, kExp, kReduce, kDiv };
+
+struct VecOp {
+  VecClass cls;
+  int64_t elements;
+  int element_bytes = 4;
+};
+
+// Flag ids and limits of the A2/A3 generation.
+inline constexpr int kMaxEventId = 7;          // SetFlag/WaitFlag event ids 0..7
+inline constexpr int kMaxCrossCoreFlagId = 10;  // CrossCoreSetFlag ids 0..10
+inline constexpr int kMaxOutstandingCrossCoreSets = 16;
+
+// Records the instruction stream of one core, the way an Ascend C kernel body issues it.
+// Program order here is the core's scalar issue order; each instruction then waits in its
+// pipe's in-order queue. Recording never blocks or computes: the timing model and the host
+// executor consume the finished Program.
+class CoreRecorder {
+ public:
+  CoreKind kind() const { return kind_; }
+  int block() const { return block_; }
+  int sub_block() const { return sub_block_; }
+  int core_id() const { return core_id_; }
+  bool executes() const;
+
+  // Carves a buffer out of this core's local memory (L1/L0A/L0B/L0C on an AIC, UB on an
+  // AIV). Fails with the buffer's name when the space is full.
+  absl::StatusOr<LocalTensor> Alloc(Space space, int64_t bytes, absl::string_view what);
+
+  // Intra-core synchronisation between two pipes of this core (HardEvent src_dst, id).
+  void SetFlag(Pipe src, Pipe dst, int event);
+  void WaitFlag(Pipe src, Pipe dst, int event);
+
+  // Mode-2 cross-core flags between an AIC and its two AIVs. An AIC set increments both
+  // AIVs' counter `flag`; the AIC's counter increments once both AIVs have set it. The set
+  // is issued on `pipe` (fires after that pipe's earlier work); the wait stalls issue.
+  void CrossCoreSetFlag(int flag, Pipe pipe);
+  void CrossCoreWaitFlag(int flag);
+
+  // MTE2: copy the GM region `src` into local memory.
+  void ReadGm(const GmRegion& src, Payload payload, const char* label);
+  // FIX (AIC) or MTE3 (AIV): copy into the GM region `dst`, optionally as an atomic add.
+  void WriteGm(const GmRegion& dst, AtomicMode atomic, Payload payload, const char* label);
+  // MTE1: stage a tile of `bytes` (bf16 on the device) from L1 into L0A or L0B.
+  void LoadL0(Space dst, int64_t bytes, Payload payload, const char* label);
+  // M: C[m][n] (+)= A[m][k] B[k][n] on the cube, in 16x16x16 fractals.
+  void Mmad(int m, int n, int k, Payload payload, const char* label);
+  // V: a sequence of vector API calls costed together, with one host payload.
+  void Vector(std::initializer_list<VecOp> ops, Payload payload, const char* label);
+
+ private:
+  friend class Program;
+  CoreRecorder(Program* program, CoreKind kind, int block, int sub_block, int core_id);
+
+  uint32_t Record(Pipe pipe, OpKind kind, int64_t cycles, int64_t latency, Payload payload,
+                  const char* label);
+  bool CheckPipe(Pipe pipe, absl::string_view what);
+
+  Program* program_;
+  CoreKind kind_;
+  int block_;
+  int sub_block_;
+  int core_id_;
+  std::array<LocalArena*, 5> arenas_{};
+  std::vector<std::unique_ptr<LocalArena>> owned_arenas_;
+  int64_t last_barrier_ = -1;
+  std::array<int64_t, kNumPipes> pipe_last_{};     // last instruction per pipe, -1 if none
+  std::array<int64_t, kNumPipes> pipe_barrier_{};  // barrier already ordered before the pipe
+};
+
+// Everything one kernel launch issues, over `block_dim` groups of one AIC and two AIVs.
+class Program {
+ public:
+  // `storage` gives local buffers their host memory; null means the launch only models time.
+  Program(const DeviceProfile& profile, int block_dim, const LocalMemoryStorage* storage);
+  Program(const Program&) = delete;
+  Program& operator=(const Program&) = delete;
+
+  const DeviceProfile& profile() const { return profile_; }
+  int block_dim() const { return block_dim_; }
+  bool executes() const { return storage_ != nullptr; }
+
+  CoreRecorder& Cube(int block) { return *cores_[block]; }
+  CoreRecorder& Vector(int block, int sub_block) { return *cores_[block_dim_ + 2 * block + sub_block]; }
+  int num_cores() const { return static_cast<int>(cores_.size()); }
+
+  // The first recording error (bad pipe, bad flag id, ...), or OK.
+  const absl::Status& status() const { return status_; }
+
+  // Pairs every wait with its set and builds the dependency graph. Unpaired waits are
+  // reported as the deadlock they would be on the device; leftover sets as the protocol
+  // violation they are.
+  absl::Status Finalize();
+
+  // The finished graph (valid after Finalize).
+  const std::vector<Instruction>& instructions() const { return instructions_; }
+  // An edge either follows its source's occupancy (next instruction of the same pipe) or
+  // its completion (flags, issue barriers).
+  struct Edge {
+    uint32_t to;
+    bool after_completion;
+  };
+  const std::vector<uint32_t>& edge_offsets() const { return edge_offsets_; }  // CSR by source
+  const std::vector<Edge>& edges() const { return edges_; }
+  const std::vector<uint32_t>& in_degree() const { return in_degree_; }
+  const Payload* payload(const Instruction& ins) const {
+    return ins.payload < 0 ? nullptr : &payloads_[ins.payload];
+  }
+  // Matched (set, wait) pairs of intra-core flags, for the outstanding-set check.
+  const std::vector<std::vector<std::pair<uint32_t, uint32_t>>>& flag_pairs() const {
+    return flag_pairs_;
+  }
+  // Matched (set, wait) pairs of each cross-core counter, for the 16-outstanding check.
+  const std::vector<std::vector<std::pair<uint32_t, uint32_t>>>& cross_pairs() const {
+    return cross_pairs_;
+  }
+  std::string Describe(uint32_t instruction) const;
+
+  // Every (m, n, k) the cube issued, with multiplicity: what a fair host SGEMM baseline runs.
+  const std::map<std::tuple<int, int, int>, int64_t>& mmad_shapes() const { return mmad_shapes_; }
+
+ private:
+  friend class CoreRecorder;
+  void Fail(absl::Status status);
+  void AddEdge(uint32_t from, uint32_t to, bool after_completion);
+
+  const DeviceProfile& profile_;
+  int block_dim_;
+  const LocalMemoryStorage* storage_;
+  absl::Status status_;
+  std::vector<std::unique_ptr<CoreRecorder>> cores_;
+  std::vector<Instruction> instructions_;
+  std::vector<Payload> payloads_;
+  std::vector<std::tuple<uint32_t, uint32_t, bool>> raw_edges_;
+  std::map<std::tuple<int, int, int>, int64_t> mmad_shapes_;
+
+  // Flag bookkeeping, keyed by (core, src, dst, event) and (receiving core, flag).
+  std::map<std::tuple<int, int, int, int>, std::vector<uint32_t>> intra_sets_, intra_waits_;
+  std::map<std::tuple<int, int, int>, std::vector<uint32_t>> cross_sets_;  // (receiver, flag, sender)
+  std::map<std::pair<int, int>, std::vector<uint32_t>> cross_waits_;       // (receiver, flag)
+
+  std::vector<uint32_t> edge_offsets_;
+  std::vector<Edge> edges_;
+  std::vector<uint32_t> in_degree_;
+  std::vector<std::vector<std::pair<uint32_t, uint32_t>>> flag_pairs_;
+  std::vector<std::vector<std::pair<uint32_t, uint32_t>>> cross_pairs_;
+};
+
+}  // namespace mlaserve::npu
+
+#endif  // MLASERVE_KERNELS_NPU_PROGRAM_H_

@@ -1,0 +1,89 @@
+#include "kernels/npu/programs/attention_kernel.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/core/status_macros.h"
+#include "kernels/core/tiling.h"
+
+namespace mlaserve::npu {
+
+absl::StatusOr<AttentionWorkspace> AllocateAttentionWorkspace(GlobalMemory& gm,
+                                                              const AttentionWorkload& workload,
+                                                              int blocks,
+                                                              const AttentionKernelOptions& options,
+                                                              bool backed) {
+  AttentionWorkspace ws;
+  ws.slots = options.preload + 1;
+  const int64_t slot_rows = static_cast<int64_t>(blocks) * ws.slots * kMaxGroupRows;
+  auto release_on_error = [&](absl::Status status) {
+    ReleaseAttentionWorkspace(gm, ws);
+    return status;
+  };
+  auto allocate = [&](int64_t bytes, absl::string_view what) -> absl::StatusOr<GmBuffer> {
+    return gm.Allocate(bytes, backed, what);
+  };
+  absl::StatusOr<GmBuffer> scores = allocate(slot_rows * kKvBlockTokens * 4, "scores workspace");
+  if (!scores.ok()) return release_on_error(scores.status());
+  ws.scores = *scores;
+  absl::StatusOr<GmBuffer> probs = allocate(slot_rows * kKvBlockTokens * 2, "probs workspace");
+  if (!probs.ok()) return release_on_error(probs.status());
+  ws.probs = *probs;
+  if (options.algorithm == RescaleAlgorithm::kBase) {
+    absl::StatusOr<GmBuffer> partial = allocate(slot_rows * workload.dv * 4, "P.V workspace");
+    if (!partial.ok()) return release_on_error(partial.status());
+    ws.partial = *partial;
+  }
+  for (const RowGroup& group : workload.groups) {
+    absl::StatusOr<GmBuffer> acc =
+        allocate(static_cast<int64_t>(std::max(group.rows, 1)) * workload.dv * 4, "output accumulator");
+    if (!acc.ok()) return release_on_error(acc.status());
+    ws.acc.push_back(*acc);
+  }
+  return ws;
+}
+
+void ReleaseAttentionWorkspace(GlobalMemory& gm, const AttentionWorkspace& ws) {
+  for (const GmBuffer& b : {ws.scores, ws.probs, ws.partial}) {
+    if (b.bytes > 0) gm.Release(b);
+  }
+  for (const GmBuffer& b : ws.acc) gm.Release(b);
+}
+
+AttentionKernel::AttentionKernel(const AttentionWorkload& workload,
+                                 std::vector<std::vector<AttentionTask>> schedule,
+                                 const AttentionWorkspace& workspace,
+                                 AttentionKernelOptions options)
+    : workload_(workload),
+      schedule_(std::move(schedule)),
+      workspace_(workspace),
+      options_(options) {}
+
+std::string AttentionKernel::Name() const {
+  return options_.algorithm == RescaleAlgorithm::kAmla ? "amla" : "base";
+}
+
+double AttentionKernel::Flops() const {
+  double flops = 0;
+  for (const RowGroup& g : workload_.groups) {
+    for (int32_t v : g.visible) flops += 2.0 * v * (workload_.dk + workload_.dv);
+  }
+  return flops;
+}
+
+absl::Status AttentionKernel::Record(Program& program) const {
+  if (options_.preload < 0 || options_.preload > 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("preload = ", options_.preload, " must be 0, 1 or 2"));
+  }
+  if (workload_.dv > kKvBlockTokens || workload_.dk > 2 * 288) {
+    return absl::InvalidArgumentError(absl::StrCat("dk = ", workload_.dk, ", dv = ", workload_.dv,
+                                                   " exceed the kernel's tiling (dk <= 576, dv <= 512)"));
+  }
+  for (int b = 0; b < BlockDim(); ++b) {
+    RETURN_IF_ERROR(RecordCube(program.Cube(b)));
+    RETURN_IF_ERROR(RecordVector(program.Vector(b, 0)));
+    RETURN_IF_ERROR(RecordVector(program.Vector(b, 1)));
+  }
+  return program.status();
+}
+
+}  // namespace mlaserve::npu

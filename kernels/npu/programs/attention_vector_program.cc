@@ -1,0 +1,330 @@
+// The AIV side of AttentionKernel. Each of a block's two AIVs owns half of every row group's
+// rows and runs, per task: [V1] online softmax (S -> P), then the rescale of the output
+// accumulator (AMLA: an int32 atomic add on O's bits; Base: [V2], O = O * alpha + P V through
+// UB), and, when a group's last block is done, the final normalisation.
+#include <algorithm>
+#include <cstring>
+#include <span>
+
+#include "kernels/core/attention_rows.h"
+#include "kernels/core/bfloat16.h"
+#include "kernels/core/block_scores.h"
+#include "kernels/core/fp32_exponent_add.h"
+#include "kernels/core/status_macros.h"
+#include "kernels/core/tiling.h"
+#include "kernels/mla/amla.h"
+#include "kernels/npu/programs/attention_kernel.h"
+#include "kernels/npu/programs/slot_ring.h"
+#include "kernels/reference/flash_base.h"
+
+namespace mlaserve::npu {
+namespace {
+
+constexpr int kChunkRows = 16;        // rows per UB pass of [V1], rescale and final
+constexpr int kBaseUpdateRows = 8;    // rows per UB pass of Base's [V2] (O and P V together)
+constexpr int kRowsPerCore = kMaxGroupRows / 2;
+constexpr int kBroadcastLanes = 128;  // AMLA broadcasts each row's delta over 128 int32 lanes
+constexpr int64_t kInSlotBytes = kChunkRows * kKvBlockTokens * 4;               // 32 KiB
+constexpr int64_t kOutSlotBytes = kChunkRows * kKvBlockTokens * 4 + kChunkRows * 4;  // + LSEs
+
+struct VectorBuffers {
+  SlotRing in;   // GM -> UB: MTE2 -> V, events 0..1
+  SlotRing out;  // UB -> GM: V -> MTE3, events 0..1
+  // Per-row state that lives in UB across a group's tasks, double-buffered by group so a
+  // group's final stage can run after the next group's first softmax.
+  AmlaRowState* amla_state;        // [2][kRowsPerCore]
+  FlashBaseRowState* base_state;   // [2][kRowsPerCore]
+  int32_t* delta;                  // [2][kRowsPerCore]: AMLA rescale, by group slot
+  float* alpha;                    // [2][kRowsPerCore]: Base rescale, by task parity
+};
+
+class VectorProgram {
+ public:
+  VectorProgram(CoreRecorder& aiv, const AttentionWorkload& workload, const AttentionWorkspace& ws,
+                const AttentionKernelOptions& options, VectorBuffers& buffers)
+      : aiv_(aiv), w_(workload), ws_(ws), options_(options), b_(buffers) {}
+
+  // [V1]: softmax of this AIV's rows of task t; P goes to the task's probs slot.
+  void Softmax(const AttentionTask& t, int slot, int index) {
+    const RowGroup& g = w_.groups[t.group];
+    const auto [lo, hi] = Rows(g);
+    aiv_.CrossCoreWaitFlag(AttentionKernel::kFlagScoresReady);
+    const GmBuffer s_slot = SlotRows(ws_.scores, slot, kKvBlockTokens * 4);
+    const GmBuffer p_slot = SlotRows(ws_.probs, slot, kKvBlockTokens * 2);
+    const bool amla = options_.algorithm == RescaleAlgorithm::kAmla;
+    for (int r0 = lo; r0 < hi; r0 += kChunkRows) {
+      const int rc = std::min(kChunkRows, hi - r0);
+      const int n = t.tokens;
+      const int i = b_.in.Acquire();
+      float* scores = b_.in.slot(i).as<float>();
+      aiv_.ReadGm(GmRegion::Rows(s_slot, static_cast<int64_t>(r0) * kKvBlockTokens * 4, rc, n * 4, kKvBlockTokens * 4),
+                  Maybe([=, src = s_slot.as<float>()] {
+                    for (int r = 0; r < rc; ++r) {
+                      std::memcpy(scores + r * kKvBlockTokens, src + static_cast<int64_t>(r0 + r) * kKvBlockTokens,
+                                  n * sizeof(float));
+                    }
+                  }),
+                  "S rows");
+      b_.in.Publish(i);
+      b_.in.Consume(i);
+      const int o = b_.out.Acquire();
+      Bf16* probs = b_.out.slot(o).as<Bf16>();
+      const int state_base = t.group_slot * kRowsPerCore + (r0 - lo);
+      const int alpha_base = (index % 2) * kRowsPerCore + (r0 - lo);
+      const int64_t e = static_cast<int64_t>(rc) * n;
+      const AmlaOptions amla_options = options_.amla;
+      const float scale = w_.softmax_scale;
+      const int32_t* visible = g.visible.data() + r0;
+      aiv_.Vector({{VecClass::kUnary, e},    // scale
+                   {VecClass::kUnary, e},    // mask (select against -inf)
+                   {VecClass::kReduce, e},   // row max
+                   {VecClass::kBinary, e},   // subtract the max
+                   {VecClass::kExp, e},      // exp
+                   {VecClass::kReduce, e},   // row sum
+                   {VecClass::kBinary, e},   // AMLA: * S16 / Base: identity
+                   {VecClass::kUnary, e},    // cast to bf16
+                   {VecClass::kUnary, rc}, {VecClass::kUnary, rc}, {VecClass::kExp, rc},
+                   {VecClass::kUnary, rc}, {VecClass::kDiv, rc}, {VecClass::kUnary, rc}},
+                  Maybe([=, st = b_.amla_state, bs = b_.base_state, delta = b_.delta, alpha = b_.alpha,
+                         first = t.first, begin = t.begin] {
+                    const QueryRows rows{nullptr, 0, rc, 0, std::span<const int32_t>(visible, rc)};
+                    ScaleAndMaskScores(rows, begin, n, scale, scores, kKvBlockTokens);
+                    for (int r = 0; r < rc; ++r) {
+                      float* row = scores + r * kKvBlockTokens;
+                      if (amla) {
+                        if (first) st[state_base + r] = AmlaRowState{};
+                        delta[state_base + r] = AmlaSoftmaxStep(row, n, amla_options, st[state_base + r]);
+                      } else {
+                        if (first) bs[state_base + r] = FlashBaseRowState{};
+                        alpha[alpha_base + r] = FlashBaseSoftmaxStep(row, n, bs[state_base + r]);
+                      }
+                      for (int j = 0; j < n; ++j) probs[r * kKvBlockTokens + j] = Bf16::FromFloat(row[j]);
+                    }
+                  }),
+                  "softmax");
+      b_.in.Release(i);
+      b_.out.Publish(o);
+      b_.out.Consume(o);
+      aiv_.WriteGm(GmRegion::Rows(p_slot, static_cast<int64_t>(r0) * kKvBlockTokens * 2, rc, n * 2, kKvBlockTokens * 2), AtomicMode::kNone,
+                   Maybe([=, dst = p_slot.as<Bf16>()] {
+                     for (int r = 0; r < rc; ++r) {
+                       std::memcpy(dst + static_cast<int64_t>(r0 + r) * kKvBlockTokens,
+                                   probs + r * kKvBlockTokens, n * sizeof(Bf16));
+                     }
+                   }),
+                   "P rows");
+      b_.out.Release(o);
+    }
+    aiv_.CrossCoreSetFlag(AttentionKernel::kFlagProbsReady, Pipe::kMte3);
+  }
+
+  // AMLA: O *= 2^(n_t - n_{t-1}) * c_{t-1}/c_t as one int32 atomic add per element, in GM.
+  void AmlaRescale(const AttentionTask& t) {
+    const RowGroup& g = w_.groups[t.group];
+    const auto [lo, hi] = Rows(g);
+    const GmBuffer acc = ws_.acc[t.group];
+    for (int r0 = lo; r0 < hi; r0 += kChunkRows) {
+      const int rc = std::min(kChunkRows, hi - r0);
+      const int o = b_.out.Acquire();
+      int32_t* lanes = b_.out.slot(o).as<int32_t>();
+      const int state_base = t.group_slot * kRowsPerCore + (r0 - lo);
+      aiv_.Vector({{VecClass::kUnary, static_cast<int64_t>(rc) * kBroadcastLanes}},  // Brcb
+                  Maybe([=, delta = b_.delta] {
+                    for (int r = 0; r < rc; ++r) std::fill_n(lanes + r * kBroadcastLanes, kBroadcastLanes, delta[state_base + r]);
+                  }),
+                  "broadcast delta");
+      b_.out.Publish(o);
+      b_.out.Consume(o);
+      const int dv = w_.dv;
+      aiv_.WriteGm(GmRegion::Whole(acc.Slice(static_cast<int64_t>(r0) * dv * 4, static_cast<int64_t>(rc) * dv * 4)),
+                   AtomicMode::kAddExponentI32,
+                   Maybe([=, dst = acc.as<float>()] {
+                     for (int r = 0; r < rc; ++r) {
+                       float* row = dst + static_cast<int64_t>(r0 + r) * dv;
+                       const int32_t d = lanes[r * kBroadcastLanes];
+                       for (int c = 0; c < dv; ++c) row[c] = AddToExponentField(row[c], d);
+                     }
+                   }),
+                   "O int32 atomic add");
+      b_.out.Release(o);
+    }
+  }
+
+  // Base [V2]: O = O * alpha + P V, through UB.
+  void BaseUpdate(const AttentionTask& t, int slot, int index) {
+    const RowGroup& g = w_.groups[t.group];
+    const auto [lo, hi] = Rows(g);
+    const GmBuffer acc = ws_.acc[t.group];
+    const GmBuffer pv = SlotRows(ws_.partial, slot, w_.dv * 4);
+    const int dv = w_.dv;
+    for (int r0 = lo; r0 < hi; r0 += kBaseUpdateRows) {
+      const int rc = std::min(kBaseUpdateRows, hi - r0);
+      const int64_t bytes = static_cast<int64_t>(rc) * dv * 4;
+      const int i = b_.in.Acquire();
+      float* old_rows = b_.in.slot(i).as<float>();
+      float* new_rows = old_rows + kBaseUpdateRows * kKvBlockTokens;
+      if (!t.first) {
+        aiv_.ReadGm(GmRegion::Whole(acc.Slice(static_cast<int64_t>(r0) * dv * 4, bytes)),
+                    Maybe([=, src = acc.as<float>()] {
+                      std::memcpy(old_rows, src + static_cast<int64_t>(r0) * dv, bytes);
+                    }),
+                    "O rows");
+      }
+      aiv_.ReadGm(GmRegion::Whole(pv.Slice(static_cast<int64_t>(r0) * dv * 4, bytes)),
+                  Maybe([=, src = pv.as<float>()] {
+                    std::memcpy(new_rows, src + static_cast<int64_t>(r0) * dv, bytes);
+                  }),
+                  "PV rows");
+      b_.in.Publish(i);
+      b_.in.Consume(i);
+      const int o = b_.out.Acquire();
+      float* result = b_.out.slot(o).as<float>();
+      const int alpha_base = (index % 2) * kRowsPerCore + (r0 - lo);
+      aiv_.Vector({{VecClass::kBinary, static_cast<int64_t>(rc) * dv}, {VecClass::kBinary, static_cast<int64_t>(rc) * dv}},
+                  Maybe([=, alpha = b_.alpha, first = t.first] {
+                    for (int r = 0; r < rc; ++r) {
+                      float* row = result + static_cast<int64_t>(r) * dv;
+                      if (!first) std::memcpy(row, old_rows + static_cast<int64_t>(r) * dv, dv * sizeof(float));
+                      FlashBaseRescaleAdd(row, new_rows + static_cast<int64_t>(r) * dv, dv, alpha[alpha_base + r], first);
+                    }
+                  }),
+                  "O * alpha + PV");
+      b_.in.Release(i);
+      b_.out.Publish(o);
+      b_.out.Consume(o);
+      aiv_.WriteGm(GmRegion::Whole(acc.Slice(static_cast<int64_t>(r0) * dv * 4, bytes)), AtomicMode::kNone,
+                   Maybe([=, dst = acc.as<float>()] {
+                     std::memcpy(dst + static_cast<int64_t>(r0) * dv, result, bytes);
+                   }),
+                   "O rows");
+      b_.out.Release(o);
+    }
+    // The next [V2] and the final stage read these rows of O back through MTE2: they must
+    // not overtake the MTE3 writes (a GM read-after-write between two pipes of this core).
+    aiv_.SetFlag(Pipe::kMte3, Pipe::kMte2, 0);
+    aiv_.WaitFlag(Pipe::kMte3, Pipe::kMte2, 0);
+  }
+
+  // Final stage: out = O / (l * S16) (AMLA) or O / l (Base), and the LSE.
+  void Finalize(const AttentionTask& t) {
+    const RowGroup& g = w_.groups[t.group];
+    const auto [lo, hi] = Rows(g);
+    const GmBuffer acc = ws_.acc[t.group];
+    const int dv = w_.dv;
+    const bool amla = options_.algorithm == RescaleAlgorithm::kAmla;
+    for (int r0 = lo; r0 < hi; r0 += kChunkRows) {
+      const int rc = std::min(kChunkRows, hi - r0);
+      const int64_t bytes = static_cast<int64_t>(rc) * dv * 4;
+      const int i = b_.in.Acquire();
+      float* rows = b_.in.slot(i).as<float>();
+      aiv_.ReadGm(GmRegion::Whole(acc.Slice(static_cast<int64_t>(r0) * dv * 4, bytes)),
+                  Maybe([=, src = acc.as<float>()] { std::memcpy(rows, src + static_cast<int64_t>(r0) * dv, bytes); }),
+                  "O rows");
+      b_.in.Publish(i);
+      b_.in.Consume(i);
+      const int o = b_.out.Acquire();
+      float* out = b_.out.slot(o).as<float>();
+      float* lse = out + static_cast<int64_t>(kChunkRows) * kKvBlockTokens;
+      const int state_base = t.group_slot * kRowsPerCore + (r0 - lo);
+      aiv_.Vector({{VecClass::kDiv, rc}, {VecClass::kBinary, static_cast<int64_t>(rc) * dv}, {VecClass::kExp, rc},
+                   {VecClass::kUnary, rc}},
+                  Maybe([=, st = b_.amla_state, bs = b_.base_state] {
+                    for (int r = 0; r < rc; ++r) {
+                      const float* in_row = rows + static_cast<int64_t>(r) * dv;
+                      float* out_row = out + static_cast<int64_t>(r) * dv;
+                      if (amla) {
+                        AmlaFinalizeRow(in_row, dv, st[state_base + r], out_row, lse + r);
+                      } else {
+                        FlashBaseFinalizeRow(in_row, dv, bs[state_base + r], out_row, lse + r);
+                      }
+                    }
+                  }),
+                  "normalise");
+      b_.in.Release(i);
+      b_.out.Publish(o);
+      b_.out.Consume(o);
+      aiv_.WriteGm(GmRegion::Whole(g.out.Slice(static_cast<int64_t>(r0) * dv * 4, bytes)), AtomicMode::kNone,
+                   Maybe([=, dst = g.out.as<float>()] { std::memcpy(dst + static_cast<int64_t>(r0) * dv, out, bytes); }),
+                   "output rows");
+      aiv_.WriteGm(GmRegion::Whole(g.lse.Slice(static_cast<int64_t>(r0) * 4, static_cast<int64_t>(rc) * 4)), AtomicMode::kNone,
+                   Maybe([=, dst = g.lse.as<float>()] { std::memcpy(dst + r0, lse, rc * sizeof(float)); }),
+                   "lse rows");
+      b_.out.Release(o);
+    }
+  }
+
+ private:
+  Payload Maybe(Payload p) const { return aiv_.executes() ? std::move(p) : nullptr; }
+
+  // This AIV's half of a group's rows.
+  std::pair<int, int> Rows(const RowGroup& g) const {
+    const int half = (g.rows + 1) / 2;
+    return aiv_.sub_block() == 0 ? std::pair{0, half} : std::pair{half, g.rows};
+  }
+
+  GmBuffer SlotRows(const GmBuffer& workspace, int slot, int64_t row_bytes) const {
+    const int64_t slot_bytes = kMaxGroupRows * row_bytes;
+    return workspace.Slice((static_cast<int64_t>(aiv_.block()) * ws_.slots + slot) * slot_bytes, slot_bytes);
+  }
+
+  CoreRecorder& aiv_;
+  const AttentionWorkload& w_;
+  const AttentionWorkspace& ws_;
+  const AttentionKernelOptions& options_;
+  VectorBuffers& b_;
+};
+
+}  // namespace
+
+absl::Status AttentionKernel::RecordVector(CoreRecorder& aiv) const {
+  std::vector<LocalTensor> in, out;
+  for (int i = 0; i < 2; ++i) {
+    ASSIGN_OR_RETURN(LocalTensor a, aiv.Alloc(Space::kUb, kInSlotBytes, "UB in"));
+    ASSIGN_OR_RETURN(LocalTensor b, aiv.Alloc(Space::kUb, kOutSlotBytes, "UB out"));
+    in.push_back(a);
+    out.push_back(b);
+  }
+  const bool amla = options_.algorithm == RescaleAlgorithm::kAmla;
+  ASSIGN_OR_RETURN(LocalTensor state,
+                   aiv.Alloc(Space::kUb,
+                             2 * kRowsPerCore * (amla ? sizeof(AmlaRowState) : sizeof(FlashBaseRowState)),
+                             "row state"));
+  ASSIGN_OR_RETURN(LocalTensor factors, aiv.Alloc(Space::kUb, 2 * kRowsPerCore * 4, "rescale factors"));
+  VectorBuffers buffers{SlotRing(aiv, Pipe::kMte2, Pipe::kV, 0, in),
+                        SlotRing(aiv, Pipe::kV, Pipe::kMte3, 0, out),
+                        amla ? state.as<AmlaRowState>() : nullptr,
+                        amla ? nullptr : state.as<FlashBaseRowState>(),
+                        factors.as<int32_t>(), factors.as<float>()};
+  VectorProgram program(aiv, workload_, workspace_, options_, buffers);
+
+  const std::vector<AttentionTask>& tasks = schedule_[aiv.block()];
+  const int n = static_cast<int>(tasks.size());
+  const int slots = workspace_.slots;
+  if (amla) {
+    for (int t = 0; t < n; ++t) {
+      program.Softmax(tasks[t], t % slots, t);
+      if (t > 0) aiv.CrossCoreWaitFlag(kFlagPvDone);  // P V of task t-1 is in O
+      if (!tasks[t].first) program.AmlaRescale(tasks[t]);
+      aiv.CrossCoreSetFlag(kFlagRescaleDone, Pipe::kMte3);
+      if (t > 0 && tasks[t].first) program.Finalize(tasks[t - 1]);
+    }
+    if (n > 0) {
+      aiv.CrossCoreWaitFlag(kFlagPvDone);
+      program.Finalize(tasks[n - 1]);
+    }
+  } else {
+    if (n > 0) program.Softmax(tasks[0], 0, 0);
+    for (int t = 0; t < n; ++t) {
+      if (t + 1 < n) program.Softmax(tasks[t + 1], (t + 1) % slots, t + 1);
+      aiv.CrossCoreWaitFlag(kFlagPvDone);
+      program.BaseUpdate(tasks[t], t % slots, t);
+      aiv.CrossCoreSetFlag(kFlagRescaleDone, Pipe::kMte3);
+      if (tasks[t].last) program.Finalize(tasks[t]);
+    }
+  }
+  buffers.in.Drain();
+  buffers.out.Drain();
+  return absl::OkStatus();
+}
+
+}  // namespace mlaserve::npu

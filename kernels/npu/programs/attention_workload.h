@@ -1,0 +1,56 @@
+#ifndef MLASERVE_KERNELS_NPU_PROGRAMS_ATTENTION_WORKLOAD_H_
+#define MLASERVE_KERNELS_NPU_PROGRAMS_ATTENTION_WORKLOAD_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <variant>
+#include <vector>
+
+#include "kernels/npu/global_memory.h"
+
+namespace mlaserve::npu {
+
+// The paper's task height: up to 256 query rows (heads x Sq) share one pass over the keys.
+inline constexpr int kMaxGroupRows = 256;
+
+// Keys of a latent (absorb-form) group: one request's pages of the paged latent cache.
+// Values are the first dv columns of each key row (MLA's c_kv).
+struct PagedKeys {
+  GmBuffer pool;               // [num_pages][page_size][width] bf16
+  int page_size = 0;
+  int width = 0;               // = dk
+  std::vector<int32_t> pages;  // the group's pages in token order
+};
+
+// Keys of a naive-form group: one head of an expanded K/V, dense rows.
+struct DenseKeys {
+  GmBuffer k;  // [length][ldk] bf16, the first dk columns used
+  int64_t ldk = 0;
+  GmBuffer v;  // [length][ldv] bf16, the first dv columns used
+  int64_t ldv = 0;
+};
+
+// Up to kMaxGroupRows query rows that attend over the same keys.
+struct RowGroup {
+  GmBuffer q;                    // [rows][dk] bf16
+  int rows = 0;
+  std::vector<int32_t> visible;  // row i sees keys [0, visible[i])
+  std::variant<PagedKeys, DenseKeys> keys;
+  GmBuffer out;                  // [rows][dv] fp32, normalised
+  GmBuffer lse;                  // [rows] fp32, natural log
+
+  int length() const {
+    return visible.empty() ? 0 : *std::max_element(visible.begin(), visible.end());
+  }
+};
+
+struct AttentionWorkload {
+  int dk = 0;
+  int dv = 0;
+  float softmax_scale = 0;
+  std::vector<RowGroup> groups;
+};
+
+}  // namespace mlaserve::npu
+
+#endif  // MLASERVE_KERNELS_NPU_PROGRAMS_ATTENTION_WORKLOAD_H_

@@ -1,0 +1,103 @@
+#include <bit>
+#include <cmath>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/mla/amla.h"
+#include "kernels/npu/device.h"
+#include "kernels/npu/programs/latent_decode_on_device.h"
+#include "kernels/reference/flash_base.h"
+#include "kernels/reference/golden_attention.h"
+#include "tests/testing/attention_checks.h"
+#include "tests/testing/random_batch.h"
+
+namespace mlaserve::npu {
+namespace {
+
+std::unique_ptr<Device> MakeDevice(const char* profile = "ascend910-die", int threads = 2) {
+  auto p = LoadDeviceProfile(profile);
+  EXPECT_TRUE(p.ok()) << p.status();
+  auto d = Device::Create(*p, {.host_threads = threads});
+  EXPECT_TRUE(d.ok()) << d.status();
+  return std::move(*d);
+}
+
+// Counts elements whose bits differ and the largest difference in bf16 ulps after the
+// output cast.
+struct BitwiseDiff {
+  int64_t differing_bits = 0;
+  int max_bf16_ulps = 0;
+  int64_t first = -1;
+};
+
+BitwiseDiff Compare(const std::vector<float>& a, const std::vector<float>& b) {
+  BitwiseDiff d;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::bit_cast<uint32_t>(a[i]) != std::bit_cast<uint32_t>(b[i])) {
+      if (d.first < 0) d.first = static_cast<int64_t>(i);
+      ++d.differing_bits;
+    }
+    const int ua = Bf16::FromFloat(a[i]).bits, ub = Bf16::FromFloat(b[i]).bits;
+    d.max_bf16_ulps = std::max(d.max_bf16_ulps, std::abs(ua - ub));
+  }
+  return d;
+}
+
+struct Case {
+  int heads;
+  int sq;
+  int page_size;
+};
+
+class AmlaOnDeviceTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AmlaOnDeviceTest, EqualsHostAmlaBitForBit) {
+  const Case c = GetParam();
+  Rng rng(500 + c.heads + c.sq * 7 + c.page_size);
+  const auto batch = testing::MakeRandomPagedBatch(
+      {.sq = c.sq, .heads = c.heads, .dk = 576, .page_size = c.page_size,
+       .seqlens = {0, 1, c.page_size + 1, 511, 513, 1300}},
+      rng);
+  const LatentDecodeProblem problem = batch.Latent(512, 1.0f / std::sqrt(576.0f));
+  auto device = MakeDevice();
+  auto on_device = RunLatentDecodeOnDevice(*device, problem, {.algorithm = RescaleAlgorithm::kAmla});
+  auto host = AmlaDecode(problem);
+  ASSERT_TRUE(on_device.ok()) << on_device.status();
+  ASSERT_TRUE(host.ok()) << host.status();
+  const BitwiseDiff out = Compare(on_device->output.out, host->out);
+  const BitwiseDiff lse = Compare(on_device->output.lse, host->lse);
+  EXPECT_EQ(out.differing_bits, 0) << "max bf16 ulps " << out.max_bf16_ulps << ", first at "
+                                   << out.first;
+  EXPECT_EQ(lse.differing_bits, 0);
+  EXPECT_GT(on_device->report.modeled_us, 0.0);
+  ASSERT_TRUE(on_device->report.host_ms.has_value());
+}
+
+TEST_P(AmlaOnDeviceTest, BaseOnDeviceEqualsHostBaseBitForBit) {
+  const Case c = GetParam();
+  Rng rng(600 + c.heads + c.sq * 7 + c.page_size);
+  const auto batch = testing::MakeRandomPagedBatch(
+      {.sq = c.sq, .heads = c.heads, .dk = 576, .page_size = c.page_size,
+       .seqlens = {0, 1, c.page_size + 1, 511, 513, 1300}},
+      rng);
+  const LatentDecodeProblem problem = batch.Latent(512, 1.0f / std::sqrt(576.0f));
+  auto device = MakeDevice();
+  auto on_device = RunLatentDecodeOnDevice(*device, problem, {.algorithm = RescaleAlgorithm::kBase});
+  auto host = FlashBaseDecode(problem);
+  ASSERT_TRUE(on_device.ok()) << on_device.status();
+  ASSERT_TRUE(host.ok());
+  EXPECT_EQ(Compare(on_device->output.out, host->out).differing_bits, 0);
+  EXPECT_EQ(Compare(on_device->output.lse, host->lse).differing_bits, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AmlaOnDeviceTest,
+                         ::testing::Values(Case{1, 1, 64}, Case{16, 2, 128}, Case{128, 1, 128},
+                                           Case{128, 2, 64}, Case{64, 4, 128}),
+                         [](const ::testing::TestParamInfo<Case>& param_info) {
+                           return absl::StrCat("h", param_info.param.heads, "_sq", param_info.param.sq,
+                                               "_page", param_info.param.page_size);
+                         });
+
+}  // namespace
+}  // namespace mlaserve::npu
