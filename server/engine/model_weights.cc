@@ -1,7 +1,10 @@
 #include "server/engine/model_weights.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -42,8 +45,15 @@ absl::Status LayerNotFound(const std::string& path, int layer, int layers) {
 
 }  // namespace
 
-ModelWeights::ModelWeights(const ModelConfig& config)
-    : config_(config), kv_b_proj_(static_cast<size_t>(LayerElements()) * config.layers) {}
+absl::StatusOr<ModelWeights> ModelWeights::Allocate(const ModelConfig& config) {
+  ModelWeights weights;
+  weights.config_ = config;
+  ASSIGN_OR_RETURN(weights.memory_,
+                   AnonymousMapping::Create(static_cast<size_t>(weights.LayerElements()) *
+                                                config.layers * sizeof(Bf16),
+                                            AnonymousMapping::Use::kDense));
+  return weights;
+}
 
 int64_t ModelWeights::LayerElements() const {
   return static_cast<int64_t>(config_.heads) * (config_.dn + config_.dv) * config_.dl;
@@ -55,17 +65,26 @@ std::string ModelWeights::KvBProjTensorName(int layer) {
 
 absl::StatusOr<ModelWeights> ModelWeights::FromSeed(const ModelConfig& config, uint64_t seed) {
   RETURN_IF_ERROR(config.Validate());
-  ModelWeights weights(config);
+  ASSIGN_OR_RETURN(ModelWeights weights, Allocate(config));
   const float sigma = 1.0f / std::sqrt(static_cast<float>(config.dl));
   // Element i gets Mix64(key + (i + 1) * golden): splitmix64's i-th output for state `key`,
-  // computed independently per element so the loop vectorises.
+  // computed independently per element so the loop vectorises and splits across threads.
   const uint64_t key = Mix64(seed ^ 0x6d6c617365727665ull);  // "mlaserve"
-  Bf16* out = weights.kv_b_proj_.data();
-  const auto n = static_cast<int64_t>(weights.kv_b_proj_.size());
-  for (int64_t i = 0; i < n; ++i) {
-    const uint64_t bits = Mix64(key + static_cast<uint64_t>(i + 1) * kGolden);
-    out[i] = Bf16::FromFloat(ApproxNormal(bits) * sigma);
+  Bf16* out = weights.data();
+  const auto fill = [=](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const uint64_t bits = Mix64(key + static_cast<uint64_t>(i + 1) * kGolden);
+      out[i] = Bf16::FromFloat(ApproxNormal(bits) * sigma);
+    }
+  };
+  const int64_t n = weights.bytes() / static_cast<int64_t>(sizeof(Bf16));
+  const int64_t threads = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 8);
+  std::vector<std::thread> workers;
+  for (int64_t t = 1; t < threads; ++t) {
+    workers.emplace_back(fill, n * t / threads, n * (t + 1) / threads);
   }
+  fill(0, n / threads);
+  for (std::thread& w : workers) w.join();
   return weights;
 }
 
@@ -104,10 +123,10 @@ absl::StatusOr<ModelWeights> ModelWeights::FromSafetensors(const ModelConfig& co
     tensors[layer] = t;
   }
 
-  ModelWeights weights(config);
+  ASSIGN_OR_RETURN(ModelWeights weights, Allocate(config));
   for (int layer = 0; layer < config.layers; ++layer) {
     const std::span<const std::byte> bytes = file.Data(*tensors[layer]);
-    Bf16* out = weights.kv_b_proj_.data() + layer * weights.LayerElements();
+    Bf16* out = weights.data() + layer * weights.LayerElements();
     if (tensors[layer]->dtype == "BF16") {
       std::memcpy(out, bytes.data(), bytes.size());
     } else {
@@ -124,7 +143,7 @@ absl::StatusOr<ModelWeights> ModelWeights::FromSafetensors(const ModelConfig& co
 
 UpProjection ModelWeights::Layer(int layer) const {
   const int row = config_.dn + config_.dv;
-  const Bf16* base = kv_b_proj_.data() + layer * LayerElements();
+  const Bf16* base = data() + layer * LayerElements();
   const int64_t capacity = LayerElements();
   const std::array<int64_t, 3> strides = {static_cast<int64_t>(row) * config_.dl, config_.dl, 1};
   // Shapes are consistent with the storage by construction, so the views cannot fail.
@@ -139,7 +158,7 @@ UpProjection ModelWeights::Layer(int layer) const {
 }
 
 std::span<const Bf16> ModelWeights::KvBProj(int layer) const {
-  return {kv_b_proj_.data() + layer * LayerElements(), static_cast<size_t>(LayerElements())};
+  return {data() + layer * LayerElements(), static_cast<size_t>(LayerElements())};
 }
 
 }  // namespace mlaserve::engine

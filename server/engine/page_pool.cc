@@ -1,9 +1,6 @@
 #include "server/engine/page_pool.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <utility>
 
@@ -23,42 +20,18 @@ absl::StatusOr<PagePool> PagePool::Create(int32_t num_pages, int page_size, int 
   pool.num_pages_ = num_pages;
   pool.page_size_ = page_size;
   pool.row_width_ = row_width;
-  pool.mapped_bytes_ = static_cast<std::size_t>(num_pages) * pool.page_bytes();
-  void* mapping = ::mmap(nullptr, pool.mapped_bytes_, PROT_READ | PROT_WRITE,
-                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (mapping == MAP_FAILED) {
-    return absl::ResourceExhaustedError(absl::StrCat("page pool: cannot map ", pool.mapped_bytes_,
-                                                     " bytes: ", std::strerror(errno)));
+  absl::StatusOr<AnonymousMapping> memory = AnonymousMapping::Create(
+      static_cast<std::size_t>(num_pages) * pool.page_bytes(), AnonymousMapping::Use::kSparse);
+  if (!memory.ok()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("page pool of ", num_pages, " pages: ", memory.status().message()));
   }
-  pool.base_ = static_cast<Bf16*>(mapping);
+  pool.memory_ = *std::move(memory);
   return pool;
 }
 
-PagePool::PagePool(PagePool&& other) noexcept
-    : base_(std::exchange(other.base_, nullptr)),
-      mapped_bytes_(std::exchange(other.mapped_bytes_, 0)),
-      num_pages_(std::exchange(other.num_pages_, 0)),
-      page_size_(other.page_size_),
-      row_width_(other.row_width_) {}
-
-PagePool& PagePool::operator=(PagePool&& other) noexcept {
-  if (this != &other) {
-    if (base_ != nullptr) ::munmap(base_, mapped_bytes_);
-    base_ = std::exchange(other.base_, nullptr);
-    mapped_bytes_ = std::exchange(other.mapped_bytes_, 0);
-    num_pages_ = std::exchange(other.num_pages_, 0);
-    page_size_ = other.page_size_;
-    row_width_ = other.row_width_;
-  }
-  return *this;
-}
-
-PagePool::~PagePool() {
-  if (base_ != nullptr) ::munmap(base_, mapped_bytes_);
-}
-
 PagedKvCache PagePool::View() const {
-  const std::span<const Bf16> all(base_, static_cast<std::size_t>(num_pages_) * page_size_ *
+  const std::span<const Bf16> all(base(), static_cast<std::size_t>(num_pages_) * page_size_ *
                                              row_width_);
   // The shape matches the mapping by construction.
   return PagedKvCache{

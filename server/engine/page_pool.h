@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/core/bfloat16.h"
 #include "kernels/core/paged_kv_cache.h"
+#include "server/engine/anonymous_mapping.h"
 
 namespace mlaserve::engine {
 
@@ -15,9 +16,9 @@ namespace mlaserve::engine {
 // [num_pages][page_size][row_width] bf16. One array (not one per layer) lets a kernel view the
 // whole pool as a single PagedKvCache whose block tables are plain page ids.
 //
-// The array is an anonymous private mapping with MAP_NORESERVE: a large budget costs address
-// space, and RAM only for pages that have been written. Once written, a page stays resident
-// while the pool lives (free pages are reused, not returned to the kernel).
+// The array is a sparse AnonymousMapping: a large budget costs address space, and RAM only
+// for pages that have been written. Once written, a page stays resident while the pool lives
+// (free pages are reused, not returned to the kernel).
 //
 // The pool object itself is immutable after construction; which rows may be written or read
 // when is the owner's protocol (see KvStore), not the pool's.
@@ -26,11 +27,8 @@ class PagePool {
   // INVALID_ARGUMENT for non-positive sizes; RESOURCE_EXHAUSTED if the mapping fails.
   static absl::StatusOr<PagePool> Create(int32_t num_pages, int page_size, int row_width);
 
-  PagePool(PagePool&& other) noexcept;
-  PagePool& operator=(PagePool&& other) noexcept;
-  PagePool(const PagePool&) = delete;
-  PagePool& operator=(const PagePool&) = delete;
-  ~PagePool();
+  PagePool(PagePool&&) = default;
+  PagePool& operator=(PagePool&&) = default;
 
   int32_t num_pages() const { return num_pages_; }
   int page_size() const { return page_size_; }
@@ -44,7 +42,7 @@ class PagePool {
 
   // First element of row `row` of page `page`; rows of a page are consecutive.
   Bf16* Row(int32_t page, int row) const {
-    return base_ + (static_cast<int64_t>(page) * page_size_ + row) * row_width_;
+    return base() + (static_cast<int64_t>(page) * page_size_ + row) * row_width_;
   }
 
   // Writes rows[0, n) (row r at rows + r * row_stride, row_width() elements each) to token
@@ -57,9 +55,9 @@ class PagePool {
 
  private:
   PagePool() = default;
+  Bf16* base() const { return static_cast<Bf16*>(memory_.data()); }
 
-  Bf16* base_ = nullptr;
-  std::size_t mapped_bytes_ = 0;
+  AnonymousMapping memory_;
   int32_t num_pages_ = 0;
   int page_size_ = 0;
   int row_width_ = 0;
