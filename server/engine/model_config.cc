@@ -57,9 +57,9 @@ absl::Status ModelConfig::Validate() const {
     RETURN_IF_ERROR(CheckDim(field, value));
   }
   if (!(softmax_scale > 0.0f) || !std::isfinite(softmax_scale)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model config: softmax_scale = ", softmax_scale,
-        " must be positive and finite (it is never implied by the head dims)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: softmax_scale = ", softmax_scale,
+                     " must be positive and finite (it is never implied by the head dims)"));
   }
   return absl::OkStatus();
 }

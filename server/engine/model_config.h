@@ -30,11 +30,11 @@ double YarnSoftmaxScale(int dqk, const YarnScaling& yarn);
 // computes the wrong attention.
 struct ModelConfig {
   std::string name;
-  int heads = 0;     // query heads (one latent KV head)
-  int dn = 128;      // q/k "nope" head dim
-  int dr = 64;       // RoPE dim, shared by all heads
-  int dl = 512;      // KV LoRA rank: the latent c_kv width
-  int dv = 128;      // value head dim
+  int heads = 0;  // query heads (one latent KV head)
+  int dn = 128;   // q/k "nope" head dim
+  int dr = 64;    // RoPE dim, shared by all heads
+  int dl = 512;   // KV LoRA rank: the latent c_kv width
+  int dv = 128;   // value head dim
   int layers = 0;
   float softmax_scale = 0.0f;
 

@@ -37,10 +37,9 @@ inline float ApproxNormal(uint64_t bits) {
 }
 
 absl::Status LayerNotFound(const std::string& path, int layer, int layers) {
-  return absl::NotFoundError(absl::StrCat("safetensors ", path, ": tensor '",
-                                          ModelWeights::KvBProjTensorName(layer),
-                                          "' is missing (layer ", layer, " of the ", layers,
-                                          " the model config asks for)"));
+  return absl::NotFoundError(absl::StrCat(
+      "safetensors ", path, ": tensor '", ModelWeights::KvBProjTensorName(layer),
+      "' is missing (layer ", layer, " of the ", layers, " the model config asks for)"));
 }
 
 }  // namespace
@@ -49,9 +48,9 @@ absl::StatusOr<ModelWeights> ModelWeights::Allocate(const ModelConfig& config) {
   ModelWeights weights;
   weights.config_ = config;
   ASSIGN_OR_RETURN(weights.memory_,
-                   AnonymousMapping::Create(static_cast<size_t>(weights.LayerElements()) *
-                                                config.layers * sizeof(Bf16),
-                                            AnonymousMapping::Use::kDense));
+                   AnonymousMapping::Create(
+                       static_cast<size_t>(weights.LayerElements()) * config.layers * sizeof(Bf16),
+                       AnonymousMapping::Use::kDense));
   return weights;
 }
 
@@ -101,8 +100,9 @@ absl::StatusOr<ModelWeights> ModelWeights::FromSafetensors(const ModelConfig& co
     const SafetensorsTensorInfo* t = file.Find(name);
     if (t == nullptr) return LayerNotFound(path, layer, config.layers);
     if (t->dtype.starts_with("F8_")) {
-      const bool scaled = file.Find(absl::StrCat("model.layers.", layer,
-                                                 ".self_attn.kv_b_proj.weight_scale_inv")) != nullptr;
+      const bool scaled =
+          file.Find(absl::StrCat("model.layers.", layer,
+                                 ".self_attn.kv_b_proj.weight_scale_inv")) != nullptr;
       return absl::InvalidArgumentError(absl::StrCat(
           "safetensors ", path, ": tensor '", name, "' is FP8 (", t->dtype, ")",
           scaled ? " with a block-scale tensor weight_scale_inv" : "",
@@ -148,12 +148,12 @@ UpProjection ModelWeights::Layer(int layer) const {
   const std::array<int64_t, 3> strides = {static_cast<int64_t>(row) * config_.dl, config_.dl, 1};
   // Shapes are consistent with the storage by construction, so the views cannot fail.
   return UpProjection{
-      *TensorView<const Bf16, 3>::CreateStrided(base, capacity, {config_.heads, config_.dn, config_.dl},
-                                                strides, "w_uk"),
-      *TensorView<const Bf16, 3>::CreateStrided(base + static_cast<int64_t>(config_.dn) * config_.dl,
-                                                capacity - static_cast<int64_t>(config_.dn) * config_.dl,
-                                                {config_.heads, config_.dv, config_.dl}, strides,
-                                                "w_uv"),
+      *TensorView<const Bf16, 3>::CreateStrided(
+          base, capacity, {config_.heads, config_.dn, config_.dl}, strides, "w_uk"),
+      *TensorView<const Bf16, 3>::CreateStrided(
+          base + static_cast<int64_t>(config_.dn) * config_.dl,
+          capacity - static_cast<int64_t>(config_.dn) * config_.dl,
+          {config_.heads, config_.dv, config_.dl}, strides, "w_uv"),
   };
 }
 

@@ -43,9 +43,8 @@ int32_t PageAllocator::Allocate(PageOwner kind) {
 }
 
 void PageAllocator::AddOwner(int32_t page, PageOwner kind) {
-  Update(page, [kind](Refs& r) {
-    ++(kind == PageOwner::kPrefix ? r.prefix_owners : r.sequence_owners);
-  });
+  Update(page,
+         [kind](Refs& r) { ++(kind == PageOwner::kPrefix ? r.prefix_owners : r.sequence_owners); });
 }
 
 bool PageAllocator::DropOwner(int32_t page, PageOwner kind) {

@@ -12,9 +12,8 @@ namespace mlaserve::engine {
 absl::StatusOr<PagePool> PagePool::Create(int32_t num_pages, int page_size, int row_width) {
   if (num_pages <= 0 || page_size <= 0 || row_width <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("page pool: num_pages (", num_pages,
-                                                   "), page_size (", page_size,
-                                                   ") and row_width (", row_width,
-                                                   ") must be positive"));
+                                                   "), page_size (", page_size, ") and row_width (",
+                                                   row_width, ") must be positive"));
   }
   PagePool pool;
   pool.num_pages_ = num_pages;
@@ -31,8 +30,8 @@ absl::StatusOr<PagePool> PagePool::Create(int32_t num_pages, int page_size, int 
 }
 
 PagedKvCache PagePool::View() const {
-  const std::span<const Bf16> all(base(), static_cast<std::size_t>(num_pages_) * page_size_ *
-                                             row_width_);
+  const std::span<const Bf16> all(base(),
+                                  static_cast<std::size_t>(num_pages_) * page_size_ * row_width_);
   // The shape matches the mapping by construction.
   return PagedKvCache{
       *TensorView<const Bf16, 3>::Create(all, {num_pages_, page_size_, row_width_}, "page pool")};

@@ -72,8 +72,8 @@ absl::StatusOr<SafetensorsTensorInfo> ParseTensorEntry(absl::string_view path,
   for (const nlohmann::json& d : *shape) {
     const std::optional<int64_t> dim = AsIndex(d);
     if (!dim.has_value()) {
-      return Malformed(path, absl::StrCat(where, ": 'shape' holds ", d.dump(),
-                                          ", not a non-negative integer"));
+      return Malformed(
+          path, absl::StrCat(where, ": 'shape' holds ", d.dump(), ", not a non-negative integer"));
     }
     info.shape.push_back(*dim);
   }
@@ -100,11 +100,11 @@ absl::StatusOr<SafetensorsTensorInfo> ParseTensorEntry(absl::string_view path,
   if (const std::optional<int> element = SafetensorsDtypeSize(info.dtype); element.has_value()) {
     const std::optional<int64_t> expected = ByteSize(info.shape, *element);
     if (!expected.has_value() || *expected != info.end - info.begin) {
-      return Malformed(path, absl::StrCat(where, ": shape [", absl::StrJoin(info.shape, ", "),
-                                          "] of ", info.dtype, " needs ",
-                                          expected.has_value() ? absl::StrCat(*expected) : "> 2^63",
-                                          " bytes but 'data_offsets' span ",
-                                          info.end - info.begin));
+      return Malformed(
+          path,
+          absl::StrCat(where, ": shape [", absl::StrJoin(info.shape, ", "), "] of ", info.dtype,
+                       " needs ", expected.has_value() ? absl::StrCat(*expected) : "> 2^63",
+                       " bytes but 'data_offsets' span ", info.end - info.begin));
     }
   }
   return info;
@@ -147,10 +147,9 @@ absl::Status CheckTiling(absl::string_view path,
 
 std::optional<int> SafetensorsDtypeSize(absl::string_view dtype) {
   static constexpr std::pair<absl::string_view, int> kSizes[] = {
-      {"BOOL", 1},    {"U8", 1},      {"I8", 1},      {"F8_E5M2", 1}, {"F8_E4M3", 1},
-      {"F8_E8M0", 1}, {"I16", 2},     {"U16", 2},     {"F16", 2},     {"BF16", 2},
-      {"I32", 4},     {"U32", 4},     {"F32", 4},     {"F64", 8},     {"I64", 8},
-      {"U64", 8},
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"F8_E8M0", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},     {"U32", 4},
+      {"F32", 4},  {"F64", 8}, {"I64", 8}, {"U64", 8},
   };
   for (const auto& [name, size] : kSizes) {
     if (name == dtype) return size;
@@ -269,8 +268,8 @@ absl::Status WriteSafetensors(const std::string& path, std::span<const Safetenso
     }
     for (int64_t d : t.shape) {
       if (d < 0) {
-        return absl::InvalidArgumentError(absl::StrCat("safetensors ", path, ": tensor '", t.name,
-                                                       "' has a negative dimension"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("safetensors ", path, ": tensor '", t.name, "' has a negative dimension"));
       }
     }
     const std::optional<int64_t> bytes = ByteSize(t.shape, *element);
@@ -279,9 +278,8 @@ absl::Status WriteSafetensors(const std::string& path, std::span<const Safetenso
           "safetensors ", path, ": tensor '", t.name, "' shape [", absl::StrJoin(t.shape, ", "),
           "] of ", t.dtype, " does not match its ", t.data.size(), " bytes of data"));
     }
-    header[t.name] = {{"dtype", t.dtype},
-                      {"shape", t.shape},
-                      {"data_offsets", {offset, offset + *bytes}}};
+    header[t.name] = {
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + *bytes}}};
     offset += *bytes;
   }
   // Tensor names are arbitrary bytes to us; never let the JSON writer throw on bad UTF-8.
@@ -297,13 +295,14 @@ absl::Status WriteSafetensors(const std::string& path, std::span<const Safetenso
             std::fwrite(text.data(), 1, text.size(), out) == text.size();
   for (const SafetensorsTensor& t : tensors) {
     if (!ok) break;
-    ok = std::fwrite(t.data.data(), 1, t.data.size(), out) == t.data.size();
+    if (!t.data.empty()) ok = std::fwrite(t.data.data(), 1, t.data.size(), out) == t.data.size();
   }
   const int write_error = errno;
   if (std::fclose(out) != 0 && ok) {
     return absl::ErrnoToStatus(errno, absl::StrCat("safetensors ", path, ": cannot close"));
   }
-  if (!ok) return absl::ErrnoToStatus(write_error, absl::StrCat("safetensors ", path, ": write failed"));
+  if (!ok)
+    return absl::ErrnoToStatus(write_error, absl::StrCat("safetensors ", path, ": write failed"));
   return absl::OkStatus();
 }
 

@@ -77,8 +77,14 @@ TEST(ModelConfigTest, RejectsBadOverridesThroughValidate) {
 }
 
 ModelConfig Custom() {
-  return ModelConfig{.name = "custom", .heads = 8, .dn = 32, .dr = 16, .dl = 64, .dv = 32,
-                     .layers = 3, .softmax_scale = 0.2f};
+  return ModelConfig{.name = "custom",
+                     .heads = 8,
+                     .dn = 32,
+                     .dr = 16,
+                     .dl = 64,
+                     .dv = 32,
+                     .layers = 3,
+                     .softmax_scale = 0.2f};
 }
 
 TEST(ModelConfigTest, CustomDimsValidate) {

@@ -19,8 +19,14 @@ namespace {
 using ::testing::HasSubstr;
 
 ModelConfig SmallModel(int layers = 3) {
-  return ModelConfig{.name = "small", .heads = 4, .dn = 16, .dr = 8, .dl = 64, .dv = 8,
-                     .layers = layers, .softmax_scale = 0.25f};
+  return ModelConfig{.name = "small",
+                     .heads = 4,
+                     .dn = 16,
+                     .dr = 8,
+                     .dl = 64,
+                     .dv = 8,
+                     .layers = layers,
+                     .softmax_scale = 0.25f};
 }
 
 std::string TempPath(absl::string_view name) {
@@ -190,14 +196,15 @@ TEST(ModelWeightsTest, ConvertsF32ToBf16RoundingToNearestEven) {
   const int64_t n = KvBProjShape(config)[0] * config.dl;
   std::vector<float> values(n, 0.5f);
   // Ties go to the even mantissa; anything past the tie goes up.
-  values[0] = 1.0f + 0x1p-8f;              // tie between 0x3f80 and 0x3f81 -> 0x3f80
-  values[1] = 1.0f + 3 * 0x1p-8f;          // tie between 0x3f81 and 0x3f82 -> 0x3f82
-  values[2] = 1.0f + 0x1p-8f + 0x1p-20f;   // past the tie -> 0x3f81
+  values[0] = 1.0f + 0x1p-8f;                // tie between 0x3f80 and 0x3f81 -> 0x3f80
+  values[1] = 1.0f + 3 * 0x1p-8f;            // tie between 0x3f81 and 0x3f82 -> 0x3f82
+  values[2] = 1.0f + 0x1p-8f + 0x1p-20f;     // past the tie -> 0x3f81
   values[3] = -(1.0f + 0x1p-8f - 0x1p-20f);  // below the tie -> 0xbf80
   Checkpoint ckpt;
   ckpt.Add(ModelWeights::KvBProjTensorName(0), "F32", KvBProjShape(config),
            ToBytes(std::span<const float>(values)));
-  const absl::StatusOr<ModelWeights> loaded = ModelWeights::FromSafetensors(config, ckpt.Write("f32"));
+  const absl::StatusOr<ModelWeights> loaded =
+      ModelWeights::FromSafetensors(config, ckpt.Write("f32"));
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   const std::span<const Bf16> w = loaded->KvBProj(0);
   EXPECT_EQ(w[0].bits, 0x3f80);

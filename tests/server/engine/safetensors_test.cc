@@ -144,26 +144,26 @@ TEST(SafetensorsTest, RejectsOffsetsPastTheData) {
 }
 
 TEST(SafetensorsTest, RejectsByteSizeThatIsNotShapeTimesDtype) {
-  const absl::Status s = OpenStatus(
-      WriteRaw("size", R"({"t":{"dtype":"BF16","shape":[3],"data_offsets":[0,4]}})", 4));
+  const absl::Status s =
+      OpenStatus(WriteRaw("size", R"({"t":{"dtype":"BF16","shape":[3],"data_offsets":[0,4]}})", 4));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("needs 6 bytes"));
 }
 
 TEST(SafetensorsTest, RejectsOverlapsAndHoles) {
-  const absl::Status overlap = OpenStatus(WriteRaw(
-      "overlap",
-      R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
-      R"("b":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}})",
-      6));
+  const absl::Status overlap =
+      OpenStatus(WriteRaw("overlap",
+                          R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+                          R"("b":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}})",
+                          6));
   EXPECT_EQ(overlap.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(overlap.message(), HasSubstr("overlaps"));
 
-  const absl::Status hole = OpenStatus(WriteRaw(
-      "hole",
-      R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
-      R"("b":{"dtype":"U8","shape":[2],"data_offsets":[4,6]}})",
-      6));
+  const absl::Status hole =
+      OpenStatus(WriteRaw("hole",
+                          R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+                          R"("b":{"dtype":"U8","shape":[2],"data_offsets":[4,6]}})",
+                          6));
   EXPECT_EQ(hole.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(hole.message(), HasSubstr("belong to no tensor"));
 
@@ -174,11 +174,11 @@ TEST(SafetensorsTest, RejectsOverlapsAndHoles) {
 }
 
 TEST(SafetensorsTest, IgnoresMetadataAndToleratesUnknownDtypes) {
-  const absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Open(WriteRaw(
-      "lenient",
-      R"({"__metadata__":{"format":"pt","anything":"goes"},)"
-      R"("future":{"dtype":"F4","shape":[4],"data_offsets":[0,2]}})",
-      2));
+  const absl::StatusOr<SafetensorsFile> file =
+      SafetensorsFile::Open(WriteRaw("lenient",
+                                     R"({"__metadata__":{"format":"pt","anything":"goes"},)"
+                                     R"("future":{"dtype":"F4","shape":[4],"data_offsets":[0,2]}})",
+                                     2));
   ASSERT_TRUE(file.ok()) << file.status();
   ASSERT_NE(file->Find("future"), nullptr);
   EXPECT_EQ(file->Find("future")->dtype, "F4");
@@ -192,8 +192,8 @@ TEST(SafetensorsTest, WriterRejectsInconsistentTensors) {
               HasSubstr("does not match"));
   EXPECT_THAT(WriteSafetensors(path, Tensors{{"x", "Q7", {2}, Bytes(two)}}).message(),
               HasSubstr("unknown dtype"));
-  EXPECT_THAT(WriteSafetensors(path, Tensors{{"x", "BF16", {2}, Bytes(two)},
-                                             {"x", "BF16", {2}, Bytes(two)}})
+  EXPECT_THAT(WriteSafetensors(
+                  path, Tensors{{"x", "BF16", {2}, Bytes(two)}, {"x", "BF16", {2}, Bytes(two)}})
                   .message(),
               HasSubstr("twice"));
   EXPECT_THAT(WriteSafetensors(path, Tensors{{"__metadata__", "BF16", {2}, Bytes(two)}}).message(),
