@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/core/status_macros.h"
+#include "server/engine/tsan_visible_lock.h"
 
 namespace mlaserve::engine {
 namespace {
@@ -189,7 +190,7 @@ absl::Status KvStore::RegisterPrefix(absl::string_view prefix_id, absl::string_v
   ASSIGN_OR_RETURN(RegisterReservation reservation, ReserveRegister(prefix_id, parent_id, latent));
   if (reservation.existing) {
     const bool same = SameRows(reservation, latent);
-    absl::MutexLock lock(&mu_);
+    TsanVisibleLock lock(&mu_);
     if (same) Touch(reservation.node);
     DropReference(reservation.node);
     if (!same) {
@@ -215,14 +216,14 @@ absl::Status KvStore::RegisterPrefix(absl::string_view prefix_id, absl::string_v
 absl::StatusOr<KvStore::RegisterReservation> KvStore::ReserveRegister(
     absl::string_view prefix_id, absl::string_view parent_id, TensorView<const Bf16, 3> latent) {
   const int64_t tokens = latent.dim(1);
-  absl::MutexLock lock(&mu_);
+  TsanVisibleLock lock(&mu_);
   PrefixNode* existing = nullptr;
   PrefixNode* parent = nullptr;
   for (;;) {
     existing = FindRegistered(prefix_id);
     if (!parent_id.empty()) parent = FindRegistered(parent_id);
     if ((existing != nullptr && !existing->ready) || (parent != nullptr && !parent->ready)) {
-      published_.Wait(&mu_);
+      TsanVisibleWait(published_, &mu_);
       continue;
     }
     break;
@@ -309,7 +310,7 @@ bool KvStore::SameRows(const RegisterReservation& existing,
 }
 
 void KvStore::PublishRegister(const RegisterReservation& reservation) {
-  absl::MutexLock lock(&mu_);
+  TsanVisibleLock lock(&mu_);
   reservation.node->ready = true;
   Touch(reservation.node);
   published_.SignalAll();
@@ -317,12 +318,12 @@ void KvStore::PublishRegister(const RegisterReservation& reservation) {
 
 absl::Status KvStore::ReleasePrefix(absl::string_view prefix_id) {
   RETURN_IF_ERROR(CheckId("prefix_id", prefix_id));
-  absl::MutexLock lock(&mu_);
+  TsanVisibleLock lock(&mu_);
   for (;;) {
     PrefixNode* node = FindRegistered(prefix_id);
     if (node == nullptr) return absl::OkStatus();
     if (!node->ready) {
-      published_.Wait(&mu_);
+      TsanVisibleWait(published_, &mu_);
       continue;
     }
     Unregister(node);
@@ -332,14 +333,14 @@ absl::Status KvStore::ReleasePrefix(absl::string_view prefix_id) {
 
 absl::StatusOr<PrefixInfo> KvStore::GetPrefix(absl::string_view prefix_id) const {
   RETURN_IF_ERROR(CheckId("prefix_id", prefix_id));
-  absl::MutexLock lock(&mu_);
+  TsanVisibleLock lock(&mu_);
   for (;;) {
     const PrefixNode* node = FindRegistered(prefix_id);
     if (node == nullptr) {
       return absl::NotFoundError(absl::StrCat("prefix '", prefix_id, "' is not registered"));
     }
     if (!node->ready) {
-      published_.Wait(&mu_);
+      TsanVisibleWait(published_, &mu_);
       continue;
     }
     return PrefixInfo{node->id,    node->key, node->parent_id,
@@ -352,7 +353,7 @@ absl::StatusOr<PrefixInfo> KvStore::GetPrefix(absl::string_view prefix_id) const
 absl::Status KvStore::CreateSequence(absl::string_view sequence_id, absl::string_view prefix_id) {
   RETURN_IF_ERROR(CheckId("sequence_id", sequence_id));
   if (!prefix_id.empty()) RETURN_IF_ERROR(CheckId("prefix_id", prefix_id));
-  absl::MutexLock lock(&mu_);
+  TsanVisibleLock lock(&mu_);
   PrefixNode* prefix = nullptr;
   for (;;) {
     if (const auto it = sequences_.find(sequence_id); it != sequences_.end()) {
@@ -372,7 +373,7 @@ absl::Status KvStore::CreateSequence(absl::string_view sequence_id, absl::string
           absl::StrCat("prefix '", prefix_id, "' is not registered (never, released or evicted)"));
     }
     if (prefix->ready) break;
-    published_.Wait(&mu_);
+    TsanVisibleWait(published_, &mu_);
   }
 
   auto sequence = std::make_unique<Sequence>();
@@ -398,7 +399,7 @@ absl::Status KvStore::CreateSequence(absl::string_view sequence_id, absl::string
 absl::Status KvStore::ForkSequence(absl::string_view source_id, absl::string_view new_id) {
   RETURN_IF_ERROR(CheckId("source_id", source_id));
   RETURN_IF_ERROR(CheckId("new_id", new_id));
-  absl::MutexLock lock(&mu_);
+  TsanVisibleLock lock(&mu_);
   Sequence* source = nullptr;
   for (;;) {
     if (const auto it = sequences_.find(new_id); it != sequences_.end()) {
@@ -416,7 +417,7 @@ absl::Status KvStore::ForkSequence(absl::string_view source_id, absl::string_vie
     // An append in flight may be writing past the published length of a page the fork
     // would share; once shared, that page's rows must be settled for both sides.
     if (!Appending(*source)) break;
-    published_.Wait(&mu_);
+    TsanVisibleWait(published_, &mu_);
   }
 
   auto fork = std::make_unique<Sequence>();
@@ -466,7 +467,7 @@ absl::Status KvStore::Append(absl::string_view sequence_id, int layer, int64_t s
 
 absl::StatusOr<std::optional<KvStore::AppendReservation>> KvStore::ReserveAppend(
     absl::string_view sequence_id, int layer, int64_t start_position, int64_t rows) {
-  absl::MutexLock lock(&mu_);
+  TsanVisibleLock lock(&mu_);
   Sequence* sequence = nullptr;
   for (;;) {
     const auto it = sequences_.find(sequence_id);
@@ -475,7 +476,8 @@ absl::StatusOr<std::optional<KvStore::AppendReservation>> KvStore::ReserveAppend
     }
     sequence = it->second.get();
     if (!sequence->layers[layer].appending) break;
-    published_.Wait(&mu_);  // a retry racing its original: decide once that one has landed
+    TsanVisibleWait(published_,
+                    &mu_);  // a retry racing its original: decide once that one has landed
   }
   Sequence::Layer& l = sequence->layers[layer];
   if (start_position < l.length && start_position + rows <= l.length) return std::nullopt;
@@ -518,7 +520,7 @@ absl::StatusOr<std::optional<KvStore::AppendReservation>> KvStore::ReserveAppend
 }
 
 void KvStore::PublishAppend(const AppendReservation& reservation) {
-  absl::MutexLock lock(&mu_);
+  TsanVisibleLock lock(&mu_);
   Sequence::Layer& l = reservation.sequence->layers[reservation.layer];
   auto fresh = reservation.targets.begin();
   if (reservation.cow_source >= 0) {
@@ -535,13 +537,13 @@ void KvStore::PublishAppend(const AppendReservation& reservation) {
 
 absl::Status KvStore::ReleaseSequence(absl::string_view sequence_id) {
   RETURN_IF_ERROR(CheckId("sequence_id", sequence_id));
-  absl::MutexLock lock(&mu_);
+  TsanVisibleLock lock(&mu_);
   for (;;) {
     const auto it = sequences_.find(sequence_id);
     if (it == sequences_.end()) return absl::OkStatus();
     Sequence& sequence = *it->second;
     if (Appending(sequence)) {
-      published_.Wait(&mu_);  // the append is writing into pages this would free
+      TsanVisibleWait(published_, &mu_);  // the append is writing into pages this would free
       continue;
     }
     for (const Sequence::Layer& l : sequence.layers) {
@@ -555,7 +557,7 @@ absl::Status KvStore::ReleaseSequence(absl::string_view sequence_id) {
 
 absl::StatusOr<SequenceInfo> KvStore::GetSequence(absl::string_view sequence_id) const {
   RETURN_IF_ERROR(CheckId("sequence_id", sequence_id));
-  absl::MutexLock lock(&mu_);
+  TsanVisibleLock lock(&mu_);
   const auto it = sequences_.find(sequence_id);
   if (it == sequences_.end()) {
     return absl::NotFoundError(absl::StrCat("sequence '", sequence_id, "' does not exist"));
@@ -577,7 +579,7 @@ absl::StatusOr<KvSnapshot> KvStore::Snapshot(std::span<const std::string> sequen
   RETURN_IF_ERROR(CheckLayer(layer));
   if (sequence_ids.empty()) return absl::InvalidArgumentError("sequence_ids is empty");
   for (const std::string& id : sequence_ids) RETURN_IF_ERROR(CheckId("sequence_id", id));
-  absl::MutexLock lock(&mu_);
+  TsanVisibleLock lock(&mu_);
   std::vector<const Sequence*> found;
   for (const std::string& id : sequence_ids) {
     const auto it = sequences_.find(id);
@@ -608,7 +610,7 @@ absl::StatusOr<KvSnapshot> KvStore::Snapshot(std::span<const std::string> sequen
 
 void KvStore::ReleaseSnapshot(std::span<const SequenceSnapshot> sequences,
                               std::span<const PrefixKey> prefixes) {
-  absl::MutexLock lock(&mu_);
+  TsanVisibleLock lock(&mu_);
   for (const SequenceSnapshot& s : sequences) {
     for (int32_t page : s.pages) pages_.Unpin(page);
   }
@@ -633,7 +635,7 @@ absl::StatusOr<ExpandedKv> KvStore::GetOrBuildExpanded(PrefixKey prefix, int lay
   PrefixNode* node = nullptr;
   std::vector<int32_t> pages;
   {
-    absl::MutexLock lock(&mu_);
+    TsanVisibleLock lock(&mu_);
     for (;;) {
       node = FindLiveNode(prefix);
       if (node == nullptr) {
@@ -641,7 +643,7 @@ absl::StatusOr<ExpandedKv> KvStore::GetOrBuildExpanded(PrefixKey prefix, int lay
             "prefix key ", prefix, " does not exist (released and freed, or evicted)"));
       }
       if (node->expanded[layer].state != PrefixNode::Expanded::State::kBuilding) break;
-      published_.Wait(&mu_);
+      TsanVisibleWait(published_, &mu_);
     }
     PrefixNode::Expanded& slot = node->expanded[layer];
     if (slot.state == PrefixNode::Expanded::State::kReady) {
@@ -671,7 +673,7 @@ absl::StatusOr<ExpandedKv> KvStore::GetOrBuildExpanded(PrefixKey prefix, int lay
   auto data = std::make_unique<ExpandedKvData>(ExpandedKvData::Build(
       pool_.View(), pages, node->begin, node->end, model_.dr, weights.Layer(layer)));
 
-  absl::MutexLock lock(&mu_);
+  TsanVisibleLock lock(&mu_);
   PrefixNode::Expanded& slot = node->expanded[layer];
   slot.data = std::move(data);
   slot.state = PrefixNode::Expanded::State::kReady;
@@ -683,14 +685,14 @@ absl::StatusOr<ExpandedKv> KvStore::GetOrBuildExpanded(PrefixKey prefix, int lay
 }
 
 void KvStore::ReleaseExpanded(PrefixKey prefix, int layer) {
-  absl::MutexLock lock(&mu_);
+  TsanVisibleLock lock(&mu_);
   PrefixNode* node = nodes_.at(prefix).get();
   --node->expanded[layer].pins;
   DropReference(node);
 }
 
 KvStoreStats KvStore::Stats() const {
-  absl::MutexLock lock(&mu_);
+  TsanVisibleLock lock(&mu_);
   const PageCounts counts = pages_.counts();
   KvStoreStats stats;
   stats.budget_bytes = budget_bytes_;
