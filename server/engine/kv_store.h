@@ -105,9 +105,11 @@ struct SequenceInfo {
 //
 // Threads. All methods are thread-safe. One mutex guards the metadata; row copies (appends,
 // prefix registration, copy-on-write) and expansions run outside it: the pages are reserved
-// under the lock, filled without it, and published under it, and an operation that needs the
-// same sequence layer or prefix waits for the one in flight. Decode reads through a
-// KvSnapshot, which pins what it references, so kernels run without any lock.
+// under the lock, filled without it, and published under it. An operation that depends on a
+// copy in flight waits for it: an append or retry on the same sequence layer, a fork or
+// release of the sequence, anything naming a prefix being registered, a request for an
+// expansion being built. Decode reads through a KvSnapshot, which pins what it references,
+// so kernels run without any lock.
 class KvStore {
  public:
   // INVALID_ARGUMENT for a bad model config, a non-positive page size or a budget below one
@@ -196,8 +198,8 @@ class KvStore {
 
   // Called by KvSnapshot / ExpandedKv when they go.
   void ReleaseSnapshot(std::span<const SequenceSnapshot> sequences,
-                       std::span<const PrefixKey> prefixes);
-  void ReleaseExpanded(PrefixKey prefix, int layer);
+                       std::span<const PrefixKey> prefixes) ABSL_LOCKS_EXCLUDED(mu_);
+  void ReleaseExpanded(PrefixKey prefix, int layer) ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Status CheckLayer(int layer) const;
 
@@ -242,6 +244,7 @@ class KvStore {
   // Immutable mapping; which rows are written when is the protocol described above.
   const PagePool pool_;
 
+  // Taken through TsanVisibleLock (tsan_visible_lock.h), never absl::MutexLock.
   mutable absl::Mutex mu_;
   // Signalled whenever an operation in flight (append, registration, expansion) publishes.
   mutable absl::CondVar published_;
