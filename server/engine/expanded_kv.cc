@@ -3,7 +3,8 @@
 #include <algorithm>
 #include <utility>
 
-#include "kernels/core/vector_ops.h"
+#include "kernels/core/kv_block_source.h"
+#include "kernels/core/tensor_view.h"
 #include "kernels/mla/naive.h"
 #include "server/engine/kv_store.h"
 
@@ -31,21 +32,20 @@ ExpandedKvData ExpandedKvData::Build(const PagedKvCache& pool, std::span<const i
   data.k_.resize(static_cast<size_t>(data.heads_) * data.tokens_ * data.dqk_);
   data.v_.resize(static_cast<size_t>(data.heads_) * data.tokens_ * data.dv_);
 
-  const int width = pool.width();
-  const int page_size = pool.page_size();
-  std::vector<float> latent;
+  // The prefix's tokens as one request of a paged batch, read in fp32 blocks the way the
+  // kernels read them.
+  const std::vector<int32_t> seqlens = {end};
+  const PagedSequences table{
+      *TensorView<const int32_t, 2>::Create(pages, {1, static_cast<int64_t>(pages.size())}),
+      seqlens};
+  PagedLatentSource source(pool, table, /*request=*/0, weights.dl());
   for (int32_t chunk = begin; chunk < end; chunk += kExpandChunkTokens) {
     const int n = std::min(kExpandChunkTokens, end - chunk);
-    latent.resize(static_cast<size_t>(n) * width);
-    for (int t = 0; t < n; ++t) {
-      const int32_t token = chunk + t;
-      WidenBf16(pool.pages.row(pages[token / page_size], token % page_size), width,
-                latent.data() + static_cast<int64_t>(t) * width);
-    }
+    const KvBlock latent = source.Load(chunk, n);
     const int64_t first = chunk - begin;
     for (int h = 0; h < data.heads_; ++h) {
       const int64_t head_row = static_cast<int64_t>(h) * data.tokens_ + first;
-      ExpandHeadKv(latent.data(), width, n, dr, weights, h, data.k_.data() + head_row * data.dqk_,
+      ExpandHeadKv(latent.k, latent.ldk, n, dr, weights, h, data.k_.data() + head_row * data.dqk_,
                    data.v_.data() + head_row * data.dv_);
     }
   }
