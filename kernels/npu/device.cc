@@ -22,12 +22,33 @@ Device::Device(DeviceProfile profile, DeviceOptions options)
       local_(profile_),
       executor_(options.host_threads) {}
 
+namespace {
+
+// Every DMA must stay inside a live GM buffer: on the device an overrun corrupts a neighbour
+// silently; here it would corrupt host memory. Checked before anything runs.
+absl::Status CheckGmAccesses(const Program& program, const GlobalMemory& gm) {
+  const std::vector<Instruction>& instructions = program.instructions();
+  for (uint32_t id = 0; id < instructions.size(); ++id) {
+    const Instruction& ins = instructions[id];
+    if (ins.gm_rows <= 0 || ins.gm_row_bytes <= 0) continue;
+    const int64_t span = (ins.gm_rows - 1) * ins.gm_stride + ins.gm_row_bytes;
+    absl::Status status = gm.CheckAccess(ins.gm_addr, span);
+    if (!status.ok()) {
+      return absl::OutOfRangeError(absl::StrCat(program.Describe(id), ": ", status.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<LaunchReport> Device::Launch(const DeviceKernel& kernel, ExecutionMode mode) {
   absl::MutexLock lock(&launch_mu_);
   const bool execute = mode == ExecutionMode::kExecute;
   Program program(profile_, kernel.BlockDim(), execute ? &local_ : nullptr);
   RETURN_IF_ERROR(kernel.Record(program));
   RETURN_IF_ERROR(program.Finalize());
+  RETURN_IF_ERROR(CheckGmAccesses(program, gm_));
   ASSIGN_OR_RETURN(LaunchTiming timing, SimulateLaunch(program, profile_));
 
   LaunchReport report;

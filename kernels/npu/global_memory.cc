@@ -23,7 +23,7 @@ absl::StatusOr<uint64_t> GlobalMemory::Reserve(int64_t bytes, absl::string_view 
     const int64_t rest = it->second - size;
     free_.erase(it);
     if (rest > 0) free_[addr + size] = rest;
-    live_[addr] = size;
+    live_[addr] = Live{size, bytes, std::string(what)};
     used_ += size;
     return addr;
   }
@@ -56,7 +56,7 @@ void GlobalMemory::Release(const GmBuffer& buffer) {
   absl::MutexLock lock(&mu_);
   auto live = live_.find(buffer.addr);
   if (live == live_.end()) return;
-  int64_t size = live->second;
+  int64_t size = live->second.reserved;
   live_.erase(live);
   owned_.erase(buffer.addr);
   used_ -= size;
@@ -75,6 +75,24 @@ void GlobalMemory::Release(const GmBuffer& buffer) {
     }
   }
   free_[addr] = size;
+}
+
+absl::Status GlobalMemory::CheckAccess(uint64_t addr, int64_t span) const {
+  absl::MutexLock lock(&mu_);
+  auto it = live_.upper_bound(addr);
+  if (it != live_.begin()) {
+    --it;
+    const uint64_t begin = it->first;
+    const uint64_t end = begin + static_cast<uint64_t>(it->second.bytes);
+    if (addr < end) {
+      if (addr + static_cast<uint64_t>(span) <= end) return absl::OkStatus();
+      return absl::OutOfRangeError(absl::StrCat(
+          "access of ", span, " B at offset ", addr - begin, " overruns GM buffer '", it->second.what,
+          "' (", it->second.bytes, " B) by ", addr + span - end, " B"));
+    }
+  }
+  return absl::OutOfRangeError(
+      absl::StrCat("access of ", span, " B at GM address ", addr, " hits no live buffer"));
 }
 
 int64_t GlobalMemory::used() const {

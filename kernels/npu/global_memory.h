@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -68,6 +69,10 @@ class GlobalMemory {
   // Returns the range to the free list (and drops the host backing of an allocation).
   void Release(const GmBuffer& buffer);
 
+  // OK if [addr, addr + span) lies inside one live buffer (its requested size, not the
+  // aligned reservation); otherwise says which buffer it overruns, or that it hits none.
+  absl::Status CheckAccess(uint64_t addr, int64_t span) const;
+
   int64_t used() const;
   int64_t capacity() const { return capacity_; }
 
@@ -95,7 +100,12 @@ class GlobalMemory {
   const int64_t alignment_;
   mutable absl::Mutex mu_;
   std::map<uint64_t, int64_t> free_ ABSL_GUARDED_BY(mu_);  // addr -> size, coalesced
-  absl::flat_hash_map<uint64_t, int64_t> live_ ABSL_GUARDED_BY(mu_);
+  struct Live {
+    int64_t reserved = 0;  // aligned size taken from the free list
+    int64_t bytes = 0;     // size asked for
+    std::string what;
+  };
+  std::map<uint64_t, Live> live_ ABSL_GUARDED_BY(mu_);  // by address
   absl::flat_hash_map<uint64_t, std::unique_ptr<std::byte[]>> owned_ ABSL_GUARDED_BY(mu_);
   int64_t used_ ABSL_GUARDED_BY(mu_) = 0;
   std::array<std::mutex, kStripes> stripes_;

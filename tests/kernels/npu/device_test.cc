@@ -1,0 +1,312 @@
+// The emulated device's rules, each checked with a small hand-written kernel: local memory
+// capacity and alignment, GM bounds, flag deadlocks and protocol violations, exact atomics,
+// deterministic timing, profile validation; and the two modelling claims of the AMLA paper
+// the emulator must reproduce (preload helps, AMLA beats Base).
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/core/fp32_exponent_add.h"
+#include "kernels/core/status_macros.h"
+#include "kernels/npu/device.h"
+#include "kernels/npu/programs/latent_decode_on_device.h"
+#include "nlohmann/json.hpp"
+
+namespace mlaserve::npu {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A kernel whose body is a lambda over the program.
+class ScriptedKernel final : public DeviceKernel {
+ public:
+  ScriptedKernel(int blocks, std::function<absl::Status(Program&)> body)
+      : blocks_(blocks), body_(std::move(body)) {}
+  std::string Name() const override { return "scripted"; }
+  int BlockDim() const override { return blocks_; }
+  double Flops() const override { return 0; }
+  absl::Status Record(Program& program) const override {
+    RETURN_IF_ERROR(body_(program));
+    return program.status();
+  }
+
+ private:
+  int blocks_;
+  std::function<absl::Status(Program&)> body_;
+};
+
+std::unique_ptr<Device> MakeDevice(int host_threads = 2, const char* profile = "ascend910-die") {
+  auto p = LoadDeviceProfile(profile);
+  EXPECT_TRUE(p.ok()) << p.status();
+  auto device = Device::Create(*p, {.host_threads = host_threads});
+  EXPECT_TRUE(device.ok()) << device.status();
+  return std::move(*device);
+}
+
+TEST(DeviceTest, LocalBufferBeyondCapacityIsAKernelErrorNamingTheBuffer) {
+  auto device = MakeDevice();
+  const int64_t ub = device->profile().ub_bytes;
+  ScriptedKernel kernel(1, [ub](Program& program) -> absl::Status {
+    CoreRecorder& aiv = program.Vector(0, 0);
+    RETURN_IF_ERROR(aiv.Alloc(Space::kUb, ub / 2, "first half").status());
+    return aiv.Alloc(Space::kUb, ub / 2 + 1, "score tile").status();
+  });
+  const auto report = device->Launch(kernel, ExecutionMode::kExecute);
+  ASSERT_FALSE(report.ok());
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(report.status().message(), HasSubstr("score tile"));
+  EXPECT_THAT(report.status().message(), HasSubstr("AIV 0.0"));
+}
+
+TEST(DeviceTest, LocalSpacesExistOnlyOnTheirCoreKind) {
+  auto device = MakeDevice();
+  ScriptedKernel kernel(1, [](Program& program) {
+    return program.Cube(0).Alloc(Space::kUb, 32, "cube UB").status();
+  });
+  const auto report = device->Launch(kernel, ExecutionMode::kModelOnly);
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(report.status().message(), HasSubstr("has no UB"));
+}
+
+TEST(DeviceTest, LocalAllocationsAreAlignedToTheProfile) {
+  auto device = MakeDevice();
+  const DeviceProfile& p = device->profile();
+  ScriptedKernel kernel(1, [&p](Program& program) -> absl::Status {
+    for (const auto& [space, alignment] : {std::pair{Space::kL1, p.l1_alignment}, std::pair{Space::kL0C, p.l0c_alignment}}) {
+      ASSIGN_OR_RETURN(LocalTensor a, program.Cube(0).Alloc(space, 1, "a"));
+      ASSIGN_OR_RETURN(LocalTensor b, program.Cube(0).Alloc(space, 3, "b"));
+      EXPECT_EQ(a.offset % alignment, 0);
+      EXPECT_EQ(b.offset, alignment) << SpaceName(space);
+    }
+    ASSIGN_OR_RETURN(LocalTensor u, program.Vector(0, 1).Alloc(Space::kUb, 5, "u"));
+    ASSIGN_OR_RETURN(LocalTensor v, program.Vector(0, 1).Alloc(Space::kUb, 5, "v"));
+    EXPECT_EQ(v.offset - u.offset, p.ub_alignment);
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(device->Launch(kernel, ExecutionMode::kExecute).ok());
+}
+
+TEST(DeviceTest, GmAccessOutsideItsBufferIsRefusedBeforeAnythingRuns) {
+  auto device = MakeDevice();
+  auto buffer = device->gm().Allocate(1000, true, "lse out");
+  ASSERT_TRUE(buffer.ok());
+  std::atomic<bool> ran{false};
+  ScriptedKernel overrun(1, [&](Program& program) -> absl::Status {
+    CoreRecorder& aiv = program.Vector(0, 0);
+    aiv.WriteGm(GmRegion::Rows(*buffer, 900, 2, 64, 64), AtomicMode::kNone, [&ran] { ran = true; }, "lse rows");
+    return absl::OkStatus();
+  });
+  auto report = device->Launch(overrun, ExecutionMode::kExecute);
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(report.status().message(), HasSubstr("overruns GM buffer 'lse out' (1000 B) by 28 B"));
+  EXPECT_THAT(report.status().message(), HasSubstr("lse rows"));
+  EXPECT_FALSE(ran);
+
+  device->gm().Release(*buffer);  // use after release
+  ScriptedKernel stale(1, [&](Program& program) -> absl::Status {
+    program.Cube(0).ReadGm(GmRegion::Whole(*buffer), nullptr, "stale read");
+    return absl::OkStatus();
+  });
+  report = device->Launch(stale, ExecutionMode::kModelOnly);
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(report.status().message(), HasSubstr("hits no live buffer"));
+}
+
+TEST(DeviceTest, AWaitWithoutItsSetIsReportedAsADeadlock) {
+  auto device = MakeDevice();
+  ScriptedKernel kernel(2, [](Program& program) {
+    program.Vector(1, 1).CrossCoreWaitFlag(3);  // the AIC of block 1 never sets flag 3
+    program.Cube(0).SetFlag(Pipe::kMte2, Pipe::kM, 0);
+    program.Cube(0).WaitFlag(Pipe::kMte2, Pipe::kM, 0);
+    return absl::OkStatus();
+  });
+  const auto report = device->Launch(kernel, ExecutionMode::kExecute);
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(report.status().message(), HasSubstr("deadlock"));
+  EXPECT_THAT(report.status().message(), HasSubstr("AIV 1.1 waits on cross-core flag 3"));
+}
+
+TEST(DeviceTest, ACycleOfCrossCoreWaitsIsReportedAsADeadlockNotAHang) {
+  auto device = MakeDevice();
+  // The AIC waits for the AIVs' flag 1 before setting flag 2; the AIVs wait for flag 2
+  // before setting flag 1. Every wait has its set, yet nothing can ever issue.
+  ScriptedKernel kernel(1, [](Program& program) {
+    CoreRecorder& aic = program.Cube(0);
+    aic.CrossCoreWaitFlag(1);
+    aic.CrossCoreSetFlag(2, Pipe::kFix);
+    for (int s = 0; s < 2; ++s) {
+      CoreRecorder& aiv = program.Vector(0, s);
+      aiv.CrossCoreWaitFlag(2);
+      aiv.CrossCoreSetFlag(1, Pipe::kMte3);
+    }
+    return absl::OkStatus();
+  });
+  const auto report = device->Launch(kernel, ExecutionMode::kExecute);
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(report.status().message(), HasSubstr("a cycle in the flag protocol"));
+}
+
+TEST(DeviceTest, ASetNobodyWaitsForIsAProtocolViolation) {
+  auto device = MakeDevice();
+  ScriptedKernel kernel(1, [](Program& program) {
+    program.Cube(0).SetFlag(Pipe::kM, Pipe::kFix, 2);
+    return absl::OkStatus();
+  });
+  const auto report = device->Launch(kernel, ExecutionMode::kModelOnly);
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(report.status().message(), HasSubstr("flag protocol"));
+}
+
+TEST(DeviceTest, BadFlagIdsAndMissingPipesAreRecordingErrors) {
+  auto device = MakeDevice();
+  ScriptedKernel bad_event(1, [](Program& program) {
+    program.Cube(0).SetFlag(Pipe::kM, Pipe::kFix, kMaxEventId + 1);
+    return absl::OkStatus();
+  });
+  EXPECT_THAT(device->Launch(bad_event, ExecutionMode::kModelOnly).status().message(),
+              HasSubstr("is not a valid event"));
+  ScriptedKernel vector_on_cube(1, [](Program& program) {
+    program.Cube(0).Vector({{VecClass::kExp, 64}}, nullptr, "exp");
+    return absl::OkStatus();
+  });
+  EXPECT_THAT(device->Launch(vector_on_cube, ExecutionMode::kModelOnly).status().message(),
+              HasSubstr("which an AIC does not have"));
+}
+
+// Every AIV of the grid atomically adds into the same GM rows, many times, from both host
+// threads at once: fp32 adds of small integers (exact in any order) and AMLA's int32
+// exponent adds must lose nothing.
+TEST(DeviceTest, AtomicAddsIntoSharedRowsAreExact) {
+  auto device = MakeDevice(/*host_threads=*/2);
+  const int blocks = device->profile().cube_cores;
+  constexpr int kRows = 64, kAdds = 8;
+  auto sum = device->gm().Allocate(kRows * 4, true, "sum");
+  auto scaled = device->gm().Allocate(kRows * 4, true, "scaled");
+  ASSERT_TRUE(sum.ok() && scaled.ok());
+  std::fill_n(sum->as<float>(), kRows, 0.0f);
+  std::fill_n(scaled->as<float>(), kRows, 1.0f);
+  ScriptedKernel kernel(blocks, [&](Program& program) -> absl::Status {
+    for (int b = 0; b < blocks; ++b) {
+      for (int s = 0; s < 2; ++s) {
+        CoreRecorder& aiv = program.Vector(b, s);
+        const float value = static_cast<float>(1 + 2 * b + s);
+        for (int k = 0; k < kAdds; ++k) {
+          aiv.WriteGm(GmRegion::Whole(*sum), AtomicMode::kAddF32,
+                      [dst = sum->as<float>(), value] {
+                        for (int r = 0; r < kRows; ++r) dst[r] += value;
+                      },
+                      "add");
+        }
+        // One exponent add of +1 per core: x 2 each.
+        aiv.WriteGm(GmRegion::Whole(*scaled), AtomicMode::kAddExponentI32,
+                    [dst = scaled->as<float>()] {
+                      for (int r = 0; r < kRows; ++r) dst[r] = AddToExponentField(dst[r], int32_t{1} << 23);
+                    },
+                    "rescale");
+      }
+    }
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(device->Launch(kernel, ExecutionMode::kExecute).ok());
+  const int cores = 2 * blocks;
+  const float expected = static_cast<float>(kAdds * cores * (cores + 1) / 2);
+  for (int r = 0; r < kRows; ++r) {
+    ASSERT_EQ(sum->as<float>()[r], expected) << r;
+    ASSERT_EQ(scaled->as<float>()[r], std::ldexp(1.0f, cores)) << r;
+  }
+}
+
+LatentDecodeShape PaperShape(int batch, int sq, int sk) {
+  return {.heads = 128, .sq = sq, .seqlens = std::vector<int32_t>(batch, sk), .dk = 576, .dv = 512,
+          .page_size = 128, .causal = true};
+}
+
+TEST(DeviceTest, ModelledTimeIsDeterministicForAProfileAndShape) {
+  const LatentDecodeShape shape = PaperShape(24, 2, 2048);
+  std::vector<int64_t> cycles;
+  for (int threads : {1, 2, 1}) {
+    auto device = MakeDevice(threads);
+    auto report = ModelLatentDecodeOnDevice(*device, shape);
+    ASSERT_TRUE(report.ok()) << report.status();
+    cycles.push_back(report->modeled_cycles);
+  }
+  EXPECT_GT(cycles[0], 0);
+  EXPECT_EQ(cycles[0], cycles[1]);
+  EXPECT_EQ(cycles[0], cycles[2]);
+}
+
+TEST(DeviceTest, ThePreloadPipelineModelsFasterThanNoPreloadWhenComputeBound) {
+  auto device = MakeDevice();
+  const LatentDecodeShape shape = PaperShape(48, 2, 4096);
+  auto serial = ModelLatentDecodeOnDevice(*device, shape, {.preload = 0});
+  auto pipelined = ModelLatentDecodeOnDevice(*device, shape, {.preload = 2});
+  ASSERT_TRUE(serial.ok() && pipelined.ok());
+  EXPECT_LT(pipelined->modeled_us, 0.9 * serial->modeled_us)
+      << serial->modeled_us << " us without preload, " << pipelined->modeled_us << " with";
+}
+
+TEST(DeviceTest, AmlaModelsFasterThanBaseFlashAttention) {
+  auto device = MakeDevice();
+  const LatentDecodeShape shape = PaperShape(48, 1, 4096);
+  auto amla = ModelLatentDecodeOnDevice(*device, shape, {.algorithm = RescaleAlgorithm::kAmla});
+  auto base = ModelLatentDecodeOnDevice(*device, shape, {.algorithm = RescaleAlgorithm::kBase});
+  ASSERT_TRUE(amla.ok() && base.ok());
+  EXPECT_LT(amla->modeled_us, base->modeled_us);
+  EXPECT_GT(amla->fu, base->fu);
+  // Base moves O through UB every block; AMLA never reads O back.
+  EXPECT_GT(base->gm_read_bytes, amla->gm_read_bytes);
+}
+
+// A shipped profile's text, to break one field at a time.
+nlohmann::json ShippedProfile() {
+  std::ifstream in(std::string(MLASERVE_TEST_PROFILE_DIR) + "/ascend910-die.json");
+  return nlohmann::json::parse(in);
+}
+
+TEST(DeviceProfileTest, ShippedProfilesLoadWithAnOriginForEveryNumber) {
+  for (const char* name : {"ascend910", "ascend910-die"}) {
+    auto p = LoadDeviceProfile(name);
+    ASSERT_TRUE(p.ok()) << name << ": " << p.status();
+    EXPECT_GT(p->PeakFlops(), 0);
+    for (const auto& [key, origin] : p->origins) EXPECT_FALSE(origin.empty()) << key;
+  }
+  auto dual = LoadDeviceProfile("ascend910");
+  auto die = LoadDeviceProfile("ascend910-die");
+  EXPECT_EQ(dual->cube_cores, 2 * die->cube_cores);
+  EXPECT_DOUBLE_EQ(dual->HbmBytesPerSecond(), 2 * die->HbmBytesPerSecond());
+}
+
+TEST(DeviceProfileTest, LoadingValidatesEveryParameter) {
+  const nlohmann::json good = ShippedProfile();
+  ASSERT_TRUE(ParseDeviceProfile(good.dump()).ok());
+  const std::string some_key = good["parameters"].begin().key();
+  struct Case {
+    std::function<void(nlohmann::json&)> edit;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {[&](nlohmann::json& d) { d["parameters"].erase(some_key); }, "is missing"},
+      {[&](nlohmann::json& d) { d["parameters"][some_key].erase("origin"); }, "needs an 'origin'"},
+      {[&](nlohmann::json& d) { d["parameters"][some_key]["value"] = "fast"; }, "needs a numeric 'value'"},
+      {[](nlohmann::json& d) { d["parameters"]["cube_cores"]["value"] = 0; }, "is outside"},
+      {[](nlohmann::json& d) { d["parameters"]["warp_size"] = {{"value", 32}, {"origin", "x"}}; }, "unknown parameter 'warp_size'"},
+      {[](nlohmann::json& d) { d["parameters"]["ub_alignment"]["value"] = 48; }, "powers of two"},
+      {[](nlohmann::json& d) { d.erase("name"); }, "'name'"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json doc = good;
+    c.edit(doc);
+    const auto parsed = ParseDeviceProfile(doc.dump());
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_THAT(parsed.status().message(), HasSubstr(c.message));
+  }
+  EXPECT_EQ(ParseDeviceProfile("{ not json").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LoadDeviceProfile("no-such-npu").status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace mlaserve::npu
