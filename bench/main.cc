@@ -13,19 +13,27 @@
 #include "absl/strings/str_cat.h"
 #include "bench/accuracy_command.h"
 #include "bench/kernel_command.h"
+#include "bench/typhoon_command.h"
 
 ABSL_FLAG(bool, json, false, "print one JSON object per line instead of a table");
 ABSL_FLAG(int, seeds, 5, "accuracy: random draws per distribution");
 ABSL_FLAG(std::string, profile, "ascend910", "kernel: device profile name or path");
 ABSL_FLAG(std::vector<std::string>, kernel, {"amla"}, "kernel: amla and/or base (comma-separated)");
-ABSL_FLAG(int, batch, 4, "kernel: requests in the batch");
+ABSL_FLAG(std::vector<std::string>, batch, {},
+          "kernel: requests in the batch (default 4); typhoon: batch sizes (comma-separated, default "
+          "16,32,64,128,256,512,1024)");
 ABSL_FLAG(int, heads, 128, "kernel: query heads");
 ABSL_FLAG(std::vector<std::string>, sq, {"1"}, "kernel: query tokens per request (comma-separated)");
 ABSL_FLAG(std::vector<std::string>, sk, {"4096"}, "kernel: cached tokens per request (comma-separated)");
 ABSL_FLAG(int, preload, 2, "kernel: preload count of the pipeline (0, 1, 2)");
 ABSL_FLAG(int, page_size, 128, "kernel: KV cache page size");
 ABSL_FLAG(int, host_threads, 2, "kernel: host threads of the emulated device");
-ABSL_FLAG(bool, model_only, false, "kernel: model the time only, no host arithmetic");
+ABSL_FLAG(bool, model_only, false, "kernel, typhoon: model the time only, no host arithmetic");
+ABSL_FLAG(std::string, model, "deepseek-v3", "typhoon: model preset (deepseek-v3, kimi-k2)");
+ABSL_FLAG(double, matrix_tflops, 0, "typhoon: matrix rate T for B_theta (0: the profile's peak)");
+ABSL_FLAG(double, hbm_tbps, 0, "typhoon: memory bandwidth M for B_theta (0: the profile's)");
+ABSL_FLAG(int, shared, 4096, "typhoon: tokens of the shared prefix (Ls)");
+ABSL_FLAG(int, suffix, 512, "typhoon: tokens of each query's own suffix (Ln)");
 
 namespace {
 
@@ -33,7 +41,8 @@ constexpr char kUsage[] =
     "mlaserve-bench <command> [flags]   (flags take - or _ between words)\n"
     "commands:\n"
     "  accuracy   AMLA paper accuracy sweep (Base vs AMLA vs fp64 golden)\n"
-    "  kernel     decode attention on the emulated NPU: modelled time, FU, host rate\n";
+    "  kernel     decode attention on the emulated NPU: modelled time, FU, host rate\n"
+    "  typhoon    TyphoonMLA hybrid vs absorb-only on a shared prefix, per batch size\n";
 
 absl::StatusOr<std::vector<int>> ParseInts(const std::vector<std::string>& items, const char* flag) {
   std::vector<int> values;
@@ -69,7 +78,10 @@ absl::Status Run(const std::string& command) {
     mlaserve::bench::KernelCommandOptions o;
     o.profile = absl::GetFlag(FLAGS_profile);
     o.kernels = absl::GetFlag(FLAGS_kernel);
-    o.batch = absl::GetFlag(FLAGS_batch);
+    absl::StatusOr<std::vector<int>> batch = ParseInts(absl::GetFlag(FLAGS_batch), "batch");
+    if (!batch.ok()) return batch.status();
+    if (batch->size() > 1) return absl::InvalidArgumentError("--batch: kernel takes one batch size");
+    if (!batch->empty()) o.batch = batch->front();
     o.heads = absl::GetFlag(FLAGS_heads);
     absl::StatusOr<std::vector<int>> sq = ParseInts(absl::GetFlag(FLAGS_sq), "sq");
     if (!sq.ok()) return sq.status();
@@ -83,6 +95,27 @@ absl::Status Run(const std::string& command) {
     o.model_only = absl::GetFlag(FLAGS_model_only);
     o.json = absl::GetFlag(FLAGS_json);
     return mlaserve::bench::RunKernelCommand(o, std::cout);
+  }
+  if (command == "typhoon") {
+    mlaserve::bench::TyphoonCommandOptions o;
+    o.model = absl::GetFlag(FLAGS_model);
+    o.profile = absl::GetFlag(FLAGS_profile);
+    o.matrix_tflops = absl::GetFlag(FLAGS_matrix_tflops);
+    o.hbm_tbps = absl::GetFlag(FLAGS_hbm_tbps);
+    absl::StatusOr<std::vector<int>> sq = ParseInts(absl::GetFlag(FLAGS_sq), "sq");
+    if (!sq.ok()) return sq.status();
+    o.sq = *sq;
+    absl::StatusOr<std::vector<int>> batch = ParseInts(absl::GetFlag(FLAGS_batch), "batch");
+    if (!batch.ok()) return batch.status();
+    if (!batch->empty()) o.batch = *batch;
+    o.shared = absl::GetFlag(FLAGS_shared);
+    o.suffix = absl::GetFlag(FLAGS_suffix);
+    o.page_size = absl::GetFlag(FLAGS_page_size);
+    o.preload = absl::GetFlag(FLAGS_preload);
+    o.host_threads = absl::GetFlag(FLAGS_host_threads);
+    o.model_only = absl::GetFlag(FLAGS_model_only);
+    o.json = absl::GetFlag(FLAGS_json);
+    return mlaserve::bench::RunTyphoonCommand(o, std::cout);
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown command '", command, "'"));
 }

@@ -1,0 +1,37 @@
+#ifndef MLASERVE_BENCH_TYPHOON_COMMAND_H_
+#define MLASERVE_BENCH_TYPHOON_COMMAND_H_
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace mlaserve::bench {
+
+struct TyphoonCommandOptions {
+  std::string model = "deepseek-v3";
+  std::string profile = "ascend910";
+  double matrix_tflops = 0;  // 0: the profile's peak
+  double hbm_tbps = 0;       // 0: the profile's bandwidth
+  std::vector<int> sq = {1};
+  int shared = 4096;  // Ls: tokens of the prefix every query shares
+  int suffix = 512;   // Ln: tokens each query has of its own
+  std::vector<int> batch = {16, 32, 64, 128, 256, 512, 1024};
+  int page_size = 128;
+  int preload = 2;
+  int host_threads = 2;
+  bool model_only = false;
+  bool json = false;
+};
+
+// `mlaserve-bench typhoon`: one group of B head-space queries on a shared prefix, run as
+// absorb-only and as the TyphoonMLA hybrid (naive over the prefix's expanded K/V, absorb
+// over each suffix, LSE combine), both as the engine's NpuBatchLaunch sequence on an
+// emulated device. Prints B_theta, the planner's choice, the modelled (and, executed, host)
+// times of both and their ratio, and how far the two answers are apart.
+absl::Status RunTyphoonCommand(const TyphoonCommandOptions& options, std::ostream& out);
+
+}  // namespace mlaserve::bench
+
+#endif  // MLASERVE_BENCH_TYPHOON_COMMAND_H_
