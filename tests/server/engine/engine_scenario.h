@@ -13,6 +13,7 @@
 #include "kernels/reference/golden_attention.h"
 #include "server/engine/engine_impl.h"
 #include "server/engine/host_attention_device.h"
+#include "tests/testing/attention_checks.h"
 
 namespace mlaserve::engine::testing {
 
@@ -43,6 +44,40 @@ inline absl::StatusOr<std::vector<DecodeAnswer>> DecodeSync(Engine& engine,
                 [&promise](absl::StatusOr<std::vector<DecodeAnswer>> r) { promise.set_value(std::move(r)); });
   return future.get();
 }
+
+// fp64 golden answer to `q` over a sequence whose latent rows (for q's layer) are `rows`.
+inline GoldenOutput GoldenAnswer(const ModelWeights& weights, const std::vector<Bf16>& rows,
+                                 const DecodeQuery& q) {
+  const ModelConfig& m = weights.config();
+  const int n = static_cast<int>(rows.size() / m.dk_latent());
+  const std::vector<int32_t> table = {0};
+  const std::vector<int32_t> seqlens = {n};
+  EXPECT_GT(n, 0) << "scenarios give every sequence at least one token";
+  const PagedKvCache cache{*TensorView<const Bf16, 3>::Create(std::span<const Bf16>(rows),
+                                                              {1, n, m.dk_latent()}, "rows")};
+  const PagedSequences seqs{*TensorView<const int32_t, 2>::Create(std::span<const int32_t>(table), {1, 1}),
+                            seqlens};
+  if (q.space == QuerySpace::kLatent) {
+    auto qv = *TensorView<const Bf16, 4>::Create(std::span<const Bf16>(q.q_latent),
+                                                 {1, q.sq, m.heads, m.dk_latent()});
+    return *GoldenLatentDecode({qv, cache, seqs, m.dl, m.softmax_scale, true});
+  }
+  const HeadSpaceDecodeProblem p{
+      *TensorView<const Bf16, 4>::Create(std::span<const Bf16>(q.q_nope), {1, q.sq, m.heads, m.dn}),
+      *TensorView<const Bf16, 4>::Create(std::span<const Bf16>(q.q_pe), {1, q.sq, m.heads, m.dr}),
+      weights.Layer(q.layer),
+      cache,
+      seqs,
+      m.softmax_scale,
+      true};
+  return *GoldenHeadSpaceDecode(p);
+}
+
+// Head-space answers carry the extra bf16 casts of the absorb form (q_lat, o_lat) or of the
+// expanded K/V (naive form); the bounds are those of tests/kernels/mla/absorb_naive_test.cc.
+inline constexpr mlaserve::testing::Tolerance kOutTolerance{
+    mlaserve::testing::FlashMlaOutTolerance(1.0).abs_tol, 2.01 / 128, 2e-5};
+inline constexpr mlaserve::testing::Tolerance kLseTolerance{1e-2, 8.01 / 65536, 0.0};
 
 // Drives an engine with random data and remembers every latent row it gave it, so each
 // answer can be checked against the fp64 golden computed from the same inputs.
@@ -131,29 +166,7 @@ class Scenario {
 
   // fp64 golden for one query, from the rows this scenario gave the engine.
   GoldenOutput Golden(const DecodeQuery& q) {
-    const std::vector<Bf16>& rows = rows_[q.sequence_id][q.layer];
-    const int n = static_cast<int>(Length(q.sequence_id, q.layer));
-    const std::vector<int32_t> table = {0};
-    const std::vector<int32_t> seqlens = {n};
-    EXPECT_GT(n, 0) << "scenarios give every sequence at least one token";
-    const PagedKvCache cache{*TensorView<const Bf16, 3>::Create(std::span<const Bf16>(rows),
-                                                                {1, n, model_.dk_latent()}, "rows")};
-    const PagedSequences seqs{*TensorView<const int32_t, 2>::Create(std::span<const int32_t>(table), {1, 1}),
-                              seqlens};
-    if (q.space == QuerySpace::kLatent) {
-      auto qv = *TensorView<const Bf16, 4>::Create(std::span<const Bf16>(q.q_latent),
-                                                   {1, q.sq, model_.heads, model_.dk_latent()});
-      return *GoldenLatentDecode({qv, cache, seqs, model_.dl, model_.softmax_scale, true});
-    }
-    const HeadSpaceDecodeProblem p{
-        *TensorView<const Bf16, 4>::Create(std::span<const Bf16>(q.q_nope), {1, q.sq, model_.heads, model_.dn}),
-        *TensorView<const Bf16, 4>::Create(std::span<const Bf16>(q.q_pe), {1, q.sq, model_.heads, model_.dr}),
-        engine_->weights().Layer(q.layer),
-        cache,
-        seqs,
-        model_.softmax_scale,
-        true};
-    return *GoldenHeadSpaceDecode(p);
+    return GoldenAnswer(engine_->weights(), rows_[q.sequence_id][q.layer], q);
   }
 
  private:

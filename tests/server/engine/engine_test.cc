@@ -20,11 +20,8 @@ using ::mlaserve::engine::testing::SetThreshold;
 using ::mlaserve::engine::testing::SmallModel;
 using ::testing::HasSubstr;
 
-// Head-space answers carry the extra bf16 casts of the absorb form (q_lat, o_lat) or of the
-// expanded K/V (naive form); the bounds are those of tests/kernels/mla/absorb_naive_test.cc.
-constexpr mlaserve::testing::Tolerance kOutTolerance{mlaserve::testing::FlashMlaOutTolerance(1.0).abs_tol,
-                                                     2.01 / 128, 2e-5};
-constexpr mlaserve::testing::Tolerance kLseTolerance{1e-2, 8.01 / 65536, 0.0};
+using ::mlaserve::engine::testing::kLseTolerance;
+using ::mlaserve::engine::testing::kOutTolerance;
 
 EngineOptions BaseOptions() {
   EngineOptions o;
