@@ -10,6 +10,7 @@
 
 #include <systemd/sd-daemon.h>
 
+#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/engine/engine.h"
@@ -34,6 +35,9 @@ sigset_t BlockShutdownSignals() {
 
 int main(int argc, char** argv) {
   const sigset_t shutdown_signals = BlockShutdownSignals();
+  absl::SetProgramUsageMessage(
+      "Serves MLA decode attention over gRPC (mlaserve.v1.MlaServe).\n"
+      "Flag names take dashes or underscores; --flagfile=PATH reads flags from a file.");
   absl::StatusOr<mlaserve::ServerConfig> config = mlaserve::ParseServerCommandLine(argc, argv);
   if (!config.ok()) {
     spdlog::error("{}", config.status().message());

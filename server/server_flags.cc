@@ -7,7 +7,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -171,9 +170,6 @@ absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv) {
                    NormalizeFlagArguments(std::vector<std::string>(argv, argv + argc)));
   std::vector<char*> normalized;
   for (std::string& arg : args) normalized.push_back(arg.data());
-  absl::SetProgramUsageMessage(
-      "Serves MLA decode attention over gRPC (mlaserve.v1.MlaServe).\n"
-      "Flag names take dashes or underscores; --flagfile=PATH reads flags from a file.");
   const std::vector<char*> positional =
       absl::ParseCommandLine(static_cast<int>(normalized.size()), normalized.data());
   if (positional.size() > 1) {
@@ -186,9 +182,15 @@ absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv) {
   const int layers = absl::GetFlag(FLAGS_layers);
   if (layers < 0) return BadFlag("layers", absl::StrCat(layers, " is negative"));
   if (layers > 0) overrides.layers = layers;
-  absl::StatusOr<engine::ModelConfig> model =
-      engine::PresetModelConfig(absl::GetFlag(FLAGS_model), overrides);
-  if (!model.ok()) return BadFlag("model", model.status().message());
+  const std::string preset = absl::GetFlag(FLAGS_model);
+  absl::StatusOr<engine::ModelConfig> full_model = engine::PresetModelConfig(preset);
+  if (!full_model.ok()) return BadFlag("model", full_model.status().message());
+  if (layers > full_model->layers) {
+    return BadFlag("layers", absl::StrCat(layers, " exceeds ", preset, "'s ",
+                                          full_model->layers, " layers"));
+  }
+  absl::StatusOr<engine::ModelConfig> model = engine::PresetModelConfig(preset, overrides);
+  if (!model.ok()) return BadFlag("layers", model.status().message());
   engine::EngineOptions& engine = config.engine;
   engine.model = *std::move(model);
   engine.weights.safetensors_path = absl::GetFlag(FLAGS_weights);

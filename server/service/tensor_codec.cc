@@ -117,20 +117,17 @@ absl::StatusOr<Bf16Tensor> DecodeToBf16(const v1::Tensor& tensor,
     return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeToString(shape),
                                                    " != ", ShapeToString(expected)));
   }
-  // Every extent is now >= 1; bound the product by what the bytes could possibly hold
-  // before multiplying further, so no product overflows.
-  const auto max_elements = static_cast<int64_t>(tensor.data().size() / element_size);
+  // Every extent is now >= 1; the product must not overflow before it is compared.
+  const int64_t max_elements = std::numeric_limits<int64_t>::max() / static_cast<int64_t>(element_size);
   int64_t elements = 1;
   for (int64_t extent : shape) {
-    if (extent > std::numeric_limits<int64_t>::max() / elements ||
-        elements * extent > max_elements) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": shape ", ShapeToString(shape), " needs more than the ",
-          tensor.data().size(), " bytes given"));
+    if (extent > max_elements / elements) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": shape ", ShapeToString(shape), " overflows int64"));
     }
     elements *= extent;
   }
-  if (static_cast<std::size_t>(elements) * element_size != tensor.data().size()) {
+  if (static_cast<uint64_t>(elements) * element_size != tensor.data().size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, ": ", tensor.data().size(), " bytes != ", elements, " elements of ",
         v1::DType_Name(tensor.dtype()), " (", elements * element_size, " bytes)"));
