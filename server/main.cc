@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <memory>
+#include <string>
 
 #include <systemd/sd-daemon.h>
 
@@ -40,7 +41,7 @@ int main(int argc, char** argv) {
       "Flag names take dashes or underscores; --flagfile=PATH reads flags from a file.");
   absl::StatusOr<mlaserve::ServerConfig> config = mlaserve::ParseServerCommandLine(argc, argv);
   if (!config.ok()) {
-    spdlog::error("{}", config.status().message());
+    spdlog::error("{}", std::string(config.status().message()));
     return EXIT_FAILURE;
   }
   spdlog::set_level(config->log_level);
@@ -57,7 +58,7 @@ int main(int argc, char** argv) {
       mlaserve::service::MlaServer::Start(mlaserve::engine::CreateEngine, config->engine,
                                           config->server);
   if (!server.ok()) {
-    spdlog::error("cannot start: {}", server.status().message());
+    spdlog::error("cannot start: {}", std::string(server.status().message()));
     return EXIT_FAILURE;
   }
   spdlog::info("listening: gRPC on port {} ({}), metrics {}", (*server)->port(),
@@ -67,7 +68,7 @@ int main(int argc, char** argv) {
                    : std::string("disabled"));
 
   if (absl::Status warm = (*server)->WarmUp(); !warm.ok()) {
-    spdlog::error("warm-up failed: {}", warm.message());
+    spdlog::error("warm-up failed: {}", std::string(warm.message()));
     (*server)->Shutdown(absl::ZeroDuration()).IgnoreError();
     return EXIT_FAILURE;
   }
@@ -85,7 +86,7 @@ int main(int argc, char** argv) {
   if (drained.ok()) {
     spdlog::info("stopped: drained cleanly");
   } else {
-    spdlog::warn("stopped: {}", drained.message());
+    spdlog::warn("stopped: {}", std::string(drained.message()));
   }
   return EXIT_SUCCESS;
 }

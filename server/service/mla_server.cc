@@ -125,6 +125,7 @@ absl::Status MlaServer::WarmUp() {
 }
 
 absl::Status MlaServer::Shutdown(absl::Duration timeout) {
+  if (shut_down_) return absl::OkStatus();
   shut_down_ = true;
   const absl::Time deadline = absl::Now() + timeout;
   server_->GetHealthCheckService()->Shutdown();

@@ -64,6 +64,7 @@ class MlaServer {
   // Graceful stop: health NOT_SERVING for good, DecodeStreams end once answered, no new
   // calls, in-flight calls run until `timeout` (then they are cancelled), then the engine
   // drains. Returns the engine's Drain status (DEADLINE_EXCEEDED if work was cut short).
+  // Later calls do nothing.
   absl::Status Shutdown(absl::Duration timeout);
 
  private:
