@@ -6,11 +6,12 @@
 
 namespace mlaserve {
 PagedLatentSource::PagedLatentSource(const PagedKvCache& cache, const PagedSequences& seqs,
-                                     int request, int value_width)
+                                     int request, int value_width, int first_token)
     : cache_(cache),
       seqs_(seqs),
       request_(request),
-      length_(seqs.seqlens[request]),
+      first_token_(first_token),
+      length_(std::max(0, seqs.seqlens[request] - first_token)),
       value_width_(value_width) {}
 
 KvBlock PagedLatentSource::Load(int begin, int count) {
@@ -18,12 +19,14 @@ KvBlock PagedLatentSource::Load(int begin, int count) {
   buffer_.resize(static_cast<size_t>(count) * width);
   const int page_size = cache_.page_size();
   // Copy page runs: within a page the token rows are consecutive.
-  for (int t = begin; t < begin + count;) {
+  const int first = first_token_ + begin;
+  const int last = first + count;
+  for (int t = first; t < last;) {
     const int in_page = t % page_size;
-    const int run = std::min(page_size - in_page, begin + count - t);
+    const int run = std::min(page_size - in_page, last - t);
     const Bf16* src = TokenRow(cache_, seqs_, request_, t);
     const int64_t row_stride = cache_.pages.stride(1);
-    float* dst = buffer_.data() + static_cast<int64_t>(t - begin) * width;
+    float* dst = buffer_.data() + static_cast<int64_t>(t - first) * width;
     if (row_stride == width) {
       WidenBf16(src, static_cast<int64_t>(run) * width, dst);
     } else {

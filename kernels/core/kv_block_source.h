@@ -29,12 +29,13 @@ class KvBlockSource {
   virtual KvBlock Load(int begin, int count) = 0;
 };
 
-// One request's tokens in a paged latent cache. MLA's values are the first `value_width`
-// columns of the latent keys (c_kv), so V aliases K and nothing is copied twice.
+// One request's tokens in a paged latent cache, from `first_token` on (a suffix after a
+// shared prefix starts mid-sequence). MLA's values are the first `value_width` columns of
+// the latent keys (c_kv), so V aliases K and nothing is copied twice.
 class PagedLatentSource final : public KvBlockSource {
  public:
   PagedLatentSource(const PagedKvCache& cache, const PagedSequences& seqs, int request,
-                    int value_width);
+                    int value_width, int first_token = 0);
 
   int length() const override { return length_; }
   int key_width() const override { return cache_.width(); }
@@ -45,6 +46,7 @@ class PagedLatentSource final : public KvBlockSource {
   PagedKvCache cache_;
   PagedSequences seqs_;
   int request_;
+  int first_token_;
   int length_;
   int value_width_;
   std::vector<float> buffer_;

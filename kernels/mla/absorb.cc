@@ -10,25 +10,29 @@
 
 namespace mlaserve {
 
-std::vector<Bf16> AbsorbQueries(const HeadSpaceDecodeProblem& p) {
-  const int rows = p.batch() * p.sq();
-  const int dk = p.dl() + p.dr();
-  std::vector<Bf16> q_lat(static_cast<size_t>(rows) * p.heads() * dk);
-  std::vector<float> q_nope(static_cast<size_t>(rows) * p.dn());
-  std::vector<float> absorbed(static_cast<size_t>(rows) * p.dl());
-  for (int h = 0; h < p.heads(); ++h) {
+std::vector<Bf16> AbsorbQueries(const TensorView<const Bf16, 4>& q_nope_view,
+                                const TensorView<const Bf16, 4>& q_pe_view, const UpProjection& w) {
+  const int sq = static_cast<int>(q_nope_view.dim(1));
+  const int heads = static_cast<int>(q_nope_view.dim(2));
+  const int dn = w.dn(), dl = w.dl();
+  const int dr = static_cast<int>(q_pe_view.dim(3));
+  const int rows = static_cast<int>(q_nope_view.dim(0)) * sq;
+  const int dk = dl + dr;
+  std::vector<Bf16> q_lat(static_cast<size_t>(rows) * heads * dk);
+  std::vector<float> q_nope(static_cast<size_t>(rows) * dn);
+  std::vector<float> absorbed(static_cast<size_t>(rows) * dl);
+  for (int h = 0; h < heads; ++h) {
     for (int r = 0; r < rows; ++r) {
-      WidenBf16(p.q_nope.row(r / p.sq(), r % p.sq(), h), p.dn(),
-                q_nope.data() + static_cast<int64_t>(r) * p.dn());
+      WidenBf16(q_nope_view.row(r / sq, r % sq, h), dn, q_nope.data() + static_cast<int64_t>(r) * dn);
     }
-    const std::vector<float> w_uk = WidenHead(p.weights.w_uk, h);  // [dn][dl]
-    MatmulNN(rows, p.dl(), p.dn(), q_nope.data(), p.dn(), w_uk.data(), p.dl(), absorbed.data(),
-             p.dl(), /*accumulate=*/false, kProjectionDepthChunk);
+    const std::vector<float> w_uk = WidenHead(w.w_uk, h);  // [dn][dl]
+    MatmulNN(rows, dl, dn, q_nope.data(), dn, w_uk.data(), dl, absorbed.data(), dl,
+             /*accumulate=*/false, kProjectionDepthChunk);
     for (int r = 0; r < rows; ++r) {
-      Bf16* dst = q_lat.data() + (static_cast<int64_t>(r) * p.heads() + h) * dk;
-      const float* src = absorbed.data() + static_cast<int64_t>(r) * p.dl();
-      for (int d = 0; d < p.dl(); ++d) dst[d] = Bf16::FromFloat(src[d]);
-      std::copy_n(p.q_pe.row(r / p.sq(), r % p.sq(), h), p.dr(), dst + p.dl());
+      Bf16* dst = q_lat.data() + (static_cast<int64_t>(r) * heads + h) * dk;
+      const float* src = absorbed.data() + static_cast<int64_t>(r) * dl;
+      for (int d = 0; d < dl; ++d) dst[d] = Bf16::FromFloat(src[d]);
+      std::copy_n(q_pe_view.row(r / sq, r % sq, h), dr, dst + dl);
     }
   }
   return q_lat;
@@ -57,7 +61,7 @@ absl::StatusOr<AttentionOutput> AbsorbDecode(const HeadSpaceDecodeProblem& p,
                                              AttentionKernel kernel) {
   RETURN_IF_ERROR(ValidateHeadSpaceDecodeProblem(p));
   const int dk = p.dl() + p.dr();
-  const std::vector<Bf16> q_lat = AbsorbQueries(p);
+  const std::vector<Bf16> q_lat = AbsorbQueries(p.q_nope, p.q_pe, p.weights);
   ASSIGN_OR_RETURN(auto q_view, (TensorView<const Bf16, 4>::Create(
                                     q_lat, {p.batch(), p.sq(), p.heads(), dk}, "q_lat")));
   const LatentDecodeProblem latent{q_view, p.cache, p.seqs, p.dl(), p.softmax_scale, p.causal};

@@ -17,8 +17,10 @@ namespace mlaserve {
 //   out[h] = bf16(o_lat[h]) . W_UV[h]^T                                  (dv wide).
 // The bf16 casts are where a serving framework's bmm would round too.
 
-// q_lat for every (request, token, head): [batch][sq][heads][dl + dr].
-std::vector<Bf16> AbsorbQueries(const HeadSpaceDecodeProblem& p);
+// q_lat for every (request, token, head): [batch][sq][heads][dl + dr], from q_nope
+// [batch][sq][heads][dn] and q_pe [batch][sq][heads][dr].
+std::vector<Bf16> AbsorbQueries(const TensorView<const Bf16, 4>& q_nope,
+                                const TensorView<const Bf16, 4>& q_pe, const UpProjection& w);
 
 // out[r][h] = bf16(o_lat[r][h]) . W_UV[h]^T for `rows` (request, token) rows; o_lat is
 // [rows][heads][dl] and out [rows][heads][dv].

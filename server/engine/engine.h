@@ -79,8 +79,9 @@ struct DecodeOptions {
   std::function<bool()> cancelled;
 };
 
-// Called exactly once per Decode, on an engine thread: either every answer in query order,
-// or one status for the whole call.
+// Called exactly once per Decode: either every answer in query order, or one status for the
+// whole call. Errors found while validating or queueing are answered inline, on the caller's
+// thread; everything else on an engine thread.
 using DecodeCallback = absl::AnyInvocable<void(absl::StatusOr<std::vector<DecodeAnswer>>) &&>;
 
 // What a device batch looked like, reported once per batch (metrics).
@@ -165,7 +166,7 @@ struct EngineOptions {
   WeightsSource weights;
   KvStoreOptions kv;
   int devices = 2;
-  std::string profile = "ascend910-die";
+  std::string profile = "host";  // a device profile name, or "host" for the CPU-direct device
   int host_threads_per_device = 1;
   int max_batch = 256;
   absl::Duration max_wait = absl::Microseconds(500);

@@ -1,0 +1,75 @@
+#ifndef MLASERVE_SERVER_ENGINE_ENGINE_IMPL_H_
+#define MLASERVE_SERVER_ENGINE_ENGINE_IMPL_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "server/engine/attention_device.h"
+#include "server/engine/batcher.h"
+#include "server/engine/device_pool.h"
+#include "server/engine/engine.h"
+#include "server/engine/kv_store.h"
+#include "server/engine/model_weights.h"
+#include "server/engine/planner.h"
+
+namespace mlaserve::engine {
+
+// The Engine: a KV store, the model's weights, a TyphoonMLA planner, a batcher and a device
+// pool, wired as design §4.3 describes. Decode calls are validated up front, queued, cut into
+// batches; a batch applies its appends, snapshots what it reads, is planned and runs on the
+// least-loaded device; answers go back per call.
+class EngineImpl final : public Engine {
+ public:
+  // `devices` overrides the pool (tests inject failing or host devices); empty means "build
+  // options.devices emulated NPUs of options.profile".
+  static absl::StatusOr<std::unique_ptr<EngineImpl>> Create(
+      EngineOptions options, std::vector<std::unique_ptr<AttentionDevice>> devices = {});
+  ~EngineImpl() override;
+
+  const EngineInfo& Info() const override { return info_; }
+  absl::Status RegisterPrefix(absl::string_view prefix_id, absl::string_view parent_id,
+                              TensorView<const Bf16, 3> latent) override;
+  absl::Status ReleasePrefix(absl::string_view prefix_id) override;
+  absl::Status CreateSequence(absl::string_view sequence_id, absl::string_view prefix_id) override;
+  absl::Status ForkSequence(absl::string_view source_id, absl::string_view new_id) override;
+  absl::Status ReleaseSequence(absl::string_view sequence_id) override;
+  absl::Status AppendKv(absl::string_view sequence_id, int layer, int64_t start_position,
+                        TensorView<const Bf16, 2> rows) override;
+  absl::StatusOr<SequenceInfo> GetSequence(absl::string_view sequence_id) const override;
+  void Decode(std::vector<DecodeQuery> queries, DecodeOptions options, DecodeCallback done) override;
+  EngineStats Stats() const override;
+  absl::Status Drain(absl::Time deadline) override;
+
+  const Planner& planner() const { return planner_; }
+  KvStore& store() { return *store_; }
+  const ModelWeights& weights() const { return weights_; }
+
+ private:
+  EngineImpl(EngineOptions options, ModelWeights weights, std::unique_ptr<KvStore> store,
+             DeviceRates rates, std::vector<std::unique_ptr<AttentionDevice>> devices);
+
+  absl::Status ValidateCall(const std::vector<DecodeQuery>& queries) const;
+  void RunBatch(std::vector<PendingCall> calls);
+  void Finish(PendingCall& call, absl::StatusOr<std::vector<DecodeAnswer>> result);
+
+  const EngineOptions options_;
+  ModelWeights weights_;
+  std::unique_ptr<KvStore> store_;
+  Planner planner_;
+  EngineInfo info_;
+  std::unique_ptr<DevicePool> pool_;
+
+  std::atomic<int64_t> batches_{0}, queries_{0}, hybrid_groups_{0}, absorb_groups_{0};
+  std::mutex calls_mu_;
+  std::condition_variable calls_done_;
+  int64_t calls_in_flight_ = 0;  // accepted, not yet answered; guarded by calls_mu_
+
+  std::unique_ptr<Batcher> batcher_;  // last: its thread uses everything above
+};
+
+}  // namespace mlaserve::engine
+
+#endif  // MLASERVE_SERVER_ENGINE_ENGINE_IMPL_H_

@@ -1,0 +1,169 @@
+#ifndef MLASERVE_TESTS_SERVER_ENGINE_ENGINE_SCENARIO_H_
+#define MLASERVE_TESTS_SERVER_ENGINE_ENGINE_SCENARIO_H_
+
+#include <cmath>
+#include <future>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/core/random_fill.h"
+#include "kernels/reference/golden_attention.h"
+#include "server/engine/engine_impl.h"
+#include "server/engine/host_attention_device.h"
+
+namespace mlaserve::engine::testing {
+
+// A small MLA model with the real head dims (so every kernel path is the production one) and
+// few heads and layers (so tests are quick).
+inline ModelConfig SmallModel(int heads = 8, int layers = 2) {
+  ModelConfig m;
+  m.name = "test-mla";
+  m.heads = heads;
+  m.layers = layers;
+  m.softmax_scale = static_cast<float>(1.0 / std::sqrt(192.0));
+  return m;
+}
+
+// The rates that put B_theta(sq) exactly at `b_theta_at_sq1 / sq` for a DeepSeek-shaped model:
+// B_theta = (Dqk + Dv) / (Sq (2 Dl + Dr)) * T / M with T / M = b * 1088 / 320.
+inline void SetThreshold(EngineOptions& options, double b_theta_at_sq1) {
+  options.hbm_tbps = 1.0;
+  options.matrix_tflops = b_theta_at_sq1 * (2.0 * 512 + 64) / (128 + 64 + 128);
+}
+
+inline absl::StatusOr<std::vector<DecodeAnswer>> DecodeSync(Engine& engine,
+                                                            std::vector<DecodeQuery> queries,
+                                                            DecodeOptions options = {}) {
+  std::promise<absl::StatusOr<std::vector<DecodeAnswer>>> promise;
+  auto future = promise.get_future();
+  engine.Decode(std::move(queries), std::move(options),
+                [&promise](absl::StatusOr<std::vector<DecodeAnswer>> r) { promise.set_value(std::move(r)); });
+  return future.get();
+}
+
+// Drives an engine with random data and remembers every latent row it gave it, so each
+// answer can be checked against the fp64 golden computed from the same inputs.
+class Scenario {
+ public:
+  explicit Scenario(std::unique_ptr<EngineImpl> engine, uint64_t seed = 1)
+      : engine_(std::move(engine)), model_(engine_->Info().model), rng_(seed) {}
+
+  EngineImpl& engine() { return *engine_; }
+  const ModelConfig& model() const { return model_; }
+
+  std::vector<Bf16> RandomRows(int64_t n) {
+    std::vector<Bf16> rows(static_cast<size_t>(n) * model_.dk_latent());
+    FillNormal(rows, 1.0, rng_);
+    return rows;
+  }
+
+  void RegisterPrefix(const std::string& id, const std::string& parent, int tokens) {
+    std::vector<Bf16> latent;
+    for (int l = 0; l < model_.layers; ++l) {
+      std::vector<Bf16> rows = RandomRows(tokens);
+      auto& mine = prefix_rows_[id][l];
+      if (!parent.empty()) mine = prefix_rows_[parent][l];
+      mine.insert(mine.end(), rows.begin(), rows.end());
+      latent.insert(latent.end(), rows.begin(), rows.end());
+    }
+    auto view = TensorView<const Bf16, 3>::Create(std::span<const Bf16>(latent),
+                                                  {model_.layers, tokens, model_.dk_latent()});
+    ASSERT_TRUE(view.ok());
+    ASSERT_TRUE(engine_->RegisterPrefix(id, parent, *view).ok());
+  }
+
+  // A sequence on `prefix` (or none) with `own` tokens of its own in every layer.
+  void CreateSequence(const std::string& id, const std::string& prefix, int own) {
+    ASSERT_TRUE(engine_->CreateSequence(id, prefix).ok());
+    for (int l = 0; l < model_.layers; ++l) {
+      rows_[id][l] = prefix.empty() ? std::vector<Bf16>{} : prefix_rows_[prefix][l];
+      if (own > 0) Append(id, l, own);
+    }
+  }
+
+  void Append(const std::string& id, int layer, int n) {
+    std::vector<Bf16> rows = RandomRows(n);
+    auto& all = rows_[id][layer];
+    const int64_t position = static_cast<int64_t>(all.size()) / model_.dk_latent();
+    auto view = TensorView<const Bf16, 2>::Create(std::span<const Bf16>(rows), {n, model_.dk_latent()});
+    ASSERT_TRUE(engine_->AppendKv(id, layer, position, *view).ok());
+    all.insert(all.end(), rows.begin(), rows.end());
+  }
+
+  int64_t Length(const std::string& id, int layer) {
+    return static_cast<int64_t>(rows_[id][layer].size()) / model_.dk_latent();
+  }
+
+  DecodeQuery HeadQuery(const std::string& id, int layer, int sq) {
+    DecodeQuery q;
+    q.sequence_id = id;
+    q.layer = layer;
+    q.sq = sq;
+    q.space = QuerySpace::kHead;
+    q.q_nope.resize(static_cast<size_t>(sq) * model_.heads * model_.dn);
+    q.q_pe.resize(static_cast<size_t>(sq) * model_.heads * model_.dr);
+    FillNormal(q.q_nope, 1.0, rng_);
+    FillNormal(q.q_pe, 1.0, rng_);
+    return q;
+  }
+
+  DecodeQuery LatentQuery(const std::string& id, int layer, int sq) {
+    DecodeQuery q;
+    q.sequence_id = id;
+    q.layer = layer;
+    q.sq = sq;
+    q.space = QuerySpace::kLatent;
+    q.q_latent.resize(static_cast<size_t>(sq) * model_.heads * model_.dk_latent());
+    FillNormal(q.q_latent, 1.0, rng_);
+    return q;
+  }
+
+  // Records an append carried by a query (DecodeQuery::append_rows) as the engine will do.
+  void AttachAppend(DecodeQuery& q, int n) {
+    q.append_rows = RandomRows(n);
+    q.append_position = Length(q.sequence_id, q.layer);
+    auto& all = rows_[q.sequence_id][q.layer];
+    all.insert(all.end(), q.append_rows.begin(), q.append_rows.end());
+  }
+
+  // fp64 golden for one query, from the rows this scenario gave the engine.
+  GoldenOutput Golden(const DecodeQuery& q) {
+    const std::vector<Bf16>& rows = rows_[q.sequence_id][q.layer];
+    const int n = static_cast<int>(Length(q.sequence_id, q.layer));
+    const std::vector<int32_t> table = {0};
+    const std::vector<int32_t> seqlens = {n};
+    EXPECT_GT(n, 0) << "scenarios give every sequence at least one token";
+    const PagedKvCache cache{*TensorView<const Bf16, 3>::Create(std::span<const Bf16>(rows),
+                                                                {1, n, model_.dk_latent()}, "rows")};
+    const PagedSequences seqs{*TensorView<const int32_t, 2>::Create(std::span<const int32_t>(table), {1, 1}),
+                              seqlens};
+    if (q.space == QuerySpace::kLatent) {
+      auto qv = *TensorView<const Bf16, 4>::Create(std::span<const Bf16>(q.q_latent),
+                                                   {1, q.sq, model_.heads, model_.dk_latent()});
+      return *GoldenLatentDecode({qv, cache, seqs, model_.dl, model_.softmax_scale, true});
+    }
+    const HeadSpaceDecodeProblem p{
+        *TensorView<const Bf16, 4>::Create(std::span<const Bf16>(q.q_nope), {1, q.sq, model_.heads, model_.dn}),
+        *TensorView<const Bf16, 4>::Create(std::span<const Bf16>(q.q_pe), {1, q.sq, model_.heads, model_.dr}),
+        engine_->weights().Layer(q.layer),
+        cache,
+        seqs,
+        model_.softmax_scale,
+        true};
+    return *GoldenHeadSpaceDecode(p);
+  }
+
+ private:
+  std::unique_ptr<EngineImpl> engine_;
+  ModelConfig model_;
+  Rng rng_;
+  std::map<std::string, std::map<int, std::vector<Bf16>>> prefix_rows_;  // full chain rows
+  std::map<std::string, std::map<int, std::vector<Bf16>>> rows_;         // sequences
+};
+
+}  // namespace mlaserve::engine::testing
+
+#endif  // MLASERVE_TESTS_SERVER_ENGINE_ENGINE_SCENARIO_H_

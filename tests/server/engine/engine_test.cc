@@ -1,0 +1,285 @@
+#include <atomic>
+#include <future>
+#include <latch>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/engine/engine_impl.h"
+#include "server/engine/host_attention_device.h"
+#include "tests/server/engine/engine_scenario.h"
+#include "tests/testing/attention_checks.h"
+
+namespace mlaserve::engine {
+namespace {
+
+using ::mlaserve::engine::testing::DecodeSync;
+using ::mlaserve::engine::testing::Scenario;
+using ::mlaserve::engine::testing::SetThreshold;
+using ::mlaserve::engine::testing::SmallModel;
+using ::testing::HasSubstr;
+
+// Head-space answers carry the extra bf16 casts of the absorb form (q_lat, o_lat) or of the
+// expanded K/V (naive form); the bounds are those of tests/kernels/mla/absorb_naive_test.cc.
+constexpr mlaserve::testing::Tolerance kOutTolerance{mlaserve::testing::FlashMlaOutTolerance(1.0).abs_tol,
+                                                     2.01 / 128, 2e-5};
+constexpr mlaserve::testing::Tolerance kLseTolerance{1e-2, 8.01 / 65536, 0.0};
+
+EngineOptions BaseOptions() {
+  EngineOptions o;
+  o.model = SmallModel();
+  o.weights.seed = 7;
+  o.kv.budget_bytes = int64_t{256} << 20;
+  o.kv.page_size = 16;
+  o.max_wait = absl::Microseconds(200);
+  return o;
+}
+
+std::unique_ptr<EngineImpl> MakeEngine(EngineOptions options,
+                                       std::vector<std::unique_ptr<AttentionDevice>> devices = {}) {
+  if (devices.empty()) devices.push_back(std::make_unique<HostAttentionDevice>());
+  auto engine = EngineImpl::Create(std::move(options), std::move(devices));
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return std::move(*engine);
+}
+
+// Prefix chain P1 (300 tokens) <- P2 (+200); sequences on each with varied suffixes, and
+// two with no prefix.
+void BuildMixedScenario(Scenario& s) {
+  s.RegisterPrefix("P1", "", 300);
+  s.RegisterPrefix("P2", "P1", 200);
+  s.CreateSequence("a1", "P1", 5);
+  s.CreateSequence("a2", "P1", 130);
+  s.CreateSequence("a3", "P1", 2);
+  s.CreateSequence("b1", "P2", 17);
+  s.CreateSequence("b2", "P2", 600);
+  s.CreateSequence("c1", "", 40);
+  s.CreateSequence("c2", "", 513);
+}
+
+void ExpectMatchesGolden(Scenario& s, const std::vector<DecodeQuery>& queries,
+                         const std::vector<DecodeAnswer>& answers) {
+  ASSERT_EQ(queries.size(), answers.size());
+  for (size_t i = 0; i < queries.size(); ++i) {
+    const GoldenOutput golden = s.Golden(queries[i]);
+    EXPECT_TRUE(mlaserve::testing::AllClose(answers[i].out, golden.out, kOutTolerance, true))
+        << "query " << i << " (" << queries[i].sequence_id << ")";
+    EXPECT_TRUE(mlaserve::testing::AllClose(answers[i].lse, golden.lse, kLseTolerance, false))
+        << "query " << i << " (" << queries[i].sequence_id << ")";
+  }
+}
+
+TEST(EngineTest, MixedBatchMatchesGoldenWithGroupsAboveAndBelowTheThreshold) {
+  EngineOptions options = BaseOptions();
+  options.max_sq = 2;
+  SetThreshold(options, 5.0);  // B_theta(sq = 2) = 2.5: P1's 3 queries go hybrid, P2's 2 do not
+  Scenario s(MakeEngine(options));
+  BuildMixedScenario(s);
+  std::vector<DecodeQuery> queries;
+  for (const char* id : {"a1", "a2", "a3", "b1", "b2", "c1"}) queries.push_back(s.HeadQuery(id, 1, 2));
+  queries.push_back(s.LatentQuery("c2", 1, 2));
+  queries.push_back(s.LatentQuery("a1", 0, 2));
+  auto answers = DecodeSync(s.engine(), queries);
+  ASSERT_TRUE(answers.ok()) << answers.status();
+  ExpectMatchesGolden(s, queries, *answers);
+
+  for (int i : {0, 1, 2}) {
+    EXPECT_EQ((*answers)[i].plan.formulation, Formulation::kHybrid) << i;
+    EXPECT_EQ((*answers)[i].plan.prefix_id, "P1");
+    EXPECT_EQ((*answers)[i].plan.group_size, 3);
+  }
+  for (int i : {3, 4}) {
+    EXPECT_EQ((*answers)[i].plan.formulation, Formulation::kAbsorb) << i;
+    EXPECT_EQ((*answers)[i].plan.prefix_id, "P2");
+  }
+  EXPECT_EQ((*answers)[7].plan.formulation, Formulation::kAbsorb);  // latent: never hybrid
+  EXPECT_DOUBLE_EQ((*answers)[0].plan.b_theta, 2.5);
+  EXPECT_EQ((*answers)[0].plan.batch_size, 8);
+  EXPECT_GT(s.engine().Stats().kv.expanded_entries, 0);  // P1's levels were expanded
+}
+
+TEST(EngineTest, HybridOverAPrefixChainMatchesGolden) {
+  EngineOptions options = BaseOptions();
+  SetThreshold(options, 1.0);  // every prefix group goes hybrid
+  Scenario s(MakeEngine(options));
+  BuildMixedScenario(s);
+  std::vector<DecodeQuery> queries = {s.HeadQuery("b1", 0, 1), s.HeadQuery("b2", 0, 1),
+                                      s.HeadQuery("a2", 0, 1)};
+  auto answers = DecodeSync(s.engine(), queries);
+  ASSERT_TRUE(answers.ok()) << answers.status();
+  EXPECT_EQ((*answers)[0].plan.formulation, Formulation::kHybrid);
+  EXPECT_EQ((*answers)[0].plan.prefix_id, "P2");  // two levels: P1's tokens and P2's
+  ExpectMatchesGolden(s, queries, *answers);
+}
+
+TEST(EngineTest, HybridAgreesWithAbsorbOnlyToBf16Rounding) {
+  std::vector<std::vector<float>> outs;
+  for (double threshold : {1.0, 1e9}) {
+    EngineOptions options = BaseOptions();
+    options.max_sq = 2;
+    SetThreshold(options, threshold);
+    Scenario s(MakeEngine(options), /*seed=*/42);  // same data both times
+    BuildMixedScenario(s);
+    std::vector<DecodeQuery> queries = {s.HeadQuery("a1", 1, 2), s.HeadQuery("a2", 1, 2),
+                                        s.HeadQuery("a3", 1, 2)};
+    auto answers = DecodeSync(s.engine(), queries);
+    ASSERT_TRUE(answers.ok()) << answers.status();
+    EXPECT_EQ((*answers)[0].plan.formulation,
+              threshold < 10 ? Formulation::kHybrid : Formulation::kAbsorb);
+    std::vector<float> all;
+    for (const auto& a : *answers) all.insert(all.end(), a.out.begin(), a.out.end());
+    outs.push_back(std::move(all));
+  }
+  constexpr mlaserve::testing::Tolerance kPair{2 * kOutTolerance.abs_tol, 2 * 2.01 / 128, 4e-5};
+  EXPECT_TRUE(mlaserve::testing::AllCloseF(outs[0], outs[1], kPair));
+}
+
+TEST(EngineTest, AppendCarriedByAQueryIsSeenAndIdempotentOnRetry) {
+  Scenario s(MakeEngine(BaseOptions()));
+  s.CreateSequence("x", "", 33);
+  DecodeQuery q = s.HeadQuery("x", 0, 1);
+  s.AttachAppend(q, 1);
+  auto first = DecodeSync(s.engine(), {q});
+  ASSERT_TRUE(first.ok()) << first.status();
+  ExpectMatchesGolden(s, {q}, *first);
+  auto retry = DecodeSync(s.engine(), {q});  // same position: the append is a no-op
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_EQ((*retry)[0].out, (*first)[0].out);
+  EXPECT_EQ(s.engine().GetSequence("x")->lengths[0], 34);
+}
+
+TEST(EngineTest, QueriesFromConcurrentCallsShareABatchAndAGroup) {
+  EngineOptions options = BaseOptions();
+  options.max_wait = absl::Milliseconds(300);
+  options.max_batch = 2;
+  Scenario s(MakeEngine(options));
+  s.RegisterPrefix("P", "", 50);
+  s.CreateSequence("u", "P", 3);
+  s.CreateSequence("v", "P", 4);
+  const DecodeQuery qu = s.HeadQuery("u", 0, 1), qv = s.HeadQuery("v", 0, 1);
+  auto fu = std::async(std::launch::async, [&] { return DecodeSync(s.engine(), {qu}); });
+  auto fv = std::async(std::launch::async, [&] { return DecodeSync(s.engine(), {qv}); });
+  auto au = fu.get(), av = fv.get();
+  ASSERT_TRUE(au.ok() && av.ok());
+  EXPECT_EQ((*au)[0].plan.batch_size, 2);
+  EXPECT_EQ((*av)[0].plan.group_size, 2);
+  EXPECT_EQ(s.engine().Stats().batches, 1);
+}
+
+TEST(EngineTest, BadQueriesAreRejectedNamingTheFieldAndChangeNothing) {
+  EngineOptions options = BaseOptions();
+  options.max_batch = 4;
+  Scenario s(MakeEngine(options));
+  s.CreateSequence("x", "", 10);
+  auto expect = [&](std::vector<DecodeQuery> queries, absl::StatusCode code, const char* text) {
+    auto r = DecodeSync(s.engine(), std::move(queries));
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_EQ(r.status().code(), code) << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr(text));
+  };
+  expect({}, absl::StatusCode::kInvalidArgument, "empty batch");
+  expect(std::vector<DecodeQuery>(5, s.HeadQuery("x", 0, 1)), absl::StatusCode::kInvalidArgument, "max_batch");
+  DecodeQuery q = s.HeadQuery("x", 0, 1);
+  q.layer = 2;
+  expect({q}, absl::StatusCode::kInvalidArgument, "queries[0].layer");
+  q = s.HeadQuery("x", 0, 1);
+  q.sq = 5;
+  expect({q}, absl::StatusCode::kInvalidArgument, "queries[0].sq");
+  q = s.HeadQuery("x", 0, 1);
+  q.q_pe.pop_back();
+  expect({q}, absl::StatusCode::kInvalidArgument, "queries[0].q_pe");
+  q = s.HeadQuery("x", 0, 1);
+  q.q_nope[3] = Bf16::FromBits(0x7fc0);
+  expect({q}, absl::StatusCode::kInvalidArgument, "NaN");
+  expect({s.HeadQuery("x", 0, 1), s.HeadQuery("x", 0, 1)}, absl::StatusCode::kInvalidArgument, "twice");
+  expect({s.HeadQuery("nope", 0, 1)}, absl::StatusCode::kNotFound, "queries[0].sequence_id");
+  q = s.HeadQuery("x", 0, 1);
+  q.append_rows = s.RandomRows(1);
+  q.append_position = 12;  // beyond the sequence's end (10): a gap
+  expect({q}, absl::StatusCode::kFailedPrecondition, "queries[0] append");
+  EXPECT_EQ(s.engine().GetSequence("x")->lengths[0], 10);
+  EXPECT_EQ(s.engine().Stats().batches, 0);  // the append failure never reached a device
+}
+
+TEST(EngineTest, ExpiredAndCancelledCallsAreAnsweredWithoutWork) {
+  Scenario s(MakeEngine(BaseOptions()));
+  s.CreateSequence("x", "", 10);
+  DecodeOptions late;
+  late.deadline = absl::Now() - absl::Seconds(1);
+  EXPECT_EQ(DecodeSync(s.engine(), {s.HeadQuery("x", 0, 1)}, late).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  DecodeOptions cancelled;
+  cancelled.cancelled = [] { return true; };
+  EXPECT_EQ(DecodeSync(s.engine(), {s.HeadQuery("x", 0, 1)}, cancelled).status().code(),
+            absl::StatusCode::kCancelled);
+  EXPECT_EQ(s.engine().Stats().batches, 0);
+}
+
+// A device that blocks until released, then fails or delegates to the host.
+class ScriptedDevice : public AttentionDevice {
+ public:
+  MOCK_METHOD(absl::StatusOr<DeviceRun>, Run, (const BatchPlan&, const ModelWeights&), (override));
+  const DeviceInfo& info() const override { return info_; }
+  DeviceInfo info_{"scripted", 1, 0, 0};
+};
+
+TEST(EngineTest, ADeviceFailureFailsOnlyItsBatch) {
+  auto device = std::make_unique<::testing::StrictMock<ScriptedDevice>>();
+  auto host = std::make_shared<HostAttentionDevice>();
+  EXPECT_CALL(*device, Run)
+      .WillOnce(::testing::Return(absl::InternalError("device 0 lost its HBM")))
+      .WillOnce([host](const BatchPlan& plan, const ModelWeights& w) { return host->Run(plan, w); });
+  std::vector<std::unique_ptr<AttentionDevice>> devices;
+  devices.push_back(std::move(device));
+  Scenario s(MakeEngine(BaseOptions(), std::move(devices)));
+  s.CreateSequence("x", "", 10);
+  auto failed = DecodeSync(s.engine(), {s.HeadQuery("x", 0, 1)});
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(failed.status().message(), HasSubstr("lost its HBM"));
+  const DecodeQuery q = s.HeadQuery("x", 0, 1);
+  auto next = DecodeSync(s.engine(), {q});
+  ASSERT_TRUE(next.ok()) << next.status();
+  ExpectMatchesGolden(s, {q}, *next);
+}
+
+TEST(EngineTest, AFullQueueRefusesAtOnceAndDrainWaitsForWorkInFlight) {
+  std::latch release(1);
+  auto device = std::make_unique<::testing::NiceMock<ScriptedDevice>>();
+  auto host = std::make_shared<HostAttentionDevice>();
+  ON_CALL(*device, Run).WillByDefault([&release, host](const BatchPlan& plan, const ModelWeights& w) {
+    release.wait();
+    return host->Run(plan, w);
+  });
+  std::vector<std::unique_ptr<AttentionDevice>> devices;
+  devices.push_back(std::move(device));
+  EngineOptions options = BaseOptions();
+  options.max_batch = 1;
+  options.max_queue = 1;
+  options.max_wait = absl::ZeroDuration();
+  Scenario s(MakeEngine(options, std::move(devices)));
+  s.CreateSequence("x", "", 10);
+  s.CreateSequence("y", "", 10);
+  s.CreateSequence("z", "", 10);
+  std::atomic<int> answered{0};
+  auto count = [&answered](absl::StatusOr<std::vector<DecodeAnswer>> r) {
+    EXPECT_TRUE(r.ok()) << r.status();
+    ++answered;
+  };
+  s.engine().Decode({s.HeadQuery("x", 0, 1)}, {}, count);  // taken by the blocked device
+  while (s.engine().Stats().batches < 1) std::this_thread::yield();
+  s.engine().Decode({s.HeadQuery("y", 0, 1)}, {}, count);  // fills the queue
+  auto refused = DecodeSync(s.engine(), {s.HeadQuery("z", 0, 1)});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(), HasSubstr("queue full"));
+
+  EXPECT_EQ(s.engine().Drain(absl::Now() + absl::Milliseconds(50)).code(),
+            absl::StatusCode::kDeadlineExceeded);  // still blocked
+  EXPECT_EQ(DecodeSync(s.engine(), {s.HeadQuery("z", 0, 1)}).status().code(),
+            absl::StatusCode::kUnavailable);  // draining: no new work
+  release.count_down();
+  EXPECT_TRUE(s.engine().Drain(absl::Now() + absl::Seconds(30)).ok());
+  EXPECT_EQ(answered.load(), 2);
+}
+
+}  // namespace
+}  // namespace mlaserve::engine
