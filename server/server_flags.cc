@@ -26,7 +26,8 @@ ABSL_FLAG(std::string, weights, "",
           "safetensors file with the layers' kv_b_proj (BF16/F32); empty: seeded weights");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the generated weights when --weights is empty");
 ABSL_FLAG(int, devices, 2, "Emulated devices in the pool");
-ABSL_FLAG(std::string, profile, "ascend910-die", "Device profile name");
+ABSL_FLAG(std::string, profile, mlaserve::engine::EngineOptions().profile,
+          "Device profile name, or \"host\" for the CPU-direct device");
 ABSL_FLAG(int, host_threads, 1, "Host threads per emulated device");
 ABSL_FLAG(double, matrix_tflops, 0,
           "Override of the device matrix rate the TyphoonMLA threshold uses (0: profile)");

@@ -116,7 +116,6 @@ absl::StatusOr<ParsedDecode> ParseDecodeRequest(const v1::DecodeRequest& request
   for (int i = 0; i < count; ++i) {
     RETURN_IF_ERROR(ParseQuery(request.queries(i), info, absl::StrCat("queries[", i, "]"),
                                parsed.queries[i], parsed.layouts[i]));
-    parsed.appends = parsed.appends || parsed.queries[i].append_position >= 0;
   }
   return parsed;
 }

@@ -25,7 +25,6 @@ struct ParsedDecode {
   std::vector<engine::DecodeQuery> queries;
   std::vector<AnswerLayout> layouts;  // per query
   v1::DType output_dtype = v1::DTYPE_BF16;
-  bool appends = false;  // some query appends KV rows before attending
 };
 
 // INVALID_ARGUMENT naming the field (`queries[3].head.q_nope: shape [1,128,64] !=

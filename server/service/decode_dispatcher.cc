@@ -22,10 +22,8 @@ void DecodeDispatcher::Dispatch(const v1::DecodeRequest& request, absl::Time dea
   std::vector<engine::QuerySpace> spaces;
   spaces.reserve(parsed->queries.size());
   for (const engine::DecodeQuery& query : parsed->queries) spaces.push_back(query.space);
-  const int queries = static_cast<int>(parsed->queries.size());
-  const bool appends = parsed->appends;
 
-  // "At once" means on this thread before engine_.Decode returns; an engine thread that
+  // "Inline" means on this thread before engine_.Decode returns; an engine thread that
   // answers quickly must not be mistaken for it.
   struct Submission {
     std::thread::id thread = std::this_thread::get_id();
@@ -38,13 +36,14 @@ void DecodeDispatcher::Dispatch(const v1::DecodeRequest& request, absl::Time dea
   engine_.Decode(
       std::move(parsed->queries), std::move(options),
       [this, submission, layouts = std::move(parsed->layouts),
-       output_dtype = parsed->output_dtype, spaces = std::move(spaces), queries, appends,
-       response, done = std::move(done)](
+       output_dtype = parsed->output_dtype, spaces = std::move(spaces), response,
+       done = std::move(done)](
           absl::StatusOr<std::vector<engine::DecodeAnswer>> answers) mutable {
         if (!answers.ok()) {
-          const bool at_once = submission->submitting.load() &&
-                               submission->thread == std::this_thread::get_id();
-          if (IsQueueRefusal(answers.status(), at_once, appends, queries)) {
+          const bool inline_answer = submission->submitting.load() &&
+                                     submission->thread == std::this_thread::get_id();
+          if (inline_answer &&
+              answers.status().code() == absl::StatusCode::kResourceExhausted) {
             std::move(done)(absl::UnavailableError(
                 absl::StrCat("decode queue is full (", answers.status().message(),
                              "); retry with backoff")));
@@ -64,15 +63,6 @@ void DecodeDispatcher::Dispatch(const v1::DecodeRequest& request, absl::Time dea
         std::move(done)(std::move(filled));
       });
   submission->submitting.store(false);
-}
-
-bool DecodeDispatcher::IsQueueRefusal(const absl::Status& status, bool at_once, bool appends,
-                                      int queries) const {
-  if (status.code() != absl::StatusCode::kResourceExhausted || !at_once) return false;
-  // Without appends a decode takes no KV memory, so an immediate RESOURCE_EXHAUSTED can only
-  // be the queue. With appends it may be either; the queue is then judged by its length.
-  if (!appends) return true;
-  return engine_.Stats().queued + queries > engine_.Info().max_queue;
 }
 
 }  // namespace mlaserve::service

@@ -17,13 +17,15 @@ namespace mlaserve::service {
 // cancellation, turn the answers into the response, and record the plans in the metrics.
 //
 // A full queue. The engine refuses a decode that does not fit in its queue with
-// RESOURCE_EXHAUSTED, at once (before Decode returns), the code it also uses for a KV budget
-// overrun. For a client they are different conditions: the queue drains by itself within
-// milliseconds, so the right reaction is to back off and retry (or try another replica), while
-// a full KV cache stays full until something is released. The dispatcher therefore answers a
-// queue refusal UNAVAILABLE, the code gRPC retry policies and load balancers treat as
-// transient (Triton and TF Serving do the same), and leaves RESOURCE_EXHAUSTED to memory.
-// docs/api.md has the table.
+// RESOURCE_EXHAUSTED, the code it also uses for a KV budget overrun (an append that does not
+// fit). For a client they are different conditions: the queue drains by itself within
+// milliseconds, so the right reaction is to back off and retry (or try another replica),
+// while a full KV cache stays full until something is released. The dispatcher therefore
+// answers a queue refusal UNAVAILABLE, the code gRPC retry policies and load balancers treat
+// as transient (Triton and TF Serving do the same), and leaves RESOURCE_EXHAUSTED to memory.
+// It tells them apart as the engine contract allows: errors found while queueing are
+// answered inline, on the caller's thread, while appends run in the batch, on an engine
+// thread. docs/api.md has the table.
 class DecodeDispatcher {
  public:
   using Done = absl::AnyInvocable<void(absl::Status) &&>;
@@ -37,11 +39,6 @@ class DecodeDispatcher {
                 std::function<bool()> cancelled, v1::DecodeResponse* response, Done done);
 
  private:
-  // Whether `status`, delivered at once for a batch of `queries` (`appends` if some append
-  // KV rows), is the engine refusing a full queue rather than a full KV cache.
-  bool IsQueueRefusal(const absl::Status& status, bool at_once, bool appends,
-                      int queries) const;
-
   engine::Engine& engine_;
   ServiceMetrics& metrics_;
 };

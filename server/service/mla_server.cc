@@ -100,16 +100,20 @@ absl::Status MlaServer::WarmUp() {
   ASSIGN_OR_RETURN(RowsView view, RowsView::Create(rows, shape, "warm-up rows"));
   RETURN_IF_ERROR(engine_->CreateSequence(kWarmUpSequence, ""));
   absl::Status status = engine_->AppendKv(kWarmUpSequence, 0, 0, view);
-  if (status.ok()) {
-    std::vector<engine::DecodeQuery> queries(2);
-    queries[0].sequence_id = kWarmUpSequence;
-    queries[0].space = engine::QuerySpace::kHead;
-    queries[0].q_nope.assign(static_cast<size_t>(model.heads) * model.dn, Bf16::FromFloat(0.25f));
-    queries[0].q_pe.assign(static_cast<size_t>(model.heads) * model.dr, Bf16::FromFloat(0.25f));
-    queries[1].sequence_id = kWarmUpSequence;
-    queries[1].space = engine::QuerySpace::kLatent;
-    queries[1].q_latent.assign(static_cast<size_t>(model.heads) * model.dk_latent(),
-                               Bf16::FromFloat(0.25f));
+  // One query per call: the engine takes a sequence layer once per call.
+  for (const engine::QuerySpace space : {engine::QuerySpace::kHead, engine::QuerySpace::kLatent}) {
+    if (!status.ok()) break;
+    std::vector<engine::DecodeQuery> queries(1);
+    engine::DecodeQuery& query = queries[0];
+    query.sequence_id = kWarmUpSequence;
+    query.space = space;
+    if (space == engine::QuerySpace::kHead) {
+      query.q_nope.assign(static_cast<size_t>(model.heads) * model.dn, Bf16::FromFloat(0.25f));
+      query.q_pe.assign(static_cast<size_t>(model.heads) * model.dr, Bf16::FromFloat(0.25f));
+    } else {
+      query.q_latent.assign(static_cast<size_t>(model.heads) * model.dk_latent(),
+                            Bf16::FromFloat(0.25f));
+    }
     std::promise<absl::Status> answered;
     engine_->Decode(std::move(queries), engine::DecodeOptions{},
                     [&answered](absl::StatusOr<std::vector<engine::DecodeAnswer>> answers) {

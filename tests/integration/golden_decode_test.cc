@@ -101,7 +101,7 @@ TEST(GoldenDecodeTest, LatentAndHeadSpaceWithoutAPrefix) {
   DecodeAndCheck(server, "head", 0, kMixedLengths, engine::QuerySpace::kHead, 0, rng);
 }
 
-// Three sequences on one prefix, well below the die profile's B_theta (~65): absorb only.
+// Three sequences on one prefix, far below B_theta at the paper's rates: absorb only.
 TEST(GoldenDecodeTest, ASharedPrefixBelowTheThresholdRunsAbsorbOnly) {
   IntegrationServer server(SmallEngineOptions(TinyModel()));
   Rng rng(std::random_device{}());

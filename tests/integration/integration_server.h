@@ -58,13 +58,18 @@ GoldenOutput GoldenHeadSpace(const engine::ModelConfig& model, const UpProjectio
                              const std::vector<Bf16>& rows, const std::vector<Bf16>& q_nope,
                              const std::vector<Bf16>& q_pe, int sq);
 
-// Tolerances: latent answers meet FlashMLA's (scaled to unit-sigma data); head-space ones pass
-// through extra bf16 casts (absorbed q, or expanded K/V), as in the kernels' own absorb/naive
-// tests (tests/kernels/mla/absorb_naive_test.cc).
+// Tolerances. Latent answers meet FlashMLA's (scaled to unit-sigma data). Head-space answers
+// pass through extra bf16 casts (the absorbed q and latent output; in the hybrid form also the
+// prefix's expanded K/V), each moving a unit-sigma output element by ~1.8e-3 rms (see
+// tests/kernels/mla/absorb_naive_test.cc). The kernels' fixed-seed tests hold them to
+// FlashMLA's 8e-3, about 4.5 sigma; these tests draw fresh data every run over thousands of
+// elements, where a 4.5-sigma element is a matter of time, so the absolute bound is doubled
+// (as the engine's hybrid-vs-absorb pair check does) and the cosine bound, which catches any
+// systematic error (wrong weights, rows or mask), stays tight.
 inline constexpr testing::Tolerance kLatentOutTolerance = testing::FlashMlaOutTolerance(1.0);
 inline constexpr testing::Tolerance kLatentLseTolerance = testing::kFlashMlaLseTolerance;
 inline constexpr testing::Tolerance kHeadSpaceOutTolerance{
-    testing::FlashMlaOutTolerance(1.0).abs_tol, 2.01 / 128, 2e-5};
+    2 * testing::FlashMlaOutTolerance(1.0).abs_tol, 2.01 / 128, 4e-5};
 inline constexpr testing::Tolerance kHeadSpaceLseTolerance{1e-2, 8.01 / 65536, 0.0};
 
 }  // namespace mlaserve::integration

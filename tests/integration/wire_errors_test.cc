@@ -114,7 +114,10 @@ TEST_F(WireErrorsTest, ReusingAnIdForSomethingElseIsAlreadyExistsAndRetriesAreHa
   EXPECT_EQ(client().CreateSequence("s", "p").status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_TRUE(client().ForkSequence("s", "f").ok());
   EXPECT_TRUE(client().ForkSequence("s", "f").ok());  // retry
-  EXPECT_EQ(client().ForkSequence("t-other", "f").status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(client().CreateSequence("s2").ok());
+  EXPECT_EQ(client().ForkSequence("s2", "f").status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(client().ForkSequence("no-such-source", "f2").status().code(),
+            absl::StatusCode::kNotFound);
   EXPECT_TRUE(client().ReleaseSequence("f").ok());
   EXPECT_TRUE(client().ReleaseSequence("f").ok());  // retry
 }

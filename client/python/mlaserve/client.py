@@ -85,8 +85,10 @@ class Client:
         backoff = self._initial_backoff
         attempt = 1
         while True:
+            # A client stream's messages (a list) are sent afresh by every attempt.
+            message = iter(request) if isinstance(request, list) else request
             try:
-                return method(request, timeout=max(0.0, deadline - time.monotonic()))
+                return method(message, timeout=max(0.0, deadline - time.monotonic()))
             except grpc.RpcError as error:
                 if error.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self._max_attempts:
                     raise

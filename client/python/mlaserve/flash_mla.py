@@ -183,8 +183,9 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     page = cache.shape[1]
     tag = uuid.uuid4().hex
     created = []
-    # Queries: (batch row, first token, tokens), each on the row's temporary sequence.
-    # Without the causal mask every token sees the whole cache: one query per token.
+    # Queries: (batch row, first token, tokens, sequence). Without the causal mask every
+    # token sees the whole cache: one query per token, each on its own fork of the row's
+    # sequence (the server takes a sequence layer once per call; forks copy no rows).
     work = []
     try:
         for b in range(batch):
@@ -199,10 +200,15 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
             client.create_sequence(sequence_id)
             created.append(sequence_id)
             client.append_kv(sequence_id, layer, 0, rows)
-            if causal and s_q > 1:
+            if causal or s_q == 1:
                 work.append((b, 0, s_q, sequence_id))
-            else:
-                work.extend((b, s, 1, sequence_id) for s in range(s_q))
+                continue
+            work.append((b, 0, 1, sequence_id))
+            for s in range(1, s_q):
+                fork_id = f"{sequence_id}/token{s}"
+                client.fork_sequence(sequence_id, fork_id)
+                created.append(fork_id)
+                work.append((b, s, 1, fork_id))
         max_batch = max(1, info.limits.max_batch)
         for first in range(0, len(work), max_batch):
             chunk = work[first:first + max_batch]

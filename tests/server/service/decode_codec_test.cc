@@ -74,7 +74,6 @@ TEST_F(DecodeCodecTest, ParsesHeadAndLatentQueriesWithTheirOutputLayouts) {
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   ASSERT_EQ(parsed->queries.size(), 2u);
   EXPECT_EQ(parsed->output_dtype, v1::DTYPE_BF16);  // unspecified means bf16
-  EXPECT_TRUE(parsed->appends);
   const engine::DecodeQuery& head = parsed->queries[0];
   EXPECT_EQ(head.space, engine::QuerySpace::kHead);
   EXPECT_EQ(head.layer, 2);

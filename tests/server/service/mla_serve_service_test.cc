@@ -362,7 +362,7 @@ TEST_F(MlaServeServiceTest, AFailingChunkEndsAppendKvNamingTheChunk) {
 }
 
 TEST_F(MlaServeServiceTest, AFullQueueIsUnavailableButAFullKvCacheStaysResourceExhausted) {
-  // The engine refuses at once: the queue.
+  // The engine refuses inline, on the caller's thread: the queue.
   EXPECT_CALL(*engine_, Decode(_, _, _))
       .WillOnce([](std::vector<engine::DecodeQuery>, engine::DecodeOptions,
                    engine::DecodeCallback done) {
@@ -381,22 +381,6 @@ TEST_F(MlaServeServiceTest, AFullQueueIsUnavailableButAFullKvCacheStaysResourceE
   const auto memory = client_->Decode({Latent("s")});
   EXPECT_EQ(memory.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(memory.status().message(), "KV budget exhausted");
-}
-
-TEST_F(MlaServeServiceTest, AnImmediateRefusalOfAnAppendIsTheQueueOnlyIfTheQueueIsFull) {
-  EXPECT_CALL(*engine_, Decode(_, _, _))
-      .Times(2)
-      .WillRepeatedly([](std::vector<engine::DecodeQuery>, engine::DecodeOptions,
-                         engine::DecodeCallback done) {
-        std::move(done)(absl::ResourceExhaustedError("refused"));
-      });
-  engine::EngineStats full;
-  full.queued = info_.max_queue;
-  EXPECT_CALL(*engine_, Stats()).WillOnce(Return(engine::EngineStats{})).WillOnce(Return(full));
-  v1::DecodeQuery query = Latent("s");
-  client::AppendBeforeDecode(query, client::Bf16Tensor(Values(576, 1), std::vector<int64_t>{1, 576}), 0);
-  EXPECT_EQ(client_->Decode({query}).status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(client_->Decode({query}).status().code(), absl::StatusCode::kUnavailable);
 }
 
 TEST_F(MlaServeServiceTest, ADeviceFailureFailsOnlyItsOwnCall) {
