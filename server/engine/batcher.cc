@@ -6,8 +6,11 @@
 
 namespace mlaserve::engine {
 
-Batcher::Batcher(Options options, RunBatch run)
-    : options_(options), run_(std::move(run)), thread_([this] { Loop(); }) {}
+Batcher::Batcher(Options options, RunBatch run, AwaitCapacity await_capacity)
+    : options_(options),
+      run_(std::move(run)),
+      await_capacity_(std::move(await_capacity)),
+      thread_([this] { Loop(); }) {}
 
 Batcher::~Batcher() {
   Stop();
@@ -53,6 +56,9 @@ void Batcher::Loop() {
     changed_.wait_until(lock, absl::ToChronoTime(cut), [&] {
       return stopped_ || queued_queries_ >= options_.max_batch;
     });
+    lock.unlock();
+    await_capacity_();  // meanwhile the queue keeps filling the batch
+    lock.lock();
     std::vector<PendingCall> batch;
     int size = 0;
     while (!queue_.empty()) {

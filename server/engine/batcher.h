@@ -23,8 +23,10 @@ struct PendingCall {
 };
 
 // Dynamic batching across calls: a batch is cut when it would exceed `max_batch` queries or
-// when its oldest call has waited `max_wait`, whichever comes first, and handed to `run` on
-// the batcher's thread (which should plan and dispatch, not compute).
+// when its oldest call has waited `max_wait`, whichever comes first, and once
+// `await_capacity` returns (a device can take it), then handed to `run` on the batcher's
+// thread (which should plan and dispatch, not compute). Calls that arrive while the devices
+// are busy join the next batch; beyond `max_queue` waiting queries calls are refused.
 class Batcher {
  public:
   struct Options {
@@ -33,8 +35,9 @@ class Batcher {
     int max_queue = 4096;  // queries waiting
   };
   using RunBatch = std::function<void(std::vector<PendingCall>)>;
+  using AwaitCapacity = std::function<void()>;
 
-  Batcher(Options options, RunBatch run);
+  Batcher(Options options, RunBatch run, AwaitCapacity await_capacity = [] {});
   ~Batcher();  // stops and runs what is still queued
   Batcher(const Batcher&) = delete;
   Batcher& operator=(const Batcher&) = delete;
@@ -51,6 +54,7 @@ class Batcher {
 
   const Options options_;
   const RunBatch run_;
+  const AwaitCapacity await_capacity_;
   mutable std::mutex mu_;
   std::condition_variable changed_;
   std::deque<PendingCall> queue_;  // guarded by mu_

@@ -19,7 +19,19 @@ DevicePool::~DevicePool() {
     stopping_ = true;
   }
   work_.notify_all();
+  capacity_.notify_all();
   for (auto& slot : slots_) slot->worker.join();
+}
+
+void DevicePool::AwaitCapacity() {
+  std::unique_lock<std::mutex> lock(mu_);
+  capacity_.wait(lock, [&] {
+    if (stopping_) return true;
+    for (const auto& slot : slots_) {
+      if (slot->load < kBatchesPerDevice) return true;
+    }
+    return false;
+  });
 }
 
 void DevicePool::Submit(std::shared_ptr<const BatchPlan> plan, const ModelWeights& weights,
@@ -50,6 +62,7 @@ void DevicePool::Work(int index) {
     std::move(job.done)(index, std::move(run));
     lock.lock();
     --slot.load;
+    capacity_.notify_all();
   }
 }
 

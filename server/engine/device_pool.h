@@ -19,8 +19,15 @@ namespace mlaserve::engine {
 // N devices, each with its own worker thread. A batch goes to the least-loaded device (fewest
 // batches queued or running; ties to the lowest index); its completion is delivered on that
 // device's thread. A device that fails fails only the batch it was running.
+//
+// A device holds at most kBatchesPerDevice batches (one running, one planned and waiting),
+// and the batcher cuts a batch only when some device has room (AwaitCapacity): under load,
+// queries wait in the batcher's bounded queue, where they keep joining the next batch, not
+// in unbounded device queues.
 class DevicePool {
  public:
+  static constexpr int kBatchesPerDevice = 2;
+
   using Done = absl::AnyInvocable<void(int device, absl::StatusOr<DeviceRun> run) &&>;
 
   explicit DevicePool(std::vector<std::unique_ptr<AttentionDevice>> devices);
@@ -31,6 +38,8 @@ class DevicePool {
   int size() const { return static_cast<int>(slots_.size()); }
   const DeviceInfo& info(int device) const { return slots_[device]->device->info(); }
 
+  // Blocks until some device holds fewer than kBatchesPerDevice batches (or the pool stops).
+  void AwaitCapacity();
   void Submit(std::shared_ptr<const BatchPlan> plan, const ModelWeights& weights, Done done);
 
  private:
@@ -49,6 +58,7 @@ class DevicePool {
 
   std::mutex mu_;
   std::condition_variable work_;
+  std::condition_variable capacity_;
   bool stopping_ = false;  // guarded by mu_
   std::vector<std::unique_ptr<Slot>> slots_;
 };

@@ -166,8 +166,10 @@ struct EngineOptions {
   WeightsSource weights;
   KvStoreOptions kv;
   int devices = 2;
-  std::string profile = "host";  // a device profile name, or "host" for the CPU-direct device
+  // A device profile name or path (kernels/npu/profiles), or "host" for the CPU-direct device.
+  std::string profile = "ascend910-die";
   int host_threads_per_device = 1;
+  int preload = 2;  // the AMLA kernel's preload count on emulated devices (0, 1 or 2)
   int max_batch = 256;
   absl::Duration max_wait = absl::Microseconds(500);
   int max_queue = 4096;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/core/status_macros.h"
 #include "server/engine/host_attention_device.h"
+#include "server/engine/npu_attention_device.h"
 
 namespace mlaserve::engine {
 namespace {
@@ -37,11 +38,21 @@ absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
   }
   if (devices.empty()) {
     if (options.devices < 1) return absl::InvalidArgumentError("engine options: devices must be >= 1");
-    if (options.profile != "host") {
-      return absl::InvalidArgumentError(absl::StrCat("engine options: profile '", options.profile,
-                                                     "': this build serves on the host device only"));
+    if (options.profile == "host") {
+      for (int i = 0; i < options.devices; ++i) devices.push_back(std::make_unique<HostAttentionDevice>());
+    } else {
+      absl::StatusOr<npu::DeviceProfile> profile = npu::LoadDeviceProfile(options.profile);
+      if (!profile.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("engine options: profile '", options.profile,
+                                                       "': ", profile.status().message()));
+      }
+      for (int i = 0; i < options.devices; ++i) {
+        ASSIGN_OR_RETURN(auto device,
+                         NpuAttentionDevice::Create(*profile, {.host_threads = options.host_threads_per_device},
+                                                    {.preload = options.preload}));
+        devices.push_back(std::move(device));
+      }
     }
-    for (int i = 0; i < options.devices; ++i) devices.push_back(std::make_unique<HostAttentionDevice>());
   }
   // The threshold uses the first device's rates unless overridden (a pool is homogeneous in
   // practice; with mixed devices the planner would need per-device thresholds).
@@ -81,7 +92,8 @@ EngineImpl::EngineImpl(EngineOptions options, ModelWeights weights, std::unique_
   pool_ = std::make_unique<DevicePool>(std::move(devices));
   batcher_ = std::make_unique<Batcher>(
       Batcher::Options{options_.max_batch, options_.max_wait, options_.max_queue},
-      [this](std::vector<PendingCall> calls) { RunBatch(std::move(calls)); });
+      [this](std::vector<PendingCall> calls) { RunBatch(std::move(calls)); },
+      [this] { pool_->AwaitCapacity(); });
 }
 
 EngineImpl::~EngineImpl() {

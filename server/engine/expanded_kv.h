@@ -43,6 +43,9 @@ class ExpandedKvData {
   int tokens() const { return tokens_; }
   int64_t bytes() const { return static_cast<int64_t>((k_.size() + v_.size()) * sizeof(Bf16)); }
   HeadKv Head(int head) const;
+  // All heads at once, head-major: keys [heads][tokens][dqk], values [heads][tokens][dv].
+  std::span<const Bf16> keys() const { return k_; }
+  std::span<const Bf16> values() const { return v_; }
 
  private:
   int heads_ = 0;
@@ -73,6 +76,8 @@ class ExpandedKv {
   int32_t end() const { return begin_ + data_->tokens(); }
   int heads() const { return data_->heads(); }
   HeadKv Head(int head) const { return data_->Head(head); }
+  std::span<const Bf16> keys() const { return data_->keys(); }
+  std::span<const Bf16> values() const { return data_->values(); }
 
  private:
   friend class KvStore;

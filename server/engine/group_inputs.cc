@@ -37,7 +37,7 @@ GroupInputs GatherGroupInputs(const BatchPlan& plan, const GroupPlan& group,
 }
 
 void ScatterGroupOutputs(const GroupPlan& group, int heads, int width,
-                         const std::vector<float>& out, const std::vector<float>& lse,
+                         std::span<const float> out, std::span<const float> lse,
                          DeviceRun& run) {
   const int64_t rows = static_cast<int64_t>(group.sq) * heads;  // per member
   for (size_t m = 0; m < group.members.size(); ++m) {

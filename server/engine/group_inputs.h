@@ -2,6 +2,7 @@
 #define MLASERVE_SERVER_ENGINE_GROUP_INPUTS_H_
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "kernels/core/bfloat16.h"
@@ -34,7 +35,7 @@ GroupInputs GatherGroupInputs(const BatchPlan& plan, const GroupPlan& group,
 // Copies a group's results ([members][sq][heads][width] and [members][sq][heads]) into the
 // per-query outputs of a run.
 void ScatterGroupOutputs(const GroupPlan& group, int heads, int width,
-                         const std::vector<float>& out, const std::vector<float>& lse,
+                         std::span<const float> out, std::span<const float> lse,
                          DeviceRun& run);
 
 }  // namespace mlaserve::engine

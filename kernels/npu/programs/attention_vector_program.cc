@@ -243,11 +243,31 @@ class VectorProgram {
       b_.in.Release(i);
       b_.out.Publish(o);
       b_.out.Consume(o);
-      aiv_.WriteGm(GmRegion::Whole(g.out.Slice(static_cast<int64_t>(r0) * dv * 4, bytes)), AtomicMode::kNone,
-                   Maybe([=, dst = g.out.as<float>()] { std::memcpy(dst + static_cast<int64_t>(r0) * dv, out, bytes); }),
+      const int64_t out_stride = g.out_stride > 0 ? g.out_stride : dv;
+      const int elem = g.out_bf16 ? 2 : 4;
+      const bool to_bf16 = g.out_bf16;
+      aiv_.WriteGm(GmRegion::Rows(g.out, static_cast<int64_t>(r0) * out_stride * elem, rc, dv * elem,
+                                  out_stride * elem),
+                   AtomicMode::kNone,
+                   Maybe([=, dst = g.out.host] {
+                     for (int r = 0; r < rc; ++r) {
+                       const float* row = out + static_cast<int64_t>(r) * dv;
+                       const int64_t at = static_cast<int64_t>(r0 + r) * out_stride;
+                       if (to_bf16) {
+                         Bf16* d = reinterpret_cast<Bf16*>(dst) + at;
+                         for (int c = 0; c < dv; ++c) d[c] = Bf16::FromFloat(row[c]);
+                       } else {
+                         std::memcpy(reinterpret_cast<float*>(dst) + at, row, dv * sizeof(float));
+                       }
+                     }
+                   }),
                    "output rows");
-      aiv_.WriteGm(GmRegion::Whole(g.lse.Slice(static_cast<int64_t>(r0) * 4, static_cast<int64_t>(rc) * 4)), AtomicMode::kNone,
-                   Maybe([=, dst = g.lse.as<float>()] { std::memcpy(dst + r0, lse, rc * sizeof(float)); }),
+      const int64_t lse_stride = g.lse_stride;
+      aiv_.WriteGm(GmRegion::Rows(g.lse, static_cast<int64_t>(r0) * lse_stride * 4, rc, 4, lse_stride * 4),
+                   AtomicMode::kNone,
+                   Maybe([=, dst = g.lse.as<float>()] {
+                     for (int r = 0; r < rc; ++r) dst[static_cast<int64_t>(r0 + r) * lse_stride] = lse[r];
+                   }),
                    "lse rows");
       b_.out.Release(o);
     }

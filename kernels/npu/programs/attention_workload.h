@@ -20,6 +20,7 @@ struct PagedKeys {
   int page_size = 0;
   int width = 0;               // = dk
   std::vector<int32_t> pages;  // the group's pages in token order
+  int first_token = 0;         // key 0 of the group is this token of the pages (a suffix)
 };
 
 // Keys of a naive-form group: one head of an expanded K/V, dense rows.
@@ -36,8 +37,11 @@ struct RowGroup {
   int rows = 0;
   std::vector<int32_t> visible;  // row i sees keys [0, visible[i])
   std::variant<PagedKeys, DenseKeys> keys;
-  GmBuffer out;                  // [rows][dv] fp32, normalised
-  GmBuffer lse;                  // [rows] fp32, natural log
+  GmBuffer out;                  // normalised rows, `out_stride` elements apart
+  GmBuffer lse;                  // fp32, natural log, `lse_stride` elements apart
+  int64_t out_stride = 0;        // 0: dv (dense rows)
+  int64_t lse_stride = 1;
+  bool out_bf16 = false;         // rows rounded to bf16 (the input of an up-projection)
 
   int length() const {
     return visible.empty() ? 0 : *std::max_element(visible.begin(), visible.end());

@@ -3,6 +3,7 @@
 #include <latch>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/engine/engine_impl.h"
@@ -257,28 +258,67 @@ TEST(EngineTest, AFullQueueRefusesAtOnceAndDrainWaitsForWorkInFlight) {
   options.max_queue = 1;
   options.max_wait = absl::ZeroDuration();
   Scenario s(MakeEngine(options, std::move(devices)));
-  s.CreateSequence("x", "", 10);
-  s.CreateSequence("y", "", 10);
-  s.CreateSequence("z", "", 10);
+  for (const char* id : {"x", "y", "z", "w"}) s.CreateSequence(id, "", 10);
   std::atomic<int> answered{0};
   auto count = [&answered](absl::StatusOr<std::vector<DecodeAnswer>> r) {
     EXPECT_TRUE(r.ok()) << r.status();
     ++answered;
   };
-  s.engine().Decode({s.HeadQuery("x", 0, 1)}, {}, count);  // taken by the blocked device
+  // The device holds two batches (one running, one waiting); the third call waits in the
+  // batcher's queue, which then is full.
+  s.engine().Decode({s.HeadQuery("x", 0, 1)}, {}, count);
   while (s.engine().Stats().batches < 1) std::this_thread::yield();
-  s.engine().Decode({s.HeadQuery("y", 0, 1)}, {}, count);  // fills the queue
-  auto refused = DecodeSync(s.engine(), {s.HeadQuery("z", 0, 1)});
+  s.engine().Decode({s.HeadQuery("y", 0, 1)}, {}, count);
+  while (s.engine().Stats().batches < 2) std::this_thread::yield();
+  s.engine().Decode({s.HeadQuery("z", 0, 1)}, {}, count);
+  EXPECT_EQ(s.engine().Stats().queued, 1);
+  auto refused = DecodeSync(s.engine(), {s.HeadQuery("w", 0, 1)});
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(refused.status().message(), HasSubstr("queue full"));
 
   EXPECT_EQ(s.engine().Drain(absl::Now() + absl::Milliseconds(50)).code(),
             absl::StatusCode::kDeadlineExceeded);  // still blocked
-  EXPECT_EQ(DecodeSync(s.engine(), {s.HeadQuery("z", 0, 1)}).status().code(),
+  EXPECT_EQ(DecodeSync(s.engine(), {s.HeadQuery("w", 0, 1)}).status().code(),
             absl::StatusCode::kUnavailable);  // draining: no new work
   release.count_down();
   EXPECT_TRUE(s.engine().Drain(absl::Now() + absl::Seconds(30)).ok());
-  EXPECT_EQ(answered.load(), 2);
+  EXPECT_EQ(answered.load(), 3);
+  EXPECT_EQ(s.engine().Stats().batches, 3);
+}
+
+TEST(EngineTest, CallsArrivingWhileTheDeviceIsBusyJoinOneBatch) {
+  std::latch release(1);
+  std::atomic<int> runs{0};
+  std::vector<int> batch_sizes;
+  auto device = std::make_unique<::testing::NiceMock<ScriptedDevice>>();
+  auto host = std::make_shared<HostAttentionDevice>();
+  ON_CALL(*device, Run).WillByDefault([&](const BatchPlan& plan, const ModelWeights& w) {
+    if (runs.fetch_add(1) < 2) release.wait();
+    batch_sizes.push_back(static_cast<int>(plan.queries.size()));  // one device thread
+    return host->Run(plan, w);
+  });
+  std::vector<std::unique_ptr<AttentionDevice>> devices;
+  devices.push_back(std::move(device));
+  EngineOptions options = BaseOptions();
+  options.max_batch = 8;
+  options.max_wait = absl::ZeroDuration();
+  Scenario s(MakeEngine(options, std::move(devices)));
+  for (int i = 0; i < 7; ++i) s.CreateSequence(absl::StrCat("s", i), "", 10);
+  std::atomic<int> answered{0};
+  auto count = [&answered](absl::StatusOr<std::vector<DecodeAnswer>> r) {
+    EXPECT_TRUE(r.ok()) << r.status();
+    ++answered;
+  };
+  s.engine().Decode({s.HeadQuery("s0", 0, 1)}, {}, count);
+  while (s.engine().Stats().batches < 1) std::this_thread::yield();
+  s.engine().Decode({s.HeadQuery("s1", 0, 1)}, {}, count);
+  while (s.engine().Stats().batches < 2) std::this_thread::yield();
+  for (int i = 2; i < 7; ++i) s.engine().Decode({s.HeadQuery(absl::StrCat("s", i), 0, 1)}, {}, count);
+  EXPECT_EQ(s.engine().Stats().queued, 5);  // both device slots taken: nothing is cut
+  release.count_down();
+  EXPECT_TRUE(s.engine().Drain(absl::Now() + absl::Seconds(30)).ok());
+  EXPECT_EQ(answered.load(), 7);
+  EXPECT_EQ(batch_sizes, (std::vector<int>{1, 1, 5}));
 }
 
 }  // namespace

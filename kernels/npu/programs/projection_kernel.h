@@ -1,0 +1,55 @@
+#ifndef MLASERVE_KERNELS_NPU_PROGRAMS_PROJECTION_KERNEL_H_
+#define MLASERVE_KERNELS_NPU_PROGRAMS_PROJECTION_KERNEL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/npu/device_kernel.h"
+#include "kernels/npu/global_memory.h"
+
+namespace mlaserve::npu {
+
+// One GEMM of a batched up-projection (one head): C = A . B, or A . B^T with `transpose_b`;
+// A and B bf16 in GM, fp32 accumulation in L0C over depth chunks of 128, C written by FIX as
+// fp32 or rounded to bf16 on the way out. Row strides are in elements.
+struct ProjectionJob {
+  GmBuffer a;  // [rows][k], row stride lda
+  int64_t lda = 0;
+  GmBuffer b;  // [k][n] (ldb) or, transposed, [n][k] (ldb)
+  int64_t ldb = 0;
+  bool transpose_b = false;
+  GmBuffer c;  // [rows][n], row stride ldc
+  int64_t ldc = 0;
+  bool c_bf16 = false;
+  int rows = 0;
+  int n = 0;
+  int k = 0;
+};
+
+// The absorb form's up-projections on the cube (q_nope . W_UK and bf16(o_lat) . W_UV^T): each
+// job is cut into 128 x 128 output tiles dealt to the AIC blocks; a tile streams its A and B
+// depth chunks GM -> L1 and accumulates them in L0C, exactly the calls MatmulNN / MatmulNT
+// make on the host (kernels/core/matmul.h), so both agree bit for bit. AIC-only.
+class ProjectionKernel final : public DeviceKernel {
+ public:
+  ProjectionKernel(std::vector<ProjectionJob> jobs, int max_blocks);
+
+  std::string Name() const override { return "projection"; }
+  int BlockDim() const override { return static_cast<int>(tiles_.size()); }
+  double Flops() const override;
+  absl::Status Record(Program& program) const override;
+
+ private:
+  struct OutputTile {
+    int job;
+    int m0;
+    int n0;
+  };
+  std::vector<ProjectionJob> jobs_;
+  std::vector<std::vector<OutputTile>> tiles_;  // per block
+};
+
+}  // namespace mlaserve::npu
+
+#endif  // MLASERVE_KERNELS_NPU_PROGRAMS_PROJECTION_KERNEL_H_
