@@ -19,3 +19,17 @@ add_library(mlaserve_openblas INTERFACE)
 target_link_libraries(mlaserve_openblas INTERFACE ${OPENBLAS_LIBRARY})
 target_include_directories(mlaserve_openblas SYSTEM INTERFACE ${OPENBLAS_INCLUDE_DIR})
 find_package(nlohmann_json CONFIG REQUIRED)
+
+# The gRPC edge (server/service, client/). Protobuf 3.21 ships no CMake config: CMake's own
+# FindProtobuf module. gRPC's config import-checks every protoc plugin, so it needs
+# protobuf-compiler-grpc installed. libsystemd only for sd_notify.
+find_package(Protobuf REQUIRED)
+find_package(gRPC CONFIG REQUIRED)
+find_package(prometheus-cpp CONFIG REQUIRED)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(SYSTEMD REQUIRED IMPORTED_TARGET libsystemd)
+find_program(GRPC_PYTHON_PLUGIN grpc_python_plugin REQUIRED)
+# Debian's python3-grpcio and python3-protobuf live in the system interpreter only (a
+# pyenv or venv python3 earlier on PATH lacks them), so the Python client and its tests use
+# it explicitly.
+set(MLASERVE_PYTHON /usr/bin/python3 CACHE FILEPATH "Python with python3-grpcio, -protobuf, -numpy")

@@ -1,0 +1,144 @@
+#ifndef MLASERVE_CLIENT_MLASERVE_CLIENT_H_
+#define MLASERVE_CLIENT_MLASERVE_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/support/sync_stream.h"
+#include "mlaserve/v1/mlaserve.grpc.pb.h"
+
+namespace mlaserve::client {
+
+struct ClientOptions {
+  // Budget of one call, all retries included.
+  absl::Duration timeout = absl::Seconds(30);
+  // Attempts per call when the server answers UNAVAILABLE (draining, queue full, not yet
+  // listening), with exponential backoff and jitter between them. Every call of this API
+  // is idempotent (client-chosen ids; a Decode's append through its position), so all retry.
+  int max_attempts = 4;
+  absl::Duration initial_backoff = absl::Milliseconds(25);
+  absl::Duration max_backoff = absl::Seconds(1);
+  // AppendKv splits rows into chunks of at most this many bytes (at least one row each),
+  // far below gRPC's default 4 MiB receive limit.
+  int64_t append_chunk_bytes = int64_t{1} << 20;
+};
+
+// One KV append: rows [n][dl + dr] for one layer of one sequence, starting at
+// start_position.
+struct KvAppend {
+  std::string sequence_id;
+  int layer = 0;
+  int64_t start_position = 0;
+  v1::Tensor rows;
+};
+
+// One decode query's answer as fp32 host arrays.
+struct DecodeOutput {
+  std::vector<float> out;          // [sq][heads][width]
+  std::vector<int64_t> out_shape;  // {sq, heads, width}
+  std::vector<float> lse;          // [sq][heads], natural log; -inf where no key was seen
+  v1::DecodePlan plan;
+};
+
+// Builders for the two kinds of query.
+v1::DecodeQuery HeadSpaceQuery(std::string sequence_id, int layer, int sq, v1::Tensor q_nope,
+                               v1::Tensor q_pe);
+v1::DecodeQuery LatentQuery(std::string sequence_id, int layer, int sq, v1::Tensor q_latent);
+// Makes `query` append `rows` at `position` before attending.
+void AppendBeforeDecode(v1::DecodeQuery& query, v1::Tensor rows, int64_t position);
+
+// A DecodeStream: requests go out with ids, answers come back in completion order. One
+// thread may Send while another Receives.
+class DecodeStream {
+ public:
+  DecodeStream(std::unique_ptr<grpc::ClientContext> context, v1::MlaServe::Stub& stub);
+
+  // False if the stream is broken (then Receive and Finish tell why).
+  bool Send(uint64_t request_id, const v1::DecodeRequest& request, uint64_t timeout_us = 0);
+  // Tells the server no more requests follow; it ends the stream after the last answer.
+  bool WritesDone();
+  // The next answer; nullopt once the stream has ended (then call Finish).
+  std::optional<v1::DecodeStreamResponse> Receive();
+  // The stream's final status, once Receive returned nullopt.
+  absl::Status Finish();
+  // Abandons the stream (in-flight requests are cancelled on the server).
+  void Cancel() { context_->TryCancel(); }
+
+ private:
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::DecodeStreamRequest, v1::DecodeStreamResponse>>
+      stream_;
+};
+
+// A typed, retrying client of mlaserve.v1.MlaServe. Thread-safe; reuse one per process (it
+// holds one channel).
+class MlaServeClient {
+ public:
+  // An insecure channel to `target` ("127.0.0.1:50051") that accepts answers of any size.
+  static std::unique_ptr<MlaServeClient> Connect(const std::string& target,
+                                                 ClientOptions options = {});
+  MlaServeClient(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
+
+  // Waits until the channel is connected (or `timeout` passes).
+  bool WaitForConnected(absl::Duration timeout);
+
+  absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo();
+
+  // `latent` [layers][tokens][dl + dr]; parent_id empty for a root prefix.
+  absl::Status RegisterPrefix(absl::string_view prefix_id, absl::string_view parent_id,
+                              const v1::Tensor& latent);
+  absl::Status ReleasePrefix(absl::string_view prefix_id);
+
+  absl::StatusOr<v1::Sequence> CreateSequence(absl::string_view sequence_id,
+                                              absl::string_view prefix_id = "");
+  absl::StatusOr<v1::Sequence> ForkSequence(absl::string_view source_id,
+                                            absl::string_view new_id);
+  absl::Status ReleaseSequence(absl::string_view sequence_id);
+  absl::StatusOr<v1::Sequence> GetSequence(absl::string_view sequence_id);
+
+  // Streams the appends in chunks of at most options.append_chunk_bytes. On UNAVAILABLE the
+  // whole stream is retried (rows already appended are skipped by the server).
+  absl::Status AppendKv(std::span<const KvAppend> appends);
+  absl::Status AppendKv(absl::string_view sequence_id, int layer, int64_t start_position,
+                        const v1::Tensor& rows);
+
+  // One Decode call; answers as fp32 host arrays in query order.
+  absl::StatusOr<std::vector<DecodeOutput>> Decode(
+      std::vector<v1::DecodeQuery> queries, v1::DType output_dtype = v1::DTYPE_BF16);
+  // The call as it is on the wire, for callers that build requests themselves.
+  absl::StatusOr<v1::DecodeResponse> DecodeRaw(const v1::DecodeRequest& request);
+  // Same, with a deadline of its own instead of options.timeout.
+  absl::StatusOr<v1::DecodeResponse> DecodeRaw(const v1::DecodeRequest& request,
+                                               absl::Duration timeout);
+
+  // A stream whose whole life is bounded by `timeout` (infinite by default: a worker's
+  // stream lives as long as the worker).
+  std::unique_ptr<DecodeStream> OpenDecodeStream(absl::Duration timeout = absl::InfiniteDuration());
+
+  v1::MlaServe::Stub& stub() { return *stub_; }
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::MlaServe::Stub> stub_;
+  const ClientOptions options_;
+};
+
+// The client's one grpc::Status -> absl::Status conversion (same code numbers).
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// Answers of a wire DecodeResponse as fp32 host arrays.
+absl::StatusOr<std::vector<DecodeOutput>> ToDecodeOutputs(const v1::DecodeResponse& response);
+
+}  // namespace mlaserve::client
+
+#endif  // MLASERVE_CLIENT_MLASERVE_CLIENT_H_

@@ -1,0 +1,26 @@
+"""Python client of mlaserve, decode attention for MLA models over gRPC.
+
+    import mlaserve
+    client = mlaserve.Client("127.0.0.1:50051")
+    info = client.server_info()
+
+`mlaserve.flash_mla` is a FlashMLA-compatible entry point (change an import to switch).
+Generated messages and stubs are in `mlaserve.v1`.
+"""
+
+from mlaserve.bfloat16 import bf16_bits_to_float, float_to_bf16_bits, round_to_bf16
+from mlaserve.client import Client, DecodeResult, StreamError, head_query, latent_query
+from mlaserve.tensors import from_tensor, to_tensor
+
+__all__ = [
+    "Client",
+    "DecodeResult",
+    "StreamError",
+    "bf16_bits_to_float",
+    "float_to_bf16_bits",
+    "from_tensor",
+    "head_query",
+    "latent_query",
+    "round_to_bf16",
+    "to_tensor",
+]

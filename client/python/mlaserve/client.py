@@ -1,0 +1,194 @@
+"""A retrying client of mlaserve.v1.MlaServe with numpy arrays in and out."""
+
+import collections
+import random
+import time
+
+import grpc
+import numpy as np
+
+from mlaserve.tensors import BF16, FP16, from_tensor, to_tensor, wire_dtype
+from mlaserve.v1 import decode_pb2, kv_cache_pb2, mlaserve_pb2_grpc, server_info_pb2
+
+DecodeResult = collections.namedtuple("DecodeResult", ["out", "lse", "plan"])
+DecodeResult.__doc__ = """One query's answer: out [sq, heads, width] and lse [sq, heads]
+(float32, natural log, -inf where a token saw no key), and the DecodePlan message."""
+
+
+def head_query(sequence_id, layer, q_nope, q_pe, append_rows=None, append_position=None,
+               dtype=None):
+    """A head-space query: q_nope [sq, heads, dn], q_pe [sq, heads, dr] (RoPE applied).
+
+    With append_rows [n, dl + dr], those KV rows are appended at append_position first.
+    """
+    q_nope = np.asarray(q_nope)
+    query = decode_pb2.DecodeQuery(
+        sequence_id=sequence_id, layer=layer, sq=q_nope.shape[0],
+        head=decode_pb2.HeadSpaceQuery(q_nope=to_tensor(q_nope, dtype),
+                                       q_pe=to_tensor(q_pe, dtype)))
+    return _with_append(query, append_rows, append_position, dtype)
+
+
+def latent_query(sequence_id, layer, q, append_rows=None, append_position=None, dtype=None):
+    """A latent (absorbed) query q [sq, heads, dl + dr]; its output is [sq, heads, dl]."""
+    q = np.asarray(q)
+    query = decode_pb2.DecodeQuery(sequence_id=sequence_id, layer=layer, sq=q.shape[0],
+                                   latent=to_tensor(q, dtype))
+    return _with_append(query, append_rows, append_position, dtype)
+
+
+def _with_append(query, rows, position, dtype):
+    if (rows is None) != (position is None):
+        raise ValueError("append_rows and append_position go together")
+    if rows is not None:
+        query.append_rows.CopyFrom(to_tensor(rows, dtype))
+        query.append_position = position
+    return query
+
+
+class Client:
+    """One channel to a server. Thread-safe; reuse it.
+
+    Every call is retried on UNAVAILABLE (server draining, queue full, not listening yet)
+    with exponential backoff, within `timeout` seconds for the whole call: every call of
+    this API is idempotent by client-chosen ids (and a Decode's append by its position).
+    """
+
+    def __init__(self, target="127.0.0.1:50051", timeout=30.0, max_attempts=4,
+                 initial_backoff=0.025, max_backoff=1.0, append_chunk_bytes=1 << 20):
+        # Decode answers for large batches exceed gRPC's default 4 MiB receive limit.
+        self._channel = grpc.insecure_channel(
+            target, options=[("grpc.max_receive_message_length", -1)])
+        self._stub = mlaserve_pb2_grpc.MlaServeStub(self._channel)
+        self._timeout = timeout
+        self._max_attempts = max_attempts
+        self._initial_backoff = initial_backoff
+        self._max_backoff = max_backoff
+        self._append_chunk_bytes = append_chunk_bytes
+        self._info = None
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def wait_ready(self, timeout=30.0):
+        """Blocks until the channel connects; raises grpc.FutureTimeoutError otherwise."""
+        grpc.channel_ready_future(self._channel).result(timeout=timeout)
+
+    def _call(self, method, request, timeout=None):
+        deadline = time.monotonic() + (self._timeout if timeout is None else timeout)
+        backoff = self._initial_backoff
+        attempt = 1
+        while True:
+            # A client stream's messages (a list) are sent afresh by every attempt.
+            message = iter(request) if isinstance(request, list) else request
+            try:
+                return method(message, timeout=max(0.0, deadline - time.monotonic()))
+            except grpc.RpcError as error:
+                if error.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self._max_attempts:
+                    raise
+                pause = backoff * random.uniform(0.5, 1.0)
+                if time.monotonic() + pause >= deadline:
+                    raise
+                time.sleep(pause)
+                backoff = min(2 * backoff, self._max_backoff)
+                attempt += 1
+
+    # --- Server ------------------------------------------------------------------------
+
+    def server_info(self):
+        """GetServerInfoResponse: model dims and scale, devices, thresholds, limits."""
+        info = self._call(self._stub.GetServerInfo, server_info_pb2.GetServerInfoRequest())
+        self._info = info
+        return info
+
+    # --- KV cache ----------------------------------------------------------------------
+
+    def register_prefix(self, prefix_id, latent, parent_id="", dtype=None):
+        """latent [layers, tokens, dl + dr] for every layer of the model."""
+        self._call(self._stub.RegisterPrefix, kv_cache_pb2.RegisterPrefixRequest(
+            prefix_id=prefix_id, parent_id=parent_id, latent=to_tensor(latent, dtype)))
+
+    def release_prefix(self, prefix_id):
+        self._call(self._stub.ReleasePrefix, kv_cache_pb2.ReleasePrefixRequest(prefix_id=prefix_id))
+
+    def create_sequence(self, sequence_id, prefix_id=""):
+        return self._call(self._stub.CreateSequence, kv_cache_pb2.CreateSequenceRequest(
+            sequence_id=sequence_id, prefix_id=prefix_id)).sequence
+
+    def fork_sequence(self, source_sequence_id, new_sequence_id):
+        return self._call(self._stub.ForkSequence, kv_cache_pb2.ForkSequenceRequest(
+            source_sequence_id=source_sequence_id, new_sequence_id=new_sequence_id)).sequence
+
+    def release_sequence(self, sequence_id):
+        self._call(self._stub.ReleaseSequence,
+                   kv_cache_pb2.ReleaseSequenceRequest(sequence_id=sequence_id))
+
+    def get_sequence(self, sequence_id):
+        return self._call(self._stub.GetSequence,
+                          kv_cache_pb2.GetSequenceRequest(sequence_id=sequence_id)).sequence
+
+    def append_kv(self, sequence_id, layer, start_position, rows, dtype=None):
+        """Appends rows [n, dl + dr] to one layer, streamed in chunks below the message limit.
+
+        Retrying the whole stream is safe: rows already appended are skipped by the server.
+        """
+        rows = np.asarray(rows)
+        if rows.ndim != 2 or len(rows) == 0:
+            # Not splittable: sent whole, so the server names what is wrong.
+            chunks = [kv_cache_pb2.AppendKvChunk(sequence_id=sequence_id, layer=layer,
+                                                 start_position=start_position,
+                                                 rows=to_tensor(rows, dtype))]
+        else:
+            element_bytes = 2 if wire_dtype(dtype) in (BF16, FP16) or (
+                dtype is None and rows.dtype in (np.uint16, np.float16)) else 4
+            per_chunk = max(1, self._append_chunk_bytes // (rows.shape[1] * element_bytes))
+            chunks = [kv_cache_pb2.AppendKvChunk(
+                sequence_id=sequence_id, layer=layer, start_position=start_position + first,
+                rows=to_tensor(rows[first:first + per_chunk], dtype))
+                for first in range(0, len(rows), per_chunk)]
+        return self._call(self._stub.AppendKv, chunks)
+
+    # --- Decode ------------------------------------------------------------------------
+
+    def decode(self, queries, output_dtype="bf16", timeout=None):
+        """One Decode call: a list of head_query/latent_query -> list of DecodeResult."""
+        request = decode_pb2.DecodeRequest(queries=queries,
+                                           output_dtype=wire_dtype(output_dtype))
+        response = self._call(self._stub.Decode, request, timeout)
+        return [DecodeResult(from_tensor(r.out), from_tensor(r.lse), r.plan)
+                for r in response.results]
+
+    def decode_stream(self, requests, timeout=None):
+        """A DecodeStream. `requests` yields (request_id, [queries]); the result yields
+        (request_id, answer) in completion order, where answer is a list of DecodeResult or,
+        for a request that failed (the stream goes on), a StreamError. Not retried."""
+        def wire_requests():
+            for request_id, queries in requests:
+                yield decode_pb2.DecodeStreamRequest(
+                    request_id=request_id, request=decode_pb2.DecodeRequest(queries=queries))
+        for answer in self._stub.DecodeStream(wire_requests(), timeout=timeout):
+            if answer.status.code != 0:
+                yield answer.request_id, StreamError(_STATUS_CODES[answer.status.code],
+                                                     answer.status.message)
+            else:
+                yield answer.request_id, [
+                    DecodeResult(from_tensor(r.out), from_tensor(r.lse), r.plan)
+                    for r in answer.response.results]
+
+
+class StreamError(Exception):
+    """A DecodeStream request's in-band error: a grpc.StatusCode and the server's message."""
+
+    def __init__(self, code, message):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}

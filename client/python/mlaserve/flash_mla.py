@@ -1,0 +1,226 @@
+"""FlashMLA's Python API, served by mlaserve: switch a framework by changing an import.
+
+    # from flash_mla import get_mla_metadata, flash_mla_with_kvcache
+    from mlaserve.flash_mla import get_mla_metadata, flash_mla_with_kvcache
+
+The arguments, shapes and return values are FlashMLA's dense decode (the API vLLM and SGLang
+call): q [b, s_q, h_q, 576], a paged k_cache [num_blocks, page_block_size, 1, 576] read
+through block_table [b, max_blocks] and cache_seqlens [b]; it returns out [b, s_q, h_q, 512]
+in q's dtype and lse [b, h_q, s_q] float32 (natural log; +inf for a row that saw no key).
+torch tensors or numpy arrays are accepted (numpy: a uint16 array is bf16 bit patterns);
+torch is imported only when given torch tensors.
+
+How it runs: each call ships the cache rows that the batch reads to the server, as one
+temporary sequence per batch row (create, append, decode in latent space, release). That
+is a migration and testing path, not a fast one: a framework that keeps its KV cache in
+mlaserve uses mlaserve.Client with sequences that persist across steps.
+
+Semantics kept from FlashMLA, traps included:
+* softmax_scale=None means 1/sqrt(576), FlashMLA's default, which is WRONG for DeepSeek-V3
+  and Kimi K2 (their scale is 1/sqrt(192) times a YaRN factor; the server's model carries
+  it, see Client.server_info().model.softmax_scale). Pass the model's scale, as vLLM and
+  SGLang do. A scale other than the server's is applied by scaling q before it is rounded
+  to bf16 on the server: one extra rounding of q, exact when the ratio is a power of two.
+* causal=True is the bottom-right aligned mask; with s_q == 1 it changes nothing.
+* cache_seqlens[i] == 0 gives out 0 and lse +inf for that row (the engine's -inf
+  converted).
+* head_dim_v must be 512; h_q must be the served model's head count (128 for DeepSeek-V3,
+  64 for Kimi K2) and h_kv 1; FP8 caches, sparse indices and attention sinks are refused.
+* The KV cache is bf16 on the server: fp16 or fp32 caches are rounded to bf16.
+
+The server is the one named by MLASERVE_TARGET (default 127.0.0.1:50051) unless
+configure() names another; queries use layer 0 of the served model unless configured.
+"""
+
+import math
+import os
+import threading
+import uuid
+
+import numpy as np
+
+from mlaserve.bfloat16 import bf16_bits_to_float, float_to_bf16_bits
+from mlaserve.client import Client, latent_query
+from mlaserve.tensors import to_tensor
+
+HEAD_DIM_QK = 576
+HEAD_DIM_V = 512
+
+_lock = threading.Lock()
+_settings = {"client": None, "layer": 0}
+
+
+def configure(target=None, client=None, layer=0):
+    """Chooses the server (an address or a Client) and the layer the queries run on."""
+    with _lock:
+        _settings["client"] = client if client is not None else (
+            Client(target) if target is not None else None)
+        _settings["layer"] = layer
+
+
+def _client():
+    with _lock:
+        if _settings["client"] is None:
+            _settings["client"] = Client(os.environ.get("MLASERVE_TARGET", "127.0.0.1:50051"))
+        return _settings["client"], _settings["layer"]
+
+
+# --- torch / numpy ---------------------------------------------------------------------
+
+def _is_torch(x):
+    return type(x).__module__.split(".")[0] == "torch"
+
+
+def _as_numpy(x):
+    """A torch tensor or numpy array as numpy; torch bfloat16 becomes uint16 bit patterns."""
+    if _is_torch(x):
+        import torch
+        x = x.detach().cpu()
+        if x.dtype == torch.bfloat16:
+            return x.contiguous().view(torch.int16).numpy().view(np.uint16)
+        return x.numpy()
+    return np.asarray(x)
+
+
+def _as_float(x):
+    """float32 values of a numpy array (uint16 is bf16 bits)."""
+    return bf16_bits_to_float(x) if x.dtype == np.uint16 else x.astype(np.float32)
+
+
+def _like(values, reference):
+    """float32 `values` in the dtype and array library of `reference` (FlashMLA returns out
+    in q's dtype)."""
+    if _is_torch(reference):
+        import torch
+        if reference.dtype == torch.bfloat16:
+            bits = float_to_bf16_bits(values).view(np.int16)
+            return torch.from_numpy(bits).view(torch.bfloat16).to(reference.device)
+        return torch.from_numpy(values).to(dtype=reference.dtype, device=reference.device)
+    reference = np.asarray(reference)
+    if reference.dtype == np.uint16:
+        return float_to_bf16_bits(values)
+    return values.astype(reference.dtype)
+
+
+def _same_library(values, reference):
+    """numpy `values` as a torch tensor on `reference`'s device if that is a torch tensor."""
+    if _is_torch(reference):
+        import torch
+        return torch.from_numpy(values).to(reference.device)
+    return values
+
+
+# --- FlashMLA's API --------------------------------------------------------------------
+
+def get_mla_metadata(cache_seqlens, num_heads_per_head_k, num_heads_k, num_heads_q=None,
+                     is_fp8_kvcache=False, topk=None):
+    """FlashMLA's scheduling metadata: (tile_scheduler_metadata int32 [1, 8],
+    num_splits int32 [b + 1]).
+
+    The server schedules its own batches, so there are no tiles to plan; the metadata keeps
+    FlashMLA's types and records the batch size and head counts, which
+    flash_mla_with_kvcache checks, as FlashMLA asserts its metadata matches the call.
+    num_splits is one split per sequence (cumulative, as FlashMLA's).
+    """
+    if is_fp8_kvcache or topk is not None:
+        raise NotImplementedError("mlaserve serves bf16 dense decode: no FP8 cache, no sparse topk")
+    seqlens = _as_numpy(cache_seqlens)
+    batch = int(seqlens.shape[0])
+    metadata = np.zeros((1, 8), dtype=np.int32)
+    metadata[0, :3] = (batch, num_heads_per_head_k, num_heads_k)
+    num_splits = np.arange(batch + 1, dtype=np.int32)
+    return (_same_library(metadata, cache_seqlens), _same_library(num_splits, cache_seqlens))
+
+
+def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
+                           tile_scheduler_metadata, num_splits=None, softmax_scale=None,
+                           causal=False, is_fp8_kvcache=False, indices=None, attn_sink=None,
+                           extra_k_cache=None, extra_indices_in_kvcache=None, topk_length=None,
+                           extra_topk_length=None):
+    """FlashMLA's dense decode: returns (out [b, s_q, h_q, 512] in q's dtype,
+    lse [b, h_q, s_q] float32)."""
+    if is_fp8_kvcache or indices is not None or attn_sink is not None or (
+            extra_k_cache is not None or extra_indices_in_kvcache is not None
+            or topk_length is not None or extra_topk_length is not None):
+        raise NotImplementedError(
+            "mlaserve serves bf16 dense decode: FP8 caches, sparse indices, attention sinks "
+            "and extra caches are not supported")
+    if head_dim_v != HEAD_DIM_V:
+        raise ValueError(f"head_dim_v must be {HEAD_DIM_V}, got {head_dim_v}")
+    q_np = _as_numpy(q)
+    cache = _as_numpy(k_cache)
+    table = _as_numpy(block_table).astype(np.int64)
+    seqlens = _as_numpy(cache_seqlens).astype(np.int64)
+    if q_np.ndim != 4 or q_np.shape[3] != HEAD_DIM_QK:
+        raise ValueError(f"q must be [b, s_q, h_q, {HEAD_DIM_QK}], got {list(q_np.shape)}")
+    batch, s_q, h_q, _ = q_np.shape
+    if cache.ndim != 4 or cache.shape[2] != 1 or cache.shape[3] != HEAD_DIM_QK:
+        raise ValueError(f"k_cache must be [num_blocks, page_block_size, 1, {HEAD_DIM_QK}], "
+                         f"got {list(cache.shape)}")
+    if table.ndim != 2 or table.shape[0] != batch or seqlens.shape != (batch,):
+        raise ValueError("block_table must be [b, max_blocks] and cache_seqlens [b]")
+    metadata = _as_numpy(tile_scheduler_metadata)
+    if metadata.shape != (1, 8) or int(metadata[0, 0]) != batch or (
+            int(metadata[0, 1]) * int(metadata[0, 2]) != s_q * h_q):
+        raise ValueError("tile_scheduler_metadata does not describe this batch "
+                         "(call get_mla_metadata with this batch's seqlens and heads)")
+
+    client, layer = _client()
+    info = client.server_info()
+    if h_q != info.model.heads:
+        raise ValueError(f"h_q = {h_q}, but the server's model ({info.model.name}) has "
+                         f"{info.model.heads} heads")
+    scale = 1.0 / math.sqrt(HEAD_DIM_QK) if softmax_scale is None else float(softmax_scale)
+    # The server applies its model's scale; another one is folded into q.
+    ratio = scale / float(info.model.softmax_scale)
+    if ratio == 1.0:
+        q_wire = q_np if q_np.dtype == np.uint16 else _as_float(q_np)
+    else:
+        q_wire = (_as_float(q_np).astype(np.float64) * ratio).astype(np.float32)
+
+    out = np.zeros((batch, s_q, h_q, HEAD_DIM_V), dtype=np.float32)
+    lse = np.full((batch, s_q, h_q), np.inf, dtype=np.float32)
+    page = cache.shape[1]
+    tag = uuid.uuid4().hex
+    created = []
+    # Queries: (batch row, first token, tokens, sequence). Without the causal mask every
+    # token sees the whole cache: one query per token, each on its own fork of the row's
+    # sequence (the server takes a sequence layer once per call; forks copy no rows).
+    work = []
+    try:
+        for b in range(batch):
+            length = int(seqlens[b])
+            if length == 0:
+                continue  # nothing to attend to: out 0, lse +inf
+            pages = table[b, :(length + page - 1) // page]
+            rows = cache[pages, :, 0, :].reshape(-1, HEAD_DIM_QK)[:length]
+            if rows.dtype != np.uint16:
+                rows = float_to_bf16_bits(_as_float(rows))
+            sequence_id = f"flash_mla/{tag}/{b}"
+            client.create_sequence(sequence_id)
+            created.append(sequence_id)
+            client.append_kv(sequence_id, layer, 0, rows)
+            if causal or s_q == 1:
+                work.append((b, 0, s_q, sequence_id))
+                continue
+            work.append((b, 0, 1, sequence_id))
+            for s in range(1, s_q):
+                fork_id = f"{sequence_id}/token{s}"
+                client.fork_sequence(sequence_id, fork_id)
+                created.append(fork_id)
+                work.append((b, s, 1, fork_id))
+        max_batch = max(1, info.limits.max_batch)
+        for first in range(0, len(work), max_batch):
+            chunk = work[first:first + max_batch]
+            results = client.decode(
+                [latent_query(sequence_id, layer, q_wire[b, s:s + n])
+                 for b, s, n, sequence_id in chunk], output_dtype="fp32")
+            for (b, s, n, _), result in zip(chunk, results):
+                out[b, s:s + n] = result.out
+                lse[b, s:s + n] = result.lse
+    finally:
+        for sequence_id in created:
+            client.release_sequence(sequence_id)
+    lse[np.isneginf(lse)] = np.inf  # FlashMLA's convention for a row that saw no key
+    return _like(out, q), _same_library(np.ascontiguousarray(lse.transpose(0, 2, 1)),
+                                        cache_seqlens)

@@ -1,0 +1,34 @@
+#ifndef MLASERVE_CLIENT_TENSOR_HELPERS_H_
+#define MLASERVE_CLIENT_TENSOR_HELPERS_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/core/bfloat16.h"
+#include "kernels/core/float16.h"
+#include "mlaserve/v1/tensor.pb.h"
+
+namespace mlaserve::client {
+
+// Host arrays to and from mlaserve.v1.Tensor (raw little-endian, row-major). The product of
+// `shape` must equal the number of values.
+
+v1::Tensor Bf16Tensor(std::span<const Bf16> values, std::span<const int64_t> shape);
+v1::Tensor Fp16Tensor(std::span<const Fp16> values, std::span<const int64_t> shape);
+v1::Tensor Fp32Tensor(std::span<const float> values, std::span<const int64_t> shape);
+// fp32 values sent as `dtype`, rounded to nearest even for bf16 and fp16.
+v1::Tensor FloatTensor(std::span<const float> values, std::span<const int64_t> shape,
+                       v1::DType dtype);
+
+// Any wire tensor as fp32 values (exact for every dtype). INVALID_ARGUMENT if its bytes do
+// not match its dtype and shape.
+absl::StatusOr<std::vector<float>> TensorToFloats(const v1::Tensor& tensor);
+
+// Elements a tensor's shape holds.
+int64_t ElementCount(const v1::Tensor& tensor);
+
+}  // namespace mlaserve::client
+
+#endif  // MLASERVE_CLIENT_TENSOR_HELPERS_H_

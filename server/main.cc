@@ -1,0 +1,92 @@
+// mlaserve-server: decode attention for MLA models over gRPC.
+//
+// Lifecycle, one log line each: start, listening, ready (after warm-up: health SERVING and
+// systemd READY=1), draining (on SIGTERM/SIGINT: health NOT_SERVING, STOPPING=1, no new
+// calls, in-flight ones finish within --drain_timeout_s), stopped (exit 0).
+
+#include <csignal>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include <systemd/sd-daemon.h>
+
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/engine/engine.h"
+#include "server/server_flags.h"
+#include "server/service/mla_server.h"
+#include "spdlog/spdlog.h"
+
+namespace {
+
+// Signals are taken synchronously with sigwait on the main thread, so no handler runs
+// concurrently with the server; every thread inherits this mask, hence blocking them first.
+sigset_t BlockShutdownSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const sigset_t shutdown_signals = BlockShutdownSignals();
+  absl::SetProgramUsageMessage(
+      "Serves MLA decode attention over gRPC (mlaserve.v1.MlaServe).\n"
+      "Flag names take dashes or underscores; --flagfile=PATH reads flags from a file.");
+  absl::StatusOr<mlaserve::ServerConfig> config = mlaserve::ParseServerCommandLine(argc, argv);
+  if (!config.ok()) {
+    spdlog::error("{}", std::string(config.status().message()));
+    return EXIT_FAILURE;
+  }
+  spdlog::set_level(config->log_level);
+  const mlaserve::engine::EngineOptions& engine = config->engine;
+  spdlog::info(
+      "starting: model {} ({} layers, {} heads, scale {:.7f}), {} x {} device(s), "
+      "KV budget {} MiB in {}-token pages, max batch {}, max wait {} us",
+      engine.model.name, engine.model.layers, engine.model.heads, engine.model.softmax_scale,
+      engine.devices, engine.profile, engine.kv.budget_bytes >> 20, engine.kv.page_size,
+      engine.max_batch, absl::ToInt64Microseconds(engine.max_wait));
+
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<mlaserve::service::MlaServer>> server =
+      mlaserve::service::MlaServer::Start(mlaserve::engine::CreateEngine, config->engine,
+                                          config->server);
+  if (!server.ok()) {
+    spdlog::error("cannot start: {}", std::string(server.status().message()));
+    return EXIT_FAILURE;
+  }
+  spdlog::info("listening: gRPC on port {} ({}), metrics {}", (*server)->port(),
+               config->server.listen_address,
+               (*server)->metrics_port() > 0
+                   ? absl::StrCat("on port ", (*server)->metrics_port(), " at /metrics")
+                   : std::string("disabled"));
+
+  if (absl::Status warm = (*server)->WarmUp(); !warm.ok()) {
+    spdlog::error("warm-up failed: {}", std::string(warm.message()));
+    (*server)->Shutdown(absl::ZeroDuration()).IgnoreError();
+    return EXIT_FAILURE;
+  }
+  (*server)->SetServing(true);
+  sd_notify(0, "READY=1\nSTATUS=serving");
+  spdlog::info("ready: serving after {:.2f} s", absl::ToDoubleSeconds(absl::Now() - start));
+
+  int signal = 0;
+  sigwait(&shutdown_signals, &signal);
+  spdlog::info("draining: {} received; in-flight calls have {} s",
+               signal == SIGTERM ? "SIGTERM" : "SIGINT",
+               absl::ToInt64Seconds(config->drain_timeout));
+  sd_notify(0, "STOPPING=1\nSTATUS=draining");
+  const absl::Status drained = (*server)->Shutdown(config->drain_timeout);
+  if (drained.ok()) {
+    spdlog::info("stopped: drained cleanly");
+  } else {
+    spdlog::warn("stopped: {}", std::string(drained.message()));
+  }
+  return EXIT_SUCCESS;
+}

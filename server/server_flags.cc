@@ -1,0 +1,247 @@
+#include "server/server_flags.h"
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <utility>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
+#include "kernels/core/status_macros.h"
+#include "server/engine/model_config.h"
+
+// The defaults serve a small demo model on loopback: `mlaserve-server` alone starts in
+// seconds. Production sets --layers 0 (the whole model), --weights, --kv_budget.
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC address, host:port (port 0: any free)");
+ABSL_FLAG(std::string, model, "deepseek-v3", "Model preset: deepseek-v3 or kimi-k2");
+ABSL_FLAG(int, layers, 4, "Layers to serve (0: all of the preset's); a demo serves a few");
+ABSL_FLAG(std::string, weights, "",
+          "safetensors file with the layers' kv_b_proj (BF16/F32); empty: seeded weights");
+ABSL_FLAG(uint64_t, seed, 1, "Seed of the generated weights when --weights is empty");
+ABSL_FLAG(int, devices, 2, "Emulated devices in the pool");
+ABSL_FLAG(std::string, profile, mlaserve::engine::EngineOptions().profile,
+          "Device profile name, or \"host\" for the CPU-direct device");
+ABSL_FLAG(int, host_threads, 1, "Host threads per emulated device");
+ABSL_FLAG(double, matrix_tflops, 0,
+          "Override of the device matrix rate the TyphoonMLA threshold uses (0: profile)");
+ABSL_FLAG(double, hbm_tbps, 0,
+          "Override of the device memory bandwidth the threshold uses (0: profile)");
+ABSL_FLAG(std::string, kv_budget, "2GiB", "KV cache memory budget, e.g. 512MiB, 2GiB");
+ABSL_FLAG(int, page_size, 128, "Tokens per KV page");
+ABSL_FLAG(int, max_batch, 256, "Queries per device batch (and per Decode call)");
+ABSL_FLAG(int, max_sq, 4, "Query tokens per decode query (MTP)");
+ABSL_FLAG(int64_t, max_wait_us, 500, "How long a device batch waits to fill, microseconds");
+ABSL_FLAG(int, max_queue, 4096, "Decode queries that may wait; beyond it UNAVAILABLE");
+ABSL_FLAG(int, max_message_mb, 64, "Largest request message, MiB");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
+          "Prometheus /metrics address, host:port; empty disables it");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
+ABSL_FLAG(int, drain_timeout_s, 30,
+          "On SIGTERM/SIGINT, how long in-flight calls may take before they are cancelled");
+
+namespace mlaserve {
+namespace {
+
+constexpr int kMaxFlagfileDepth = 8;
+
+absl::Status BadFlag(absl::string_view flag, absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", problem));
+}
+
+absl::Status RequirePositive(absl::string_view flag, int64_t value) {
+  if (value > 0) return absl::OkStatus();
+  return BadFlag(flag, absl::StrCat(value, " must be positive"));
+}
+
+// A token is a flag if it starts with a dash and is not a negative number (a value).
+bool IsFlag(absl::string_view arg) {
+  return arg.size() > 1 && arg[0] == '-' && !absl::ascii_isdigit(static_cast<unsigned char>(arg[1])) &&
+         arg[1] != '.';
+}
+
+absl::Status Expand(const std::vector<std::string>& args, size_t first, int depth,
+                    std::vector<std::string>& out);
+
+absl::Status ExpandFlagfile(const std::string& path, int depth, std::vector<std::string>& out) {
+  if (depth >= kMaxFlagfileDepth) {
+    return BadFlag("flagfile", absl::StrCat(path, ": flagfiles nest deeper than ",
+                                            kMaxFlagfileDepth, " (a cycle?)"));
+  }
+  std::ifstream file(path);
+  if (!file) return absl::NotFoundError(absl::StrCat("--flagfile: cannot read ", path));
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(file, line);) {
+    absl::string_view trimmed = absl::StripAsciiWhitespace(line);
+    if (trimmed.empty() || trimmed[0] == '#') continue;
+    lines.emplace_back(trimmed);
+  }
+  return Expand(lines, 0, depth + 1, out);
+}
+
+absl::Status Expand(const std::vector<std::string>& args, size_t first, int depth,
+                    std::vector<std::string>& out) {
+  for (size_t i = first; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {
+      out.insert(out.end(), args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+      return absl::OkStatus();
+    }
+    if (!IsFlag(arg)) {
+      out.push_back(arg);
+      continue;
+    }
+    absl::string_view body = absl::StripPrefix(absl::StripPrefix(arg, "-"), "-");
+    const size_t equals = body.find('=');
+    const std::string name = absl::StrReplaceAll(body.substr(0, equals), {{"-", "_"}});
+    const bool has_value = equals != absl::string_view::npos;
+    if (name == "flagfile") {
+      std::string path;
+      if (has_value) {
+        path = std::string(body.substr(equals + 1));
+      } else if (i + 1 < args.size()) {
+        path = args[++i];
+      } else {
+        return BadFlag("flagfile", "missing a path");
+      }
+      RETURN_IF_ERROR(ExpandFlagfile(path, depth, out));
+      continue;
+    }
+    out.push_back(has_value ? absl::StrCat("--", name, "=", body.substr(equals + 1))
+                            : absl::StrCat("--", name));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(const std::string& text) {
+  // spdlog maps unknown names to `off`, which would silence a typo.
+  const spdlog::level::level_enum level = spdlog::level::from_str(text);
+  if (level == spdlog::level::off && text != "off") {
+    return BadFlag("log_level", absl::StrCat("unknown level \"", text, "\""));
+  }
+  return level;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> NormalizeFlagArguments(std::vector<std::string> args) {
+  std::vector<std::string> out;
+  if (args.empty()) return out;
+  out.push_back(args[0]);
+  RETURN_IF_ERROR(Expand(args, 1, 0, out));
+  return out;
+}
+
+absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
+  const absl::string_view trimmed = absl::StripAsciiWhitespace(text);
+  size_t split = 0;
+  while (split < trimmed.size() &&
+         (absl::ascii_isdigit(static_cast<unsigned char>(trimmed[split])) ||
+          trimmed[split] == '.')) {
+    ++split;
+  }
+  double number = 0;
+  if (split == 0 || !absl::SimpleAtod(trimmed.substr(0, split), &number)) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", text, "\" is not a byte size"));
+  }
+  const std::string unit = absl::AsciiStrToLower(absl::StripAsciiWhitespace(trimmed.substr(split)));
+  static constexpr std::pair<const char*, double> kUnits[] = {
+      {"", 1},          {"b", 1},         {"kib", 0x1p10}, {"mib", 0x1p20}, {"gib", 0x1p30},
+      {"tib", 0x1p40},  {"kb", 1e3},      {"mb", 1e6},     {"gb", 1e9},     {"tb", 1e12}};
+  for (const auto& [name, multiplier] : kUnits) {
+    if (unit != name) continue;
+    const double bytes = std::floor(number * multiplier);
+    if (bytes >= 0x1p63) {
+      return absl::InvalidArgumentError(absl::StrCat("\"", text, "\" is too large"));
+    }
+    return static_cast<int64_t>(bytes);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "\"", text, "\" has an unknown unit; use B, KiB, MiB, GiB, TiB, kB, MB, GB or TB"));
+}
+
+absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv) {
+  ASSIGN_OR_RETURN(std::vector<std::string> args,
+                   NormalizeFlagArguments(std::vector<std::string>(argv, argv + argc)));
+  std::vector<char*> normalized;
+  for (std::string& arg : args) normalized.push_back(arg.data());
+  const std::vector<char*> positional =
+      absl::ParseCommandLine(static_cast<int>(normalized.size()), normalized.data());
+  if (positional.size() > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument \"", positional[1], "\"; every option is a flag"));
+  }
+
+  ServerConfig config;
+  engine::ModelConfigOverrides overrides;
+  const int layers = absl::GetFlag(FLAGS_layers);
+  if (layers < 0) return BadFlag("layers", absl::StrCat(layers, " is negative"));
+  if (layers > 0) overrides.layers = layers;
+  const std::string preset = absl::GetFlag(FLAGS_model);
+  absl::StatusOr<engine::ModelConfig> full_model = engine::PresetModelConfig(preset);
+  if (!full_model.ok()) return BadFlag("model", full_model.status().message());
+  if (layers > full_model->layers) {
+    return BadFlag("layers", absl::StrCat(layers, " exceeds ", preset, "'s ",
+                                          full_model->layers, " layers"));
+  }
+  absl::StatusOr<engine::ModelConfig> model = engine::PresetModelConfig(preset, overrides);
+  if (!model.ok()) return BadFlag("layers", model.status().message());
+  engine::EngineOptions& engine = config.engine;
+  engine.model = *std::move(model);
+  engine.weights.safetensors_path = absl::GetFlag(FLAGS_weights);
+  engine.weights.seed = absl::GetFlag(FLAGS_seed);
+  absl::StatusOr<int64_t> budget = ParseByteSize(absl::GetFlag(FLAGS_kv_budget));
+  if (!budget.ok()) return BadFlag("kv_budget", budget.status().message());
+  engine.kv.budget_bytes = *budget;
+  engine.kv.page_size = absl::GetFlag(FLAGS_page_size);
+  engine.devices = absl::GetFlag(FLAGS_devices);
+  engine.profile = absl::GetFlag(FLAGS_profile);
+  engine.host_threads_per_device = absl::GetFlag(FLAGS_host_threads);
+  engine.max_batch = absl::GetFlag(FLAGS_max_batch);
+  engine.max_sq = absl::GetFlag(FLAGS_max_sq);
+  engine.max_wait = absl::Microseconds(absl::GetFlag(FLAGS_max_wait_us));
+  engine.max_queue = absl::GetFlag(FLAGS_max_queue);
+  engine.matrix_tflops = absl::GetFlag(FLAGS_matrix_tflops);
+  engine.hbm_tbps = absl::GetFlag(FLAGS_hbm_tbps);
+  RETURN_IF_ERROR(RequirePositive("kv_budget", engine.kv.budget_bytes));
+  RETURN_IF_ERROR(RequirePositive("page_size", engine.kv.page_size));
+  RETURN_IF_ERROR(RequirePositive("devices", engine.devices));
+  RETURN_IF_ERROR(RequirePositive("host_threads", engine.host_threads_per_device));
+  RETURN_IF_ERROR(RequirePositive("max_batch", engine.max_batch));
+  RETURN_IF_ERROR(RequirePositive("max_sq", engine.max_sq));
+  RETURN_IF_ERROR(RequirePositive("max_queue", engine.max_queue));
+  if (absl::GetFlag(FLAGS_max_wait_us) < 0) {
+    return BadFlag("max_wait_us", absl::StrCat(absl::GetFlag(FLAGS_max_wait_us), " is negative"));
+  }
+  if (engine.matrix_tflops < 0 || engine.hbm_tbps < 0) {
+    return BadFlag(engine.matrix_tflops < 0 ? "matrix_tflops" : "hbm_tbps",
+                   "must be positive, or 0 for the profile's");
+  }
+
+  service::ServerOptions& server = config.server;
+  server.listen_address = absl::GetFlag(FLAGS_listen);
+  if (server.listen_address.empty()) return BadFlag("listen", "empty");
+  server.metrics_address = absl::GetFlag(FLAGS_metrics_listen);
+  const int max_message_mb = absl::GetFlag(FLAGS_max_message_mb);
+  // gRPC takes the limit as an int.
+  if (max_message_mb < 1 || max_message_mb > 2047) {
+    return BadFlag("max_message_mb", absl::StrCat(max_message_mb, " is outside [1, 2047]"));
+  }
+  server.max_message_bytes = int64_t{max_message_mb} << 20;
+
+  ASSIGN_OR_RETURN(config.log_level, ParseLogLevel(absl::GetFlag(FLAGS_log_level)));
+  const int drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
+  if (drain_timeout_s < 0) {
+    return BadFlag("drain_timeout_s", absl::StrCat(drain_timeout_s, " is negative"));
+  }
+  config.drain_timeout = absl::Seconds(drain_timeout_s);
+  return config;
+}
+
+}  // namespace mlaserve

@@ -1,0 +1,43 @@
+#ifndef MLASERVE_SERVER_SERVER_FLAGS_H_
+#define MLASERVE_SERVER_SERVER_FLAGS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "server/engine/engine.h"
+#include "server/service/mla_server.h"
+#include "spdlog/common.h"
+
+namespace mlaserve {
+
+// Everything mlaserve-server's command line decides.
+struct ServerConfig {
+  engine::EngineOptions engine;
+  service::ServerOptions server;
+  spdlog::level::level_enum log_level = spdlog::level::info;
+  absl::Duration drain_timeout = absl::Seconds(30);
+};
+
+// Parses mlaserve-server's flags (run `mlaserve-server --help` for the list). Flag names
+// take dashes or underscores (`--max-batch` = `--max_batch`), also inside --flagfile files.
+// INVALID_ARGUMENT naming the flag for a bad value; unknown flags end the process with
+// abseil's usage message, as --help does.
+absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv);
+
+// The command line with every flag spelled `--name[=value]`, dashes in names turned into
+// underscores, and each `--flagfile=PATH` (or `--flagfile PATH`) replaced by the flags in
+// that file (one per line; blank lines and lines starting with # are skipped; files may
+// name further flagfiles). Values, positional arguments and everything after `--` are kept
+// as they are. NOT_FOUND for a flagfile that cannot be read.
+absl::StatusOr<std::vector<std::string>> NormalizeFlagArguments(std::vector<std::string> args);
+
+// "2GiB", "512MiB", "1.5GiB", "64KiB", "1GB" (decimal), "4096" (bytes). Case-insensitive.
+absl::StatusOr<int64_t> ParseByteSize(absl::string_view text);
+
+}  // namespace mlaserve
+
+#endif  // MLASERVE_SERVER_SERVER_FLAGS_H_

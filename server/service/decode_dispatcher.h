@@ -1,0 +1,48 @@
+#ifndef MLASERVE_SERVER_SERVICE_DECODE_DISPATCHER_H_
+#define MLASERVE_SERVER_SERVICE_DECODE_DISPATCHER_H_
+
+#include <functional>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "mlaserve/v1/decode.pb.h"
+#include "server/engine/engine.h"
+#include "server/service/service_metrics.h"
+
+namespace mlaserve::service {
+
+// Runs one wire DecodeRequest through the engine, for both the unary Decode and each
+// request of a DecodeStream: parse and check it, submit it with the caller's deadline and
+// cancellation, turn the answers into the response, and record the plans in the metrics.
+//
+// A full queue. The engine refuses a decode that does not fit in its queue with
+// RESOURCE_EXHAUSTED, the code it also uses for a KV budget overrun (an append that does not
+// fit). For a client they are different conditions: the queue drains by itself within
+// milliseconds, so the right reaction is to back off and retry (or try another replica),
+// while a full KV cache stays full until something is released. The dispatcher therefore
+// answers a queue refusal UNAVAILABLE, the code gRPC retry policies and load balancers treat
+// as transient (Triton and TF Serving do the same), and leaves RESOURCE_EXHAUSTED to memory.
+// It tells them apart as the engine contract allows: errors found while queueing are
+// answered inline, on the caller's thread, while appends run in the batch, on an engine
+// thread. docs/api.md has the table.
+class DecodeDispatcher {
+ public:
+  using Done = absl::AnyInvocable<void(absl::Status) &&>;
+
+  DecodeDispatcher(engine::Engine& engine, ServiceMetrics& metrics)
+      : engine_(engine), metrics_(metrics) {}
+
+  // `response` must stay valid until `done` runs. `done` runs exactly once, possibly before
+  // Dispatch returns, possibly on an engine thread.
+  void Dispatch(const v1::DecodeRequest& request, absl::Time deadline,
+                std::function<bool()> cancelled, v1::DecodeResponse* response, Done done);
+
+ private:
+  engine::Engine& engine_;
+  ServiceMetrics& metrics_;
+};
+
+}  // namespace mlaserve::service
+
+#endif  // MLASERVE_SERVER_SERVICE_DECODE_DISPATCHER_H_

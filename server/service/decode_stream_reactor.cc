@@ -1,0 +1,149 @@
+#include "server/service/decode_stream_reactor.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/time/time.h"
+#include "server/service/call_deadline.h"
+#include "server/service/status_mapping.h"
+
+namespace mlaserve::service {
+namespace {
+
+constexpr char kDrainingMessage[] = "the server is shutting down; reconnect to another replica";
+
+void SetStatus(const absl::Status& status, v1::RequestStatus* wire) {
+  wire->set_code(static_cast<int>(status.code()));
+  wire->set_message(std::string(status.message()));
+}
+
+}  // namespace
+
+DecodeStreamReactor::DecodeStreamReactor(grpc::CallbackServerContext* context,
+                                         DecodeDispatcher& dispatcher, ServiceMetrics& metrics,
+                                         StreamRegistry& registry, int max_in_flight)
+    : context_(context),
+      dispatcher_(dispatcher),
+      metrics_(metrics),
+      registry_(registry),
+      max_in_flight_(std::max(1, max_in_flight)),
+      registered_(registry.Add(this)) {
+  std::lock_guard lock(mu_);
+  if (!registered_) {
+    draining_ = true;
+    MaybeFinishLocked();
+    return;
+  }
+  StartReadLocked();
+}
+
+void DecodeStreamReactor::StartReadLocked() {
+  reading_ = true;
+  StartRead(&request_);
+}
+
+void DecodeStreamReactor::OnReadDone(bool ok) {
+  v1::DecodeStreamRequest request;
+  {
+    std::lock_guard lock(mu_);
+    reading_ = false;
+    if (!ok) {
+      reads_done_ = true;
+      MaybeFinishLocked();
+      return;
+    }
+    if (finished_) return;
+    request = std::move(request_);
+    ++in_flight_;
+    if (!draining_ && in_flight_ < max_in_flight_) StartReadLocked();
+  }
+  // Outside the lock: the engine may answer before Dispatch returns.
+  Dispatch(std::move(request));
+}
+
+void DecodeStreamReactor::Dispatch(v1::DecodeStreamRequest request) {
+  const absl::Time arrival = absl::Now();
+  auto response = std::make_unique<Response>();
+  response->set_request_id(request.request_id());
+  bool draining;
+  {
+    std::lock_guard lock(mu_);
+    draining = draining_;
+  }
+  if (draining) {
+    SetStatus(absl::UnavailableError(kDrainingMessage), response->mutable_status());
+    metrics_.RecordRpc("DecodeStream.request", absl::StatusCode::kUnavailable,
+                       absl::Now() - arrival);
+    Answer(std::move(response));
+    return;
+  }
+  absl::Time deadline = CallDeadline(*context_);
+  if (request.timeout_us() > 0) {
+    deadline = std::min(deadline,
+                        arrival + absl::Microseconds(static_cast<int64_t>(std::min<uint64_t>(
+                                      request.timeout_us(), INT64_MAX))));
+  }
+  v1::DecodeResponse* body = response->mutable_response();
+  dispatcher_.Dispatch(
+      request.request(), deadline, [context = context_] { return context->IsCancelled(); }, body,
+      [this, arrival, response = std::move(response)](absl::Status status) mutable {
+        if (!status.ok()) response->clear_response();
+        SetStatus(status, response->mutable_status());
+        metrics_.RecordRpc("DecodeStream.request", status.code(), absl::Now() - arrival);
+        Answer(std::move(response));
+      });
+}
+
+void DecodeStreamReactor::Answer(std::unique_ptr<Response> response) {
+  std::lock_guard lock(mu_);
+  --in_flight_;
+  if (!write_failed_) {
+    writes_.push_back(std::move(response));
+    if (!writing_) StartWriteLocked();
+  }
+  // Reading paused at the in-flight limit resumes once a request is answered.
+  if (!reading_ && !reads_done_ && !draining_ && !finished_ && in_flight_ < max_in_flight_) {
+    StartReadLocked();
+  }
+  MaybeFinishLocked();
+}
+
+void DecodeStreamReactor::StartWriteLocked() {
+  writing_ = true;
+  StartWrite(writes_.front().get());
+}
+
+void DecodeStreamReactor::OnWriteDone(bool ok) {
+  std::lock_guard lock(mu_);
+  writing_ = false;
+  writes_.pop_front();
+  if (!ok) {
+    write_failed_ = true;
+    writes_.clear();
+  } else if (!writes_.empty()) {
+    StartWriteLocked();
+  }
+  MaybeFinishLocked();
+}
+
+void DecodeStreamReactor::Drain() {
+  std::lock_guard lock(mu_);
+  draining_ = true;
+  MaybeFinishLocked();
+}
+
+void DecodeStreamReactor::MaybeFinishLocked() {
+  if (finished_ || in_flight_ > 0 || writing_) return;
+  if (!reads_done_ && !draining_ && !write_failed_) return;
+  finished_ = true;
+  // A read still pending completes (not ok) after Finish.
+  Finish(ToGrpcStatus(draining_ && !reads_done_ ? absl::UnavailableError(kDrainingMessage)
+                                                : absl::OkStatus()));
+}
+
+void DecodeStreamReactor::OnDone() {
+  if (registered_) registry_.Remove(this);
+  delete this;
+}
+
+}  // namespace mlaserve::service

@@ -1,0 +1,69 @@
+#include "server/service/engine_stats_collector.h"
+
+#include <string>
+#include <utility>
+
+namespace mlaserve::service {
+namespace {
+
+struct Sample {
+  std::string label_value;  // empty: an unlabelled metric
+  double value = 0;
+};
+
+prometheus::MetricFamily Family(std::string name, std::string help, prometheus::MetricType type,
+                                const std::string& label_name, std::vector<Sample> samples) {
+  prometheus::MetricFamily family;
+  family.name = std::move(name);
+  family.help = std::move(help);
+  family.type = type;
+  for (const Sample& sample : samples) {
+    prometheus::ClientMetric metric;
+    if (!sample.label_value.empty()) metric.label.push_back({label_name, sample.label_value});
+    if (type == prometheus::MetricType::Counter) {
+      metric.counter.value = sample.value;
+    } else {
+      metric.gauge.value = sample.value;
+    }
+    family.metric.push_back(std::move(metric));
+  }
+  return family;
+}
+
+}  // namespace
+
+std::vector<prometheus::MetricFamily> EngineStatsCollector::Collect() const {
+  const engine::EngineStats stats = engine_.Stats();
+  const engine::KvStoreStats& kv = stats.kv;
+  using prometheus::MetricType;
+  std::vector<prometheus::MetricFamily> families;
+  families.push_back(Family("mlaserve_kv_pages", "KV cache pages by state", MetricType::Gauge,
+                            "state",
+                            {{"total", static_cast<double>(kv.pages_total)},
+                             {"used", static_cast<double>(kv.pages_used)},
+                             {"free", static_cast<double>(kv.pages_free)},
+                             {"prefix", static_cast<double>(kv.pages_prefix)},
+                             {"sequence", static_cast<double>(kv.pages_sequence)},
+                             {"pinned", static_cast<double>(kv.pages_pinned)}}));
+  families.push_back(Family("mlaserve_kv_bytes", "KV cache memory: budget, used, expanded K/V",
+                            MetricType::Gauge, "kind",
+                            {{"budget", static_cast<double>(kv.budget_bytes)},
+                             {"used", static_cast<double>(kv.used_bytes)},
+                             {"expanded", static_cast<double>(kv.expanded_bytes)}}));
+  families.push_back(Family("mlaserve_prefixes",
+                            "Prefixes: registered, and released but still referenced",
+                            MetricType::Gauge, "state",
+                            {{"registered", static_cast<double>(kv.prefixes)},
+                             {"retained", static_cast<double>(kv.retained_prefixes)}}));
+  families.push_back(Family("mlaserve_sequences", "Live sequences", MetricType::Gauge, "",
+                            {{"", static_cast<double>(kv.sequences)}}));
+  families.push_back(Family("mlaserve_evictions_total", "LRU evictions under memory pressure",
+                            MetricType::Counter, "kind",
+                            {{"prefix", static_cast<double>(kv.prefix_evictions)},
+                             {"expanded", static_cast<double>(kv.expanded_evictions)}}));
+  families.push_back(Family("mlaserve_decode_queued", "Decode queries waiting to be batched",
+                            MetricType::Gauge, "", {{"", static_cast<double>(stats.queued)}}));
+  return families;
+}
+
+}  // namespace mlaserve::service

@@ -1,0 +1,28 @@
+#ifndef MLASERVE_SERVER_SERVICE_KV_REQUEST_CODEC_H_
+#define MLASERVE_SERVER_SERVICE_KV_REQUEST_CODEC_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "mlaserve/v1/kv_cache.pb.h"
+#include "server/engine/model_config.h"
+#include "server/service/tensor_codec.h"
+
+namespace mlaserve::service {
+
+// The KV rows of RegisterPrefix and AppendKv, checked against the served model. Ids,
+// positions and the memory budget are the engine's to judge.
+
+// RegisterPrefixRequest.latent: [layers][tokens][dl + dr] with every layer of the model.
+absl::StatusOr<Bf16Tensor> ParsePrefixLatent(const v1::RegisterPrefixRequest& request,
+                                             const engine::ModelConfig& model);
+
+// One AppendKvChunk's rows [n][dl + dr] and its layer; `field` names the chunk in errors
+// ("chunks[3]").
+absl::StatusOr<Bf16Tensor> ParseAppendChunk(const v1::AppendKvChunk& chunk,
+                                            const engine::ModelConfig& model,
+                                            const std::string& field);
+
+}  // namespace mlaserve::service
+
+#endif  // MLASERVE_SERVER_SERVICE_KV_REQUEST_CODEC_H_

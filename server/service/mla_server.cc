@@ -1,0 +1,143 @@
+#include "server/service/mla_server.h"
+
+#include <algorithm>
+#include <exception>
+#include <future>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+#include "kernels/core/status_macros.h"
+#include "kernels/core/tensor_view.h"
+
+namespace mlaserve::service {
+namespace {
+
+constexpr char kServiceName[] = "mlaserve.v1.MlaServe";
+constexpr char kWarmUpSequence[] = "__mlaserve_warmup__";
+
+// civetweb (under prometheus-cpp) throws when it cannot bind.
+absl::StatusOr<std::unique_ptr<prometheus::Exposer>> StartExposer(const std::string& address) {
+  try {
+    return std::make_unique<prometheus::Exposer>(address, /*num_threads=*/1);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factory,
+                                                            engine::EngineOptions engine_options,
+                                                            const ServerOptions& options) {
+  std::unique_ptr<MlaServer> server(new MlaServer());
+  server->metrics_ = std::make_unique<ServiceMetrics>();
+  ServiceMetrics* metrics = server->metrics_.get();
+  engine_options.on_batch = [metrics, chained = std::move(engine_options.on_batch)](
+                                const engine::BatchReport& report) {
+    metrics->RecordBatch(report);
+    if (chained) chained(report);
+  };
+  ASSIGN_OR_RETURN(server->engine_, factory(std::move(engine_options)));
+
+  ServiceOptions service_options;
+  service_options.max_message_bytes = options.max_message_bytes;
+  service_options.stream_max_in_flight = options.stream_max_in_flight;
+  server->service_ =
+      std::make_unique<MlaServeService>(*server->engine_, *metrics, service_options);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(),
+                           &server->port_);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(
+      std::min<int64_t>(options.max_message_bytes, std::numeric_limits<int>::max())));
+  builder.RegisterService(server->service_.get());
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen_address));
+  }
+  server->SetServing(false);
+
+  if (!options.metrics_address.empty()) {
+    ASSIGN_OR_RETURN(server->exposer_, StartExposer(options.metrics_address));
+    server->stats_collector_ = std::make_shared<EngineStatsCollector>(*server->engine_);
+    server->exposer_->RegisterCollectable(metrics->registry());
+    server->exposer_->RegisterCollectable(server->stats_collector_);
+    const std::vector<int> ports = server->exposer_->GetListeningPorts();
+    server->metrics_port_ = ports.empty() ? 0 : ports.front();
+  }
+  return server;
+}
+
+MlaServer::~MlaServer() {
+  if (!shut_down_ && server_ != nullptr) Shutdown(absl::ZeroDuration()).IgnoreError();
+}
+
+void MlaServer::SetServing(bool serving) {
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  health->SetServingStatus("", serving);
+  health->SetServingStatus(kServiceName, serving);
+}
+
+absl::Status MlaServer::WarmUp() {
+  const engine::ModelConfig& model = engine_->Info().model;
+  // A few tokens of small, distinct values: enough for every kernel path to run.
+  constexpr int kTokens = 8;
+  std::vector<Bf16> rows(static_cast<size_t>(kTokens) * model.dk_latent());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    rows[i] = Bf16::FromFloat(static_cast<float>(i % 7) * 0.125f - 0.375f);
+  }
+  using RowsView = TensorView<const Bf16, 2>;
+  const RowsView::Index shape{kTokens, model.dk_latent()};
+  ASSIGN_OR_RETURN(RowsView view, RowsView::Create(rows, shape, "warm-up rows"));
+  RETURN_IF_ERROR(engine_->CreateSequence(kWarmUpSequence, ""));
+  absl::Status status = engine_->AppendKv(kWarmUpSequence, 0, 0, view);
+  // One query per call: the engine takes a sequence layer once per call.
+  for (const engine::QuerySpace space : {engine::QuerySpace::kHead, engine::QuerySpace::kLatent}) {
+    if (!status.ok()) break;
+    std::vector<engine::DecodeQuery> queries(1);
+    engine::DecodeQuery& query = queries[0];
+    query.sequence_id = kWarmUpSequence;
+    query.space = space;
+    if (space == engine::QuerySpace::kHead) {
+      query.q_nope.assign(static_cast<size_t>(model.heads) * model.dn, Bf16::FromFloat(0.25f));
+      query.q_pe.assign(static_cast<size_t>(model.heads) * model.dr, Bf16::FromFloat(0.25f));
+    } else {
+      query.q_latent.assign(static_cast<size_t>(model.heads) * model.dk_latent(),
+                            Bf16::FromFloat(0.25f));
+    }
+    std::promise<absl::Status> answered;
+    engine_->Decode(std::move(queries), engine::DecodeOptions{},
+                    [&answered](absl::StatusOr<std::vector<engine::DecodeAnswer>> answers) {
+                      answered.set_value(answers.status());
+                    });
+    status = answered.get_future().get();
+  }
+  const absl::Status released = engine_->ReleaseSequence(kWarmUpSequence);
+  if (!status.ok()) {
+    return absl::Status(status.code(), absl::StrCat("warm-up decode: ", status.message()));
+  }
+  return released;
+}
+
+absl::Status MlaServer::Shutdown(absl::Duration timeout) {
+  if (shut_down_) return absl::OkStatus();
+  shut_down_ = true;
+  const absl::Time deadline = absl::Now() + timeout;
+  server_->GetHealthCheckService()->Shutdown();
+  service_->BeginDrain();
+  server_->Shutdown(absl::ToChronoTime(deadline));
+  const absl::Status drained = engine_->Drain(deadline);
+  exposer_.reset();
+  return drained;
+}
+
+}  // namespace mlaserve::service

@@ -1,0 +1,53 @@
+#ifndef MLASERVE_SERVER_SERVICE_SERVICE_METRICS_H_
+#define MLASERVE_SERVER_SERVICE_SERVICE_METRICS_H_
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "server/engine/engine.h"
+
+namespace mlaserve::service {
+
+// The server's Prometheus metrics that are observed as things happen (names prefixed
+// `mlaserve_`, times in seconds as Prometheus expects). Gauges read from the engine at
+// scrape time live in EngineStatsCollector. Thread-safe.
+class ServiceMetrics {
+ public:
+  ServiceMetrics();
+  ServiceMetrics(const ServiceMetrics&) = delete;
+  ServiceMetrics& operator=(const ServiceMetrics&) = delete;
+
+  const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
+
+  // One finished RPC (a DecodeStream request counts as one "DecodeStream.request").
+  void RecordRpc(absl::string_view rpc, absl::StatusCode code, absl::Duration elapsed);
+  // One answered decode query: how it was planned and where its time went.
+  void RecordDecodeAnswer(const engine::PlanInfo& plan, engine::QuerySpace space);
+  // One device batch (EngineOptions::on_batch).
+  void RecordBatch(const engine::BatchReport& report);
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Histogram>& request_seconds_;
+  prometheus::Family<prometheus::Counter>& decode_queries_;
+  prometheus::Histogram& queue_seconds_;
+  prometheus::Histogram& device_modeled_seconds_;
+  prometheus::Histogram& device_host_seconds_;
+  prometheus::Histogram& batch_queries_;
+  prometheus::Family<prometheus::Counter>& batches_;
+  prometheus::Family<prometheus::Counter>& groups_;
+  prometheus::Counter& hybrid_groups_;
+  prometheus::Counter& absorb_groups_;
+  prometheus::Family<prometheus::Counter>& device_modeled_busy_;
+};
+
+}  // namespace mlaserve::service
+
+#endif  // MLASERVE_SERVER_SERVICE_SERVICE_METRICS_H_

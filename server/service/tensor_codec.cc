@@ -1,0 +1,167 @@
+#include "server/service/tensor_codec.h"
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/core/float16.h"
+
+namespace mlaserve::service {
+namespace {
+
+// The wire is little-endian; so is every host this builds for, which lets a tensor's bytes
+// be copied as they are.
+static_assert(std::endian::native == std::endian::little);
+
+// The exponent field all ones: infinity or NaN.
+bool Bf16IsFinite(uint16_t bits) { return (bits & 0x7f80u) != 0x7f80u; }
+bool Fp16IsFinite(uint16_t bits) { return (bits & 0x7c00u) != 0x7c00u; }
+
+absl::Status NonFinite(absl::string_view field, int64_t index, float value) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": element ", index, " is ", std::isnan(value) ? "NaN" : "infinite",
+      "; inputs must be finite"));
+}
+
+template <typename Wire>
+std::vector<Wire> CopyElements(const std::string& data) {
+  std::vector<Wire> elements(data.size() / sizeof(Wire));
+  std::memcpy(elements.data(), data.data(), elements.size() * sizeof(Wire));
+  return elements;
+}
+
+absl::StatusOr<std::vector<Bf16>> ToBf16(v1::DType dtype, const std::string& data,
+                                         absl::string_view field) {
+  std::vector<Bf16> values;
+  switch (dtype) {
+    case v1::DTYPE_BF16: {
+      values = CopyElements<Bf16>(data);
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        if (!Bf16IsFinite(values[i].bits)) return NonFinite(field, i, values[i].ToFloat());
+      }
+      return values;
+    }
+    case v1::DTYPE_FP16: {
+      const std::vector<Fp16> halves = CopyElements<Fp16>(data);
+      values.resize(halves.size());
+      for (std::size_t i = 0; i < halves.size(); ++i) {
+        if (!Fp16IsFinite(halves[i].bits)) return NonFinite(field, i, halves[i].ToFloat());
+        values[i] = Bf16::FromFloat(halves[i].ToFloat());  // exact range, 3 fewer mantissa bits
+      }
+      return values;
+    }
+    case v1::DTYPE_FP32: {
+      const std::vector<float> floats = CopyElements<float>(data);
+      values.resize(floats.size());
+      for (std::size_t i = 0; i < floats.size(); ++i) {
+        if (!std::isfinite(floats[i])) return NonFinite(field, i, floats[i]);
+        values[i] = Bf16::FromFloat(floats[i]);
+        if (!Bf16IsFinite(values[i].bits)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              field, ": element ", i, " (", floats[i], ") overflows bf16"));
+        }
+      }
+      return values;
+    }
+    default:
+      break;
+  }
+  return absl::InternalError(absl::StrCat(field, ": unchecked dtype"));
+}
+
+}  // namespace
+
+std::size_t DTypeSize(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_BF16:
+    case v1::DTYPE_FP16:
+      return 2;
+    case v1::DTYPE_FP32:
+      return 4;
+    default:
+      return 0;
+  }
+}
+
+std::string ShapeToString(std::span<const int64_t> shape) {
+  return absl::StrCat(
+      "[",
+      absl::StrJoin(shape, ",",
+                    [](std::string* out, int64_t d) {
+                      absl::StrAppend(out, d == kAnyExtent ? std::string("n") : absl::StrCat(d));
+                    }),
+      "]");
+}
+
+absl::StatusOr<Bf16Tensor> DecodeToBf16(const v1::Tensor& tensor,
+                                        std::span<const int64_t> expected,
+                                        absl::string_view field) {
+  const std::size_t element_size = DTypeSize(tensor.dtype());
+  if (element_size == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": dtype ", v1::DType_Name(tensor.dtype()).empty()
+                               ? absl::StrCat(static_cast<int>(tensor.dtype()))
+                               : v1::DType_Name(tensor.dtype()),
+        " is not one of DTYPE_BF16, DTYPE_FP16, DTYPE_FP32"));
+  }
+  const std::span<const int64_t> shape(tensor.shape().data(), tensor.shape().size());
+  bool shape_ok = shape.size() == expected.size();
+  for (std::size_t i = 0; shape_ok && i < shape.size(); ++i) {
+    shape_ok = expected[i] == kAnyExtent ? shape[i] >= 1 : shape[i] == expected[i];
+  }
+  if (!shape_ok) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeToString(shape),
+                                                   " != ", ShapeToString(expected)));
+  }
+  // Every extent is now >= 1; the product must not overflow before it is compared.
+  const int64_t max_elements = std::numeric_limits<int64_t>::max() / static_cast<int64_t>(element_size);
+  int64_t elements = 1;
+  for (int64_t extent : shape) {
+    if (extent > max_elements / elements) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": shape ", ShapeToString(shape), " overflows int64"));
+    }
+    elements *= extent;
+  }
+  if (static_cast<uint64_t>(elements) * element_size != tensor.data().size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", tensor.data().size(), " bytes != ", elements, " elements of ",
+        v1::DType_Name(tensor.dtype()), " (", elements * element_size, " bytes)"));
+  }
+  absl::StatusOr<std::vector<Bf16>> values = ToBf16(tensor.dtype(), tensor.data(), field);
+  if (!values.ok()) return values.status();
+  return Bf16Tensor{*std::move(values), std::vector<int64_t>(shape.begin(), shape.end())};
+}
+
+void EncodeFloats(std::span<const float> values, std::span<const int64_t> shape,
+                  v1::DType dtype, v1::Tensor* out) {
+  // Callers pass a validated output dtype; anything else is encoded losslessly.
+  if (DTypeSize(dtype) == 0) dtype = v1::DTYPE_FP32;
+  out->set_dtype(dtype);
+  out->mutable_shape()->Assign(shape.begin(), shape.end());
+  std::string* data = out->mutable_data();
+  data->resize(values.size() * DTypeSize(dtype));
+  switch (dtype) {
+    case v1::DTYPE_BF16:
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        const uint16_t bits = Bf16::FromFloat(values[i]).bits;
+        std::memcpy(data->data() + 2 * i, &bits, 2);
+      }
+      return;
+    case v1::DTYPE_FP16:
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        const uint16_t bits = Fp16::FromFloat(values[i]).bits;
+        std::memcpy(data->data() + 2 * i, &bits, 2);
+      }
+      return;
+    default:  // DTYPE_FP32
+      std::memcpy(data->data(), values.data(), values.size() * sizeof(float));
+      return;
+  }
+}
+
+}  // namespace mlaserve::service

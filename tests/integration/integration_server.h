@@ -1,0 +1,77 @@
+#ifndef MLASERVE_TESTS_INTEGRATION_INTEGRATION_SERVER_H_
+#define MLASERVE_TESTS_INTEGRATION_INTEGRATION_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/mlaserve_client.h"
+#include "kernels/core/bfloat16.h"
+#include "kernels/core/random_fill.h"
+#include "kernels/reference/golden_attention.h"
+#include "server/engine/engine.h"
+#include "server/service/mla_server.h"
+#include "tests/testing/attention_checks.h"
+
+namespace mlaserve::integration {
+
+inline constexpr uint64_t kWeightsSeed = 20240611;
+
+// A small custom model, fast on two cores: DeepSeek's head dims, 16 heads, 2 layers.
+engine::ModelConfig TinyModel();
+
+// Engine options for `model` on one emulated device, seeded weights, a small page size so
+// sequences span several pages.
+engine::EngineOptions SmallEngineOptions(const engine::ModelConfig& model);
+
+// The real engine (CreateEngine) behind the real server on a free loopback port, warmed up
+// and SERVING, with a client connected to it.
+class IntegrationServer {
+ public:
+  explicit IntegrationServer(engine::EngineOptions options,
+                             std::string metrics_address = "");
+  ~IntegrationServer();
+
+  service::MlaServer& server() { return *server_; }
+  client::MlaServeClient& client() { return *client_; }
+  std::string target() const;
+  const engine::ModelConfig& model() const { return model_; }
+  // A client of its own (for concurrency tests).
+  std::unique_ptr<client::MlaServeClient> NewClient(client::ClientOptions options = {}) const;
+
+ private:
+  engine::ModelConfig model_;
+  std::unique_ptr<service::MlaServer> server_;
+  std::unique_ptr<client::MlaServeClient> client_;
+};
+
+std::vector<Bf16> RandomBf16(size_t count, double sigma, Rng& rng);
+v1::Tensor Tensor2(const std::vector<Bf16>& values, int64_t rows, int64_t width);
+v1::Tensor Tensor3(const std::vector<Bf16>& values, int64_t a, int64_t b, int64_t c);
+
+// fp64 golden answers of one query against one sequence's whole latent rows [L][dl + dr]
+// (prefix rows included), with the model's scale and the causal MTP mask.
+GoldenOutput GoldenLatent(const engine::ModelConfig& model, const std::vector<Bf16>& rows,
+                          const std::vector<Bf16>& q_latent, int sq);
+GoldenOutput GoldenHeadSpace(const engine::ModelConfig& model, const UpProjection& weights,
+                             const std::vector<Bf16>& rows, const std::vector<Bf16>& q_nope,
+                             const std::vector<Bf16>& q_pe, int sq);
+
+// Tolerances. Latent answers meet FlashMLA's (scaled to unit-sigma data). Head-space answers
+// pass through extra bf16 casts (the absorbed q and latent output; in the hybrid form also the
+// prefix's expanded K/V), each moving a unit-sigma output element by ~1.8e-3 rms (see
+// tests/kernels/mla/absorb_naive_test.cc). The kernels' fixed-seed tests hold them to
+// FlashMLA's 8e-3, about 4.5 sigma; these tests draw fresh data every run over thousands of
+// elements, where a 4.5-sigma element is a matter of time, so the absolute bound is doubled
+// (as the engine's hybrid-vs-absorb pair check does) and the cosine bound, which catches any
+// systematic error (wrong weights, rows or mask), stays tight.
+inline constexpr testing::Tolerance kLatentOutTolerance = testing::FlashMlaOutTolerance(1.0);
+inline constexpr testing::Tolerance kLatentLseTolerance = testing::kFlashMlaLseTolerance;
+inline constexpr testing::Tolerance kHeadSpaceOutTolerance{
+    2 * testing::FlashMlaOutTolerance(1.0).abs_tol, 2.01 / 128, 4e-5};
+inline constexpr testing::Tolerance kHeadSpaceLseTolerance{1e-2, 8.01 / 65536, 0.0};
+
+}  // namespace mlaserve::integration
+
+#endif  // MLASERVE_TESTS_INTEGRATION_INTEGRATION_SERVER_H_

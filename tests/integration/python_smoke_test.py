@@ -1,0 +1,198 @@
+#!/usr/bin/python3
+"""Python smoke test: the mlaserve-server binary as a user starts it, the Python client's
+example, the FlashMLA-compatible entry point against a numpy reference, the metrics
+endpoint, and a graceful stop on SIGTERM.
+
+    /usr/bin/python3 tests/integration/python_smoke_test.py --server build/bin/mlaserve-server \
+        --example client/python/examples/decode_example.py   (PYTHONPATH=build/python)
+"""
+
+import argparse
+import importlib.util
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import grpc
+import numpy as np
+
+import mlaserve
+from mlaserve import flash_mla
+
+SERVING = b"\x08\x01"  # grpc.health.v1.HealthCheckResponse{status: SERVING}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_serving(target, timeout):
+    channel = grpc.insecure_channel(target)
+    check = channel.unary_unary("/grpc.health.v1.Health/Check",
+                                request_serializer=lambda x: x, response_deserializer=lambda x: x)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check(b"", timeout=1.0) == SERVING:
+                return True
+        except grpc.RpcError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
+def list_services_by_reflection(target):
+    """grpc.reflection.v1alpha list_services, encoded by hand (Debian ships no reflection
+    client): ServerReflectionRequest{list_services: ""} is field 7, empty."""
+    channel = grpc.insecure_channel(target)
+    info = channel.stream_stream(
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        request_serializer=lambda x: x, response_deserializer=lambda x: x)
+    return b"".join(info(iter([b"\x3a\x00"]), timeout=5))
+
+
+def flash_mla_reference(q, blocks, block_table, seqlens, scale, causal):
+    """FlashMLA's test reference (tests/ref.py) in float64: out [b, s_q, h, 512] and
+    lse [b, h, s_q], +inf and 0 for a query that sees no key."""
+    b, s_q, h, _ = q.shape
+    page = blocks.shape[1]
+    out = np.zeros((b, s_q, h, 512))
+    lse = np.full((b, h, s_q), np.inf)
+    for i in range(b):
+        length = int(seqlens[i])
+        kv = blocks[block_table[i, :(length + page - 1) // page], :, 0, :].reshape(-1, 576)[:length]
+        kv = kv.astype(np.float64)
+        for s in range(s_q):
+            visible = min(length, length - s_q + s + 1) if causal else length
+            if visible <= 0:
+                continue
+            scores = q[i, s].astype(np.float64) @ kv[:visible].T * scale
+            peak = scores.max(axis=1, keepdims=True)
+            weights = np.exp(scores - peak)
+            total = weights.sum(axis=1, keepdims=True)
+            out[i, s] = (weights / total) @ kv[:visible, :512]
+            lse[i, :, s] = (peak + np.log(total))[:, 0]
+    return out, lse
+
+
+def check_flash_mla(target, heads, model_scale, rng, failures):
+    flash_mla.configure(target=target)
+    b, s_q, page, blocks_total = 3, 2, 64, 12
+    seqlens = np.array([0, 70, 130], dtype=np.int32)
+    q_bits = mlaserve.float_to_bf16_bits(rng.standard_normal((b, s_q, heads, 576)) * 0.5)
+    cache = rng.standard_normal((blocks_total, page, 1, 576)).astype(np.float32)
+    block_table = rng.permutation(blocks_total)[:b * 3].reshape(b, 3).astype(np.int32)
+    # Slots past a sequence's end hold NaN (FlashMLA's own test trick): reading one fails.
+    for i in range(b):
+        for j in range(3):
+            first = j * page
+            valid = max(0, min(page, int(seqlens[i]) - first))
+            cache[block_table[i, j], valid:] = np.nan
+    cache_bits = mlaserve.float_to_bf16_bits(cache)
+    q = mlaserve.bf16_bits_to_float(q_bits)
+    blocks = mlaserve.bf16_bits_to_float(cache_bits)
+
+    metadata, num_splits = flash_mla.get_mla_metadata(seqlens, s_q * heads, 1)
+    if metadata.shape != (1, 8) or metadata.dtype != np.int32 or list(num_splits) != [0, 1, 2, 3]:
+        failures.append(f"get_mla_metadata returned {metadata}, {num_splits}")
+
+    # The model's scale, as vLLM passes it: one rounding fewer than the default-scale path.
+    # Tolerances: the outputs are bf16 (relative Frobenius error ~2e-3 from that rounding
+    # alone); the default scale is folded into q before the server rounds it to bf16, one
+    # more rounding of every score (~1e-4 on the LSE).
+    cases = [("causal, model scale", model_scale, True, 5e-3, 1e-5),
+             ("non-causal, default 1/sqrt(576)", None, False, 5e-3, 1e-3)]
+    for name, scale, causal, out_tol, lse_tol in cases:
+        out, lse = flash_mla.flash_mla_with_kvcache(
+            q_bits, cache_bits, block_table, seqlens, 512, metadata, num_splits,
+            softmax_scale=scale, causal=causal)
+        expected_scale = 1 / math.sqrt(576) if scale is None else scale
+        ref_out, ref_lse = flash_mla_reference(q, blocks, block_table, seqlens, expected_scale, causal)
+        if out.dtype != np.uint16 or out.shape != (b, s_q, heads, 512):
+            failures.append(f"{name}: out is {out.dtype} {out.shape}")
+            continue
+        if lse.dtype != np.float32 or lse.shape != (b, heads, s_q):
+            failures.append(f"{name}: lse is {lse.dtype} {lse.shape}")
+            continue
+        out_f = mlaserve.bf16_bits_to_float(out).astype(np.float64)
+        if not np.array_equal(np.isinf(lse), np.isinf(ref_lse)) or not np.all(lse[0] == np.inf):
+            failures.append(f"{name}: empty rows must have lse +inf")
+        if np.any(out_f[0] != 0):
+            failures.append(f"{name}: an empty sequence must give out 0")
+        finite = np.isfinite(ref_lse)
+        out_error = np.linalg.norm(out_f - ref_out) / np.linalg.norm(ref_out)
+        lse_error = np.max(np.abs(lse[finite] - ref_lse[finite]) / np.maximum(1, np.abs(ref_lse[finite])))
+        print(f"flash_mla {name}: out rel err {out_error:.2e}, lse rel err {lse_error:.2e}")
+        if not out_error < out_tol or not lse_error < lse_tol:
+            failures.append(f"{name}: out error {out_error:.2e}, lse error {lse_error:.2e}")
+        if scale is None and abs(expected_scale - model_scale) < 1e-6:
+            failures.append("the default scale must differ from the model's (the trap)")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--server", required=True)
+    parser.add_argument("--example", required=True)
+    args = parser.parse_args()
+    port, metrics_port = free_port(), free_port()
+    target = f"127.0.0.1:{port}"
+    failures = []
+    with tempfile.TemporaryFile(mode="w+") as log:
+        server = subprocess.Popen(
+            [args.server, f"--listen={target}", f"--metrics-listen=127.0.0.1:{metrics_port}",
+             "--layers=2", "--kv-budget=256MiB", "--devices=1", "--page-size=64"],
+            stdout=log, stderr=subprocess.STDOUT)
+        try:
+            if not wait_serving(target, timeout=120):
+                failures.append("the server never became SERVING")
+            else:
+                spec = importlib.util.spec_from_file_location("decode_example", args.example)
+                example = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(example)
+                if example.main(["--target", target]) != 0:
+                    failures.append("decode_example.py reported a mismatch")
+                services = list_services_by_reflection(target)
+                for service in (b"mlaserve.v1.MlaServe", b"grpc.health.v1.Health"):
+                    if service not in services:
+                        failures.append(f"reflection does not list {service.decode()}")
+                info = mlaserve.Client(target).server_info()
+                check_flash_mla(target, info.model.heads, info.model.softmax_scale,
+                                np.random.default_rng(), failures)
+                metrics = urllib.request.urlopen(
+                    f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+                for name in ("mlaserve_requests_total", "mlaserve_kv_pages", "mlaserve_batch_queries"):
+                    if name not in metrics:
+                        failures.append(f"/metrics lacks {name}")
+        finally:
+            server.send_signal(signal.SIGTERM)
+            try:
+                code = server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                code = "killed after 60 s"
+        log.seek(0)
+        output = log.read()
+    if code != 0:
+        failures.append(f"the server exited with {code} after SIGTERM")
+    for event in ("starting:", "listening:", "ready:", "draining:", "stopped:"):
+        if event not in output:
+            failures.append(f"the server's log lacks its '{event}' line")
+    if failures:
+        print("server log:\n" + output)
+        for failure in failures:
+            print("FAILED:", failure)
+        return 1
+    print("python smoke test: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+// Every bad input over the wire against the real engine: the code, the field named, and
+// nothing changed.
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/integration_server.h"
+
+namespace mlaserve::integration {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+class WireErrorsTest : public ::testing::Test {
+ protected:
+  WireErrorsTest() : server_(SmallEngineOptions(TinyModel())), rng_(std::random_device{}()) {}
+
+  void SetUp() override {
+    ASSERT_TRUE(client().CreateSequence("s").ok());
+    rows_ = RandomBf16(10 * kWidth, 1.0, rng_);
+    ASSERT_TRUE(client().AppendKv("s", 0, 0, Tensor2(rows_, 10, kWidth)).ok());
+  }
+
+  client::MlaServeClient& client() { return server_.client(); }
+  std::vector<int32_t> Lengths(const std::string& id) {
+    auto sequence = client().GetSequence(id);
+    EXPECT_TRUE(sequence.ok()) << sequence.status();
+    return sequence.ok() ? std::vector<int32_t>(sequence->layer_lengths().begin(),
+                                                sequence->layer_lengths().end())
+                         : std::vector<int32_t>{};
+  }
+  v1::DecodeQuery Latent(const std::string& id) {
+    return client::LatentQuery(id, 0, 1, Tensor3(RandomBf16(16 * kWidth, 1.0, rng_), 1, 16, kWidth));
+  }
+
+  static constexpr int kWidth = 576;
+  IntegrationServer server_;
+  Rng rng_;
+  std::vector<Bf16> rows_;
+};
+
+TEST_F(WireErrorsTest, MalformedDecodesAreInvalidAndAppendNothing) {
+  struct Case {
+    std::string name;
+    std::function<void(v1::DecodeRequest&)> spoil;
+    std::string message_prefix;
+  };
+  const std::vector<Case> cases{
+      {"empty batch", [](v1::DecodeRequest& r) { r.clear_queries(); }, "queries: empty"},
+      {"oversized batch",
+       [this](v1::DecodeRequest& r) {
+         for (int i = 0; i < 64; ++i) *r.add_queries() = Latent("s");
+       },
+       "queries: 65 queries exceed limits.max_batch = 64"},
+      {"wrong dtype",
+       [](v1::DecodeRequest& r) { r.mutable_queries(0)->mutable_latent()->set_dtype(static_cast<v1::DType>(4)); },
+       "queries[0].latent: dtype"},
+      {"wrong shape", [](v1::DecodeRequest& r) { r.mutable_queries(0)->mutable_latent()->set_shape(1, 8); },
+       "queries[0].latent: shape [1,8,576] != [1,16,576]"},
+      {"byte length", [](v1::DecodeRequest& r) { r.mutable_queries(0)->mutable_latent()->mutable_data()->resize(100); },
+       "queries[0].latent: 100 bytes != 9216 elements"},
+      {"infinity in q",
+       [](v1::DecodeRequest& r) {
+         std::string& data = *r.mutable_queries(0)->mutable_latent()->mutable_data();
+         data[0] = static_cast<char>(0x80);
+         data[1] = static_cast<char>(0xff);  // bf16 -inf
+       },
+       "queries[0].latent: element 0 is infinite"},
+      {"layer", [](v1::DecodeRequest& r) { r.mutable_queries(0)->set_layer(2); },
+       "queries[0].layer: 2 is outside [0, 2)"},
+      {"sq", [](v1::DecodeRequest& r) { r.mutable_queries(0)->set_sq(0); },
+       "queries[0].sq: 0 is outside [1, 2]"},
+  };
+  for (const Case& c : cases) {
+    v1::DecodeRequest request;
+    *request.add_queries() = Latent("s");
+    client::AppendBeforeDecode(*request.mutable_queries(0),
+                               Tensor2(RandomBf16(kWidth, 1.0, rng_), 1, kWidth), 10);
+    c.spoil(request);
+    const auto response = client().DecodeRaw(request);
+    EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_THAT(std::string(response.status().message()), StartsWith(c.message_prefix)) << c.name;
+    EXPECT_THAT(Lengths("s"), ElementsAre(10, 0)) << c.name;
+  }
+}
+
+TEST_F(WireErrorsTest, UnknownIdsAreNotFound) {
+  EXPECT_EQ(client().Decode({Latent("ghost")}).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client().GetSequence("ghost").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client().ForkSequence("ghost", "g2").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client().CreateSequence("t", "no-such-prefix").status().code(),
+            absl::StatusCode::kNotFound);
+  const absl::Status append =
+      client().AppendKv("ghost", 0, 0, Tensor2(RandomBf16(kWidth, 1.0, rng_), 1, kWidth));
+  EXPECT_EQ(append.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(append.message()), StartsWith("chunks[0]: "));
+}
+
+TEST_F(WireErrorsTest, ReusingAnIdForSomethingElseIsAlreadyExistsAndRetriesAreHarmless) {
+  const std::vector<Bf16> latent = RandomBf16(2 * 3 * kWidth, 1.0, rng_);
+  ASSERT_TRUE(client().RegisterPrefix("p", "", Tensor3(latent, 2, 3, kWidth)).ok());
+  EXPECT_TRUE(client().RegisterPrefix("p", "", Tensor3(latent, 2, 3, kWidth)).ok());  // retry
+  std::vector<Bf16> other = latent;
+  other[5] = Bf16::FromFloat(other[5].ToFloat() + 1.0f);
+  EXPECT_EQ(client().RegisterPrefix("p", "", Tensor3(other, 2, 3, kWidth)).code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(client().CreateSequence("s").ok());  // retry of SetUp's create
+  EXPECT_EQ(client().CreateSequence("s", "p").status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(client().ForkSequence("s", "f").ok());
+  EXPECT_TRUE(client().ForkSequence("s", "f").ok());  // retry
+  ASSERT_TRUE(client().CreateSequence("s2").ok());
+  EXPECT_EQ(client().ForkSequence("s2", "f").status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(client().ForkSequence("no-such-source", "f2").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(client().ReleaseSequence("f").ok());
+  EXPECT_TRUE(client().ReleaseSequence("f").ok());  // retry
+}
+
+TEST_F(WireErrorsTest, AppendsAreIdempotentByPositionAndAGapIsAFailedPrecondition) {
+  // Rows 0..9 again: a retry, no effect.
+  EXPECT_TRUE(client().AppendKv("s", 0, 0, Tensor2(rows_, 10, kWidth)).ok());
+  EXPECT_THAT(Lengths("s"), ElementsAre(10, 0));
+  const absl::Status gap =
+      client().AppendKv("s", 0, 12, Tensor2(RandomBf16(kWidth, 1.0, rng_), 1, kWidth));
+  EXPECT_EQ(gap.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(gap.message()), HasSubstr("10"));  // names the expected position
+  EXPECT_THAT(Lengths("s"), ElementsAre(10, 0));
+}
+
+TEST_F(WireErrorsTest, ADecodeWithAnAppendIsIdempotentThroughItsPosition) {
+  v1::DecodeQuery query = Latent("s");
+  client::AppendBeforeDecode(query, Tensor2(RandomBf16(kWidth, 1.0, rng_), 1, kWidth), 10);
+  auto first = client().Decode({query}, v1::DTYPE_FP32);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto retry = client().Decode({query}, v1::DTYPE_FP32);
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_THAT(Lengths("s"), ElementsAre(11, 0));
+  EXPECT_EQ((*first)[0].out, (*retry)[0].out);
+  EXPECT_EQ((*first)[0].lse, (*retry)[0].lse);
+}
+
+TEST(WireErrorsBudgetTest, AppendingPastTheBudgetIsResourceExhaustedAndChangesNothing) {
+  engine::EngineOptions options = SmallEngineOptions(TinyModel());
+  options.kv.page_size = 16;
+  options.kv.budget_bytes = 8 * 16 * 576 * 2;  // eight pages
+  IntegrationServer server(options);
+  client::MlaServeClient& client = server.client();
+  Rng rng(std::random_device{}());
+  ASSERT_TRUE(client.CreateSequence("s").ok());
+  ASSERT_TRUE(client.AppendKv("s", 0, 0, Tensor2(RandomBf16(100 * 576, 1.0, rng), 100, 576)).ok());
+  const absl::Status status =
+      client.AppendKv("s", 1, 0, Tensor2(RandomBf16(100 * 576, 1.0, rng), 100, 576));
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  auto sequence = client.GetSequence("s");
+  ASSERT_TRUE(sequence.ok());
+  EXPECT_THAT(sequence->layer_lengths(), ElementsAre(100, 0));
+}
+
+}  // namespace
+}  // namespace mlaserve::integration

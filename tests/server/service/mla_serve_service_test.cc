@@ -1,0 +1,545 @@
+// The gRPC edge over a mocked engine, through a real loopback server and the C++ client:
+// what reaches the engine, what it answers, and how that arrives on the wire.
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <future>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "client/mlaserve_client.h"
+#include "client/tensor_helpers.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "prometheus/metric_family.h"
+#include "server/service/engine_stats_collector.h"
+#include "server/service/mla_server.h"
+#include "tests/server/service/mock_engine.h"
+#include "tests/testing/health_probe.h"
+
+namespace mlaserve::service {
+namespace {
+
+using ::testing::_;
+using ::testing::HasSubstr;
+using ::testing::NiceMock;
+using ::testing::Return;
+using ::testing::ReturnRef;
+using ::testing::StartsWith;
+using testing::MockEngine;
+using testing::SmallEngineInfo;
+
+// A query's answer with recognisable values: out[i] = base + i / 1024, lse[r] = base + r.
+engine::DecodeAnswer Answer(const engine::DecodeQuery& query, const engine::EngineInfo& info,
+                            float base) {
+  const int width = query.space == engine::QuerySpace::kHead ? info.model.dv : info.model.dl;
+  const size_t rows = static_cast<size_t>(query.sq) * info.model.heads;
+  engine::DecodeAnswer answer;
+  answer.out.resize(rows * width);
+  for (size_t i = 0; i < answer.out.size(); ++i) answer.out[i] = base + static_cast<float>(i % 1024) / 1024;
+  answer.lse.resize(rows);
+  for (size_t r = 0; r < rows; ++r) answer.lse[r] = base + static_cast<float>(r);
+  answer.plan.device = 0;
+  answer.plan.batch_size = 1;
+  return answer;
+}
+
+engine::DecodeQuery OneLatentToken() {
+  engine::DecodeQuery query;
+  query.space = engine::QuerySpace::kLatent;
+  return query;
+}
+
+std::vector<Bf16> Values(size_t n, float scale) {
+  std::vector<Bf16> values(n);
+  for (size_t i = 0; i < n; ++i) values[i] = Bf16::FromFloat(scale * static_cast<float>(i % 13) - 1);
+  return values;
+}
+
+class MlaServeServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto mock = std::make_unique<NiceMock<MockEngine>>();
+    engine_ = mock.get();
+    ON_CALL(*engine_, Info()).WillByDefault(ReturnRef(info_));
+    ON_CALL(*engine_, Stats()).WillByDefault(Return(engine::EngineStats{}));
+    ON_CALL(*engine_, Drain(_)).WillByDefault(Return(absl::OkStatus()));
+    // By default every query is answered at once with values derived from its index.
+    ON_CALL(*engine_, Decode(_, _, _))
+        .WillByDefault([this](std::vector<engine::DecodeQuery> queries, engine::DecodeOptions,
+                              engine::DecodeCallback done) {
+          std::vector<engine::DecodeAnswer> answers;
+          for (size_t i = 0; i < queries.size(); ++i) {
+            answers.push_back(Answer(queries[i], info_, static_cast<float>(i)));
+          }
+          std::move(done)(std::move(answers));
+        });
+    ServerOptions options;
+    options.listen_address = "127.0.0.1:0";
+    options.metrics_address = "";
+    options.max_message_bytes = 8 << 20;
+    auto server = MlaServer::Start(
+        [mock = std::move(mock), this](engine::EngineOptions engine_options) mutable
+        -> absl::StatusOr<std::unique_ptr<engine::Engine>> {
+          on_batch_ = std::move(engine_options.on_batch);
+          return std::unique_ptr<engine::Engine>(std::move(mock));
+        },
+        engine::EngineOptions{}, options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    client::ClientOptions client_options;
+    client_options.timeout = absl::Seconds(10);
+    client_options.max_attempts = 1;  // these tests look at single answers
+    client_options.append_chunk_bytes = 3 * 576 * 2;  // three rows per chunk
+    client_ = client::MlaServeClient::Connect(absl::StrCat("127.0.0.1:", server_->port()),
+                                             client_options);
+  }
+
+  void TearDown() override {
+    for (std::thread& thread : threads_) thread.join();
+    server_.reset();
+  }
+
+  v1::Tensor LatentQ(int sq = 1) const {
+    const std::vector<int64_t> shape{sq, info_.model.heads, info_.model.dk_latent()};
+    return client::Bf16Tensor(Values(static_cast<size_t>(sq) * 4 * 576, 0.125f), shape);
+  }
+  v1::DecodeQuery Latent(const std::string& sequence_id) const {
+    return client::LatentQuery(sequence_id, 0, 1, LatentQ());
+  }
+  double CounterValue(const std::string& name,
+                      const std::vector<std::pair<std::string, std::string>>& labels) const {
+    for (const prometheus::MetricFamily& family : server_->metrics().registry()->Collect()) {
+      if (family.name != name) continue;
+      for (const prometheus::ClientMetric& metric : family.metric) {
+        bool match = true;
+        for (const auto& [key, value] : labels) {
+          bool found = false;
+          for (const auto& label : metric.label) found |= label.name == key && label.value == value;
+          match &= found;
+        }
+        if (match) return metric.counter.value;
+      }
+    }
+    return -1;
+  }
+
+  engine::EngineInfo info_ = SmallEngineInfo();
+  NiceMock<MockEngine>* engine_ = nullptr;
+  std::function<void(const engine::BatchReport&)> on_batch_;
+  std::unique_ptr<MlaServer> server_;
+  std::unique_ptr<client::MlaServeClient> client_;
+  std::vector<std::thread> threads_;
+};
+
+TEST_F(MlaServeServiceTest, ServerInfoDescribesTheEnginesModelDevicesThresholdsAndLimits) {
+  auto info = client_->GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->model().name(), "tiny");
+  EXPECT_EQ(info->model().heads(), 4);
+  EXPECT_EQ(info->model().layers(), 3);
+  EXPECT_EQ(info->model().kv_row_width(), 576);
+  EXPECT_FLOAT_EQ(info->model().softmax_scale(), 0.125f);
+  EXPECT_EQ(info->page_size(), 16);
+  ASSERT_EQ(info->devices_size(), 1);
+  EXPECT_EQ(info->devices(0).profile(), "ascend910-die");
+  ASSERT_EQ(info->naive_thresholds_size(), 2);
+  EXPECT_EQ(info->naive_thresholds(1).sq(), 2);
+  EXPECT_EQ(info->naive_thresholds(1).b_theta(), 6.25);
+  EXPECT_EQ(info->limits().max_batch(), 8);
+  EXPECT_EQ(info->limits().max_wait_us(), 200);
+  EXPECT_EQ(info->limits().max_message_bytes(), 8 << 20);
+}
+
+TEST_F(MlaServeServiceTest, HealthIsNotServingUntilTheServerIsMarkedServing) {
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                     grpc::InsecureChannelCredentials());
+  EXPECT_EQ(*mlaserve::testing::CheckHealth(channel, ""), mlaserve::testing::ServingStatus::kNotServing);
+  server_->SetServing(true);
+  EXPECT_EQ(*mlaserve::testing::CheckHealth(channel, ""), mlaserve::testing::ServingStatus::kServing);
+  EXPECT_EQ(*mlaserve::testing::CheckHealth(channel, "mlaserve.v1.MlaServe"),
+            mlaserve::testing::ServingStatus::kServing);
+  EXPECT_EQ(mlaserve::testing::CheckHealth(channel, "no.such.Service").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(MlaServeServiceTest, DecodeAnswersArriveInQueryOrderInTheRequestedDtype) {
+  std::vector<v1::DecodeQuery> queries{Latent("a"), Latent("b")};
+  auto fp32 = client_->Decode(queries, v1::DTYPE_FP32);
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  ASSERT_EQ(fp32->size(), 2u);
+  for (int q = 0; q < 2; ++q) {
+    const engine::DecodeAnswer expected = Answer(OneLatentToken(), info_, q);
+    EXPECT_EQ((*fp32)[q].out, expected.out);
+    EXPECT_EQ((*fp32)[q].lse, expected.lse);
+    EXPECT_THAT((*fp32)[q].out_shape, ::testing::ElementsAre(1, 4, 512));
+  }
+  auto bf16 = client_->Decode({Latent("a")});
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  const engine::DecodeAnswer expected = Answer(OneLatentToken(), info_, 0);
+  for (size_t i = 0; i < expected.out.size(); ++i) {
+    ASSERT_EQ((*bf16)[0].out[i], RoundToBf16(expected.out[i])) << i;
+  }
+}
+
+TEST_F(MlaServeServiceTest, TheEngineReceivesExactlyTheQueriesBitsAndAppends) {
+  std::vector<engine::DecodeQuery> seen;
+  EXPECT_CALL(*engine_, Decode(_, _, _))
+      .WillOnce([&](std::vector<engine::DecodeQuery> queries, engine::DecodeOptions,
+                    engine::DecodeCallback done) {
+        seen = queries;
+        std::vector<engine::DecodeAnswer> answers;
+        for (const auto& query : queries) answers.push_back(Answer(query, info_, 0));
+        std::move(done)(std::move(answers));
+      });
+  const std::vector<Bf16> nope = Values(2 * 4 * 128, 0.5f);
+  const std::vector<Bf16> pe = Values(2 * 4 * 64, 0.25f);
+  const std::vector<Bf16> rows = Values(2 * 576, 0.75f);
+  v1::DecodeQuery query = client::HeadSpaceQuery(
+      "seq", 2, 2, client::Bf16Tensor(nope, std::vector<int64_t>{2, 4, 128}),
+      client::Bf16Tensor(pe, std::vector<int64_t>{2, 4, 64}));
+  client::AppendBeforeDecode(query, client::Bf16Tensor(rows, std::vector<int64_t>{2, 576}), 9);
+  ASSERT_TRUE(client_->Decode({query}).ok());
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].sequence_id, "seq");
+  EXPECT_EQ(seen[0].layer, 2);
+  EXPECT_EQ(seen[0].sq, 2);
+  EXPECT_EQ(seen[0].space, engine::QuerySpace::kHead);
+  EXPECT_EQ(seen[0].q_nope, nope);
+  EXPECT_EQ(seen[0].q_pe, pe);
+  EXPECT_EQ(seen[0].append_rows, rows);
+  EXPECT_EQ(seen[0].append_position, 9);
+}
+
+// Every malformed request is refused at the edge with INVALID_ARGUMENT naming the field, and
+// the engine never sees it.
+TEST_F(MlaServeServiceTest, MalformedDecodesNeverReachTheEngine) {
+  EXPECT_CALL(*engine_, Decode(_, _, _)).Times(0);
+  struct Case {
+    std::string name;
+    std::function<void(v1::DecodeRequest&)> spoil;
+    std::string message_prefix;
+  };
+  const std::vector<Case> cases{
+      {"empty batch", [](v1::DecodeRequest& r) { r.clear_queries(); }, "queries: empty"},
+      {"oversized batch",
+       [this](v1::DecodeRequest& r) {
+         for (int i = 0; i < info_.max_batch; ++i) *r.add_queries() = Latent("x");
+       },
+       "queries: 9 queries exceed"},
+      {"wrong dtype",
+       [](v1::DecodeRequest& r) { r.mutable_queries(0)->mutable_latent()->set_dtype(v1::DTYPE_UNSPECIFIED); },
+       "queries[0].latent: dtype"},
+      {"wrong shape",
+       [](v1::DecodeRequest& r) { r.mutable_queries(0)->mutable_latent()->set_shape(2, 512); },
+       "queries[0].latent: shape [1,4,512] != [1,4,576]"},
+      {"byte length",
+       [](v1::DecodeRequest& r) { r.mutable_queries(0)->mutable_latent()->mutable_data()->append("xx"); },
+       "queries[0].latent: 4610 bytes != 2304 elements"},
+      {"NaN in q",
+       [](v1::DecodeRequest& r) {
+         std::string& data = *r.mutable_queries(0)->mutable_latent()->mutable_data();
+         data[10] = static_cast<char>(0xc0);
+         data[11] = static_cast<char>(0xff);
+       },
+       "queries[0].latent: element 5 is NaN"},
+      {"layer out of range", [](v1::DecodeRequest& r) { r.mutable_queries(0)->set_layer(3); },
+       "queries[0].layer: 3 is outside [0, 3)"},
+      {"sq out of range", [](v1::DecodeRequest& r) { r.mutable_queries(0)->set_sq(3); },
+       "queries[0].sq: 3 is outside [1, 2]"},
+      {"append without position",
+       [](v1::DecodeRequest& r) {
+         *r.mutable_queries(0)->mutable_append_rows() =
+             client::Bf16Tensor(Values(576, 1), std::vector<int64_t>{1, 576});
+       },
+       "queries[0].append_position: missing"},
+      {"bad output dtype",
+       [](v1::DecodeRequest& r) { r.set_output_dtype(static_cast<v1::DType>(5)); },
+       "output_dtype: 5"},
+  };
+  for (const Case& c : cases) {
+    v1::DecodeRequest request;
+    *request.add_queries() = Latent("s");
+    c.spoil(request);
+    const auto response = client_->DecodeRaw(request);
+    EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_THAT(std::string(response.status().message()), StartsWith(c.message_prefix)) << c.name;
+  }
+  EXPECT_EQ(CounterValue("mlaserve_requests_total",
+                         {{"rpc", "Decode"}, {"code", "INVALID_ARGUMENT"}}),
+            static_cast<double>(cases.size()));
+}
+
+TEST_F(MlaServeServiceTest, AMalformedPrefixNeverReachesTheEngine) {
+  EXPECT_CALL(*engine_, RegisterPrefix(_, _, _)).Times(0);
+  const auto status = client_->RegisterPrefix(
+      "p", "", client::Bf16Tensor(Values(2 * 5 * 576, 1), std::vector<int64_t>{2, 5, 576}));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "latent: shape [2,5,576] != [3,n,576]");
+}
+
+TEST_F(MlaServeServiceTest, APrefixReachesTheEngineAsItsRows) {
+  const std::vector<Bf16> rows = Values(3 * 2 * 576, 0.5f);
+  EXPECT_CALL(*engine_, RegisterPrefix(absl::string_view("child"), absl::string_view("root"), _))
+      .WillOnce([&](absl::string_view, absl::string_view, TensorView<const Bf16, 3> latent) {
+        EXPECT_EQ(latent.dim(0), 3);
+        EXPECT_EQ(latent.dim(1), 2);
+        EXPECT_TRUE(std::equal(rows.begin(), rows.end(), latent.data()));
+        return absl::OkStatus();
+      });
+  EXPECT_TRUE(client_
+                  ->RegisterPrefix("child", "root",
+                                   client::Bf16Tensor(rows, std::vector<int64_t>{3, 2, 576}))
+                  .ok());
+}
+
+TEST_F(MlaServeServiceTest, EngineErrorsSurfaceWithTheirCodeAndMessage) {
+  EXPECT_CALL(*engine_, CreateSequence(absl::string_view("s"), absl::string_view("other")))
+      .WillOnce(Return(absl::AlreadyExistsError("sequence_id s exists on another prefix")));
+  EXPECT_CALL(*engine_, GetSequence(absl::string_view("ghost")))
+      .WillOnce(Return(absl::NotFoundError("sequence_id ghost is unknown")));
+  EXPECT_CALL(*engine_, ForkSequence(_, _))
+      .WillOnce(Return(absl::NotFoundError("source_id a is unknown")));
+  EXPECT_CALL(*engine_, ReleasePrefix(_)).WillOnce(Return(absl::InternalError("bug")));
+  const auto created = client_->CreateSequence("s", "other");
+  EXPECT_EQ(created.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(created.status().message(), "sequence_id s exists on another prefix");
+  EXPECT_EQ(client_->GetSequence("ghost").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_->ForkSequence("a", "b").status().message(), "source_id a is unknown");
+  EXPECT_EQ(client_->ReleasePrefix("p").code(), absl::StatusCode::kInternal);
+}
+
+TEST_F(MlaServeServiceTest, ASequenceIsDescribedAfterCreateAndFork) {
+  EXPECT_CALL(*engine_, CreateSequence(_, _)).WillOnce(Return(absl::OkStatus()));
+  EXPECT_CALL(*engine_, GetSequence(absl::string_view("s")))
+      .WillOnce(Return(engine::SequenceInfo{"s", "sys", {7, 7, 5}}));
+  auto sequence = client_->CreateSequence("s", "sys");
+  ASSERT_TRUE(sequence.ok()) << sequence.status();
+  EXPECT_EQ(sequence->sequence_id(), "s");
+  EXPECT_EQ(sequence->prefix_id(), "sys");
+  EXPECT_THAT(sequence->layer_lengths(), ::testing::ElementsAre(7, 7, 5));
+}
+
+TEST_F(MlaServeServiceTest, AppendKvIsChunkedAndEachChunkLandsWhereItBelongs) {
+  const std::vector<Bf16> rows = Values(8 * 576, 0.25f);
+  std::vector<Bf16> landed;
+  std::vector<int64_t> starts;
+  EXPECT_CALL(*engine_, AppendKv(absl::string_view("s"), 1, _, _))
+      .Times(3)  // 8 rows, 3 per chunk
+      .WillRepeatedly([&](absl::string_view, int, int64_t start, TensorView<const Bf16, 2> view) {
+        starts.push_back(start);
+        landed.insert(landed.end(), view.data(), view.data() + view.size());
+        return absl::OkStatus();
+      });
+  ASSERT_TRUE(
+      client_->AppendKv("s", 1, 40, client::Bf16Tensor(rows, std::vector<int64_t>{8, 576})).ok());
+  EXPECT_THAT(starts, ::testing::ElementsAre(40, 43, 46));
+  EXPECT_EQ(landed, rows);
+}
+
+TEST_F(MlaServeServiceTest, AFailingChunkEndsAppendKvNamingTheChunk) {
+  EXPECT_CALL(*engine_, AppendKv(_, _, _, _))
+      .WillOnce(Return(absl::OkStatus()))
+      .WillOnce(Return(absl::ResourceExhaustedError("KV budget: 2 pages do not fit")));
+  const auto status = client_->AppendKv(
+      "s", 0, 0, client::Bf16Tensor(Values(9 * 576, 1), std::vector<int64_t>{9, 576}));
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(status.message(), "chunks[1]: KV budget: 2 pages do not fit");
+
+  v1::AppendKvChunk bad;
+  const auto invalid = client_->AppendKv(
+      "s", 7, 0, client::Bf16Tensor(Values(576, 1), std::vector<int64_t>{1, 576}));
+  EXPECT_EQ(invalid.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(invalid.message(), "chunks[0].layer: 7 is outside [0, 3)");
+}
+
+TEST_F(MlaServeServiceTest, AFullQueueIsUnavailableButAFullKvCacheStaysResourceExhausted) {
+  // The engine refuses inline, on the caller's thread: the queue.
+  EXPECT_CALL(*engine_, Decode(_, _, _))
+      .WillOnce([](std::vector<engine::DecodeQuery>, engine::DecodeOptions,
+                   engine::DecodeCallback done) {
+        std::move(done)(absl::ResourceExhaustedError("64 queries queued"));
+      })
+      // The engine fails later, from its own thread: an append that did not fit.
+      .WillOnce([this](std::vector<engine::DecodeQuery>, engine::DecodeOptions,
+                       engine::DecodeCallback done) {
+        threads_.emplace_back([done = std::move(done)]() mutable {
+          std::move(done)(absl::ResourceExhaustedError("KV budget exhausted"));
+        });
+      });
+  const auto queue = client_->Decode({Latent("s")});
+  EXPECT_EQ(queue.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(queue.status().message()), HasSubstr("decode queue is full"));
+  const auto memory = client_->Decode({Latent("s")});
+  EXPECT_EQ(memory.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(memory.status().message(), "KV budget exhausted");
+}
+
+TEST_F(MlaServeServiceTest, ADeviceFailureFailsOnlyItsOwnCall) {
+  ON_CALL(*engine_, Decode(_, _, _))
+      .WillByDefault([this](std::vector<engine::DecodeQuery> queries, engine::DecodeOptions,
+                            engine::DecodeCallback done) {
+        threads_.emplace_back([this, queries = std::move(queries), done = std::move(done)]() mutable {
+          if (queries[0].sequence_id == "on-broken-device") {
+            std::move(done)(absl::InternalError("device 1: kernel fault"));
+            return;
+          }
+          std::move(done)(std::vector<engine::DecodeAnswer>{Answer(queries[0], info_, 0)});
+        });
+      });
+  auto broken = std::async(std::launch::async, [&] { return client_->Decode({Latent("on-broken-device")}); });
+  auto healthy = std::async(std::launch::async, [&] { return client_->Decode({Latent("fine")}); });
+  const auto broken_result = broken.get();
+  const auto healthy_result = healthy.get();
+  EXPECT_EQ(broken_result.status().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(broken_result.status().message(), "device 1: kernel fault");
+  ASSERT_TRUE(healthy_result.ok()) << healthy_result.status();
+  EXPECT_EQ((*healthy_result)[0].lse.size(), 4u);
+}
+
+TEST_F(MlaServeServiceTest, TheCallersDeadlineAndCancellationReachTheEngine) {
+  std::promise<std::pair<engine::DecodeOptions, engine::DecodeCallback>> held;
+  EXPECT_CALL(*engine_, Decode(_, _, _))
+      .WillOnce([&](std::vector<engine::DecodeQuery>, engine::DecodeOptions options,
+                    engine::DecodeCallback done) {
+        held.set_value({std::move(options), std::move(done)});
+      });
+  v1::DecodeRequest request;
+  *request.add_queries() = Latent("s");
+  const absl::Time before = absl::Now();
+  const auto response = client_->DecodeRaw(request, absl::Milliseconds(300));
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kDeadlineExceeded);
+  auto [options, done] = held.get_future().get();
+  EXPECT_GT(options.deadline, before);
+  EXPECT_LE(options.deadline, before + absl::Milliseconds(300) + absl::Milliseconds(50));
+  // The call is gone: the engine's cancellation poll says so.
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
+  while (!options.cancelled() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_TRUE(options.cancelled());
+  std::move(done)(absl::CancelledError("abandoned"));
+}
+
+TEST_F(MlaServeServiceTest, AStreamEchoesIdsAnswersErrorsInBandAndStaysOpen) {
+  auto stream = client_->OpenDecodeStream(absl::Seconds(10));
+  v1::DecodeRequest good;
+  *good.add_queries() = Latent("s");
+  v1::DecodeRequest bad = good;
+  bad.mutable_queries(0)->set_layer(9);
+  ASSERT_TRUE(stream->Send(101, good));
+  ASSERT_TRUE(stream->Send(102, bad));
+  ASSERT_TRUE(stream->Send(103, good));
+  ASSERT_TRUE(stream->WritesDone());
+  std::map<uint64_t, v1::DecodeStreamResponse> answers;
+  while (auto answer = stream->Receive()) answers[answer->request_id()] = *answer;
+  EXPECT_TRUE(stream->Finish().ok());
+  ASSERT_EQ(answers.size(), 3u);
+  EXPECT_EQ(answers[101].status().code(), 0);
+  EXPECT_EQ(answers[101].response().results_size(), 1);
+  EXPECT_EQ(answers[102].status().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(answers[102].status().message(), "queries[0].layer: 9 is outside [0, 3)");
+  EXPECT_FALSE(answers[102].has_response());
+  EXPECT_EQ(answers[103].status().code(), 0);
+}
+
+TEST_F(MlaServeServiceTest, AStreamRequestTimeoutBecomesItsDeadline) {
+  std::promise<absl::Time> deadline;
+  EXPECT_CALL(*engine_, Decode(_, _, _))
+      .WillOnce([&](std::vector<engine::DecodeQuery> queries, engine::DecodeOptions options,
+                    engine::DecodeCallback done) {
+        deadline.set_value(options.deadline);
+        std::move(done)(std::vector<engine::DecodeAnswer>{Answer(queries[0], info_, 0)});
+      });
+  auto stream = client_->OpenDecodeStream();
+  v1::DecodeRequest request;
+  *request.add_queries() = Latent("s");
+  const absl::Time before = absl::Now();
+  ASSERT_TRUE(stream->Send(1, request, /*timeout_us=*/250000));
+  const absl::Time engine_deadline = deadline.get_future().get();
+  EXPECT_GT(engine_deadline, before + absl::Milliseconds(200));
+  EXPECT_LT(engine_deadline, absl::Now() + absl::Milliseconds(250));
+  ASSERT_TRUE(stream->Receive().has_value());
+  stream->WritesDone();
+  EXPECT_FALSE(stream->Receive().has_value());
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(MlaServeServiceTest, ShutdownAnswersWhatAStreamSentThenEndsItUnavailable) {
+  std::promise<engine::DecodeCallback> held;
+  std::vector<engine::DecodeQuery> held_queries;
+  EXPECT_CALL(*engine_, Decode(_, _, _))
+      .WillOnce([&](std::vector<engine::DecodeQuery> queries, engine::DecodeOptions,
+                    engine::DecodeCallback done) {
+        held_queries = std::move(queries);
+        held.set_value(std::move(done));
+      });
+  EXPECT_CALL(*engine_, Drain(_)).WillOnce(Return(absl::OkStatus()));
+  auto stream = client_->OpenDecodeStream();
+  v1::DecodeRequest request;
+  *request.add_queries() = Latent("s");
+  ASSERT_TRUE(stream->Send(7, request));
+  engine::DecodeCallback done = held.get_future().get();
+  absl::Notification stopped;
+  std::thread shutdown([&] {
+    EXPECT_TRUE(server_->Shutdown(absl::Seconds(10)).ok());
+    stopped.Notify();
+  });
+  // The stream waits for its request in flight; so does the shutdown.
+  EXPECT_FALSE(stopped.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
+  std::move(done)(std::vector<engine::DecodeAnswer>{Answer(held_queries[0], info_, 0)});
+  auto answer = stream->Receive();
+  ASSERT_TRUE(answer.has_value());
+  EXPECT_EQ(answer->request_id(), 7u);
+  EXPECT_EQ(answer->status().code(), 0);
+  EXPECT_FALSE(stream->Receive().has_value());
+  const absl::Status finished = stream->Finish();
+  EXPECT_EQ(finished.code(), absl::StatusCode::kUnavailable);
+  shutdown.join();
+  EXPECT_TRUE(stopped.HasBeenNotified());
+}
+
+TEST_F(MlaServeServiceTest, BatchReportsAndEngineStatsBecomeMetrics) {
+  ASSERT_TRUE(on_batch_);
+  engine::BatchReport report;
+  report.device = 1;
+  report.queries = 40;
+  report.hybrid_groups = 2;
+  report.absorb_groups = 3;
+  report.modeled_us = 500;
+  on_batch_(report);
+  EXPECT_EQ(CounterValue("mlaserve_batch_groups_total", {{"formulation", "hybrid"}}), 2);
+  EXPECT_EQ(CounterValue("mlaserve_batch_groups_total", {{"formulation", "absorb"}}), 3);
+  EXPECT_EQ(CounterValue("mlaserve_batches_total", {{"device", "1"}, {"outcome", "ok"}}), 1);
+  EXPECT_DOUBLE_EQ(CounterValue("mlaserve_device_modeled_busy_seconds_total", {{"device", "1"}}),
+                   500e-6);
+
+  engine::EngineStats stats;
+  stats.kv.pages_used = 17;
+  stats.kv.sequences = 5;
+  stats.queued = 3;
+  EXPECT_CALL(*engine_, Stats()).WillOnce(Return(stats));
+  const EngineStatsCollector collector(*engine_);
+  double pages_used = -1, sequences = -1, queued = -1;
+  for (const prometheus::MetricFamily& family : collector.Collect()) {
+    for (const prometheus::ClientMetric& metric : family.metric) {
+      if (family.name == "mlaserve_kv_pages" && metric.label[0].value == "used") {
+        pages_used = metric.gauge.value;
+      }
+      if (family.name == "mlaserve_sequences") sequences = metric.gauge.value;
+      if (family.name == "mlaserve_decode_queued") queued = metric.gauge.value;
+    }
+  }
+  EXPECT_EQ(pages_used, 17);
+  EXPECT_EQ(sequences, 5);
+  EXPECT_EQ(queued, 3);
+}
+
+}  // namespace
+}  // namespace mlaserve::service

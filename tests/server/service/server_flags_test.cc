@@ -1,0 +1,120 @@
+#include "server/server_flags.h"
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/reflection.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace mlaserve {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::StartsWith;
+
+// Flags are process-wide: every parse starts from and restores the defaults.
+class ServerFlagsTest : public ::testing::Test {
+ protected:
+  absl::StatusOr<ServerConfig> Parse(std::vector<std::string> args) {
+    const absl::FlagSaver saver;
+    args.insert(args.begin(), "mlaserve-server");
+    std::vector<char*> argv;
+    for (std::string& arg : args) argv.push_back(arg.data());
+    absl::StatusOr<ServerConfig> config =
+        ParseServerCommandLine(static_cast<int>(argv.size()), argv.data());
+    return config;
+  }
+
+  std::string WriteFile(const std::string& name, const std::string& contents) {
+    const std::string path = ::testing::TempDir() + name;
+    std::ofstream(path) << contents;
+    return path;
+  }
+};
+
+TEST_F(ServerFlagsTest, DefaultsServeASmallDeepSeekDemoOnLoopback) {
+  auto config = Parse({});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->server.listen_address, "127.0.0.1:50051");
+  EXPECT_EQ(config->server.metrics_address, "127.0.0.1:9464");
+  EXPECT_EQ(config->engine.model.name, "deepseek-v3");
+  EXPECT_EQ(config->engine.model.layers, 4);
+  EXPECT_EQ(config->engine.model.heads, 128);
+  EXPECT_FLOAT_EQ(config->engine.model.softmax_scale, 0.1352338f);
+  EXPECT_EQ(config->engine.kv.budget_bytes, int64_t{2} << 30);
+  EXPECT_EQ(config->engine.kv.page_size, 128);
+  EXPECT_EQ(config->server.max_message_bytes, int64_t{64} << 20);
+  EXPECT_EQ(config->log_level, spdlog::level::info);
+  EXPECT_EQ(config->drain_timeout, absl::Seconds(30));
+}
+
+TEST_F(ServerFlagsTest, DashesAndUnderscoresAreTheSameFlag) {
+  auto config = Parse({"--max-batch=16", "--max_queue=99", "--kv-budget", "512MiB",
+                       "--model=kimi-k2", "--layers=0", "--metrics-listen=", "--log-level=warn",
+                       "--drain-timeout-s=5", "--max-wait-us=250", "--matrix-tflops=376",
+                       "--hbm_tbps=1.8"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->engine.max_batch, 16);
+  EXPECT_EQ(config->engine.max_queue, 99);
+  EXPECT_EQ(config->engine.kv.budget_bytes, int64_t{512} << 20);
+  EXPECT_EQ(config->engine.model.name, "kimi-k2");
+  EXPECT_EQ(config->engine.model.layers, 61);  // 0: the whole preset
+  EXPECT_EQ(config->server.metrics_address, "");
+  EXPECT_EQ(config->log_level, spdlog::level::warn);
+  EXPECT_EQ(config->drain_timeout, absl::Seconds(5));
+  EXPECT_EQ(config->engine.max_wait, absl::Microseconds(250));
+  EXPECT_EQ(config->engine.matrix_tflops, 376);
+  EXPECT_EQ(config->engine.hbm_tbps, 1.8);
+}
+
+TEST_F(ServerFlagsTest, AFlagfileIsReadWithEitherSpellingAndCommandLineFlagsAfterItWin) {
+  const std::string inner = WriteFile("inner.flags", "--page-size=64\n");
+  const std::string outer = WriteFile(
+      "outer.flags", absl::StrCat("# demo settings\n\n--devices=3\n  --host-threads=2  \n",
+                                  "--flagfile=", inner, "\n--max_batch=32\n"));
+  auto config = Parse({"--flagfile", outer, "--max-batch=48"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->engine.devices, 3);
+  EXPECT_EQ(config->engine.host_threads_per_device, 2);
+  EXPECT_EQ(config->engine.kv.page_size, 64);
+  EXPECT_EQ(config->engine.max_batch, 48);
+}
+
+TEST_F(ServerFlagsTest, BadValuesNameTheirFlag) {
+  EXPECT_THAT(std::string(Parse({"--model=llama"}).status().message()), StartsWith("--model: "));
+  EXPECT_THAT(std::string(Parse({"--kv_budget=2 parsecs"}).status().message()), StartsWith("--kv_budget: "));
+  EXPECT_THAT(std::string(Parse({"--max_batch=0"}).status().message()), StartsWith("--max_batch: 0"));
+  EXPECT_THAT(std::string(Parse({"--log_level=loud"}).status().message()), StartsWith("--log_level: "));
+  EXPECT_THAT(std::string(Parse({"--max_message_mb=4096"}).status().message()),
+              StartsWith("--max_message_mb: "));
+  EXPECT_THAT(std::string(Parse({"--layers=-2"}).status().message()), StartsWith("--layers: "));
+  EXPECT_THAT(std::string(Parse({"--layers=62"}).status().message()), StartsWith("--layers: 62 exceeds"));
+  EXPECT_EQ(Parse({"--flagfile=/nonexistent/x.flags"}).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(Parse({"stray"}).status().message()), StartsWith("unexpected argument"));
+}
+
+TEST(NormalizeFlagArgumentsTest, KeepsValuesPositionalsAndEverythingAfterDoubleDash) {
+  auto args = NormalizeFlagArguments(
+      {"prog", "-max-batch=3", "--seed", "-1", "pos-arg", "--", "--not-a-flag"});
+  ASSERT_TRUE(args.ok());
+  EXPECT_THAT(*args, ElementsAre("prog", "--max_batch=3", "--seed", "-1", "pos-arg", "--",
+                                 "--not-a-flag"));
+}
+
+TEST(ParseByteSizeTest, BinaryAndDecimalUnits) {
+  EXPECT_EQ(*ParseByteSize("2GiB"), int64_t{2} << 30);
+  EXPECT_EQ(*ParseByteSize("1.5gib"), int64_t{3} << 29);
+  EXPECT_EQ(*ParseByteSize("64KiB"), 65536);
+  EXPECT_EQ(*ParseByteSize("1GB"), 1000000000);
+  EXPECT_EQ(*ParseByteSize("4096"), 4096);
+  EXPECT_EQ(*ParseByteSize(" 10 MiB "), 10 << 20);
+  EXPECT_FALSE(ParseByteSize("GiB").ok());
+  EXPECT_FALSE(ParseByteSize("3 furlongs").ok());
+  EXPECT_FALSE(ParseByteSize("99999999TiB").ok());
+}
+
+}  // namespace
+}  // namespace mlaserve
