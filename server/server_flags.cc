@@ -29,6 +29,7 @@ ABSL_FLAG(int, devices, 2, "Emulated devices in the pool");
 ABSL_FLAG(std::string, profile, mlaserve::engine::EngineOptions().profile,
           "Device profile name, or \"host\" for the CPU-direct device");
 ABSL_FLAG(int, host_threads, 1, "Host threads per emulated device");
+ABSL_FLAG(int, preload, 2, "Preload count of the emulated devices' AMLA pipeline: 0, 1 or 2");
 ABSL_FLAG(double, matrix_tflops, 0,
           "Override of the device matrix rate the TyphoonMLA threshold uses (0: profile)");
 ABSL_FLAG(double, hbm_tbps, 0,
@@ -203,6 +204,10 @@ absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv) {
   engine.devices = absl::GetFlag(FLAGS_devices);
   engine.profile = absl::GetFlag(FLAGS_profile);
   engine.host_threads_per_device = absl::GetFlag(FLAGS_host_threads);
+  engine.preload = absl::GetFlag(FLAGS_preload);
+  if (engine.preload < 0 || engine.preload > 2) {
+    return BadFlag("preload", absl::StrCat(engine.preload, " is not 0, 1 or 2"));
+  }
   engine.max_batch = absl::GetFlag(FLAGS_max_batch);
   engine.max_sq = absl::GetFlag(FLAGS_max_sq);
   engine.max_wait = absl::Microseconds(absl::GetFlag(FLAGS_max_wait_us));

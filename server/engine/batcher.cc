@@ -23,8 +23,9 @@ absl::Status Batcher::Enqueue(PendingCall& call) {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopped_) return absl::UnavailableError("the engine is draining");
     if (queued_queries_ + n > options_.max_queue) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "decode queue full: ", queued_queries_, " queries waiting, limit ", options_.max_queue));
+      return absl::UnavailableError(absl::StrCat("decode queue full: ", queued_queries_,
+                                                 " queries waiting, limit ", options_.max_queue,
+                                                 "; retry with backoff"));
     }
     queued_queries_ += n;
     queue_.push_back(std::move(call));

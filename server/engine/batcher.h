@@ -42,8 +42,8 @@ class Batcher {
   Batcher(const Batcher&) = delete;
   Batcher& operator=(const Batcher&) = delete;
 
-  // UNAVAILABLE once stopped; RESOURCE_EXHAUSTED when the queue cannot take the call's
-  // queries. On error the call is handed back untouched (its callback not invoked).
+  // UNAVAILABLE once stopped or when the queue cannot take the call's queries (transient:
+  // the queue drains by itself, unlike a full KV cache, which is RESOURCE_EXHAUSTED). On error the call is handed back untouched (its callback not invoked).
   absl::Status Enqueue(PendingCall& call);
   // Refuses further calls; those already queued still run.
   void Stop();

@@ -144,7 +144,8 @@ class Engine {
 
   // Validates the queries (INVALID_ARGUMENT / NOT_FOUND naming the field, nothing changed),
   // queues them to be batched with other callers' queries, and answers through `done`.
-  // A full queue answers RESOURCE_EXHAUSTED at once; a draining engine UNAVAILABLE.
+  // A full queue or a draining engine answers UNAVAILABLE at once (retryable: the queue
+  // drains by itself); RESOURCE_EXHAUSTED is kept for memory (an append that does not fit).
   virtual void Decode(std::vector<DecodeQuery> queries, DecodeOptions options,
                       DecodeCallback done) = 0;
 

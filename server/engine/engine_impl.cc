@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 #include <utility>
 
@@ -61,8 +62,9 @@ absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
   rates.matrix_flops = (options.matrix_tflops > 0 ? options.matrix_tflops : first.matrix_tflops) * 1e12;
   rates.memory_bytes_per_second = (options.hbm_tbps > 0 ? options.hbm_tbps : first.hbm_tbps) * 1e12;
   if (!(rates.matrix_flops > 0) || !(rates.memory_bytes_per_second > 0)) {
-    // A device without a roofline (the host) gives no threshold: only an override can.
-    rates = DeviceRates{1.0, 1e30};
+    // A device without a roofline (the host) gives no threshold: B_theta is infinite, every
+    // group runs absorb-only, unless both rates are overridden.
+    rates = DeviceRates{std::numeric_limits<double>::infinity(), 1.0};
   }
   absl::StatusOr<ModelWeights> weights =
       options.weights.safetensors_path.empty()

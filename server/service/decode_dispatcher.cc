@@ -1,8 +1,6 @@
 #include "server/service/decode_dispatcher.h"
 
-#include <atomic>
 #include <memory>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -23,32 +21,16 @@ void DecodeDispatcher::Dispatch(const v1::DecodeRequest& request, absl::Time dea
   spaces.reserve(parsed->queries.size());
   for (const engine::DecodeQuery& query : parsed->queries) spaces.push_back(query.space);
 
-  // "Inline" means on this thread before engine_.Decode returns; an engine thread that
-  // answers quickly must not be mistaken for it.
-  struct Submission {
-    std::thread::id thread = std::this_thread::get_id();
-    std::atomic<bool> submitting{true};
-  };
-  auto submission = std::make_shared<Submission>();
   engine::DecodeOptions options;
   options.deadline = deadline;
   options.cancelled = std::move(cancelled);
   engine_.Decode(
       std::move(parsed->queries), std::move(options),
-      [this, submission, layouts = std::move(parsed->layouts),
+      [this, layouts = std::move(parsed->layouts),
        output_dtype = parsed->output_dtype, spaces = std::move(spaces), response,
        done = std::move(done)](
           absl::StatusOr<std::vector<engine::DecodeAnswer>> answers) mutable {
         if (!answers.ok()) {
-          const bool inline_answer = submission->submitting.load() &&
-                                     submission->thread == std::this_thread::get_id();
-          if (inline_answer &&
-              answers.status().code() == absl::StatusCode::kResourceExhausted) {
-            std::move(done)(absl::UnavailableError(
-                absl::StrCat("decode queue is full (", answers.status().message(),
-                             "); retry with backoff")));
-            return;
-          }
           std::move(done)(answers.status());
           return;
         }
@@ -62,7 +44,6 @@ void DecodeDispatcher::Dispatch(const v1::DecodeRequest& request, absl::Time dea
         }
         std::move(done)(std::move(filled));
       });
-  submission->submitting.store(false);
 }
 
 }  // namespace mlaserve::service

@@ -16,16 +16,8 @@ namespace mlaserve::service {
 // request of a DecodeStream: parse and check it, submit it with the caller's deadline and
 // cancellation, turn the answers into the response, and record the plans in the metrics.
 //
-// A full queue. The engine refuses a decode that does not fit in its queue with
-// RESOURCE_EXHAUSTED, the code it also uses for a KV budget overrun (an append that does not
-// fit). For a client they are different conditions: the queue drains by itself within
-// milliseconds, so the right reaction is to back off and retry (or try another replica),
-// while a full KV cache stays full until something is released. The dispatcher therefore
-// answers a queue refusal UNAVAILABLE, the code gRPC retry policies and load balancers treat
-// as transient (Triton and TF Serving do the same), and leaves RESOURCE_EXHAUSTED to memory.
-// It tells them apart as the engine contract allows: errors found while queueing are
-// answered inline, on the caller's thread, while appends run in the batch, on an engine
-// thread. docs/api.md has the table.
+// Engine statuses pass through unchanged: a full queue is already UNAVAILABLE (transient)
+// and a full KV cache RESOURCE_EXHAUSTED; docs/api.md has the table.
 class DecodeDispatcher {
  public:
   using Done = absl::AnyInvocable<void(absl::Status) &&>;

@@ -1,4 +1,5 @@
 #include <atomic>
+#include <cmath>
 #include <future>
 #include <latch>
 #include <thread>
@@ -94,6 +95,23 @@ TEST(EngineTest, MixedBatchMatchesGoldenWithGroupsAboveAndBelowTheThreshold) {
   EXPECT_DOUBLE_EQ((*answers)[0].plan.b_theta, 2.5);
   EXPECT_EQ((*answers)[0].plan.batch_size, 8);
   EXPECT_GT(s.engine().Stats().kv.expanded_entries, 0);  // P1's levels were expanded
+}
+
+TEST(EngineTest, WithoutARooflineEveryGroupRunsAbsorbOnly) {
+  // The host device has no matrix rate or bandwidth: B_theta is infinite unless overridden.
+  EngineOptions options = BaseOptions();
+  Scenario s(MakeEngine(options));
+  EXPECT_TRUE(std::isinf(s.engine().Info().b_theta_by_sq[0]));
+  s.RegisterPrefix("P", "", 40);
+  std::vector<DecodeQuery> queries;
+  for (const char* id : {"u", "v", "w", "x"}) {
+    s.CreateSequence(id, "P", 3);
+    queries.push_back(s.HeadQuery(id, 0, 1));
+  }
+  auto answers = DecodeSync(s.engine(), queries);
+  ASSERT_TRUE(answers.ok()) << answers.status();
+  for (const DecodeAnswer& a : *answers) EXPECT_EQ(a.plan.formulation, Formulation::kAbsorb);
+  ExpectMatchesGolden(s, queries, *answers);
 }
 
 TEST(EngineTest, HybridOverAPrefixChainMatchesGolden) {
@@ -270,7 +288,7 @@ TEST(EngineTest, AFullQueueRefusesAtOnceAndDrainWaitsForWorkInFlight) {
   s.engine().Decode({s.HeadQuery("z", 0, 1)}, {}, count);
   EXPECT_EQ(s.engine().Stats().queued, 1);
   auto refused = DecodeSync(s.engine(), {s.HeadQuery("w", 0, 1)});
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(refused.status().message(), HasSubstr("queue full"));
 
   EXPECT_EQ(s.engine().Drain(absl::Now() + absl::Milliseconds(50)).code(),

@@ -362,13 +362,13 @@ TEST_F(MlaServeServiceTest, AFailingChunkEndsAppendKvNamingTheChunk) {
 }
 
 TEST_F(MlaServeServiceTest, AFullQueueIsUnavailableButAFullKvCacheStaysResourceExhausted) {
-  // The engine refuses inline, on the caller's thread: the queue.
+  // The engine's queue refusal reaches the client as is: retryable.
   EXPECT_CALL(*engine_, Decode(_, _, _))
       .WillOnce([](std::vector<engine::DecodeQuery>, engine::DecodeOptions,
                    engine::DecodeCallback done) {
-        std::move(done)(absl::ResourceExhaustedError("64 queries queued"));
+        std::move(done)(absl::UnavailableError("decode queue full: 64 queries waiting"));
       })
-      // The engine fails later, from its own thread: an append that did not fit.
+      // An append in the batch that did not fit: not retryable as is.
       .WillOnce([this](std::vector<engine::DecodeQuery>, engine::DecodeOptions,
                        engine::DecodeCallback done) {
         threads_.emplace_back([done = std::move(done)]() mutable {
@@ -377,7 +377,7 @@ TEST_F(MlaServeServiceTest, AFullQueueIsUnavailableButAFullKvCacheStaysResourceE
       });
   const auto queue = client_->Decode({Latent("s")});
   EXPECT_EQ(queue.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(std::string(queue.status().message()), HasSubstr("decode queue is full"));
+  EXPECT_THAT(std::string(queue.status().message()), HasSubstr("decode queue full"));
   const auto memory = client_->Decode({Latent("s")});
   EXPECT_EQ(memory.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(memory.status().message(), "KV budget exhausted");

@@ -54,7 +54,7 @@ TEST_F(ServerFlagsTest, DashesAndUnderscoresAreTheSameFlag) {
   auto config = Parse({"--max-batch=16", "--max_queue=99", "--kv-budget", "512MiB",
                        "--model=kimi-k2", "--layers=0", "--metrics-listen=", "--log-level=warn",
                        "--drain-timeout-s=5", "--max-wait-us=250", "--matrix-tflops=376",
-                       "--hbm_tbps=1.8"});
+                       "--hbm_tbps=1.8", "--preload=1"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->engine.max_batch, 16);
   EXPECT_EQ(config->engine.max_queue, 99);
@@ -67,6 +67,7 @@ TEST_F(ServerFlagsTest, DashesAndUnderscoresAreTheSameFlag) {
   EXPECT_EQ(config->engine.max_wait, absl::Microseconds(250));
   EXPECT_EQ(config->engine.matrix_tflops, 376);
   EXPECT_EQ(config->engine.hbm_tbps, 1.8);
+  EXPECT_EQ(config->engine.preload, 1);
 }
 
 TEST_F(ServerFlagsTest, AFlagfileIsReadWithEitherSpellingAndCommandLineFlagsAfterItWin) {
@@ -90,6 +91,7 @@ TEST_F(ServerFlagsTest, BadValuesNameTheirFlag) {
   EXPECT_THAT(std::string(Parse({"--max_message_mb=4096"}).status().message()),
               StartsWith("--max_message_mb: "));
   EXPECT_THAT(std::string(Parse({"--layers=-2"}).status().message()), StartsWith("--layers: "));
+  EXPECT_THAT(std::string(Parse({"--preload=3"}).status().message()), StartsWith("--preload: 3"));
   EXPECT_THAT(std::string(Parse({"--layers=62"}).status().message()), StartsWith("--layers: 62 exceeds"));
   EXPECT_EQ(Parse({"--flagfile=/nonexistent/x.flags"}).status().code(),
             absl::StatusCode::kNotFound);
