@@ -68,6 +68,7 @@ absl::Status RunKernelCommand(const KernelCommandOptions& o, std::ostream& out) 
         ASSIGN_OR_RETURN(npu::RescaleAlgorithm algorithm, ParseKernel(name));
         const npu::AttentionKernelOptions options{.algorithm = algorithm, .preload = o.preload, .amla = {}};
         npu::LaunchReport report;
+        double sgemm_gflops = 0;
         if (o.model_only) {
           ASSIGN_OR_RETURN(report, npu::ModelLatentDecodeOnDevice(
                                        *device,
@@ -82,12 +83,17 @@ absl::Status RunKernelCommand(const KernelCommandOptions& o, std::ostream& out) 
                                            data.table, {o.batch, data.pages_per_seq})));
           const LatentDecodeProblem problem{q, PagedKvCache{pages}, PagedSequences{table, data.seqlens},
                                             kDv, static_cast<float>(1.0 / std::sqrt(192.0)), true};
-          ASSIGN_OR_RETURN(auto result, npu::RunLatentDecodeOnDevice(*device, problem, options));
-          report = std::move(result.report);
+          // Shared machines are noisy: the kernel and the SGEMM baseline alternate, and each
+          // keeps its best of `repeats` runs.
+          double sgemm_best = 0;
+          for (int r = 0; r < std::max(1, o.repeats); ++r) {
+            ASSIGN_OR_RETURN(auto result, npu::RunLatentDecodeOnDevice(*device, problem, options));
+            if (r == 0 || *result.report.host_ms < *report.host_ms) report = std::move(result.report);
+            sgemm_best = std::max(sgemm_best, MeasureSgemmBaselineGflops(report.mmad_shapes, o.host_threads));
+          }
+          sgemm_gflops = sgemm_best;
         }
         const double host_gflops = report.host_ms ? report.flops / (*report.host_ms * 1e6) : 0.0;
-        const double sgemm_gflops =
-            report.host_ms ? MeasureSgemmBaselineGflops(report.mmad_shapes, o.host_threads) : 0.0;
         if (o.json) {
           nlohmann::json row = {{"kernel", name},         {"profile", profile.name},
                                 {"batch", o.batch},       {"heads", o.heads},

@@ -20,6 +20,7 @@ struct KernelCommandOptions {
   int page_size = 128;
   int host_threads = 2;
   bool model_only = false;
+  int repeats = 3;  // executed runs: best of this many, kernel and SGEMM alternating
   bool json = false;
 };
 

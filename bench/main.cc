@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/command_line.h"
 #include "bench/accuracy_command.h"
 #include "bench/kernel_command.h"
 #include "bench/typhoon_command.h"
@@ -28,6 +29,7 @@ ABSL_FLAG(std::vector<std::string>, sk, {"4096"}, "kernel: cached tokens per req
 ABSL_FLAG(int, preload, 2, "kernel: preload count of the pipeline (0, 1, 2)");
 ABSL_FLAG(int, page_size, 128, "kernel: KV cache page size");
 ABSL_FLAG(int, host_threads, 2, "kernel: host threads of the emulated device");
+ABSL_FLAG(int, repeats, 3, "kernel: executed runs, best of N (kernel and SGEMM baseline alternate)");
 ABSL_FLAG(bool, model_only, false, "kernel, typhoon: model the time only, no host arithmetic");
 ABSL_FLAG(std::string, model, "deepseek-v3", "typhoon: model preset (deepseek-v3, kimi-k2)");
 ABSL_FLAG(double, matrix_tflops, 0, "typhoon: matrix rate T for B_theta (0: the profile's peak)");
@@ -56,19 +58,6 @@ absl::StatusOr<std::vector<int>> ParseInts(const std::vector<std::string>& items
   return values;
 }
 
-// Accepts --model-only as well as --model_only: the documented spellings use dashes.
-std::vector<std::string> NormalizeFlagNames(int argc, char** argv) {
-  std::vector<std::string> args(argv, argv + argc);
-  for (std::string& arg : args) {
-    if (arg.rfind("--", 0) != 0) continue;
-    const size_t end = std::min(arg.find('='), arg.size());
-    for (size_t i = 2; i < end; ++i) {
-      if (arg[i] == '-') arg[i] = '_';
-    }
-  }
-  return args;
-}
-
 absl::Status Run(const std::string& command) {
   if (command == "accuracy") {
     return mlaserve::bench::RunAccuracyCommand(
@@ -93,6 +82,7 @@ absl::Status Run(const std::string& command) {
     o.page_size = absl::GetFlag(FLAGS_page_size);
     o.host_threads = absl::GetFlag(FLAGS_host_threads);
     o.model_only = absl::GetFlag(FLAGS_model_only);
+    o.repeats = absl::GetFlag(FLAGS_repeats);
     o.json = absl::GetFlag(FLAGS_json);
     return mlaserve::bench::RunKernelCommand(o, std::cout);
   }
@@ -124,18 +114,20 @@ absl::Status Run(const std::string& command) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
-  std::vector<std::string> normalized = NormalizeFlagNames(argc, argv);
-  std::vector<char*> normalized_argv;
-  for (std::string& arg : normalized) normalized_argv.push_back(arg.data());
-  std::vector<char*> args =
-      absl::ParseCommandLine(static_cast<int>(normalized_argv.size()), normalized_argv.data());
-  if (args.size() != 2) {
+  // Flag names take dashes or underscores (--model-only = --model_only).
+  absl::StatusOr<std::vector<std::string>> args = mlaserve::ParseFlags(argc, argv);
+  if (!args.ok()) {
+    std::cerr << "mlaserve-bench: " << args.status() << "\n";
+    return 2;
+  }
+  if (args->size() != 1) {
     std::cerr << kUsage;
     return 2;
   }
-  const absl::Status status = Run(args[1]);
+  const std::string& command = args->front();
+  const absl::Status status = Run(command);
   if (!status.ok()) {
-    std::cerr << "mlaserve-bench " << args[1] << ": " << status << "\n";
+    std::cerr << "mlaserve-bench " << command << ": " << status << "\n";
     return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   return 0;

@@ -19,6 +19,10 @@ add_library(mlaserve_openblas INTERFACE)
 target_link_libraries(mlaserve_openblas INTERFACE ${OPENBLAS_LIBRARY})
 target_include_directories(mlaserve_openblas SYSTEM INTERFACE ${OPENBLAS_INCLUDE_DIR})
 find_package(nlohmann_json CONFIG REQUIRED)
+# SLEEF: vectorised exp for the softmax, which would otherwise be the host's largest cost
+# after the matrix unit (scalar libm expf, one call per score).
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(SLEEF REQUIRED IMPORTED_TARGET sleef)
 
 # The gRPC edge (server/service, client/). Protobuf 3.21 ships no CMake config: CMake's own
 # FindProtobuf module. gRPC's config import-checks every protoc plugin, so it needs

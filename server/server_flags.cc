@@ -15,6 +15,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "kernels/core/status_macros.h"
+#include "common/command_line.h"
 #include "server/engine/model_config.h"
 
 // The defaults serve a small demo model on loopback: `mlaserve-server` alone starts in
@@ -50,8 +51,6 @@ ABSL_FLAG(int, drain_timeout_s, 30,
 namespace mlaserve {
 namespace {
 
-constexpr int kMaxFlagfileDepth = 8;
-
 absl::Status BadFlag(absl::string_view flag, absl::string_view problem) {
   return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", problem));
 }
@@ -59,65 +58,6 @@ absl::Status BadFlag(absl::string_view flag, absl::string_view problem) {
 absl::Status RequirePositive(absl::string_view flag, int64_t value) {
   if (value > 0) return absl::OkStatus();
   return BadFlag(flag, absl::StrCat(value, " must be positive"));
-}
-
-// A token is a flag if it starts with a dash and is not a negative number (a value).
-bool IsFlag(absl::string_view arg) {
-  return arg.size() > 1 && arg[0] == '-' && !absl::ascii_isdigit(static_cast<unsigned char>(arg[1])) &&
-         arg[1] != '.';
-}
-
-absl::Status Expand(const std::vector<std::string>& args, size_t first, int depth,
-                    std::vector<std::string>& out);
-
-absl::Status ExpandFlagfile(const std::string& path, int depth, std::vector<std::string>& out) {
-  if (depth >= kMaxFlagfileDepth) {
-    return BadFlag("flagfile", absl::StrCat(path, ": flagfiles nest deeper than ",
-                                            kMaxFlagfileDepth, " (a cycle?)"));
-  }
-  std::ifstream file(path);
-  if (!file) return absl::NotFoundError(absl::StrCat("--flagfile: cannot read ", path));
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(file, line);) {
-    absl::string_view trimmed = absl::StripAsciiWhitespace(line);
-    if (trimmed.empty() || trimmed[0] == '#') continue;
-    lines.emplace_back(trimmed);
-  }
-  return Expand(lines, 0, depth + 1, out);
-}
-
-absl::Status Expand(const std::vector<std::string>& args, size_t first, int depth,
-                    std::vector<std::string>& out) {
-  for (size_t i = first; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg == "--") {
-      out.insert(out.end(), args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
-      return absl::OkStatus();
-    }
-    if (!IsFlag(arg)) {
-      out.push_back(arg);
-      continue;
-    }
-    absl::string_view body = absl::StripPrefix(absl::StripPrefix(arg, "-"), "-");
-    const size_t equals = body.find('=');
-    const std::string name = absl::StrReplaceAll(body.substr(0, equals), {{"-", "_"}});
-    const bool has_value = equals != absl::string_view::npos;
-    if (name == "flagfile") {
-      std::string path;
-      if (has_value) {
-        path = std::string(body.substr(equals + 1));
-      } else if (i + 1 < args.size()) {
-        path = args[++i];
-      } else {
-        return BadFlag("flagfile", "missing a path");
-      }
-      RETURN_IF_ERROR(ExpandFlagfile(path, depth, out));
-      continue;
-    }
-    out.push_back(has_value ? absl::StrCat("--", name, "=", body.substr(equals + 1))
-                            : absl::StrCat("--", name));
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(const std::string& text) {
@@ -130,14 +70,6 @@ absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(const std::string& text)
 }
 
 }  // namespace
-
-absl::StatusOr<std::vector<std::string>> NormalizeFlagArguments(std::vector<std::string> args) {
-  std::vector<std::string> out;
-  if (args.empty()) return out;
-  out.push_back(args[0]);
-  RETURN_IF_ERROR(Expand(args, 1, 0, out));
-  return out;
-}
 
 absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
   const absl::string_view trimmed = absl::StripAsciiWhitespace(text);
@@ -168,15 +100,10 @@ absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
 }
 
 absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv) {
-  ASSIGN_OR_RETURN(std::vector<std::string> args,
-                   NormalizeFlagArguments(std::vector<std::string>(argv, argv + argc)));
-  std::vector<char*> normalized;
-  for (std::string& arg : args) normalized.push_back(arg.data());
-  const std::vector<char*> positional =
-      absl::ParseCommandLine(static_cast<int>(normalized.size()), normalized.data());
-  if (positional.size() > 1) {
+  ASSIGN_OR_RETURN(const std::vector<std::string> positional, ParseFlags(argc, argv));
+  if (!positional.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("unexpected argument \"", positional[1], "\"; every option is a flag"));
+        absl::StrCat("unexpected argument \"", positional[0], "\"; every option is a flag"));
   }
 
   ServerConfig config;

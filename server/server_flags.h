@@ -28,13 +28,6 @@ struct ServerConfig {
 // abseil's usage message, as --help does.
 absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv);
 
-// The command line with every flag spelled `--name[=value]`, dashes in names turned into
-// underscores, and each `--flagfile=PATH` (or `--flagfile PATH`) replaced by the flags in
-// that file (one per line; blank lines and lines starting with # are skipped; files may
-// name further flagfiles). Values, positional arguments and everything after `--` are kept
-// as they are. NOT_FOUND for a flagfile that cannot be read.
-absl::StatusOr<std::vector<std::string>> NormalizeFlagArguments(std::vector<std::string> args);
-
 // "2GiB", "512MiB", "1.5GiB", "64KiB", "1GB" (decimal), "4096" (bytes). Case-insensitive.
 absl::StatusOr<int64_t> ParseByteSize(absl::string_view text);
 

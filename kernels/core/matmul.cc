@@ -5,6 +5,11 @@
 
 #include <cblas.h>
 
+// OpenBLAS's own worker pool (exported, used by its fork handler): with one thread per call
+// the pool is never used again, but its idle workers spin in sched_yield for a while after
+// every call, stealing the core from the threads doing the work.
+extern "C" int blas_thread_shutdown_(void);
+
 namespace mlaserve {
 namespace {
 
@@ -12,7 +17,10 @@ namespace {
 // in-call threading splits the work differently from call to call.
 void UseOneBlasThreadPerCall() {
   static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
+  std::call_once(once, [] {
+    openblas_set_num_threads(1);
+    blas_thread_shutdown_();
+  });
 }
 
 void ZeroRows(int m, int n, float* c, int64_t ldc) {

@@ -62,7 +62,7 @@ struct PlanInfo {
   double b_theta = 0;         // the threshold applied
   int device = -1;            // pool index of the device that ran the batch
   int batch_size = 0;         // queries in the device batch
-  double queue_us = 0;        // submit -> batch start
+  double queue_us = 0;        // submit -> device start: batching, planning, device queue
   double device_modeled_us = 0;  // modelled device time of the batch
   double device_host_ms = 0;     // host wall time of the batch's device work
 };

@@ -220,7 +220,6 @@ absl::Status Checkpoint(const PendingCall& call, absl::string_view where) {
 }  // namespace
 
 void EngineImpl::RunBatch(std::vector<PendingCall> calls) {
-  const absl::Time start = absl::Now();
   // Calls that are already abandoned, or whose appends fail, answer now.
   std::vector<PendingCall> live;
   for (PendingCall& call : calls) {
@@ -277,11 +276,10 @@ void EngineImpl::RunBatch(std::vector<PendingCall> calls) {
     std::vector<absl::Status> call_status;
     std::vector<std::pair<int, int>> origin;
     std::vector<int> group_of;
-    absl::Time start;
     int hybrid, absorb;
   };
   auto batch = std::make_shared<Batch>(Batch{std::move(live), std::move(call_status), std::move(origin),
-                                             std::move(group_of), start, hybrid, absorb});
+                                             std::move(group_of), hybrid, absorb});
   pool_->Submit(plan, weights_, [this, plan, batch](int device, absl::StatusOr<DeviceRun> run) mutable {
     BatchReport report;
     report.device = device;
@@ -295,6 +293,8 @@ void EngineImpl::RunBatch(std::vector<PendingCall> calls) {
     }
     if (options_.on_batch) options_.on_batch(report);
 
+    // The device started host_ms before it answered (the callback follows Run at once).
+    const absl::Time device_start = absl::Now() - absl::Milliseconds(run.ok() ? run->host_ms : 0.0);
     std::vector<std::vector<DecodeAnswer>> answers(batch->calls.size());
     for (size_t c = 0; c < batch->calls.size(); ++c) answers[c].resize(batch->calls[c].queries.size());
     if (run.ok()) {
@@ -311,7 +311,7 @@ void EngineImpl::RunBatch(std::vector<PendingCall> calls) {
                                group.b_theta,
                                device,
                                static_cast<int>(batch->origin.size()),
-                               absl::ToDoubleMicroseconds(batch->start - batch->calls[c].submitted),
+                               absl::ToDoubleMicroseconds(device_start - batch->calls[c].submitted),
                                run->modeled_us,
                                run->host_ms};
       }

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/flags/reflection.h"
+#include "common/command_line.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -1,0 +1,70 @@
+#include "client/loadgen/grpc_load_target.h"
+
+#include "client/tensor_helpers.h"
+
+namespace mlaserve::loadgen {
+namespace {
+
+v1::Tensor Rows(std::span<const Bf16> values, std::initializer_list<int64_t> shape) {
+  const std::vector<int64_t> dims(shape);
+  return client::Bf16Tensor(values, dims);
+}
+
+}  // namespace
+
+absl::StatusOr<TargetModel> GrpcLoadTarget::Model() {
+  absl::StatusOr<v1::GetServerInfoResponse> info = client_->GetServerInfo();
+  if (!info.ok()) return info.status();
+  model_.name = info->model().name();
+  model_.layers = info->model().layers();
+  model_.heads = info->model().heads();
+  model_.dn = info->model().dn();
+  model_.dr = info->model().dr();
+  model_.dl = info->model().dl();
+  model_.max_batch = info->limits().max_batch();
+  return model_;
+}
+
+absl::Status GrpcLoadTarget::RegisterPrefix(const std::string& id, std::span<const Bf16> latent,
+                                            int tokens) {
+  return client_->RegisterPrefix(id, "", Rows(latent, {model_.layers, tokens, model_.dk()}));
+}
+
+absl::Status GrpcLoadTarget::ReleasePrefix(const std::string& id) { return client_->ReleasePrefix(id); }
+
+absl::Status GrpcLoadTarget::CreateSequence(const std::string& id, const std::string& prefix_id) {
+  return client_->CreateSequence(id, prefix_id).status();
+}
+
+absl::Status GrpcLoadTarget::ReleaseSequence(const std::string& id) { return client_->ReleaseSequence(id); }
+
+absl::Status GrpcLoadTarget::AppendKv(const std::string& id, int layer, int64_t position,
+                                      std::span<const Bf16> rows) {
+  const int64_t n = static_cast<int64_t>(rows.size()) / model_.dk();
+  return client_->AppendKv(id, layer, position, Rows(rows, {n, model_.dk()}));
+}
+
+absl::StatusOr<std::vector<LoadAnswer>> GrpcLoadTarget::Decode(const std::vector<LoadQuery>& queries) {
+  v1::DecodeRequest request;
+  for (const LoadQuery& q : queries) {
+    v1::DecodeQuery wire =
+        q.head_space
+            ? client::HeadSpaceQuery(q.sequence_id, q.layer, q.sq, Rows(q.q_nope, {q.sq, model_.heads, model_.dn}),
+                                     Rows(q.q_pe, {q.sq, model_.heads, model_.dr}))
+            : client::LatentQuery(q.sequence_id, q.layer, q.sq, Rows(q.q_latent, {q.sq, model_.heads, model_.dk()}));
+    client::AppendBeforeDecode(wire, Rows(q.append, {1, model_.dk()}), q.append_position);
+    *request.add_queries() = std::move(wire);
+  }
+  request.set_output_dtype(v1::DTYPE_BF16);
+  absl::StatusOr<v1::DecodeResponse> response = client_->DecodeRaw(request);
+  if (!response.ok()) return response.status();
+  std::vector<LoadAnswer> answers;
+  for (const v1::DecodeResult& r : response->results()) {
+    const v1::DecodePlan& p = r.plan();
+    answers.push_back({p.formulation() == v1::FORMULATION_HYBRID, p.group_size(), p.batch_size(), p.queue_us(),
+                       p.device_modeled_us(), p.device_host_us()});
+  }
+  return answers;
+}
+
+}  // namespace mlaserve::loadgen

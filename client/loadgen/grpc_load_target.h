@@ -1,0 +1,35 @@
+#ifndef MLASERVE_CLIENT_LOADGEN_GRPC_LOAD_TARGET_H_
+#define MLASERVE_CLIENT_LOADGEN_GRPC_LOAD_TARGET_H_
+
+#include <memory>
+#include <string>
+
+#include "client/loadgen/load_target.h"
+#include "client/mlaserve_client.h"
+
+namespace mlaserve::loadgen {
+
+// A server over gRPC, through the C++ client: what a serving framework does, wire encoding
+// and all.
+class GrpcLoadTarget final : public LoadTarget {
+ public:
+  explicit GrpcLoadTarget(std::unique_ptr<client::MlaServeClient> client)
+      : client_(std::move(client)) {}
+
+  absl::StatusOr<TargetModel> Model() override;
+  absl::Status RegisterPrefix(const std::string& id, std::span<const Bf16> latent, int tokens) override;
+  absl::Status ReleasePrefix(const std::string& id) override;
+  absl::Status CreateSequence(const std::string& id, const std::string& prefix_id) override;
+  absl::Status ReleaseSequence(const std::string& id) override;
+  absl::Status AppendKv(const std::string& id, int layer, int64_t position,
+                        std::span<const Bf16> rows) override;
+  absl::StatusOr<std::vector<LoadAnswer>> Decode(const std::vector<LoadQuery>& queries) override;
+
+ private:
+  std::unique_ptr<client::MlaServeClient> client_;
+  TargetModel model_;
+};
+
+}  // namespace mlaserve::loadgen
+
+#endif  // MLASERVE_CLIENT_LOADGEN_GRPC_LOAD_TARGET_H_

@@ -1,0 +1,166 @@
+#include "client/loadgen/workload.h"
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/core/random_fill.h"
+#include "kernels/core/status_macros.h"
+
+namespace mlaserve::loadgen {
+namespace {
+
+// Queries and KV rows are drawn from small pre-generated pools: generating fresh normals for
+// 128-head queries would cost the client more CPU than the server spends on them.
+constexpr int kQueryPool = 16;
+constexpr int kRowPool = 64;
+
+struct DataPool {
+  std::vector<Bf16> q_nope, q_pe, q_latent, rows;
+  int64_t nope = 0, pe = 0, latent = 0;  // elements per query
+  int dk = 0;
+};
+
+DataPool MakePool(const TargetModel& m, int sq, uint64_t seed) {
+  DataPool p;
+  Rng rng(seed);
+  p.nope = int64_t{sq} * m.heads * m.dn;
+  p.pe = int64_t{sq} * m.heads * m.dr;
+  p.latent = int64_t{sq} * m.heads * m.dk();
+  p.dk = m.dk();
+  p.q_nope.resize(p.nope * kQueryPool);
+  p.q_pe.resize(p.pe * kQueryPool);
+  p.q_latent.resize(p.latent * kQueryPool);
+  p.rows.resize(int64_t{kRowPool} * m.dk());
+  for (auto* v : {&p.q_nope, &p.q_pe, &p.q_latent, &p.rows}) FillNormal(*v, 1.0, rng);
+  return p;
+}
+
+std::string SequenceId(const WorkloadOptions& o, int worker, int s) {
+  return absl::StrCat(o.run_id, "/w", worker, "/s", s);
+}
+
+}  // namespace
+
+absl::StatusOr<LoadResult> RunWorkload(LoadTarget& target, const WorkloadOptions& o) {
+  if (o.workers < 1 || o.sequences < 1 || o.prefix_tokens < 0 || o.context_tokens < 0 || o.sq < 1 ||
+      o.prefix_tokens + o.context_tokens < 1) {
+    return absl::InvalidArgumentError(
+        "workload: need workers, sequences, sq >= 1 and at least one prefix or context token");
+  }
+  LoadResult result;
+  result.options = o;
+  ASSIGN_OR_RETURN(result.model, target.Model());
+  const TargetModel& m = result.model;
+  const int layers = o.layers > 0 ? std::min(o.layers, m.layers) : m.layers;
+  if (m.max_batch > 0 && o.sequences > m.max_batch) {
+    return absl::InvalidArgumentError(absl::StrCat("workload: --sequences ", o.sequences,
+                                                   " exceeds the server's max batch ", m.max_batch));
+  }
+  const DataPool pool = MakePool(m, o.sq, o.seed);
+  const std::string prefix = o.prefix_tokens > 0 ? absl::StrCat(o.run_id, "/system-prompt") : "";
+
+  // Everything created is released at the end, whatever happens in between.
+  std::vector<std::string> created;
+  auto release_all = [&] {
+    for (const std::string& id : created) target.ReleaseSequence(id).IgnoreError();
+    if (!prefix.empty()) target.ReleasePrefix(prefix).IgnoreError();
+  };
+  auto setup = [&]() -> absl::Status {
+    Rng rng(o.seed + 1);
+    if (!prefix.empty()) {
+      std::vector<Bf16> latent(int64_t{m.layers} * o.prefix_tokens * m.dk());
+      FillNormal(latent, 1.0, rng);
+      RETURN_IF_ERROR(target.RegisterPrefix(prefix, latent, o.prefix_tokens));
+    }
+    std::vector<Bf16> context(int64_t{o.context_tokens} * m.dk());
+    FillNormal(context, 1.0, rng);
+    for (int w = 0; w < o.workers; ++w) {
+      for (int s = 0; s < o.sequences; ++s) {
+        const std::string id = SequenceId(o, w, s);
+        RETURN_IF_ERROR(target.CreateSequence(id, prefix));
+        created.push_back(id);
+        if (o.context_tokens == 0) continue;
+        for (int l = 0; l < layers; ++l) {
+          RETURN_IF_ERROR(target.AppendKv(id, l, o.prefix_tokens, context));
+        }
+      }
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status status = setup(); !status.ok()) {
+    release_all();
+    return status;
+  }
+
+  std::mutex mu;
+  std::vector<int64_t> steps(o.workers, 0);
+  const auto start = std::chrono::steady_clock::now();
+  const auto stop = start + absl::ToChronoNanoseconds(o.duration);
+  auto since_start = [&start](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(t - start).count();
+  };
+  auto worker = [&](int w) {
+    std::vector<CallRecord> mine;
+    int64_t position = o.prefix_tokens + o.context_tokens;
+    int64_t draw = w;
+    bool give_up = false;
+    while (!give_up && std::chrono::steady_clock::now() < stop) {
+      bool failed = false;
+      for (int l = 0; l < layers && !failed; ++l) {
+        std::vector<LoadQuery> queries(o.sequences);
+        for (int s = 0; s < o.sequences; ++s) {
+          LoadQuery& q = queries[s];
+          const int64_t k = (draw++) % kQueryPool;
+          q.sequence_id = SequenceId(o, w, s);
+          q.layer = l;
+          q.sq = o.sq;
+          q.head_space = o.head_space;
+          q.q_nope = std::span<const Bf16>(pool.q_nope).subspan(k * pool.nope, pool.nope);
+          q.q_pe = std::span<const Bf16>(pool.q_pe).subspan(k * pool.pe, pool.pe);
+          q.q_latent = std::span<const Bf16>(pool.q_latent).subspan(k * pool.latent, pool.latent);
+          q.append = std::span<const Bf16>(pool.rows).subspan((draw % kRowPool) * pool.dk, pool.dk);
+          q.append_position = position;
+        }
+        CallRecord record;
+        record.queries = o.sequences;
+        record.warmup = steps[w] == 0;
+        const auto sent = std::chrono::steady_clock::now();
+        absl::StatusOr<std::vector<LoadAnswer>> answers = target.Decode(queries);
+        const auto answered = std::chrono::steady_clock::now();
+        record.start_s = since_start(sent);
+        record.latency_us = std::chrono::duration<double, std::micro>(answered - sent).count();
+        if (answers.ok()) {
+          record.answers = *std::move(answers);
+        } else {
+          record.code = answers.status().code();
+          failed = true;  // the step's appends are uncertain: retry the whole step
+          // Only transient errors are worth retrying; anything else would fail again.
+          give_up = record.code != absl::StatusCode::kUnavailable &&
+                    record.code != absl::StatusCode::kDeadlineExceeded;
+        }
+        mine.push_back(std::move(record));
+      }
+      if (!failed) {
+        ++position;
+        ++steps[w];
+      }
+    }
+    std::lock_guard lock(mu);
+    for (CallRecord& r : mine) result.calls.push_back(std::move(r));
+  };
+  std::vector<std::thread> threads;
+  for (int w = 0; w < o.workers; ++w) threads.emplace_back(worker, w);
+  for (std::thread& t : threads) t.join();
+  result.wall_s = since_start(std::chrono::steady_clock::now());
+  for (int64_t s : steps) result.tokens += s * o.sequences;
+  std::sort(result.calls.begin(), result.calls.end(),
+            [](const CallRecord& a, const CallRecord& b) { return a.start_s < b.start_s; });
+  release_all();
+  return result;
+}
+
+}  // namespace mlaserve::loadgen
