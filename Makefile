@@ -4,7 +4,11 @@ PRESET ?= default
 BUILD_DIR := build
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps configure build test demo clean
+.PHONY: all deps configure build test test-tsan demo clean
+
+# The concurrency tests that also run under ThreadSanitizer (engine and emulator; Debian's
+# gRPC and abseil are not TSan-instrumented, so the gRPC edge stays out).
+TSAN_TESTS := engine_test\.(EngineStressTest|StressTest|NpuAttentionDeviceTest|EngineTest)|kernels_npu_test\.(DeviceTest|Programs/ProgramOrderTest)
 
 all: build
 
@@ -19,6 +23,12 @@ build: configure
 
 test: build
 	@ctest --preset $(PRESET) -j $(JOBS)
+	@$(MAKE) --no-print-directory test-tsan
+
+test-tsan: deps
+	@test -f build-tsan/build.ninja || cmake --preset tsan
+	@cmake --build --preset tsan -j $(JOBS) --target engine_test kernels_npu_test
+	@ctest --preset tsan -j $(JOBS) -R '$(TSAN_TESTS)'
 
 demo: build
 	@scripts/demo.sh

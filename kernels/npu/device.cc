@@ -43,7 +43,7 @@ absl::Status CheckGmAccesses(const Program& program, const GlobalMemory& gm) {
 }  // namespace
 
 absl::StatusOr<LaunchReport> Device::Launch(const DeviceKernel& kernel, ExecutionMode mode) {
-  absl::MutexLock lock(&launch_mu_);
+  std::lock_guard<std::mutex> lock(launch_mu_);
   const bool execute = mode == ExecutionMode::kExecute;
   Program program(profile_, kernel.BlockDim(), execute ? &local_ : nullptr);
   RETURN_IF_ERROR(kernel.Record(program));

@@ -2,10 +2,9 @@
 #define MLASERVE_KERNELS_NPU_DEVICE_H_
 
 #include <memory>
+#include <mutex>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "kernels/npu/device_kernel.h"
 #include "kernels/npu/device_profile.h"
 #include "kernels/npu/global_memory.h"
@@ -45,8 +44,8 @@ class Device {
 
   const DeviceProfile profile_;
   GlobalMemory gm_;
-  absl::Mutex launch_mu_;
-  LocalMemoryStorage local_ ABSL_GUARDED_BY(launch_mu_);
+  std::mutex launch_mu_;  // one launch at a time; std::mutex for TSan (see GlobalMemory)
+  LocalMemoryStorage local_;  // guarded by launch_mu_
   HostExecutor executor_;
 };
 

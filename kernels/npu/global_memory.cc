@@ -33,7 +33,7 @@ absl::StatusOr<uint64_t> GlobalMemory::Reserve(int64_t bytes, absl::string_view 
 }
 
 absl::StatusOr<GmBuffer> GlobalMemory::Allocate(int64_t bytes, bool backed, absl::string_view what) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<uint64_t> addr = Reserve(bytes, what);
   if (!addr.ok()) return addr.status();
   GmBuffer buffer{*addr, bytes, nullptr};
@@ -46,14 +46,14 @@ absl::StatusOr<GmBuffer> GlobalMemory::Allocate(int64_t bytes, bool backed, absl
 }
 
 absl::StatusOr<GmBuffer> GlobalMemory::Map(void* host, int64_t bytes, absl::string_view what) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<uint64_t> addr = Reserve(bytes, what);
   if (!addr.ok()) return addr.status();
   return GmBuffer{*addr, bytes, static_cast<std::byte*>(host)};
 }
 
 void GlobalMemory::Release(const GmBuffer& buffer) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto live = live_.find(buffer.addr);
   if (live == live_.end()) return;
   int64_t size = live->second.reserved;
@@ -78,7 +78,7 @@ void GlobalMemory::Release(const GmBuffer& buffer) {
 }
 
 absl::Status GlobalMemory::CheckAccess(uint64_t addr, int64_t span) const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.upper_bound(addr);
   if (it != live_.begin()) {
     --it;
@@ -96,7 +96,7 @@ absl::Status GlobalMemory::CheckAccess(uint64_t addr, int64_t span) const {
 }
 
 int64_t GlobalMemory::used() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return used_;
 }
 

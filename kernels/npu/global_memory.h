@@ -10,11 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 
 namespace mlaserve::npu {
 
@@ -90,24 +88,25 @@ class GlobalMemory {
   };
 
  private:
-  absl::StatusOr<uint64_t> Reserve(int64_t bytes, absl::string_view what)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<uint64_t> Reserve(int64_t bytes, absl::string_view what);  // holds mu_
 
   static constexpr int kStripes = 1024;
   static constexpr int kStripeShift = 14;  // 16 KiB
 
   const int64_t capacity_;
   const int64_t alignment_;
-  mutable absl::Mutex mu_;
-  std::map<uint64_t, int64_t> free_ ABSL_GUARDED_BY(mu_);  // addr -> size, coalesced
+  // std::mutex, not absl::Mutex: Debian's abseil is not built for ThreadSanitizer, whose
+  // reports then drown in abseil's own deadlock-detection bookkeeping. Guards all below.
+  mutable std::mutex mu_;
+  std::map<uint64_t, int64_t> free_;  // addr -> size, coalesced
   struct Live {
     int64_t reserved = 0;  // aligned size taken from the free list
     int64_t bytes = 0;     // size asked for
     std::string what;
   };
-  std::map<uint64_t, Live> live_ ABSL_GUARDED_BY(mu_);  // by address
-  absl::flat_hash_map<uint64_t, std::unique_ptr<std::byte[]>> owned_ ABSL_GUARDED_BY(mu_);
-  int64_t used_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, Live> live_;  // by address
+  absl::flat_hash_map<uint64_t, std::unique_ptr<std::byte[]>> owned_;
+  int64_t used_ = 0;
   std::array<std::mutex, kStripes> stripes_;
 };
 

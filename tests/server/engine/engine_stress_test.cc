@@ -260,9 +260,9 @@ TEST(EngineStressTest, ConcurrentClientsGetGoldenAnswersWhileStateChurns) {
   });
   std::vector<std::future<ClientReport>> clients;
   std::vector<std::unique_ptr<Client>> owners;
+  for (int c = 0; c < kClients; ++c) owners.push_back(std::make_unique<Client>(stress, c, prefixes));
   for (int c = 0; c < kClients; ++c) {
-    owners.push_back(std::make_unique<Client>(stress, c, prefixes));
-    clients.push_back(std::async(std::launch::async, [&, c] { return owners[c]->Run(stop); }));
+    clients.push_back(std::async(std::launch::async, [&owners, c, stop] { return owners[c]->Run(stop); }));
   }
   ClientReport total;
   for (auto& f : clients) {
