@@ -14,11 +14,14 @@
 #include "common/command_line.h"
 #include "bench/accuracy_command.h"
 #include "bench/kernel_command.h"
+#include "bench/service_command.h"
 #include "bench/typhoon_command.h"
 
 ABSL_FLAG(bool, json, false, "print one JSON object per line instead of a table");
 ABSL_FLAG(int, seeds, 5, "accuracy: random draws per distribution");
-ABSL_FLAG(std::string, profile, "ascend910", "kernel: device profile name or path");
+ABSL_FLAG(std::string, profile, "",
+          "device profile name or path (default: ascend910 for kernel and typhoon, the engine's "
+          "ascend910-die for service)");
 ABSL_FLAG(std::vector<std::string>, kernel, {"amla"}, "kernel: amla and/or base (comma-separated)");
 ABSL_FLAG(std::vector<std::string>, batch, {},
           "kernel: requests in the batch (default 4); typhoon: batch sizes (comma-separated, default "
@@ -36,6 +39,14 @@ ABSL_FLAG(double, matrix_tflops, 0, "typhoon: matrix rate T for B_theta (0: the 
 ABSL_FLAG(double, hbm_tbps, 0, "typhoon: memory bandwidth M for B_theta (0: the profile's)");
 ABSL_FLAG(int, shared, 4096, "typhoon: tokens of the shared prefix (Ls)");
 ABSL_FLAG(int, suffix, 512, "typhoon: tokens of each query's own suffix (Ln)");
+ABSL_FLAG(int, layers, 2, "service: model layers served");
+ABSL_FLAG(int, devices, 2, "service: emulated devices in the pool");
+ABSL_FLAG(int, rounds, 2, "service: direct and gRPC runs, alternating, per path");
+ABSL_FLAG(int, workers, 1, "service: concurrent callers");
+ABSL_FLAG(int, sequences, 8, "service: sequences per caller, all in every call");
+ABSL_FLAG(int, prefix_tokens, 1024, "service: shared system prompt tokens");
+ABSL_FLAG(int, context_tokens, 128, "service: each sequence's own tokens");
+ABSL_FLAG(double, duration_s, 10, "service: seconds per run");
 
 namespace {
 
@@ -44,7 +55,8 @@ constexpr char kUsage[] =
     "commands:\n"
     "  accuracy   AMLA paper accuracy sweep (Base vs AMLA vs fp64 golden)\n"
     "  kernel     decode attention on the emulated NPU: modelled time, FU, host rate\n"
-    "  typhoon    TyphoonMLA hybrid vs absorb-only on a shared prefix, per batch size\n";
+    "  typhoon    TyphoonMLA hybrid vs absorb-only on a shared prefix, per batch size\n"
+    "  service    the same load direct on the engine and through gRPC: throughput ratio, overhead\n";
 
 absl::StatusOr<std::vector<int>> ParseInts(const std::vector<std::string>& items, const char* flag) {
   std::vector<int> values;
@@ -58,6 +70,11 @@ absl::StatusOr<std::vector<int>> ParseInts(const std::vector<std::string>& items
   return values;
 }
 
+std::string ProfileOr(const char* fallback) {
+  const std::string profile = absl::GetFlag(FLAGS_profile);
+  return profile.empty() ? fallback : profile;
+}
+
 absl::Status Run(const std::string& command) {
   if (command == "accuracy") {
     return mlaserve::bench::RunAccuracyCommand(
@@ -65,7 +82,7 @@ absl::Status Run(const std::string& command) {
   }
   if (command == "kernel") {
     mlaserve::bench::KernelCommandOptions o;
-    o.profile = absl::GetFlag(FLAGS_profile);
+    o.profile = ProfileOr("ascend910");
     o.kernels = absl::GetFlag(FLAGS_kernel);
     absl::StatusOr<std::vector<int>> batch = ParseInts(absl::GetFlag(FLAGS_batch), "batch");
     if (!batch.ok()) return batch.status();
@@ -89,7 +106,7 @@ absl::Status Run(const std::string& command) {
   if (command == "typhoon") {
     mlaserve::bench::TyphoonCommandOptions o;
     o.model = absl::GetFlag(FLAGS_model);
-    o.profile = absl::GetFlag(FLAGS_profile);
+    o.profile = ProfileOr("ascend910");
     o.matrix_tflops = absl::GetFlag(FLAGS_matrix_tflops);
     o.hbm_tbps = absl::GetFlag(FLAGS_hbm_tbps);
     absl::StatusOr<std::vector<int>> sq = ParseInts(absl::GetFlag(FLAGS_sq), "sq");
@@ -106,6 +123,24 @@ absl::Status Run(const std::string& command) {
     o.model_only = absl::GetFlag(FLAGS_model_only);
     o.json = absl::GetFlag(FLAGS_json);
     return mlaserve::bench::RunTyphoonCommand(o, std::cout);
+  }
+  if (command == "service") {
+    mlaserve::bench::ServiceCommandOptions o;
+    o.model = absl::GetFlag(FLAGS_model);
+    o.layers = absl::GetFlag(FLAGS_layers);
+    o.profile = absl::GetFlag(FLAGS_profile);
+    o.devices = absl::GetFlag(FLAGS_devices);
+    o.rounds = absl::GetFlag(FLAGS_rounds);
+    o.workload.workers = absl::GetFlag(FLAGS_workers);
+    o.workload.sequences = absl::GetFlag(FLAGS_sequences);
+    o.workload.prefix_tokens = absl::GetFlag(FLAGS_prefix_tokens);
+    o.workload.context_tokens = absl::GetFlag(FLAGS_context_tokens);
+    absl::StatusOr<std::vector<int>> sq = ParseInts(absl::GetFlag(FLAGS_sq), "sq");
+    if (!sq.ok()) return sq.status();
+    o.workload.sq = sq->front();
+    o.workload.duration = absl::Seconds(absl::GetFlag(FLAGS_duration_s));
+    o.json = absl::GetFlag(FLAGS_json);
+    return mlaserve::bench::RunServiceCommand(o, std::cout);
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown command '", command, "'"));
 }
