@@ -4,7 +4,7 @@ PRESET ?= default
 BUILD_DIR := build
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps configure build test demo clean
+.PHONY: all deps configure build test demo install uninstall clean
 
 all: build
 
@@ -22,6 +22,13 @@ test: build
 
 demo: build
 	@scripts/demo.sh
+
+# The systemd service (docs/deploy.md). PREFIX and DESTDIR pass through the environment.
+install: deps
+	@deploy/install.sh
+
+uninstall:
+	@deploy/uninstall.sh
 
 clean:
 	rm -rf $(BUILD_DIR) build-tsan build-asan
