@@ -4,7 +4,7 @@ PRESET ?= default
 BUILD_DIR := build
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps configure build test test-tsan demo clean
+.PHONY: all deps configure build test test-tsan demo install uninstall clean
 
 # The concurrency tests that also run under ThreadSanitizer (engine and emulator; Debian's
 # gRPC and abseil are not TSan-instrumented, so the gRPC edge stays out).
@@ -32,6 +32,13 @@ test-tsan: deps
 
 demo: build
 	@scripts/demo.sh
+
+# The systemd service (docs/deploy.md). PREFIX and DESTDIR pass through the environment.
+install: deps
+	@deploy/install.sh
+
+uninstall:
+	@deploy/uninstall.sh
 
 clean:
 	rm -rf $(BUILD_DIR) build-tsan build-asan

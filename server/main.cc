@@ -4,6 +4,9 @@
 // systemd READY=1), draining (on SIGTERM/SIGINT: health NOT_SERVING, STOPPING=1, no new
 // calls, in-flight ones finish within --drain_timeout_s), stopped (exit 0).
 
+#include <pthread.h>
+
+#include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <memory>
@@ -21,14 +24,33 @@
 
 namespace {
 
-// Signals are taken synchronously with sigwait on the main thread, so no handler runs
-// concurrently with the server; every thread inherits this mask, hence blocking them first.
+pthread_t main_thread;
+
+// Threads started before main() do not block the shutdown signals: OpenBLAS's pthread
+// build starts its pool from a library constructor. The kernel may hand a SIGTERM for the
+// process to one of them, where the default action would end the process undrained (exit
+// by signal, e.g. a stop while warming up); this handler passes it on to the main thread.
+void ForwardToMainThread(int signal) {
+  const int saved_errno = errno;
+  pthread_kill(main_thread, signal);
+  errno = saved_errno;
+}
+
+// Signals are taken synchronously with sigwait on the main thread, so nothing the server
+// does runs in a handler; every thread inherits this mask, hence blocking them first.
 sigset_t BlockShutdownSignals() {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  main_thread = pthread_self();
+  struct sigaction forward = {};
+  forward.sa_handler = ForwardToMainThread;
+  sigemptyset(&forward.sa_mask);
+  forward.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &forward, nullptr);
+  sigaction(SIGINT, &forward, nullptr);
   return signals;
 }
 

@@ -1,0 +1,445 @@
+#!/usr/bin/python3
+"""The deployment story without a running systemd (CI has none):
+
+1. the unit passes `systemd-analyze verify` and stays below an exposure score of
+   `systemd-analyze security --offline` (skipped without systemd-analyze);
+2. deploy/install.sh into a scratch DESTDIR installs every file where the unit and the
+   binary expect it, twice (idempotent) and without overwriting an edited flag file, and
+   deploy/uninstall.sh removes it all but the configuration;
+3. the installed binary, started the way the unit starts it (the installed flag file, an
+   unprivileged user when run as root, NoNewPrivileges and MemoryDenyWriteExecute through
+   their kernel equivalents, NOTIFY_SOCKET on a datagram socket this test reads), sends
+   READY=1 from its main process, answers the installed health probe, sends STOPPING=1 on
+   SIGTERM and exits 0; a SIGTERM during warm-up also ends in a drained exit 0;
+4. under strace (skipped without strace or ptrace): every syscall it makes is allowed by
+   the unit's SystemCallFilter=, and it looks for its profiles under the install prefix.
+
+    /usr/bin/python3 tests/deploy/deploy_test.py --source-dir . --build-dir build \
+        --prefix /usr/local
+"""
+
+import argparse
+import ctypes
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+# The server runs with the example flag file but a small model, loopback and free ports,
+# so that the test takes seconds and never collides with another server on the machine.
+TEST_OVERRIDES = ["--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", "--layers=2",
+                  "--kv_budget=256MiB", "--devices=1"]
+# `systemd-analyze security` exposure, 0 to 10, that the unit stays below (1.5 when
+# written): a hardening setting dropped by mistake raises it. The option takes tenths.
+MAX_EXPOSURE = 2.5
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_MDWE = 65
+PR_MDWE_REFUSE_EXEC_GAIN = 1
+PR_GET_MDWE = 66
+NOBODY = 65534
+
+
+class Failures(list):
+    def check(self, condition, message):
+        if not condition:
+            self.append(message)
+        return condition
+
+
+def run(command, **kwargs):
+    return subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          **kwargs)
+
+
+# --- 1. The unit --------------------------------------------------------------------------
+
+def check_unit(unit_path, server, scratch, failures):
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        print("unit: systemd-analyze not found, verify and security skipped")
+        return
+    # verify insists that ExecStart's binary exists: point it at the one just installed.
+    with open(unit_path) as f:
+        text = f.read()
+    exec_start = re.search(r"^ExecStart=(\S+)", text, re.M)
+    if not failures.check(exec_start, "the unit has no ExecStart="):
+        return
+    checked = os.path.join(scratch, "mlaserve.service")
+    with open(checked, "w") as f:
+        f.write(text.replace(exec_start.group(1), server))
+    verify = run([analyze, "verify", checked])
+    print(f"unit: systemd-analyze verify exit {verify.returncode} {verify.stdout.strip()}")
+    failures.check(verify.returncode == 0 and "mlaserve.service" not in verify.stdout,
+                   f"systemd-analyze verify: {verify.stdout}")
+    security = run([analyze, "security", "--offline=true", f"--threshold={round(MAX_EXPOSURE * 10)}",
+                    checked])
+    score = re.search(r"Overall exposure level for mlaserve.service: (\S+)", security.stdout)
+    print(f"unit: exposure {score.group(1) if score else '?'} (at most {MAX_EXPOSURE})")
+    failures.check(security.returncode == 0,
+                   f"systemd-analyze security: exposure above {MAX_EXPOSURE}:\n{security.stdout}")
+
+
+# --- 2. Install ---------------------------------------------------------------------------
+
+def install(source_dir, build_dir, prefix, destdir, failures):
+    env = dict(os.environ, DESTDIR=destdir, PREFIX=prefix, BUILD_DIR=build_dir)
+    result = run([os.path.join(source_dir, "deploy", "install.sh"), "--no-build"], env=env)
+    failures.check(result.returncode == 0, f"install.sh failed:\n{result.stdout}")
+    return result.stdout
+
+
+def check_install(source_dir, build_dir, prefix, destdir, failures):
+    first = install(source_dir, build_dir, prefix, destdir, failures)
+    failures.check("daemon-reload" in first and "no daemon-reload" in first,
+                   "install.sh into a DESTDIR must skip daemon-reload")
+    root = destdir + prefix
+    expected = {
+        "binary": f"{root}/bin/mlaserve-server",
+        "health probe": f"{root}/bin/mlaserve-health",
+        "profile": f"{root}/share/mlaserve/profiles/ascend910-die.json",
+        "profile (whole chip)": f"{root}/share/mlaserve/profiles/ascend910.json",
+        "example unit": f"{root}/share/doc/mlaserve/mlaserve.service",
+        "example flags": f"{root}/share/doc/mlaserve/mlaserve.flags",
+        "guide": f"{root}/share/doc/mlaserve/deploy.md",
+        "unit": f"{destdir}/etc/systemd/system/mlaserve.service",
+        "flags": f"{destdir}/etc/mlaserve/mlaserve.flags",
+    }
+    for name, path in expected.items():
+        failures.check(os.path.isfile(path), f"install: no {name} at {path}")
+    for name in ("binary", "health probe"):
+        failures.check(os.access(expected[name], os.X_OK), f"install: the {name} is not executable")
+    if failures:
+        return expected
+
+    # The unit starts the binary the prefix puts in bin/ with the flag file install.sh put
+    # in /etc. (That the binary looks for its profiles under the prefix is checked under
+    # strace, below.)
+    with open(expected["unit"]) as f:
+        unit = f.read()
+    failures.check(
+        f"\nExecStart={prefix}/bin/mlaserve-server --flagfile=/etc/mlaserve/mlaserve.flags\n"
+        in unit, "the installed unit's ExecStart does not name the installed binary")
+    with open(expected["example unit"]) as f:
+        failures.check(f.read() == unit, "the unit in /etc differs from the installed example")
+    failures.check(oct(os.stat(expected["flags"]).st_mode & 0o777) == "0o644",
+                   "the flag file must be readable by the service's dynamic user")
+
+    # Every flag the example names, commented out or not, is one the binary knows.
+    helpfull = run([expected["binary"], "--helpfull"]).stdout
+    known = set(re.findall(r"^\s+--([a-z_]+) \(", helpfull, re.M))
+    with open(expected["flags"]) as f:
+        named = set(re.findall(r"^#?--([a-z_]+)=", f.read(), re.M))
+    failures.check(len(known) > 10, f"could not read the flags from --helpfull:\n{helpfull}")
+    failures.check(named and named <= known,
+                   f"the example flag file names unknown flags: {sorted(named - known)}")
+
+    # Idempotent, and an edited configuration survives a reinstall.
+    with open(expected["flags"], "a") as f:
+        f.write("# edited by the operator\n")
+    second = install(source_dir, build_dir, prefix, destdir, failures)
+    failures.check("-- Kept:" in second, "a second install.sh did not report keeping the flags")
+    with open(expected["flags"]) as f:
+        failures.check(f.read().endswith("# edited by the operator\n"),
+                       "install.sh overwrote an existing flag file")
+    print(f"install: {len(expected)} files in place, twice, the edited flag file kept")
+    return expected
+
+
+def check_uninstall(source_dir, prefix, destdir, installed, failures):
+    env = dict(os.environ, DESTDIR=destdir, PREFIX=prefix)
+    result = run([os.path.join(source_dir, "deploy", "uninstall.sh")], env=env)
+    failures.check(result.returncode == 0, f"uninstall.sh failed:\n{result.stdout}")
+    left = [path for name, path in installed.items() if name != "flags" and os.path.exists(path)]
+    failures.check(not left, f"uninstall.sh left {left}")
+    failures.check(os.path.exists(installed["flags"]), "uninstall.sh without --purge removed the flags")
+    result = run([os.path.join(source_dir, "deploy", "uninstall.sh"), "--purge"], env=env)
+    failures.check(result.returncode == 0 and not os.path.exists(installed["flags"]),
+                   f"uninstall.sh --purge kept the flags:\n{result.stdout}")
+    print("uninstall: everything removed, the flag file only with --purge")
+
+
+# --- 3. Start and stop as the unit does -----------------------------------------------------
+
+class NotifySocket:
+    """What systemd listens on for sd_notify: a datagram socket whose path the service gets
+    in NOTIFY_SOCKET. Each message comes with its sender's credentials (SO_PASSCRED), which
+    is how NotifyAccess=main tells the main process's messages from others'."""
+
+    def __init__(self, directory):
+        self.path = os.path.join(directory, "notify")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        os.chmod(self.path, 0o666)  # writable by the unprivileged server, as systemd's is
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+
+    def wait_for(self, field, timeout):
+        """(pid of the sender, message) of the first message holding line `field`, or None."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self.sock.settimeout(left)
+            try:
+                data, ancillary, _, _ = self.sock.recvmsg(4096, socket.CMSG_SPACE(12))
+            except socket.timeout:
+                return None
+            pid = None
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                    pid = struct.unpack("iII", payload[:12])[0]
+            message = data.decode()
+            if field in message.split("\n"):
+                return pid, message
+
+    def close(self):
+        self.sock.close()
+
+
+def sandbox_like_the_unit(as_nobody):
+    """The unit's restrictions that need no systemd, applied in the child before exec."""
+    def apply():
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
+        # The kernel's own MemoryDenyWriteExecute (Linux 6.3); older kernels lack it.
+        libc.prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0, 0, 0)
+        if as_nobody:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+    return apply
+
+
+def mdwe_supported():
+    """Whether this kernel has PR_SET_MDWE (Linux 6.3): PR_GET_MDWE fails with EINVAL if not."""
+    return ctypes.CDLL(None).prctl(PR_GET_MDWE, 0, 0, 0, 0) >= 0
+
+
+class Server:
+    """The installed binary, started as the unit would start it."""
+
+    def __init__(self, command, env, as_nobody, log_dir, wrapper=()):
+        self.log_path = os.path.join(log_dir, f"server-{time.monotonic_ns()}.log")
+        self.log = open(self.log_path, "w+")
+        self.process = subprocess.Popen(
+            list(wrapper) + command, stdin=subprocess.DEVNULL, stdout=self.log,
+            stderr=subprocess.STDOUT, cwd="/", env=env,
+            preexec_fn=sandbox_like_the_unit(as_nobody))
+
+    def wait_log(self, text, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.output():
+                return True
+            if self.process.poll() is not None:
+                return False
+            time.sleep(0.02)
+        return False
+
+    def port(self, which):
+        found = re.search(rf"{which} on port (\d+)", self.output())
+        return int(found.group(1)) if found else None
+
+    def stop(self, pid=None, timeout=60):
+        try:
+            os.kill(pid or self.process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            return f"killed after {timeout} s"
+
+    def output(self):
+        self.log.flush()
+        with open(self.log_path) as f:
+            return f.read()
+
+
+def server_env(notify, profiles, unit_environment):
+    """systemd's environment for a service: nearly empty, plus the unit's Environment=.
+    MLASERVE_PROFILE_PATH makes the binary read the installed profiles although its
+    compiled-in prefix is not populated here (the files are under the DESTDIR)."""
+    env = dict(unit_environment, PATH="/usr/bin:/bin", NOTIFY_SOCKET=notify.path)
+    if profiles:
+        env["MLASERVE_PROFILE_PATH"] = profiles
+    return env
+
+
+def check_lifecycle(installed, unit_environment, scratch, failures):
+    as_nobody = os.geteuid() == 0
+    command = [installed["binary"], f"--flagfile={installed['flags']}"] + TEST_OVERRIDES
+    health = installed["health probe"]
+    notify = NotifySocket(scratch)
+    env = server_env(notify, os.path.dirname(installed["profile"]), unit_environment)
+    try:
+        started = time.monotonic()
+        server = Server(command, env, as_nobody, scratch)
+        ready = notify.wait_for("READY=1", timeout=60)
+        if not failures.check(ready, f"no READY=1 within 60 s; log:\n{server.output()}"):
+            server.stop()
+            return
+        pid, message = ready
+        print(f"lifecycle: READY=1 after {time.monotonic() - started:.2f} s "
+              f"({'as nobody' if as_nobody else 'as the current user'}, "
+              f"MDWE {'on' if mdwe_supported() else 'unsupported by this kernel'}): "
+              f"{message.strip()!r}")
+        failures.check(pid == server.process.pid,
+                       f"READY=1 came from pid {pid}, not the main process {server.process.pid}")
+        port = server.port("gRPC")
+        probe = run([health, "--target", f"127.0.0.1:{port}", "--timeout", "5"])
+        failures.check(probe.returncode == 0 and "SERVING" in probe.stdout,
+                       f"mlaserve-health after READY=1: {probe.stdout}")
+        metrics_port = server.port("metrics")
+        try:
+            page = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
+                                          timeout=5).read().decode()
+            failures.check("mlaserve_kv_pages" in page, "/metrics lacks mlaserve_kv_pages")
+        except OSError as error:
+            failures.append(f"/metrics on port {metrics_port}: {error}")
+
+        code = server.stop()
+        stopping = notify.wait_for("STOPPING=1", timeout=1)
+        failures.check(stopping and stopping[0] == server.process.pid,
+                       "no STOPPING=1 from the main process after SIGTERM")
+        failures.check(code == 0, f"exit {code} after SIGTERM; log:\n{server.output()}")
+        failures.check("stopped: drained cleanly" in server.output(),
+                       f"no clean drain in the log:\n{server.output()}")
+        print(f"lifecycle: SIGTERM -> STOPPING=1, exit {code}")
+
+        # `systemctl stop` while the server warms up: the stop waits for the warm-up, then
+        # drains, instead of the process dying by the signal. Without the unit's
+        # OPENBLAS_NUM_THREADS=1, OpenBLAS starts threads before main() that do not block
+        # SIGTERM (on machines with more than one core), which is the harder case.
+        env.pop("OPENBLAS_NUM_THREADS", None)
+        server = Server(command, env, as_nobody, scratch)
+        failures.check(server.wait_log("starting:", timeout=30), "no 'starting:' line")
+        early = "ready:" not in server.output()
+        code = server.stop()
+        failures.check(code == 0, f"SIGTERM during warm-up: exit {code}; log:\n{server.output()}")
+        failures.check(notify.wait_for("STOPPING=1", timeout=1),
+                       "SIGTERM during warm-up: no STOPPING=1")
+        print(f"lifecycle: SIGTERM during warm-up ({'before' if early else 'after'} "
+              f"'ready:') -> exit {code}")
+    finally:
+        notify.close()
+
+
+# --- 4. Syscalls against SystemCallFilter= ---------------------------------------------------
+
+def syscall_group(analyze, group, seen=None):
+    seen = set() if seen is None else seen
+    names = set()
+    listing = run([analyze, "syscall-filter", group]).stdout.splitlines()[1:]
+    for line in listing:
+        entry = line.strip()
+        if not entry or entry.startswith("#"):
+            continue
+        if entry.startswith("@"):
+            if entry not in seen:
+                seen.add(entry)
+                names |= syscall_group(analyze, entry, seen)
+        else:
+            names.add(entry)
+    return names
+
+
+def check_under_strace(installed, prefix, unit_environment, scratch, failures):
+    analyze, strace = shutil.which("systemd-analyze"), shutil.which("strace")
+    if analyze is None or strace is None:
+        print("syscalls: strace or systemd-analyze not found, skipped")
+        return
+    with open(installed["unit"]) as f:
+        filters = re.findall(r"^SystemCallFilter=(.*)$", f.read(), re.M)
+    allowed, denied = set(), set()
+    for line in filters:
+        deny = line.startswith("~")
+        for entry in line.lstrip("~").split():
+            names = syscall_group(analyze, entry) if entry.startswith("@") else {entry}
+            (denied if deny else allowed).update(names)
+    permitted = allowed - denied
+    if not failures.check(len(permitted) > 100, f"could not expand SystemCallFilter= {filters}"):
+        return
+
+    trace = os.path.join(scratch, "strace.txt")
+    command = [installed["binary"], f"--flagfile={installed['flags']}"] + TEST_OVERRIDES
+    notify_dir = os.path.join(scratch, "strace")
+    os.mkdir(notify_dir)
+    notify = NotifySocket(notify_dir)
+    try:
+        # Without MLASERVE_PROFILE_PATH, so that the binary searches its compiled-in
+        # profile directory (empty outside the DESTDIR: it then falls back to the source
+        # tree's).
+        env = server_env(notify, None, unit_environment)
+        server = Server(command, env, False, scratch,
+                        wrapper=[strace, "-f", "-qq", "-o", trace])
+        ready = notify.wait_for("READY=1", timeout=60)
+        if ready is None:
+            if "ptrace" in server.output() or "Operation not permitted" in server.output():
+                print("syscalls: ptrace not permitted here, skipped")
+                server.stop()
+                return
+            failures.append(f"under strace: no READY=1; log:\n{server.output()}")
+            server.stop()
+            return
+        run([installed["health probe"], "--target", f"127.0.0.1:{server.port('gRPC')}"])
+        code = server.stop(pid=ready[0])
+        failures.check(code == 0, f"under strace: exit {code}")
+    finally:
+        notify.close()
+    used = set()
+    with open(trace) as f:
+        text = f.read()
+    profile = f'"{prefix}/share/mlaserve/profiles/ascend910-die.json"'
+    failures.check(profile in text, f"the binary never looked for its profile at {profile}")
+    with open(trace) as f:
+        for line in f:
+            found = re.match(r"\d+\s+([a-z_0-9]+)\(", line)
+            if found:
+                used.add(found.group(1))
+    outside = sorted(used - permitted)
+    failures.check(used and not outside,
+                   f"syscalls the unit's SystemCallFilter= refuses (EPERM): {outside}")
+    print(f"syscalls: {len(used)} distinct, all within SystemCallFilter=")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--source-dir", required=True)
+    parser.add_argument("--build-dir", required=True)
+    parser.add_argument("--prefix", required=True, help="the build's CMAKE_INSTALL_PREFIX")
+    args = parser.parse_args()
+    source_dir, build_dir = os.path.abspath(args.source_dir), os.path.abspath(args.build_dir)
+    failures = Failures()
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="mlaserve-deploy-") as scratch:
+        destdir = os.path.join(scratch, "root")
+        installed = check_install(source_dir, build_dir, args.prefix, destdir, failures)
+        if not failures:
+            # The unprivileged server must reach the installed files and the notify socket.
+            os.chmod(scratch, 0o755)
+            with open(installed["unit"]) as f:
+                unit_environment = dict(re.findall(r"^Environment=(\w+)=(\S*)$", f.read(), re.M))
+            check_unit(installed["unit"], installed["binary"], scratch, failures)
+            check_lifecycle(installed, unit_environment, scratch, failures)
+            check_under_strace(installed, args.prefix, unit_environment, scratch, failures)
+            check_uninstall(source_dir, args.prefix, destdir, installed, failures)
+    for failure in failures:
+        print("FAILED:", failure)
+    print(f"deploy test: {'failed' if failures else 'all checks passed'} "
+          f"in {time.monotonic() - started:.1f} s")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
