@@ -1,0 +1,111 @@
+// mlaserve-microbench: the host primitives the emulated device spends its time in, each
+// beside the alternative it replaced or competes with, in one run (compare ratios, not
+// absolute times: these machines are shared). Results: docs/performance.md.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "kernels/core/bfloat16.h"
+#include "kernels/core/matmul.h"
+#include "kernels/core/random_fill.h"
+#include "kernels/core/vector_ops.h"
+
+namespace mlaserve {
+namespace {
+
+// One softmax block of a task: 256 rows x 512 keys of scores.
+constexpr int kBlock = 256 * 512;
+
+std::vector<float> Scores(int n) {
+  std::vector<Bf16> b(n);
+  Rng rng(1);
+  FillNormal(b, 3.0, rng);
+  std::vector<float> x(n);
+  WidenBf16(b.data(), n, x.data());
+  return x;
+}
+
+void BM_ExpShifted_Sleef(benchmark::State& state) {
+  const std::vector<float> x = Scores(kBlock);
+  std::vector<float> y(kBlock);
+  for (auto _ : state) {
+    ExpShifted(x.data(), kBlock, 4.0f, y.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetItemsProcessed(state.iterations() * kBlock);
+}
+BENCHMARK(BM_ExpShifted_Sleef);
+
+void BM_ExpShifted_ScalarLibm(benchmark::State& state) {
+  const std::vector<float> x = Scores(kBlock);
+  std::vector<float> y(kBlock);
+  for (auto _ : state) {
+    for (int j = 0; j < kBlock; ++j) y[j] = std::exp(x[j] - 4.0f);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetItemsProcessed(state.iterations() * kBlock);
+}
+BENCHMARK(BM_ExpShifted_ScalarLibm);
+
+void BM_RowMax_Lanes(benchmark::State& state) {
+  const std::vector<float> x = Scores(kBlock);
+  for (auto _ : state) {
+    float m = 0;
+    for (int r = 0; r < 256; ++r) m += RowMax(x.data() + r * 512, 512);
+    benchmark::DoNotOptimize(m);
+  }
+  state.SetItemsProcessed(state.iterations() * kBlock);
+}
+BENCHMARK(BM_RowMax_Lanes);
+
+void BM_RowMax_RunningMax(benchmark::State& state) {
+  const std::vector<float> x = Scores(kBlock);
+  for (auto _ : state) {
+    float total = 0;
+    for (int r = 0; r < 256; ++r) {
+      float m = -std::numeric_limits<float>::infinity();
+      for (int j = 0; j < 512; ++j) m = std::max(m, x[r * 512 + j]);
+      total += m;
+    }
+    benchmark::DoNotOptimize(total);
+  }
+  state.SetItemsProcessed(state.iterations() * kBlock);
+}
+BENCHMARK(BM_RowMax_RunningMax);
+
+// A 512-key block of latent K (576 wide) into L1's fp32 shadow: what every task pays
+// before its Q K^T.
+void BM_WidenBf16_KBlock(benchmark::State& state) {
+  constexpr int n = 512 * 576;
+  std::vector<Bf16> in(n);
+  Rng rng(2);
+  FillNormal(in, 1.0, rng);
+  std::vector<float> out(n);
+  for (auto _ : state) {
+    WidenBf16(in.data(), n, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(state.iterations() * n * 2);
+}
+BENCHMARK(BM_WidenBf16_KBlock);
+
+// The matrix unit's host work for one 128 x 128 output tile of Q K^T (depth 96) and of P V
+// (depth 128), beside the bare FLOP count of each.
+void BM_MatmulTile(benchmark::State& state) {
+  const int k = static_cast<int>(state.range(0));
+  std::vector<float> a(128 * k, 0.5f), b(128 * k, 0.25f), c(128 * 128);
+  for (auto _ : state) {
+    MatmulTileNT(128, 128, k, a.data(), k, b.data(), k, c.data(), 128, true);
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.counters["FLOPS"] =
+      benchmark::Counter(2.0 * 128 * 128 * k * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate,
+                         benchmark::Counter::OneK::kIs1000);
+}
+BENCHMARK(BM_MatmulTile)->Arg(96)->Arg(128);
+
+}  // namespace
+}  // namespace mlaserve
+
+BENCHMARK_MAIN();
