@@ -37,6 +37,10 @@ absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
     return absl::InvalidArgumentError(
         "engine options: need max_batch >= 1, max_queue >= max_batch and max_sq >= 1");
   }
+  if (options.preload < 0 || options.preload > 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("engine options: preload = ", options.preload, " is not 0, 1 or 2"));
+  }
   if (devices.empty()) {
     if (options.devices < 1) return absl::InvalidArgumentError("engine options: devices must be >= 1");
     if (options.profile == "host") {

@@ -1,5 +1,6 @@
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <future>
 #include <latch>
 #include <thread>
@@ -95,6 +96,26 @@ TEST(EngineTest, MixedBatchMatchesGoldenWithGroupsAboveAndBelowTheThreshold) {
   EXPECT_DOUBLE_EQ((*answers)[0].plan.b_theta, 2.5);
   EXPECT_EQ((*answers)[0].plan.batch_size, 8);
   EXPECT_GT(s.engine().Stats().kv.expanded_entries, 0);  // P1's levels were expanded
+}
+
+TEST(EngineTest, BadOptionsAreRefusedNamingTheOption) {
+  struct Case {
+    std::function<void(EngineOptions&)> edit;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {[](EngineOptions& o) { o.max_batch = 0; }, "max_batch"},
+      {[](EngineOptions& o) { o.preload = 3; }, "preload = 3"},
+      {[](EngineOptions& o) { o.devices = 0; }, "devices"},
+      {[](EngineOptions& o) { o.profile = "no-such-npu"; }, "profile 'no-such-npu'"},
+  };
+  for (const Case& c : cases) {
+    EngineOptions options = BaseOptions();
+    c.edit(options);
+    auto engine = CreateEngine(std::move(options));
+    EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_THAT(engine.status().message(), HasSubstr(c.message));
+  }
 }
 
 TEST(EngineTest, WithoutARooflineEveryGroupRunsAbsorbOnly) {
