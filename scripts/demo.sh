@@ -1,5 +1,61 @@
 #!/usr/bin/env bash
-# The main job: for now, the AMLA paper's accuracy sweep (Base vs AMLA vs fp64 golden).
+# The main job: mlaserve-server on its default emulated device pool (two Ascend-910 dies),
+# driven by mlaserve-loadgen the way a serving framework drives it, then a clean shutdown.
+# Prints the server's start-up and shutdown lines and the load test's report.
+#
+#   scripts/demo.sh [--duration-s N] [any other mlaserve-loadgen flag]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec build/bin/mlaserve-bench accuracy "$@"
+
+log=$(mktemp -t mlaserve-demo.XXXXXX.log)
+server_pid=""
+cleanup() {
+  if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then kill -TERM "$server_pid" 2>/dev/null || true; fi
+  rm -f "$log"
+}
+trap cleanup EXIT
+
+# DeepSeek-V3 shapes (128 heads), two layers, on the default pool; port 0 picks a free port.
+build/bin/mlaserve-server --listen=127.0.0.1:0 --metrics-listen=127.0.0.1:0 --layers=2 >"$log" 2>&1 &
+server_pid=$!
+
+port=""
+for _ in $(seq 1 300); do
+  if ! kill -0 "$server_pid" 2>/dev/null; then
+    echo "demo: the server exited during start-up:" >&2
+    cat "$log" >&2
+    exit 1
+  fi
+  if grep -q "ready:" "$log"; then
+    port=$(sed -n 's/.*gRPC on port \([0-9]*\).*/\1/p' "$log" | head -n1)
+    break
+  fi
+  sleep 0.1
+done
+if [ -z "$port" ]; then
+  echo "demo: the server did not become ready in 30 s:" >&2
+  cat "$log" >&2
+  exit 1
+fi
+echo "== server"
+sed 's/^/  /' "$log"
+
+# Two framework ranks, each decoding 72 sequences that share a 1024-token system prompt:
+# 72 >= B_theta = 65, so the shared prefix runs TyphoonMLA's hybrid.
+echo
+echo "== load test"
+build/bin/mlaserve-loadgen --target="127.0.0.1:$port" --workers=2 --sequences=72 \
+  --prefix-tokens=1024 --context-tokens=128 --duration-s=20 "$@"
+
+echo
+echo "== shutdown"
+kill -TERM "$server_pid"
+status=0
+wait "$server_pid" || status=$?
+server_pid=""
+grep -E "draining|stopped|exit" "$log" | sed 's/^/  /' || true
+if [ "$status" -ne 0 ]; then
+  echo "demo: the server exited with status $status" >&2
+  exit "$status"
+fi
+echo "  server exited cleanly"
