@@ -52,8 +52,8 @@ absl::StatusOr<loadgen::LoadSummary> RunOverGrpc(const ServiceCommandOptions& o,
   client::ClientOptions client_options;
   client_options.timeout = absl::Seconds(120);
   auto client = client::MlaServeClient::Connect(absl::StrCat("127.0.0.1:", server->port()), client_options);
-  loadgen::GrpcLoadTarget target(std::move(client));
-  ASSIGN_OR_RETURN(loadgen::LoadResult result, loadgen::RunWorkload(target, w));
+  ASSIGN_OR_RETURN(auto target, loadgen::GrpcLoadTarget::Create(std::move(client)));
+  ASSIGN_OR_RETURN(loadgen::LoadResult result, loadgen::RunWorkload(*target, w));
   server->Shutdown(absl::Seconds(10)).IgnoreError();
   return loadgen::Summarize(result);
 }

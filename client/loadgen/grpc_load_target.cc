@@ -12,17 +12,13 @@ v1::Tensor Rows(std::span<const Bf16> values, std::initializer_list<int64_t> sha
 
 }  // namespace
 
-absl::StatusOr<TargetModel> GrpcLoadTarget::Model() {
-  absl::StatusOr<v1::GetServerInfoResponse> info = client_->GetServerInfo();
+absl::StatusOr<std::unique_ptr<GrpcLoadTarget>> GrpcLoadTarget::Create(
+    std::unique_ptr<client::MlaServeClient> client) {
+  absl::StatusOr<v1::GetServerInfoResponse> info = client->GetServerInfo();
   if (!info.ok()) return info.status();
-  model_.name = info->model().name();
-  model_.layers = info->model().layers();
-  model_.heads = info->model().heads();
-  model_.dn = info->model().dn();
-  model_.dr = info->model().dr();
-  model_.dl = info->model().dl();
-  model_.max_batch = info->limits().max_batch();
-  return model_;
+  const v1::ModelInfo& m = info->model();
+  TargetModel model{m.name(), m.layers(), m.heads(), m.dn(), m.dr(), m.dl(), info->limits().max_batch()};
+  return std::unique_ptr<GrpcLoadTarget>(new GrpcLoadTarget(std::move(client), std::move(model)));
 }
 
 absl::Status GrpcLoadTarget::RegisterPrefix(const std::string& id, std::span<const Bf16> latent,

@@ -13,10 +13,11 @@ namespace mlaserve::loadgen {
 // and all.
 class GrpcLoadTarget final : public LoadTarget {
  public:
-  explicit GrpcLoadTarget(std::unique_ptr<client::MlaServeClient> client)
-      : client_(std::move(client)) {}
+  // Asks the server for its model once; every tensor the target sends is shaped by it.
+  static absl::StatusOr<std::unique_ptr<GrpcLoadTarget>> Create(
+      std::unique_ptr<client::MlaServeClient> client);
 
-  absl::StatusOr<TargetModel> Model() override;
+  absl::StatusOr<TargetModel> Model() override { return model_; }
   absl::Status RegisterPrefix(const std::string& id, std::span<const Bf16> latent, int tokens) override;
   absl::Status ReleasePrefix(const std::string& id) override;
   absl::Status CreateSequence(const std::string& id, const std::string& prefix_id) override;
@@ -26,8 +27,11 @@ class GrpcLoadTarget final : public LoadTarget {
   absl::StatusOr<std::vector<LoadAnswer>> Decode(const std::vector<LoadQuery>& queries) override;
 
  private:
+  GrpcLoadTarget(std::unique_ptr<client::MlaServeClient> client, TargetModel model)
+      : client_(std::move(client)), model_(std::move(model)) {}
+
   std::unique_ptr<client::MlaServeClient> client_;
-  TargetModel model_;
+  const TargetModel model_;
 };
 
 }  // namespace mlaserve::loadgen

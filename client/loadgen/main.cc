@@ -64,8 +64,12 @@ int main(int argc, char** argv) {
     std::cerr << "mlaserve-loadgen: cannot connect to " << target << "\n";
     return 1;
   }
-  mlaserve::loadgen::GrpcLoadTarget load_target(std::move(client));
-  absl::StatusOr<mlaserve::loadgen::LoadResult> result = mlaserve::loadgen::RunWorkload(load_target, o);
+  auto load_target = mlaserve::loadgen::GrpcLoadTarget::Create(std::move(client));
+  if (!load_target.ok()) {
+    std::cerr << "mlaserve-loadgen: " << load_target.status() << "\n";
+    return 1;
+  }
+  absl::StatusOr<mlaserve::loadgen::LoadResult> result = mlaserve::loadgen::RunWorkload(**load_target, o);
   if (!result.ok()) {
     std::cerr << "mlaserve-loadgen: " << result.status() << "\n";
     return result.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;

@@ -44,44 +44,46 @@ float RowSum(const float* x, int n) {
   return lanes[0];
 }
 
+namespace {
+
+// SLEEF's exp (1.0 ulp), the widest vector the build targets.
+#if defined(__AVX512F__)
+struct ExpVector {
+  static constexpr int kWidth = 16;
+  static __m512 Shifted(const float* x, __m512 shift) { return Sleef_expf16_u10(_mm512_sub_ps(_mm512_loadu_ps(x), shift)); }
+  static __m512 Splat(float v) { return _mm512_set1_ps(v); }
+  static void Store(float* y, __m512 v) { _mm512_storeu_ps(y, v); }
+};
+#elif defined(__AVX2__)
+struct ExpVector {
+  static constexpr int kWidth = 8;
+  static __m256 Shifted(const float* x, __m256 shift) { return Sleef_expf8_u10(_mm256_sub_ps(_mm256_loadu_ps(x), shift)); }
+  static __m256 Splat(float v) { return _mm256_set1_ps(v); }
+  static void Store(float* y, __m256 v) { _mm256_storeu_ps(y, v); }
+};
+#endif
+
+}  // namespace
+
 void ExpShifted(const float* x, int n, float shift, float* y) {
   if (shift == -std::numeric_limits<float>::infinity()) {
     std::fill_n(y, n, 0.0f);
     return;
   }
-  // SLEEF's exp (1.0 ulp), a vector at a time; the tail goes through a padded vector, so
-  // every element gets the same function whatever its position.
-#if defined(__AVX512F__)
-  using Vec = __m512;
-  constexpr int kWidth = 16;
-  auto load = [](const float* p) { return _mm512_loadu_ps(p); };
-  auto store = [](float* p, Vec v) { _mm512_storeu_ps(p, v); };
-  auto sub = [](Vec a, Vec b) { return _mm512_sub_ps(a, b); };
-  auto set1 = [](float v) { return _mm512_set1_ps(v); };
-  auto exp = [](Vec v) { return Sleef_expf16_u10(v); };
-#elif defined(__AVX2__)
-  using Vec = __m256;
-  constexpr int kWidth = 8;
-  auto load = [](const float* p) { return _mm256_loadu_ps(p); };
-  auto store = [](float* p, Vec v) { _mm256_storeu_ps(p, v); };
-  auto sub = [](Vec a, Vec b) { return _mm256_sub_ps(a, b); };
-  auto set1 = [](float v) { return _mm256_set1_ps(v); };
-  auto exp = [](Vec v) { return Sleef_expf8_u10(v); };
-#else
-  for (int j = 0; j < n; ++j) y[j] = Sleef_expf_u10(x[j] - shift);
-  return;
-#endif
-#if defined(__AVX2__) || defined(__AVX512F__)
-  const Vec s = set1(shift);
+#if defined(__AVX512F__) || defined(__AVX2__)
+  constexpr int kWidth = ExpVector::kWidth;
+  const auto s = ExpVector::Splat(shift);
   int j = 0;
-  for (; j + kWidth <= n; j += kWidth) store(y + j, exp(sub(load(x + j), s)));
-  if (j < n) {
-    alignas(64) std::array<float, kWidth> tail;
+  for (; j + kWidth <= n; j += kWidth) ExpVector::Store(y + j, ExpVector::Shifted(x + j, s));
+  if (j < n) {  // the tail through a padded vector: every element takes the same function
+    std::array<float, kWidth> tail;
     tail.fill(shift);
     std::copy(x + j, x + n, tail.begin());
-    store(tail.data(), exp(sub(load(tail.data()), s)));
+    ExpVector::Store(tail.data(), ExpVector::Shifted(tail.data(), s));
     std::copy_n(tail.begin(), n - j, y + j);
   }
+#else
+  for (int j = 0; j < n; ++j) y[j] = Sleef_expf_u10(x[j] - shift);
 #endif
 }
 

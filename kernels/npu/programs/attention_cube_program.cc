@@ -91,7 +91,7 @@ class CubeProgram {
   // by every row tile; each row tile accumulates in its own L0C tile.
   void Scores(const AttentionTask& t, int slot) {
     const RowGroup& g = w_.groups[t.group];
-    const GmBuffer s_slot = SlotRows(ws_.scores, slot, kKvBlockTokens * 4);
+    const GmBuffer s_slot = ws_.SlotRows(ws_.scores, aic_.block(), slot, kKvBlockTokens * 4);
     const std::vector<Tile> m_tiles = Tiles(g.rows, kTileRows);
     const std::vector<Tile> depth = Tiles(w_.dk, kQStripeDepth);
     const auto q_slot = LoadStripes(depth, m_tiles, [&](Tile d, Tile m) {
@@ -139,9 +139,9 @@ class CubeProgram {
   // L1 (up to 4 stripes: 2 row tiles x 2 key halves) and each V chunk is read once.
   void Values(const AttentionTask& t, int slot, int index) {
     const RowGroup& g = w_.groups[t.group];
-    const GmBuffer p_slot = SlotRows(ws_.probs, slot, kKvBlockTokens * 2);
+    const GmBuffer p_slot = ws_.SlotRows(ws_.probs, aic_.block(), slot, kKvBlockTokens * 2);
     const bool amla = options_.algorithm == RescaleAlgorithm::kAmla;
-    const GmBuffer target = amla ? ws_.acc[t.group] : SlotRows(ws_.partial, slot, w_.dv * 4);
+    const GmBuffer target = amla ? ws_.acc[t.group] : ws_.SlotRows(ws_.partial, aic_.block(), slot, w_.dv * 4);
     const std::vector<Tile> m_tiles = Tiles(g.rows, kTileRows);
     const std::vector<Tile> halves = Tiles(t.tokens, kPStripeTokens);
     aic_.CrossCoreWaitFlag(AttentionKernel::kFlagProbsReady);
@@ -251,12 +251,6 @@ class CubeProgram {
     l0_.Flush(c, GmRegion::Rows(target, first * 4, m.size, n * 4, w_.dv * 4),
               add ? AtomicMode::kAddF32 : AtomicMode::kNone, std::move(write),
               options_.algorithm == RescaleAlgorithm::kAmla ? "PV atomic add" : "PV tile");
-  }
-
-  // This block's rows of a [blocks][slots][256][row_elems] workspace.
-  GmBuffer SlotRows(const GmBuffer& workspace, int slot, int64_t row_bytes) const {
-    const int64_t slot_bytes = kMaxGroupRows * row_bytes;
-    return workspace.Slice((static_cast<int64_t>(aic_.block()) * ws_.slots + slot) * slot_bytes, slot_bytes);
   }
 
   CoreRecorder& aic_;

@@ -38,6 +38,13 @@ struct AttentionWorkspace {
   GmBuffer probs;             // [blocks][slots][256][512] bf16: [V1] -> [C2]
   GmBuffer partial;           // Base only: [blocks][slots][256][dv] fp32, [C2] -> [V2]
   std::vector<GmBuffer> acc;  // per row group: [rows][dv] fp32 output accumulator
+
+  // One block's slot of a [blocks][slots][256][row] workspace (`row_bytes` per row): the
+  // layout the AIC and its AIVs must agree on.
+  GmBuffer SlotRows(const GmBuffer& workspace, int block, int slot, int64_t row_bytes) const {
+    const int64_t slot_bytes = kMaxGroupRows * row_bytes;
+    return workspace.Slice((static_cast<int64_t>(block) * slots + slot) * slot_bytes, slot_bytes);
+  }
 };
 
 absl::StatusOr<AttentionWorkspace> AllocateAttentionWorkspace(GlobalMemory& gm,

@@ -49,8 +49,8 @@ class VectorProgram {
     const RowGroup& g = w_.groups[t.group];
     const auto [lo, hi] = Rows(g);
     aiv_.CrossCoreWaitFlag(AttentionKernel::kFlagScoresReady);
-    const GmBuffer s_slot = SlotRows(ws_.scores, slot, kKvBlockTokens * 4);
-    const GmBuffer p_slot = SlotRows(ws_.probs, slot, kKvBlockTokens * 2);
+    const GmBuffer s_slot = ws_.SlotRows(ws_.scores, aiv_.block(), slot, kKvBlockTokens * 4);
+    const GmBuffer p_slot = ws_.SlotRows(ws_.probs, aiv_.block(), slot, kKvBlockTokens * 2);
     const bool amla = options_.algorithm == RescaleAlgorithm::kAmla;
     for (int r0 = lo; r0 < hi; r0 += kChunkRows) {
       const int rc = std::min(kChunkRows, hi - r0);
@@ -155,7 +155,7 @@ class VectorProgram {
     const RowGroup& g = w_.groups[t.group];
     const auto [lo, hi] = Rows(g);
     const GmBuffer acc = ws_.acc[t.group];
-    const GmBuffer pv = SlotRows(ws_.partial, slot, w_.dv * 4);
+    const GmBuffer pv = ws_.SlotRows(ws_.partial, aiv_.block(), slot, w_.dv * 4);
     const int dv = w_.dv;
     for (int r0 = lo; r0 < hi; r0 += kBaseUpdateRows) {
       const int rc = std::min(kBaseUpdateRows, hi - r0);
@@ -280,11 +280,6 @@ class VectorProgram {
   std::pair<int, int> Rows(const RowGroup& g) const {
     const int half = (g.rows + 1) / 2;
     return aiv_.sub_block() == 0 ? std::pair{0, half} : std::pair{half, g.rows};
-  }
-
-  GmBuffer SlotRows(const GmBuffer& workspace, int slot, int64_t row_bytes) const {
-    const int64_t slot_bytes = kMaxGroupRows * row_bytes;
-    return workspace.Slice((static_cast<int64_t>(aiv_.block()) * ws_.slots + slot) * slot_bytes, slot_bytes);
   }
 
   CoreRecorder& aiv_;

@@ -52,17 +52,18 @@ struct Case {
 
 class AmlaOnDeviceTest : public ::testing::TestWithParam<Case> {};
 
-TEST_P(AmlaOnDeviceTest, EqualsHostAmlaBitForBit) {
-  const Case c = GetParam();
-  Rng rng(500 + c.heads + c.sq * 7 + c.page_size);
+// Each rescale algorithm on the device against its host kernel, on the same kind of batch.
+void ExpectDeviceEqualsHost(const Case& c, RescaleAlgorithm algorithm, uint64_t seed,
+                            absl::StatusOr<AttentionOutput> (*host_kernel)(const LatentDecodeProblem&)) {
+  Rng rng(seed + c.heads + c.sq * 7 + c.page_size);
   const auto batch = testing::MakeRandomPagedBatch(
       {.sq = c.sq, .heads = c.heads, .dk = 576, .page_size = c.page_size,
        .seqlens = {0, 1, c.page_size + 1, 511, 513, 1300}},
       rng);
   const LatentDecodeProblem problem = batch.Latent(512, 1.0f / std::sqrt(576.0f));
   auto device = MakeDevice();
-  auto on_device = RunLatentDecodeOnDevice(*device, problem, {.algorithm = RescaleAlgorithm::kAmla});
-  auto host = AmlaDecode(problem);
+  auto on_device = RunLatentDecodeOnDevice(*device, problem, {.algorithm = algorithm});
+  auto host = host_kernel(problem);
   ASSERT_TRUE(on_device.ok()) << on_device.status();
   ASSERT_TRUE(host.ok()) << host.status();
   const BitwiseDiff out = Compare(on_device->output.out, host->out);
@@ -74,21 +75,14 @@ TEST_P(AmlaOnDeviceTest, EqualsHostAmlaBitForBit) {
   ASSERT_TRUE(on_device->report.host_ms.has_value());
 }
 
+TEST_P(AmlaOnDeviceTest, EqualsHostAmlaBitForBit) {
+  ExpectDeviceEqualsHost(GetParam(), RescaleAlgorithm::kAmla, 500,
+                         [](const LatentDecodeProblem& p) { return AmlaDecode(p); });
+}
+
 TEST_P(AmlaOnDeviceTest, BaseOnDeviceEqualsHostBaseBitForBit) {
-  const Case c = GetParam();
-  Rng rng(600 + c.heads + c.sq * 7 + c.page_size);
-  const auto batch = testing::MakeRandomPagedBatch(
-      {.sq = c.sq, .heads = c.heads, .dk = 576, .page_size = c.page_size,
-       .seqlens = {0, 1, c.page_size + 1, 511, 513, 1300}},
-      rng);
-  const LatentDecodeProblem problem = batch.Latent(512, 1.0f / std::sqrt(576.0f));
-  auto device = MakeDevice();
-  auto on_device = RunLatentDecodeOnDevice(*device, problem, {.algorithm = RescaleAlgorithm::kBase});
-  auto host = FlashBaseDecode(problem);
-  ASSERT_TRUE(on_device.ok()) << on_device.status();
-  ASSERT_TRUE(host.ok());
-  EXPECT_EQ(Compare(on_device->output.out, host->out).differing_bits, 0);
-  EXPECT_EQ(Compare(on_device->output.lse, host->lse).differing_bits, 0);
+  ExpectDeviceEqualsHost(GetParam(), RescaleAlgorithm::kBase, 600,
+                         [](const LatentDecodeProblem& p) { return FlashBaseDecode(p); });
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AmlaOnDeviceTest,
