@@ -1,6 +1,7 @@
 #ifndef MLASERVE_KERNELS_CORE_FP32_EXPONENT_ADD_H_
 #define MLASERVE_KERNELS_CORE_FP32_EXPONENT_ADD_H_
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 
@@ -42,6 +43,33 @@ constexpr uint32_t AddToExponentField(uint32_t word, int32_t delta) {
 
 inline float AddToExponentField(float value, int32_t delta) {
   return std::bit_cast<float>(AddToExponentField(std::bit_cast<uint32_t>(value), delta));
+}
+
+// AddToExponentField over a row that shares one delta (AMLA's per-row rescale), bit for bit
+// the same. The under/overflow limits are worked out once for the row, so the per-element
+// work is 32-bit compares and selects the compiler vectorises (the scalar form's 64-bit
+// arithmetic and branches do not).
+inline void AddToExponentFieldRow(float* row, int64_t n, int32_t delta) {
+  constexpr uint32_t kSign = 0x80000000u;
+  constexpr int64_t kMinNormal = 0x00800000;
+  constexpr int64_t kInf = 0x7f800000;
+  constexpr int64_t kMaxWord = 0xffffffff;
+  // For a normal magnitude m: m + delta underflows iff m < underflow_below, overflows iff
+  // m >= overflow_from (clamped into uint32: m < 2^31 never reaches the top).
+  const uint32_t underflow_below = static_cast<uint32_t>(std::clamp<int64_t>(kMinNormal - delta, 0, kMaxWord));
+  const uint32_t overflow_from = static_cast<uint32_t>(std::clamp<int64_t>(kInf - delta, 0, kMaxWord));
+  const uint32_t add = static_cast<uint32_t>(delta);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t word = std::bit_cast<uint32_t>(row[i]);
+    const uint32_t sign = word & kSign;
+    const uint32_t magnitude = word & ~kSign;
+    uint32_t out = sign | (magnitude + add);
+    out = magnitude >= overflow_from ? (sign | static_cast<uint32_t>(kInf)) : out;
+    out = magnitude < underflow_below ? sign : out;
+    out = magnitude < kMinNormal ? sign : out;
+    out = magnitude >= kInf ? word : out;
+    row[i] = std::bit_cast<float>(out);
+  }
 }
 
 }  // namespace mlaserve

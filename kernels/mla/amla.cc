@@ -114,7 +114,7 @@ void AmlaRows(const QueryRows& rows, KvBlockSource& kv, float softmax_scale,
         std::copy_n(add, dv, dst);
         continue;
       }
-      for (int d = 0; d < dv; ++d) dst[d] = AddToExponentField(dst[d], delta[i]);  // int32 atomic add
+      AddToExponentFieldRow(dst, dv, delta[i]);  // int32 atomic add
       for (int d = 0; d < dv; ++d) dst[d] += add[d];                               // fp32 atomic add
     }
   }

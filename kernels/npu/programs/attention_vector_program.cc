@@ -142,7 +142,7 @@ class VectorProgram {
                      for (int r = 0; r < rc; ++r) {
                        float* row = dst + static_cast<int64_t>(r0 + r) * dv;
                        const int32_t d = lanes[r * kBroadcastLanes];
-                       for (int c = 0; c < dv; ++c) row[c] = AddToExponentField(row[c], d);
+                       AddToExponentFieldRow(row, dv, d);
                      }
                    }),
                    "O int32 atomic add");

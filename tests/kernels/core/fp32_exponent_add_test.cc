@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -77,6 +78,29 @@ TEST(Fp32ExponentAddTest, MantissaCorrectionApproximatesSmallMultiplies) {
     EXPECT_NEAR(approx / (f * (1 + eps)), 1.0, 0.5 * eps + 1e-6) << f;
   }
   EXPECT_NEAR(AddToExponentField(1.5f, fix), 1.5f * (1 + eps), 1e-6);
+}
+
+TEST(Fp32ExponentAddTest, RowFormEqualsTheScalarFormOnEveryKindOfWordAndDelta) {
+  // Normals, zeros, subnormals, infinities and NaNs of both signs, against deltas from
+  // tiny mantissa corrections to shifts past the whole exponent range and int32's ends.
+  std::mt19937 rng(12);
+  std::uniform_int_distribution<uint32_t> any_word;
+  const uint32_t edges[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x007fffffu, 0x00800000u, 0x7f7fffffu,
+                            0x7f800000u, 0xff800000u, 0x7fc00001u, 0xffc00000u, 0x3f800000u, 0xbf800000u};
+  const int32_t deltas[] = {0,         1,          -1,          1 << 23,       -(1 << 23), 37 << 23,
+                            -37 << 23, 254 << 23,  -254 << 23,  (5 << 23) + 77, INT32_MAX,  INT32_MIN};
+  std::vector<float> row(4096);
+  for (size_t i = 0; i < row.size(); ++i) {
+    row[i] = std::bit_cast<float>(i < std::size(edges) ? edges[i] : any_word(rng));
+  }
+  for (int32_t delta : deltas) {
+    std::vector<float> got = row;
+    AddToExponentFieldRow(got.data(), static_cast<int64_t>(got.size()), delta);
+    for (size_t i = 0; i < row.size(); ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(AddToExponentField(row[i], delta)))
+          << "word 0x" << std::hex << std::bit_cast<uint32_t>(row[i]) << " delta " << std::dec << delta;
+    }
+  }
 }
 
 }  // namespace
