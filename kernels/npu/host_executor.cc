@@ -180,8 +180,8 @@ void HostExecutor::WorkerLoop() {
       MLASERVE_TSAN_BOOKKEEPING_END();
       return;
     }
-    int64_t id = ready_.front();
-    ready_.pop_front();
+    int64_t id = ready_.back();
+    ready_.pop_back();
     const Program& program = *program_;
     while (id >= 0) {  // keep going down a chain without a queue round trip
       lock.unlock();
