@@ -23,6 +23,10 @@ find_package(nlohmann_json CONFIG REQUIRED)
 # after the matrix unit (scalar libm expf, one call per score).
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(SLEEF REQUIRED IMPORTED_TARGET sleef)
+# LIBXSMM: JIT-generated small-GEMM kernels for the matrix unit's 128 x 128 tiles, where
+# OpenBLAS loses a large share of each call to packing both operands. Debian ships it as a
+# static library whose BLAS fallback symbols OpenBLAS provides.
+pkg_check_modules(LIBXSMM REQUIRED IMPORTED_TARGET libxsmm)
 
 # The gRPC edge (server/service, client/). Protobuf 3.21 ships no CMake config: CMake's own
 # FindProtobuf module. gRPC's config import-checks every protoc plugin, so it needs

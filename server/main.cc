@@ -17,6 +17,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "kernels/core/matmul.h"
 #include "server/engine/engine.h"
 #include "server/server_flags.h"
 #include "server/service/mla_server.h"
@@ -70,10 +71,10 @@ int main(int argc, char** argv) {
   const mlaserve::engine::EngineOptions& engine = config->engine;
   spdlog::info(
       "starting: model {} ({} layers, {} heads, scale {:.7f}), {} x {} device(s), "
-      "KV budget {} MiB in {}-token pages, max batch {}, max wait {} us",
+      "KV budget {} MiB in {}-token pages, max batch {}, max wait {} us, matrix unit on {}",
       engine.model.name, engine.model.layers, engine.model.heads, engine.model.softmax_scale,
       engine.devices, engine.profile, engine.kv.budget_bytes >> 20, engine.kv.page_size,
-      engine.max_batch, absl::ToInt64Microseconds(engine.max_wait));
+      engine.max_batch, absl::ToInt64Microseconds(engine.max_wait), mlaserve::MatrixUnitBackend());
 
   const absl::Time start = absl::Now();
   absl::StatusOr<std::unique_ptr<mlaserve::service::MlaServer>> server =

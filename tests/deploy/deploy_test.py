@@ -203,14 +203,15 @@ class NotifySocket:
         self.sock.close()
 
 
-def sandbox_like_the_unit(as_nobody):
+def sandbox_like_the_unit(as_nobody, deny_write_execute):
     """The unit's restrictions that need no systemd, applied in the child before exec."""
     def apply():
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
-        # The kernel's own MemoryDenyWriteExecute (Linux 6.3); older kernels lack it.
-        libc.prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0, 0, 0)
+        if deny_write_execute:
+            # The kernel's own MemoryDenyWriteExecute (Linux 6.3); older kernels lack it.
+            libc.prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0, 0, 0)
         if as_nobody:
             os.setgroups([])
             os.setgid(NOBODY)
@@ -226,13 +227,13 @@ def mdwe_supported():
 class Server:
     """The installed binary, started as the unit would start it."""
 
-    def __init__(self, command, env, as_nobody, log_dir, wrapper=()):
+    def __init__(self, command, env, as_nobody, log_dir, wrapper=(), deny_write_execute=False):
         self.log_path = os.path.join(log_dir, f"server-{time.monotonic_ns()}.log")
         self.log = open(self.log_path, "w+")
         self.process = subprocess.Popen(
             list(wrapper) + command, stdin=subprocess.DEVNULL, stdout=self.log,
             stderr=subprocess.STDOUT, cwd="/", env=env,
-            preexec_fn=sandbox_like_the_unit(as_nobody))
+            preexec_fn=sandbox_like_the_unit(as_nobody, deny_write_execute))
 
     def wait_log(self, text, timeout):
         deadline = time.monotonic() + timeout
@@ -280,20 +281,27 @@ def check_lifecycle(installed, unit_environment, scratch, failures):
     as_nobody = os.geteuid() == 0
     command = [installed["binary"], f"--flagfile={installed['flags']}"] + TEST_OVERRIDES
     health = installed["health probe"]
+    with open(installed["unit"]) as f:
+        unit_denies_write_execute = re.search(r"^MemoryDenyWriteExecute=yes", f.read(), re.M) is not None
     notify = NotifySocket(scratch)
     env = server_env(notify, os.path.dirname(installed["profile"]), unit_environment)
     try:
         started = time.monotonic()
-        server = Server(command, env, as_nobody, scratch)
+        server = Server(command, env, as_nobody, scratch, deny_write_execute=unit_denies_write_execute)
         ready = notify.wait_for("READY=1", timeout=60)
         if not failures.check(ready, f"no READY=1 within 60 s; log:\n{server.output()}"):
             server.stop()
             return
         pid, message = ready
+        mdwe = "unsupported by this kernel" if not mdwe_supported() else (
+            "on" if unit_denies_write_execute else "off, as in the unit")
         print(f"lifecycle: READY=1 after {time.monotonic() - started:.2f} s "
-              f"({'as nobody' if as_nobody else 'as the current user'}, "
-              f"MDWE {'on' if mdwe_supported() else 'unsupported by this kernel'}): "
+              f"({'as nobody' if as_nobody else 'as the current user'}, MDWE {mdwe}): "
               f"{message.strip()!r}")
+        if not unit_denies_write_execute:
+            failures.check("matrix unit on libxsmm" in server.output(),
+                           f"the unit permits LIBXSMM's generated code but the server does not use it:\n"
+                           f"{server.output()}")
         failures.check(pid == server.process.pid,
                        f"READY=1 came from pid {pid}, not the main process {server.process.pid}")
         port = server.port("gRPC")
@@ -331,6 +339,22 @@ def check_lifecycle(installed, unit_environment, scratch, failures):
                        "SIGTERM during warm-up: no STOPPING=1")
         print(f"lifecycle: SIGTERM during warm-up ({'before' if early else 'after'} "
               f"'ready:') -> exit {code}")
+
+        # Someone re-enables MemoryDenyWriteExecute=: LIBXSMM's JIT is refused, and the
+        # server must notice and serve through OpenBLAS instead of crashing.
+        if mdwe_supported():
+            server = Server(command, env, as_nobody, scratch, deny_write_execute=True)
+            ready = notify.wait_for("READY=1", timeout=60)
+            failures.check(ready, f"under MDWE: no READY=1; log:\n{server.output()}")
+            if ready:
+                probe = run([health, "--target", f"127.0.0.1:{server.port('gRPC')}", "--timeout", "5"])
+                failures.check(probe.returncode == 0 and "SERVING" in probe.stdout,
+                               f"under MDWE: mlaserve-health: {probe.stdout}")
+            failures.check("matrix unit on openblas" in server.output(),
+                           f"under MDWE: no OpenBLAS fallback in the log:\n{server.output()}")
+            code = server.stop()
+            failures.check(code == 0, f"under MDWE: exit {code}; log:\n{server.output()}")
+            print(f"lifecycle: under MDWE the matrix unit falls back to OpenBLAS, exit {code}")
     finally:
         notify.close()
 

@@ -6,6 +6,7 @@
 #include <variant>
 
 #include "kernels/core/bfloat16.h"
+#include "kernels/core/matmul.h"
 #include "kernels/core/status_macros.h"
 #include "kernels/core/tiling.h"
 #include "kernels/npu/programs/attention_kernel.h"
@@ -88,7 +89,8 @@ class CubeProgram {
 
   // [C1]: S = Q K^T for one task, into the task's scores slot. All of Q stays in L1 (up to
   // 4 stripes: 2 row tiles x 2 depth halves) so each K chunk is read from GM once and used
-  // by every row tile; each row tile accumulates in its own L0C tile.
+  // by every row tile; each row tile accumulates in its own L0C tile. Q is held transposed,
+  // so the cube forms S^T = K Q^T in the NN form and FIX writes it back as rows of S.
   void Scores(const AttentionTask& t, int slot) {
     const RowGroup& g = w_.groups[t.group];
     const GmBuffer s_slot = ws_.SlotRows(ws_.scores, aic_.block(), slot, kKvBlockTokens * 4);
@@ -99,7 +101,7 @@ class CubeProgram {
       return std::pair{GmRegion::Rows(g.q, first * 2, m.size, d.size * 2, w_.dk * 2),
                        std::pair{g.q.as<Bf16>() == nullptr ? nullptr : g.q.as<Bf16>() + first,
                                  static_cast<int64_t>(w_.dk)}};
-    }, "Q stripe");
+    }, /*transposed=*/true, "Q stripe");
 
     const std::vector<Tile> n_tiles = Tiles(t.tokens, kKChunkTokens);
     for (size_t nt = 0; nt < n_tiles.size(); ++nt) {
@@ -116,11 +118,11 @@ class CubeProgram {
           const int m = m_tiles[mt].size;
           if (nt == 0) l1_.stripes.Consume(q_slot[d][mt]);  // first use of this stripe
           if (d == 0) c[mt] = l0_.AcquireTile();            // first write of this tile
-          const float* q = l1_.stripes.slot(q_slot[d][mt]).as<float>();
+          const float* q_t = l1_.stripes.slot(q_slot[d][mt]).as<float>();  // [width][m]
           for (int k0 = 0; k0 < width; k0 += kQkDepthChunk) {
             const int kk = std::min(kQkDepthChunk, width - k0);
-            l0_.Multiply(m, n, kk, {q + k0, width, m, kk}, "Q tile", {chunk + k0, width, n, kk}, "K tile",
-                         /*transpose_b=*/true, c[mt], d > 0 || k0 > 0, "QK^T");
+            l0_.Multiply(n, m, kk, {chunk + k0, width, n, kk}, "K tile", {q_t + static_cast<int64_t>(k0) * m, m, kk, m},
+                         "Q tile", c[mt], d > 0 || k0 > 0, "QK^T");
           }
           // The last depth half of a row tile: hand its S tile to FIX while the cube goes on.
           if (d + 1 == depth.size()) FlushScores(s_slot, m_tiles[mt], n0, n, c[mt]);
@@ -150,7 +152,7 @@ class CubeProgram {
       return std::pair{GmRegion::Rows(p_slot, first * 2, m.size, h.size * 2, kKvBlockTokens * 2),
                        std::pair{p_slot.as<Bf16>() == nullptr ? nullptr : p_slot.as<Bf16>() + first,
                                  static_cast<int64_t>(kKvBlockTokens)}};
-    }, "P stripe");
+    }, /*transposed=*/false, "P stripe");
 
     bool first_write = true;
     const std::vector<Tile> n_tiles = Tiles(w_.dv, kTileCols);
@@ -172,8 +174,7 @@ class CubeProgram {
           for (int j = 0; j < width; j += kPvDepthChunk) {
             const int kk = std::min(kPvDepthChunk, width - j);
             l0_.Multiply(m, n, kk, {p + j, width, m, kk}, "P tile",
-                         {chunk + static_cast<int64_t>(j) * n, n, kk, n}, "V tile",
-                         /*transpose_b=*/false, c[mt], h > 0 || j > 0, "PV");
+                         {chunk + static_cast<int64_t>(j) * n, n, kk, n}, "V tile", c[mt], h > 0 || j > 0, "PV");
           }
           if (h + 1 == halves.size()) {
             if (first_write) {
@@ -197,10 +198,10 @@ class CubeProgram {
  private:
   // Loads every (outer, row tile) stripe of a stage into the stripe ring, outer-major so the
   // first outer half is the first to be released. `source` gives each stripe's GM region and
-  // (host pointer, row stride).
+  // (host pointer, row stride); a transposed stripe is stored [outer][rows].
   template <typename Source>
   std::vector<std::vector<int>> LoadStripes(const std::vector<Tile>& outer, const std::vector<Tile>& m_tiles,
-                                            Source source, const char* label) {
+                                            Source source, bool transposed, const char* label) {
     std::vector<std::vector<int>> slots(outer.size(), std::vector<int>(m_tiles.size()));
     for (size_t o = 0; o < outer.size(); ++o) {
       for (size_t mt = 0; mt < m_tiles.size(); ++mt) {
@@ -209,8 +210,14 @@ class CubeProgram {
         float* dst = l1_.stripes.slot(s).as<float>();
         Payload copy;
         if (aic_.executes()) {
-          copy = [src = host.first, stride = host.second, dst, rows = m_tiles[mt].size,
-                  width = outer[o].size] { WidenRowsToL1(src, stride, rows, width, dst); };
+          copy = [src = host.first, stride = host.second, dst, rows = m_tiles[mt].size, width = outer[o].size,
+                  transposed] {
+            if (transposed) {
+              WidenTransposedToL1(src, stride, rows, width, dst);
+            } else {
+              WidenRowsToL1(src, stride, rows, width, dst);
+            }
+          };
         }
         aic_.ReadGm(region, std::move(copy), label);
         l1_.stripes.Publish(s);
@@ -224,8 +231,9 @@ class CubeProgram {
     const int64_t first = static_cast<int64_t>(m.begin) * kKvBlockTokens + n0;
     Payload write;
     if (aic_.executes()) {
+      // The tile holds S^T [n][rows] (see Scores).
       write = [acc = l0_.tile(c), dst = s_slot.as<float>() + first, rows = m.size, n] {
-        for (int r = 0; r < rows; ++r) std::memcpy(dst + r * kKvBlockTokens, acc + r * kTileCols, n * sizeof(float));
+        Transpose(n, rows, acc, kTileCols, dst, kKvBlockTokens);
       };
     }
     l0_.Flush(c, GmRegion::Rows(s_slot, first * 4, m.size, n * 4, kKvBlockTokens * 4), AtomicMode::kNone,

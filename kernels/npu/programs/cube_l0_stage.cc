@@ -1,5 +1,7 @@
 #include "kernels/npu/programs/cube_l0_stage.h"
 
+#include <algorithm>
+
 #include "kernels/core/matmul.h"
 #include "kernels/core/status_macros.h"
 #include "kernels/core/vector_ops.h"
@@ -29,8 +31,8 @@ absl::StatusOr<std::unique_ptr<CubeL0Stage>> CubeL0Stage::Create(CoreRecorder& a
 int CubeL0Stage::AcquireTile() { return l0c_->Acquire(); }
 
 void CubeL0Stage::Multiply(int m, int n, int k, const Operand& a, const char* a_label,
-                           const Operand& b, const char* b_label, bool transpose_b, int t,
-                           bool accumulate, const char* label) {
+                           const Operand& b, const char* b_label, int t, bool accumulate,
+                           const char* label) {
   const int l = l0_->Acquire();
   aic_.LoadL0(Space::kL0A, static_cast<int64_t>(a.rows) * a.cols * 2, nullptr, a_label);
   aic_.LoadL0(Space::kL0B, static_cast<int64_t>(b.rows) * b.cols * 2, nullptr, b_label);
@@ -40,11 +42,10 @@ void CubeL0Stage::Multiply(int m, int n, int k, const Operand& a, const char* a_
   if (aic_.executes()) {
     float* c = tile(t);
     multiply = [=] {
-      if (transpose_b) {
-        MatmulTileNT(m, n, k, a.src, a.ld, b.src, b.ld, c, kTile, accumulate);
-      } else {
-        MatmulTileNN(m, n, k, a.src, a.ld, b.src, b.ld, c, kTile, accumulate);
+      if (!accumulate) {
+        for (int r = 0; r < m; ++r) std::fill_n(c + r * kTile, n, 0.0f);
       }
+      MatmulTile(m, n, k, a.src, a.ld, b.src, b.ld, c, kTile);
     };
   }
   aic_.Mmad(m, n, k, std::move(multiply), label);
@@ -66,6 +67,21 @@ void CubeL0Stage::Drain() {
 
 void WidenRowsToL1(const Bf16* src, int64_t stride, int rows, int width, float* dst) {
   for (int r = 0; r < rows; ++r) WidenBf16(src + r * stride, width, dst + static_cast<int64_t>(r) * width);
+}
+
+void WidenTransposedToL1(const Bf16* src, int64_t stride, int rows, int width, float* dst) {
+  // A band of rows at a time through a stack buffer small enough to stay in the host's L1.
+  constexpr int kBandRows = 16;
+  constexpr int kMaxWidth = 512;
+  float band[kBandRows * kMaxWidth];
+  for (int c0 = 0; c0 < width; c0 += kMaxWidth) {
+    const int cw = std::min(kMaxWidth, width - c0);
+    for (int r0 = 0; r0 < rows; r0 += kBandRows) {
+      const int rb = std::min(kBandRows, rows - r0);
+      WidenRowsToL1(src + r0 * stride + c0, stride, rb, cw, band);
+      Transpose(rb, cw, band, cw, dst + static_cast<int64_t>(c0) * rows + r0, rows);
+    }
+  }
 }
 
 }  // namespace mlaserve::npu

@@ -18,7 +18,10 @@ namespace mlaserve::npu {
 //
 // On the host the L1 buffers hold operands widened to fp32 and the MMAD reads them there
 // (the staging copy would change no bit); callers must therefore release an L1 buffer from
-// the M pipe, after the last Multiply that reads it.
+// the M pipe, after the last Multiply that reads it. Every MMAD is one MatmulTile call,
+// C += A . B with B laid out [k][n]; an A . B^T product is formed transposed as
+// kernels/core/matmul.h defines it, with A stored transposed in L1 (MTE2's ND -> fractal
+// conversion on the device) and the tile transposed back when FIX writes it.
 class CubeL0Stage {
  public:
   static constexpr int kTile = 128;  // baseM = baseN
@@ -37,9 +40,9 @@ class CubeL0Stage {
   int AcquireTile();
   float* tile(int t) const { return l0c_->slot(t).as<float>(); }
 
-  // C(tile) (+)= A . B (B given [k][n]) or A . B^T (B given [n][k]), m x n x k.
+  // C(tile) (+)= A . B, A given [m][k] and B [k][n].
   void Multiply(int m, int n, int k, const Operand& a, const char* a_label, const Operand& b,
-                const char* b_label, bool transpose_b, int tile, bool accumulate, const char* label);
+                const char* b_label, int tile, bool accumulate, const char* label);
 
   // Hands a finished tile to FIX, which writes it with `write` into `dst`, then frees it.
   void Flush(int tile, const GmRegion& dst, AtomicMode atomic, Payload write, const char* label);
@@ -57,6 +60,9 @@ class CubeL0Stage {
 // Copies `rows` bf16 rows of `width` (source row stride `stride`) into an L1 buffer's fp32
 // shadow [rows][width].
 void WidenRowsToL1(const Bf16* src, int64_t stride, int rows, int width, float* dst);
+
+// The same rows stored transposed, as the shadow [width][rows].
+void WidenTransposedToL1(const Bf16* src, int64_t stride, int rows, int width, float* dst);
 
 }  // namespace mlaserve::npu
 
