@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_format.h"
 #include "bench/sgemm_baseline.h"
+#include "kernels/core/matmul.h"
 #include "kernels/core/random_fill.h"
 #include "kernels/core/status_macros.h"
 #include "kernels/npu/device.h"
@@ -56,6 +57,10 @@ absl::Status RunKernelCommand(const KernelCommandOptions& o, std::ostream& out) 
         profile.name, profile.cube_cores, profile.PeakFlops() / 1e12,
         profile.HbmBytesPerSecond() / 1e12, o.batch, o.heads, o.preload,
         o.model_only ? " (model only)" : "");
+    if (!o.model_only) {
+      out << absl::StrFormat("host: %d threads, matrix unit on %s, baseline %s\n", o.host_threads,
+                             MatrixUnitBackend(), SgemmBaselineName());
+    }
     out << absl::StrFormat("%-5s %3s %6s %11s %6s %6s %8s %6s %8s %9s %9s %10s %6s\n", "kernel",
                            "sq", "sk", "modeled_us", "FU%", "AIC.M", "AIC.MTE2", "AIV.V",
                            "AIV.MTE2", "host_ms", "host_GF/s", "sgemm_GF/s", "ratio");
@@ -107,6 +112,8 @@ absl::Status RunKernelCommand(const KernelCommandOptions& o, std::ostream& out) 
             row["host_ms"] = *report.host_ms;
             row["host_gflops"] = host_gflops;
             row["host_sgemm_gflops"] = sgemm_gflops;
+            row["matrix_unit"] = MatrixUnitBackend();
+            row["sgemm_baseline"] = SgemmBaselineName();
           }
           out << row.dump() << "\n";
         } else {

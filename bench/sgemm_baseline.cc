@@ -4,6 +4,7 @@
 #include <chrono>
 #include <latch>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -12,6 +13,8 @@
 #include "kernels/core/matmul.h"
 
 namespace mlaserve::bench {
+
+std::string SgemmBaselineName() { return std::string("OpenBLAS ") + openblas_get_corename() + " kernels"; }
 
 double MeasureSgemmBaselineGflops(const std::map<std::tuple<int, int, int>, int64_t>& shapes,
                                   int threads, int64_t max_calls_per_shape) {

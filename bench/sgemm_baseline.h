@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <map>
+#include <string>
 #include <tuple>
 
 namespace mlaserve::bench {
@@ -12,6 +13,10 @@ namespace mlaserve::bench {
 // `threads` warmed-up host threads like the emulator spreads its cores, operands cache-hot.
 // This is the ceiling the emulator's host execution is compared against; the emulator
 // itself runs the same calls through LIBXSMM (kernels/core/matmul.h).
+// Which OpenBLAS kernels the baseline runs, e.g. "OpenBLAS Haswell kernels": OpenBLAS picks
+// them from the CPU it detects, and OPENBLAS_CORETYPE overrides that (docs/performance.md).
+std::string SgemmBaselineName();
+
 double MeasureSgemmBaselineGflops(const std::map<std::tuple<int, int, int>, int64_t>& shapes,
                                   int threads, int64_t max_calls_per_shape = 2000);
 
