@@ -121,8 +121,8 @@ class CubeProgram {
           const float* q_t = l1_.stripes.slot(q_slot[d][mt]).as<float>();  // [width][m]
           for (int k0 = 0; k0 < width; k0 += kQkDepthChunk) {
             const int kk = std::min(kQkDepthChunk, width - k0);
-            l0_.Multiply(n, m, kk, {chunk + k0, width, n, kk}, "K tile", {q_t + static_cast<int64_t>(k0) * m, m, kk, m},
-                         "Q tile", c[mt], d > 0 || k0 > 0, "QK^T");
+            l0_.Multiply(n, m, kk, {chunk + k0, width, n, kk}, "K tile",
+                         {q_t + static_cast<int64_t>(k0) * m, m, kk, m}, "Q tile", c[mt], d > 0 || k0 > 0, "QK^T");
           }
           // The last depth half of a row tile: hand its S tile to FIX while the cube goes on.
           if (d + 1 == depth.size()) FlushScores(s_slot, m_tiles[mt], n0, n, c[mt]);
