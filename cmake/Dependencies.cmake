@@ -23,10 +23,15 @@ find_package(nlohmann_json CONFIG REQUIRED)
 # after the matrix unit (scalar libm expf, one call per score).
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(SLEEF REQUIRED IMPORTED_TARGET sleef)
-# LIBXSMM: JIT-generated small-GEMM kernels for the matrix unit's 128 x 128 tiles, where
-# OpenBLAS loses a large share of each call to packing both operands. Debian ships it as a
-# static library whose BLAS fallback symbols OpenBLAS provides.
-pkg_check_modules(LIBXSMM REQUIRED IMPORTED_TARGET libxsmm)
+# oneDNN: the matrix unit's 128 x 128 tiles as bf16 matmuls on the CPU's matrix engine (AMX)
+# where there is one. Found directly: Debian's CMake config also demands OpenCL headers for
+# its GPU runtime, which mlaserve does not use. OpenMP only to run oneDNN one thread per call.
+find_library(DNNL_LIBRARY dnnl REQUIRED)
+find_path(DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.hpp REQUIRED)
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+add_library(mlaserve_dnnl INTERFACE)
+target_link_libraries(mlaserve_dnnl INTERFACE ${DNNL_LIBRARY} OpenMP::OpenMP_CXX)
+target_include_directories(mlaserve_dnnl SYSTEM INTERFACE ${DNNL_INCLUDE_DIR})
 
 # The gRPC edge (server/service, client/). Protobuf 3.21 ships no CMake config: CMake's own
 # FindProtobuf module. gRPC's config import-checks every protoc plugin, so it needs

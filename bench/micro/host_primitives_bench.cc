@@ -93,59 +93,39 @@ void BM_WidenBf16_KBlock(benchmark::State& state) {
 BENCHMARK(BM_WidenBf16_KBlock);
 
 // The matrix unit's host work for one 128 x 128 output tile of Q K^T (depth 96) and of P V
-// (depth 128): LIBXSMM's JIT kernel, which mlaserve uses, beside OpenBLAS SGEMM on the same
-// call (which packs both operands every time), with the FLOP rate of each.
+// (depth 128): oneDNN's bf16 matmul, which mlaserve uses (operands as L1 holds them: compact
+// bf16), beside OpenBLAS SGEMM on the same tile in fp32, with the FLOP rate of each.
 template <typename Multiply>
 void RunMatmulTile(benchmark::State& state, Multiply multiply) {
   const int k = static_cast<int>(state.range(0));
-  std::vector<float> a(128 * k, 0.5f), b(128 * k, 0.25f), c(128 * 128);
-  for (auto _ : state) {
-    multiply(k, a.data(), b.data(), c.data());
-    benchmark::DoNotOptimize(c.data());
-  }
+  for (auto _ : state) multiply(k);
   state.counters["FLOPS"] =
       benchmark::Counter(2.0 * 128 * 128 * k * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate,
                          benchmark::Counter::OneK::kIs1000);
 }
 
-void BM_MatmulTile_Libxsmm(benchmark::State& state) {
-  RunMatmulTile(state, [](int k, const float* a, const float* b, float* c) {
-    MatmulTile(128, 128, k, a, k, b, 128, c, 128);
+void BM_MatmulTile_OneDnnBf16(benchmark::State& state) {
+  const int k = static_cast<int>(state.range(0));
+  std::vector<Bf16> a(128 * k, Bf16::FromFloat(0.5f)), b(128 * k, Bf16::FromFloat(0.25f));
+  std::vector<float> c(128 * 128);
+  RunMatmulTile(state, [&](int depth) {
+    MatmulTileNN(128, 128, depth, a.data(), b.data(), c.data());
+    benchmark::DoNotOptimize(c.data());
   });
 }
-BENCHMARK(BM_MatmulTile_Libxsmm)->Arg(96)->Arg(128);
+BENCHMARK(BM_MatmulTile_OneDnnBf16)->Arg(96)->Arg(128);
 
 void BM_MatmulTile_OpenBlasSgemm(benchmark::State& state) {
   UseOneOpenBlasThreadPerCall();
-  RunMatmulTile(state, [](int k, const float* a, const float* b, float* c) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 128, 128, k, 1.0f, a, k, b, 128, 1.0f, c, 128);
+  const int k = static_cast<int>(state.range(0));
+  std::vector<float> a(128 * k, 0.5f), b(128 * k, 0.25f), c(128 * 128);
+  RunMatmulTile(state, [&](int depth) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 128, 128, depth, 1.0f, a.data(), depth, b.data(), 128,
+                1.0f, c.data(), 128);
+    benchmark::DoNotOptimize(c.data());
   });
 }
 BENCHMARK(BM_MatmulTile_OpenBlasSgemm)->Arg(96)->Arg(128);
-
-// The layout change the cube's data paths make once per operand or result tile instead of
-// once per MMAD (a 128 x 128 fp32 tile), beside the plain loop it replaces.
-void BM_TransposeTile_OpenBlas(benchmark::State& state) {
-  std::vector<float> in(128 * 128, 1.0f), out(128 * 512);
-  for (auto _ : state) {
-    Transpose(128, 128, in.data(), 128, out.data(), 512);
-    benchmark::DoNotOptimize(out.data());
-  }
-  state.SetBytesProcessed(state.iterations() * 128 * 128 * 4);
-}
-BENCHMARK(BM_TransposeTile_OpenBlas);
-
-void BM_TransposeTile_Loop(benchmark::State& state) {
-  std::vector<float> in(128 * 128, 1.0f), out(128 * 512);
-  for (auto _ : state) {
-    for (int r = 0; r < 128; ++r) {
-      for (int c = 0; c < 128; ++c) out[c * 512 + r] = in[r * 128 + c];
-    }
-    benchmark::DoNotOptimize(out.data());
-  }
-  state.SetBytesProcessed(state.iterations() * 128 * 128 * 4);
-}
-BENCHMARK(BM_TransposeTile_Loop);
 
 }  // namespace
 }  // namespace mlaserve

@@ -1,13 +1,19 @@
 #include "kernels/core/matmul.h"
 
 #include <algorithm>
+#include <map>
 #include <mutex>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include <cblas.h>
-#include <libxsmm.h>
+#include <omp.h>
 #include <sys/mman.h>
 #include <unistd.h>
+
+#include "kernels/core/vector_ops.h"
+#include "oneapi/dnnl/dnnl.hpp"
 
 // OpenBLAS's own worker pool (exported, used by its fork handler).
 extern "C" int blas_thread_shutdown_(void);
@@ -15,9 +21,9 @@ extern "C" int blas_thread_shutdown_(void);
 namespace mlaserve {
 namespace {
 
-// Whether this process may turn written memory into code, which LIBXSMM's JIT needs. Under
-// systemd's MemoryDenyWriteExecute= or the kernel's PR_SET_MDWE it may not, and LIBXSMM
-// then hands out kernels that crash when called; the probe makes that a fallback instead.
+// Whether this process may turn written memory into code, which oneDNN's JIT needs. Under
+// systemd's MemoryDenyWriteExecute= or the kernel's PR_SET_MDWE it may not; the probe makes
+// that a fallback to OpenBLAS instead of a failure.
 bool CanMapGeneratedCode() {
   const long page = sysconf(_SC_PAGESIZE);
   void* p = mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -27,21 +33,133 @@ bool CanMapGeneratedCode() {
   return ok;
 }
 
-// LIBXSMM's initialisation, once per process; false when it must not be used.
-bool LibxsmmUsable() {
-  static const bool usable = [] {
-    if (!CanMapGeneratedCode()) return false;
-    libxsmm_init();
-    return true;
-  }();
+// Whether oneDNN runs the matrix unit in this process (checked once).
+bool DnnlUsable() {
+  static const bool usable = CanMapGeneratedCode();
   return usable;
 }
 
-void ZeroRows(int m, int n, float* c, int64_t ldc) {
-  for (int i = 0; i < m; ++i) std::fill_n(c + i * ldc, n, 0.0f);
+// The tile call as a oneDNN matmul: bf16 A [m][k] x bf16 B ([k][n], or [n][k] read
+// transposed), accumulated into fp32 C [m][n] (leading dimension kMatrixTile) by the sum
+// post-op. One per thread: a primitive shared between threads serialises them.
+class DnnlTiles {
+ public:
+  DnnlTiles() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {
+    // mlaserve runs many tiles concurrently from its own threads: one OpenMP thread per call.
+    omp_set_num_threads(1);
+  }
+
+  void Run(int m, int n, int k, bool b_transposed, const Bf16* a, const Bf16* b, float* c) {
+    Shape& shape = ShapeOf(m, n, k, b_transposed);
+    // oneDNN's handles are not const-correct; the inputs are only read.
+    shape.a.set_data_handle(const_cast<Bf16*>(a));
+    shape.b.set_data_handle(const_cast<Bf16*>(b));
+    shape.c.set_data_handle(c);
+    shape.matmul.execute(stream_, {{DNNL_ARG_SRC, shape.a}, {DNNL_ARG_WEIGHTS, shape.b}, {DNNL_ARG_DST, shape.c}});
+  }
+
+  std::string Implementation() const { return Describe(128, 128, 96, false).impl_info_str(); }
+
+ private:
+  struct Shape {
+    dnnl::matmul matmul;
+    dnnl::memory a, b, c;
+  };
+
+  static dnnl::memory::desc ADesc(int m, int k) { return {{m, k}, dnnl::memory::data_type::bf16, {k, 1}}; }
+  static dnnl::memory::desc BDesc(int k, int n, bool transposed) {
+    return {{k, n}, dnnl::memory::data_type::bf16, transposed ? dnnl::memory::dims{1, k} : dnnl::memory::dims{n, 1}};
+  }
+  static dnnl::memory::desc CDesc(int m, int n) { return {{m, n}, dnnl::memory::data_type::f32, {kMatrixTile, 1}}; }
+
+  dnnl::matmul::primitive_desc Describe(int m, int n, int k, bool b_transposed) const {
+    dnnl::post_ops accumulate;
+    accumulate.append_sum(1.0f);
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(accumulate);
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(ADesc(m, k), BDesc(k, n, b_transposed), CDesc(m, n)),
+                                        attr, engine_);
+  }
+
+  Shape& ShapeOf(int m, int n, int k, bool b_transposed) {
+    const auto key = std::tuple{m, n, k, b_transposed};
+    auto it = shapes_.find(key);
+    if (it == shapes_.end()) {
+      Shape shape{dnnl::matmul(Describe(m, n, k, b_transposed)), dnnl::memory(ADesc(m, k), engine_, nullptr),
+                  dnnl::memory(BDesc(k, n, b_transposed), engine_, nullptr),
+                  dnnl::memory(CDesc(m, n), engine_, nullptr)};
+      it = shapes_.emplace(key, std::move(shape)).first;
+    }
+    return it->second;
+  }
+
+  dnnl::engine engine_;
+  dnnl::stream stream_;
+  std::map<std::tuple<int, int, int, bool>, Shape> shapes_;
+};
+
+DnnlTiles& ThisThreadsTiles() {
+  thread_local DnnlTiles tiles;
+  return tiles;
 }
 
-int ChunkOf(int k, int k_chunk) { return k_chunk > 0 ? k_chunk : std::max(k, 1); }
+void TileCall(int m, int n, int k, bool b_transposed, const Bf16* a, const Bf16* b, float* c) {
+  if (m <= 0 || n <= 0 || k <= 0) return;
+  if (DnnlUsable()) {
+    ThisThreadsTiles().Run(m, n, k, b_transposed, a, b, c);
+    return;
+  }
+  // No JIT in this process: OpenBLAS on the widened operands, still one call per tile and
+  // chunk (the same calls on every path, so host and device keep agreeing).
+  std::vector<float> a32(static_cast<size_t>(m) * k), b32(static_cast<size_t>(k) * n);
+  WidenBf16(a, static_cast<int64_t>(m) * k, a32.data());
+  WidenBf16(b, static_cast<int64_t>(k) * n, b32.data());
+  UseOneOpenBlasThreadPerCall();
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a32.data(), k,
+              b32.data(), b_transposed ? k : n, 1.0f, c, kMatrixTile);
+}
+
+// Copies a [rows][cols] block (leading dimension ld) into compact bf16.
+void NarrowBlock(int rows, int cols, const float* src, int64_t ld, Bf16* dst) {
+  for (int r = 0; r < rows; ++r) NarrowToBf16(src + r * ld, cols, dst + static_cast<int64_t>(r) * cols);
+}
+
+// The host's side of the definition: per output tile, an L0C-like tile; per chunk, the
+// operands made compact and one tile call.
+void Tiled(bool b_transposed, int m, int n, int k, const float* a, int64_t lda, const float* b, int64_t ldb,
+           float* c, int64_t ldc, bool accumulate, int k_chunk) {
+  if (m <= 0 || n <= 0) return;
+  const int chunk = k_chunk > 0 ? k_chunk : std::max(k, 1);
+  const size_t operand = static_cast<size_t>(kMatrixTile) * std::min(chunk, std::max(k, 1));
+  std::vector<Bf16> a_chunk(operand), b_chunk(operand);
+  std::vector<float> tile(static_cast<size_t>(kMatrixTile) * kMatrixTile);
+  for (int i = 0; i < m; i += kMatrixTile) {
+    const int tm = std::min(kMatrixTile, m - i);
+    for (int j = 0; j < n; j += kMatrixTile) {
+      const int tn = std::min(kMatrixTile, n - j);
+      float* out = c + i * ldc + j;
+      for (int r = 0; r < tm; ++r) {
+        float* row = tile.data() + r * kMatrixTile;
+        if (accumulate) {
+          std::copy_n(out + r * ldc, tn, row);
+        } else {
+          std::fill_n(row, tn, 0.0f);
+        }
+      }
+      for (int k0 = 0; k0 < k; k0 += chunk) {
+        const int kc = std::min(chunk, k - k0);
+        NarrowBlock(tm, kc, a + i * lda + k0, lda, a_chunk.data());
+        if (b_transposed) {
+          NarrowBlock(tn, kc, b + j * ldb + k0, ldb, b_chunk.data());
+        } else {
+          NarrowBlock(kc, tn, b + k0 * ldb + j, ldb, b_chunk.data());
+        }
+        TileCall(tm, tn, kc, b_transposed, a_chunk.data(), b_chunk.data(), tile.data());
+      }
+      for (int r = 0; r < tm; ++r) std::copy_n(tile.data() + r * kMatrixTile, tn, out + r * ldc);
+    }
+  }
+}
 
 }  // namespace
 
@@ -53,79 +171,26 @@ void UseOneOpenBlasThreadPerCall() {
   });
 }
 
-const char* MatrixUnitBackend() { return LibxsmmUsable() ? "libxsmm" : "openblas"; }
+std::string MatrixUnitBackend() {
+  return DnnlUsable() ? "oneDNN " + ThisThreadsTiles().Implementation() : "OpenBLAS";
+}
 
-void MatmulTile(int m, int n, int k, const float* a, int64_t lda, const float* b, int64_t ldb,
-                float* c, int64_t ldc) {
-  if (m <= 0 || n <= 0 || k <= 0) return;
-  if (LibxsmmUsable()) {
-    const float alpha = 1.0f, beta = 1.0f;
-    const int flags = LIBXSMM_GEMM_FLAG_NONE;
-    // LIBXSMM is column-major, where this call reads C^T = B^T A^T with no transposition:
-    // B takes the first operand's place. A registry lookup after the first call per shape.
-    const libxsmm_blasint first_ld = ldb, second_ld = lda, out_ld = ldc;
-    const libxsmm_smmfunction kernel =
-        libxsmm_smmdispatch(n, m, k, &first_ld, &second_ld, &out_ld, &alpha, &beta, &flags, nullptr);
-    if (kernel != nullptr) {
-      kernel(b, a, c);
-      return;
-    }
-  }
-  // No JIT in this process or for this shape: OpenBLAS, still one call per tile and chunk
-  // (the same calls on every path, so host and device keep agreeing).
-  UseOneOpenBlasThreadPerCall();
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a, static_cast<blasint>(lda), b,
-              static_cast<blasint>(ldb), 1.0f, c, static_cast<blasint>(ldc));
+void MatmulTileNN(int m, int n, int k, const Bf16* a, const Bf16* b, float* c) {
+  TileCall(m, n, k, /*b_transposed=*/false, a, b, c);
+}
+
+void MatmulTileNT(int m, int n, int k, const Bf16* a, const Bf16* b, float* c) {
+  TileCall(m, n, k, /*b_transposed=*/true, a, b, c);
 }
 
 void MatmulNN(int m, int n, int k, const float* a, int64_t lda, const float* b, int64_t ldb,
               float* c, int64_t ldc, bool accumulate, int k_chunk) {
-  if (m <= 0 || n <= 0) return;
-  if (!accumulate) ZeroRows(m, n, c, ldc);
-  const int chunk = ChunkOf(k, k_chunk);
-  for (int i = 0; i < m; i += kMatrixTile) {
-    const int tm = std::min(kMatrixTile, m - i);
-    for (int j = 0; j < n; j += kMatrixTile) {
-      const int tn = std::min(kMatrixTile, n - j);
-      for (int k0 = 0; k0 < k; k0 += chunk) {
-        MatmulTile(tm, tn, std::min(chunk, k - k0), a + i * lda + k0, lda, b + k0 * ldb + j, ldb,
-                   c + i * ldc + j, ldc);
-      }
-    }
-  }
+  Tiled(/*b_transposed=*/false, m, n, k, a, lda, b, ldb, c, ldc, accumulate, k_chunk);
 }
 
 void MatmulNT(int m, int n, int k, const float* a, int64_t lda, const float* b, int64_t ldb,
               float* c, int64_t ldc, bool accumulate, int k_chunk) {
-  if (m <= 0 || n <= 0) return;
-  const int chunk = ChunkOf(k, k_chunk);
-  std::vector<float> a_t(static_cast<size_t>(std::max(k, 1)) * kMatrixTile);  // [k][tm]
-  std::vector<float> c_t(static_cast<size_t>(kMatrixTile) * kMatrixTile);    // [tn][128]
-  for (int i = 0; i < m; i += kMatrixTile) {
-    const int tm = std::min(kMatrixTile, m - i);
-    Transpose(tm, k, a + i * lda, lda, a_t.data(), tm);
-    for (int j = 0; j < n; j += kMatrixTile) {
-      const int tn = std::min(kMatrixTile, n - j);
-      float* tile = c + i * ldc + j;
-      if (accumulate) {
-        Transpose(tm, tn, tile, ldc, c_t.data(), kMatrixTile);
-      } else {
-        ZeroRows(tn, tm, c_t.data(), kMatrixTile);
-      }
-      for (int k0 = 0; k0 < k; k0 += chunk) {
-        MatmulTile(tn, tm, std::min(chunk, k - k0), b + j * ldb + k0, ldb, a_t.data() + k0 * tm, tm, c_t.data(),
-                   kMatrixTile);
-      }
-      Transpose(tn, tm, c_t.data(), kMatrixTile, tile, ldc);
-    }
-  }
-}
-
-void Transpose(int rows, int cols, const float* in, int64_t ldi, float* out, int64_t ldo) {
-  if (rows <= 0 || cols <= 0) return;
-  UseOneOpenBlasThreadPerCall();
-  cblas_somatcopy(CblasRowMajor, CblasTrans, rows, cols, 1.0f, in, static_cast<blasint>(ldi), out,
-                  static_cast<blasint>(ldo));
+  Tiled(/*b_transposed=*/true, m, n, k, a, lda, b, ldb, c, ldc, accumulate, k_chunk);
 }
 
 void MatmulNTDouble(int m, int n, int k, const double* a, int64_t lda, const double* b,

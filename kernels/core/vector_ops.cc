@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -97,6 +98,15 @@ void RoundToBf16InPlace(float* x, int64_t n) {
 
 void WidenBf16(const Bf16* in, int64_t n, float* out) {
   for (int64_t j = 0; j < n; ++j) out[j] = in[j].ToFloat();
+}
+
+void NarrowToBf16(const float* in, int64_t n, Bf16* out) {
+  for (int64_t j = 0; j < n; ++j) {
+    const uint32_t u = std::bit_cast<uint32_t>(in[j]);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t quiet_nan = (u >> 16) | 0x0040u;
+    out[j] = Bf16{static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded)};
+  }
 }
 
 }  // namespace mlaserve

@@ -29,6 +29,10 @@ void RoundToBf16InPlace(float* x, int64_t n);
 // Widens n bf16 values to fp32.
 void WidenBf16(const Bf16* in, int64_t n, float* out);
 
+// out[j] = Bf16::FromFloat(in[j]) (round to nearest even, NaN kept quiet), written so the
+// compiler vectorises it; exact for values that are bf16 already.
+void NarrowToBf16(const float* in, int64_t n, Bf16* out);
+
 }  // namespace mlaserve
 
 #endif  // MLASERVE_KERNELS_CORE_VECTOR_OPS_H_

@@ -45,7 +45,7 @@ class HostExecutor {
   // Guarded by mu_:
   // Last in, first out: the work enabled most recently reads what its predecessor just
   // wrote, still in the host's caches; first-in-first-out interleaves all the cores'
-  // working sets (about 1.5 MiB each) and costs ~15 % at 16 busy cores (docs/performance.md).
+  // working sets (about 1 MiB each) and was measured ~15 % slower at 16 busy cores.
   std::vector<uint32_t> ready_;
   const Program* program_ = nullptr;
   GlobalMemory* gm_ = nullptr;

@@ -17,12 +17,10 @@ enum class Space : uint8_t { kL1, kL0A, kL0B, kL0C, kUb };
 
 absl::string_view SpaceName(Space space);
 
-// A region of one core's local memory. `bytes` is what the device holds. On the host, L1
-// keeps its bf16 matrix operands widened to fp32 (exact), twice `bytes`, because that is
-// the form SGEMM consumes; the MMAD then reads its operands straight out of L1, so L0A/L0B
-// have no host copy at all (staging them would change no bit and cost a copy per tile).
-// Their capacity, alignment and MTE1 time are still enforced and modelled. L0C and UB store
-// exactly what the device would.
+// A region of one core's local memory. `bytes` is what the device holds, and L1, L0C and UB
+// store exactly that on the host. The MMAD reads its operands straight out of L1, so L0A/L0B
+// have no host copy at all (staging them would change no bit and cost a copy per tile);
+// their capacity, alignment and MTE1 time are still enforced and modelled.
 struct LocalTensor {
   Space space = Space::kUb;
   int64_t offset = 0;
@@ -38,11 +36,10 @@ struct LocalTensor {
 // Host bytes per device byte in a space.
 constexpr int HostScale(Space space) {
   switch (space) {
-    case Space::kL1:
-      return 2;
     case Space::kL0A:
     case Space::kL0B:
       return 0;
+    case Space::kL1:
     case Space::kL0C:
     case Space::kUb:
       return 1;

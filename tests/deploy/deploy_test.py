@@ -299,8 +299,8 @@ def check_lifecycle(installed, unit_environment, scratch, failures):
               f"({'as nobody' if as_nobody else 'as the current user'}, MDWE {mdwe}): "
               f"{message.strip()!r}")
         if not unit_denies_write_execute:
-            failures.check("matrix unit on libxsmm" in server.output(),
-                           f"the unit permits LIBXSMM's generated code but the server does not use it:\n"
+            failures.check("matrix unit on oneDNN" in server.output(),
+                           f"the unit permits oneDNN's generated code but the server does not use it:\n"
                            f"{server.output()}")
         failures.check(pid == server.process.pid,
                        f"READY=1 came from pid {pid}, not the main process {server.process.pid}")
@@ -340,7 +340,7 @@ def check_lifecycle(installed, unit_environment, scratch, failures):
         print(f"lifecycle: SIGTERM during warm-up ({'before' if early else 'after'} "
               f"'ready:') -> exit {code}")
 
-        # Someone re-enables MemoryDenyWriteExecute=: LIBXSMM's JIT is refused, and the
+        # Someone re-enables MemoryDenyWriteExecute=: oneDNN's JIT is refused, and the
         # server must notice and serve through OpenBLAS instead of crashing.
         if mdwe_supported():
             server = Server(command, env, as_nobody, scratch, deny_write_execute=True)
@@ -350,7 +350,7 @@ def check_lifecycle(installed, unit_environment, scratch, failures):
                 probe = run([health, "--target", f"127.0.0.1:{server.port('gRPC')}", "--timeout", "5"])
                 failures.check(probe.returncode == 0 and "SERVING" in probe.stdout,
                                f"under MDWE: mlaserve-health: {probe.stdout}")
-            failures.check("matrix unit on openblas" in server.output(),
+            failures.check("matrix unit on OpenBLAS" in server.output(),
                            f"under MDWE: no OpenBLAS fallback in the log:\n{server.output()}")
             code = server.stop()
             failures.check(code == 0, f"under MDWE: exit {code}; log:\n{server.output()}")

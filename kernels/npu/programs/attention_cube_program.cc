@@ -6,7 +6,6 @@
 #include <variant>
 
 #include "kernels/core/bfloat16.h"
-#include "kernels/core/matmul.h"
 #include "kernels/core/status_macros.h"
 #include "kernels/core/tiling.h"
 #include "kernels/npu/programs/attention_kernel.h"
@@ -38,10 +37,10 @@ std::vector<Tile> Tiles(int extent, int tile) {
 }
 
 // Issues the MTE2 copies of keys (or values) [token0, token0 + count) x columns
-// [col0, col0 + width) of a group into an L1 buffer laid out [count][width]; one DMA per
-// contiguous run (a page, for paged keys).
+// [col0, col0 + width) of a group into an L1 buffer in depth blocks of `block` columns
+// (CopyRowsToL1); one DMA per contiguous run (a page, for paged keys).
 void ReadKeyRows(CoreRecorder& aic, const RowGroup& group, bool values, int token0, int count,
-                 int col0, int width, float* dst, const char* label) {
+                 int col0, int width, int block, Bf16* dst, const char* label) {
   const bool execute = aic.executes();
   if (const auto* paged = std::get_if<PagedKeys>(&group.keys)) {
     for (int done = 0; done < count;) {
@@ -53,9 +52,10 @@ void ReadKeyRows(CoreRecorder& aic, const RowGroup& group, bool values, int toke
       Payload copy;
       if (execute) {
         const Bf16* base = paged->pool.as<Bf16>() + first;
-        float* out = dst + static_cast<int64_t>(done) * width;
         const int64_t stride = paged->width;
-        copy = [base, out, run, width, stride] { WidenRowsToL1(base, stride, run, width, out); };
+        copy = [base, stride, run, width, block, dst, count, done] {
+          CopyRowsToL1(base, stride, run, width, block, dst, count, done);
+        };
       }
       aic.ReadGm(GmRegion::Rows(paged->pool, first * 2, run, width * 2, paged->width * 2),
                  std::move(copy), label);
@@ -70,7 +70,7 @@ void ReadKeyRows(CoreRecorder& aic, const RowGroup& group, bool values, int toke
   Payload copy;
   if (execute) {
     const Bf16* base = matrix.as<Bf16>() + first;
-    copy = [base, dst, count, width, ld] { WidenRowsToL1(base, ld, count, width, dst); };
+    copy = [base, ld, count, width, block, dst] { CopyRowsToL1(base, ld, count, width, block, dst, count, 0); };
   }
   aic.ReadGm(GmRegion::Rows(matrix, first * 2, count, width * 2, ld * 2), std::move(copy), label);
 }
@@ -89,8 +89,7 @@ class CubeProgram {
 
   // [C1]: S = Q K^T for one task, into the task's scores slot. All of Q stays in L1 (up to
   // 4 stripes: 2 row tiles x 2 depth halves) so each K chunk is read from GM once and used
-  // by every row tile; each row tile accumulates in its own L0C tile. Q is held transposed,
-  // so the cube forms S^T = K Q^T in the NN form and FIX writes it back as rows of S.
+  // by every row tile; each row tile accumulates in its own L0C tile.
   void Scores(const AttentionTask& t, int slot) {
     const RowGroup& g = w_.groups[t.group];
     const GmBuffer s_slot = ws_.SlotRows(ws_.scores, aic_.block(), slot, kKvBlockTokens * 4);
@@ -101,7 +100,7 @@ class CubeProgram {
       return std::pair{GmRegion::Rows(g.q, first * 2, m.size, d.size * 2, w_.dk * 2),
                        std::pair{g.q.as<Bf16>() == nullptr ? nullptr : g.q.as<Bf16>() + first,
                                  static_cast<int64_t>(w_.dk)}};
-    }, /*transposed=*/true, "Q stripe");
+    }, kQkDepthChunk, "Q stripe");
 
     const std::vector<Tile> n_tiles = Tiles(t.tokens, kKChunkTokens);
     for (size_t nt = 0; nt < n_tiles.size(); ++nt) {
@@ -110,19 +109,21 @@ class CubeProgram {
       for (size_t d = 0; d < depth.size(); ++d) {
         const auto [d0, width] = depth[d];
         const int k = l1_.chunks.Acquire();
-        float* chunk = l1_.chunks.slot(k).as<float>();
-        ReadKeyRows(aic_, g, /*values=*/false, t.begin + n0, n, d0, width, chunk, "K chunk");
+        Bf16* chunk = l1_.chunks.slot(k).as<Bf16>();
+        ReadKeyRows(aic_, g, /*values=*/false, t.begin + n0, n, d0, width, kQkDepthChunk, chunk, "K chunk");
         l1_.chunks.Publish(k);
         l1_.chunks.Consume(k);
         for (size_t mt = 0; mt < m_tiles.size(); ++mt) {
           const int m = m_tiles[mt].size;
           if (nt == 0) l1_.stripes.Consume(q_slot[d][mt]);  // first use of this stripe
           if (d == 0) c[mt] = l0_.AcquireTile();            // first write of this tile
-          const float* q_t = l1_.stripes.slot(q_slot[d][mt]).as<float>();  // [width][m]
+          const Bf16* q = l1_.stripes.slot(q_slot[d][mt]).as<Bf16>();
           for (int k0 = 0; k0 < width; k0 += kQkDepthChunk) {
             const int kk = std::min(kQkDepthChunk, width - k0);
-            l0_.Multiply(n, m, kk, {chunk + k0, width, n, kk}, "K tile",
-                         {q_t + static_cast<int64_t>(k0) * m, m, kk, m}, "Q tile", c[mt], d > 0 || k0 > 0, "QK^T");
+            const int b = k0 / kQkDepthChunk;
+            l0_.Multiply(m, n, kk, {L1Block(q, m, kQkDepthChunk, b), m, kk}, "Q tile",
+                         {L1Block(chunk, n, kQkDepthChunk, b), n, kk}, "K tile", /*b_transposed=*/true, c[mt],
+                         d > 0 || k0 > 0, "QK^T");
           }
           // The last depth half of a row tile: hand its S tile to FIX while the cube goes on.
           if (d + 1 == depth.size()) FlushScores(s_slot, m_tiles[mt], n0, n, c[mt]);
@@ -152,7 +153,7 @@ class CubeProgram {
       return std::pair{GmRegion::Rows(p_slot, first * 2, m.size, h.size * 2, kKvBlockTokens * 2),
                        std::pair{p_slot.as<Bf16>() == nullptr ? nullptr : p_slot.as<Bf16>() + first,
                                  static_cast<int64_t>(kKvBlockTokens)}};
-    }, /*transposed=*/false, "P stripe");
+    }, kPvDepthChunk, "P stripe");
 
     bool first_write = true;
     const std::vector<Tile> n_tiles = Tiles(w_.dv, kTileCols);
@@ -162,19 +163,20 @@ class CubeProgram {
       for (size_t h = 0; h < halves.size(); ++h) {
         const auto [k0, width] = halves[h];
         const int v = l1_.chunks.Acquire();
-        float* chunk = l1_.chunks.slot(v).as<float>();
-        ReadKeyRows(aic_, g, /*values=*/true, t.begin + k0, width, n0, n, chunk, "V chunk");
+        Bf16* chunk = l1_.chunks.slot(v).as<Bf16>();  // [width keys][n]
+        ReadKeyRows(aic_, g, /*values=*/true, t.begin + k0, width, n0, n, n, chunk, "V chunk");
         l1_.chunks.Publish(v);
         l1_.chunks.Consume(v);
         for (size_t mt = 0; mt < m_tiles.size(); ++mt) {
           const int m = m_tiles[mt].size;
           if (nt == 0) l1_.stripes.Consume(p_slot_of[h][mt]);
           if (h == 0) c[mt] = l0_.AcquireTile();
-          const float* p = l1_.stripes.slot(p_slot_of[h][mt]).as<float>();
+          const Bf16* p = l1_.stripes.slot(p_slot_of[h][mt]).as<Bf16>();
           for (int j = 0; j < width; j += kPvDepthChunk) {
             const int kk = std::min(kPvDepthChunk, width - j);
-            l0_.Multiply(m, n, kk, {p + j, width, m, kk}, "P tile",
-                         {chunk + static_cast<int64_t>(j) * n, n, kk, n}, "V tile", c[mt], h > 0 || j > 0, "PV");
+            l0_.Multiply(m, n, kk, {L1Block(p, m, kPvDepthChunk, j / kPvDepthChunk), m, kk}, "P tile",
+                         {chunk + static_cast<int64_t>(j) * n, kk, n}, "V tile", /*b_transposed=*/false, c[mt],
+                         h > 0 || j > 0, "PV");
           }
           if (h + 1 == halves.size()) {
             if (first_write) {
@@ -198,26 +200,20 @@ class CubeProgram {
  private:
   // Loads every (outer, row tile) stripe of a stage into the stripe ring, outer-major so the
   // first outer half is the first to be released. `source` gives each stripe's GM region and
-  // (host pointer, row stride); a transposed stripe is stored [outer][rows].
+  // (host pointer, row stride); a stripe is stored in depth blocks of `block` (CopyRowsToL1).
   template <typename Source>
   std::vector<std::vector<int>> LoadStripes(const std::vector<Tile>& outer, const std::vector<Tile>& m_tiles,
-                                            Source source, bool transposed, const char* label) {
+                                            Source source, int block, const char* label) {
     std::vector<std::vector<int>> slots(outer.size(), std::vector<int>(m_tiles.size()));
     for (size_t o = 0; o < outer.size(); ++o) {
       for (size_t mt = 0; mt < m_tiles.size(); ++mt) {
         const auto [region, host] = source(outer[o], m_tiles[mt]);
         const int s = l1_.stripes.Acquire();
-        float* dst = l1_.stripes.slot(s).as<float>();
+        Bf16* dst = l1_.stripes.slot(s).as<Bf16>();
         Payload copy;
         if (aic_.executes()) {
           copy = [src = host.first, stride = host.second, dst, rows = m_tiles[mt].size, width = outer[o].size,
-                  transposed] {
-            if (transposed) {
-              WidenTransposedToL1(src, stride, rows, width, dst);
-            } else {
-              WidenRowsToL1(src, stride, rows, width, dst);
-            }
-          };
+                  block] { CopyRowsToL1(src, stride, rows, width, block, dst, rows, 0); };
         }
         aic_.ReadGm(region, std::move(copy), label);
         l1_.stripes.Publish(s);
@@ -231,9 +227,8 @@ class CubeProgram {
     const int64_t first = static_cast<int64_t>(m.begin) * kKvBlockTokens + n0;
     Payload write;
     if (aic_.executes()) {
-      // The tile holds S^T [n][rows] (see Scores).
       write = [acc = l0_.tile(c), dst = s_slot.as<float>() + first, rows = m.size, n] {
-        Transpose(n, rows, acc, kTileCols, dst, kKvBlockTokens);
+        for (int r = 0; r < rows; ++r) std::memcpy(dst + r * kKvBlockTokens, acc + r * kTileCols, n * sizeof(float));
       };
     }
     l0_.Flush(c, GmRegion::Rows(s_slot, first * 4, m.size, n * 4, kKvBlockTokens * 4), AtomicMode::kNone,

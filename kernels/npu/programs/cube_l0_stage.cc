@@ -4,7 +4,6 @@
 
 #include "kernels/core/matmul.h"
 #include "kernels/core/status_macros.h"
-#include "kernels/core/vector_ops.h"
 
 namespace mlaserve::npu {
 namespace {
@@ -31,8 +30,8 @@ absl::StatusOr<std::unique_ptr<CubeL0Stage>> CubeL0Stage::Create(CoreRecorder& a
 int CubeL0Stage::AcquireTile() { return l0c_->Acquire(); }
 
 void CubeL0Stage::Multiply(int m, int n, int k, const Operand& a, const char* a_label,
-                           const Operand& b, const char* b_label, int t, bool accumulate,
-                           const char* label) {
+                           const Operand& b, const char* b_label, bool b_transposed, int t,
+                           bool accumulate, const char* label) {
   const int l = l0_->Acquire();
   aic_.LoadL0(Space::kL0A, static_cast<int64_t>(a.rows) * a.cols * 2, nullptr, a_label);
   aic_.LoadL0(Space::kL0B, static_cast<int64_t>(b.rows) * b.cols * 2, nullptr, b_label);
@@ -45,7 +44,11 @@ void CubeL0Stage::Multiply(int m, int n, int k, const Operand& a, const char* a_
       if (!accumulate) {
         for (int r = 0; r < m; ++r) std::fill_n(c + r * kTile, n, 0.0f);
       }
-      MatmulTile(m, n, k, a.src, a.ld, b.src, b.ld, c, kTile);
+      if (b_transposed) {
+        MatmulTileNT(m, n, k, a.src, b.src, c);
+      } else {
+        MatmulTileNN(m, n, k, a.src, b.src, c);
+      }
     };
   }
   aic_.Mmad(m, n, k, std::move(multiply), label);
@@ -65,22 +68,12 @@ void CubeL0Stage::Drain() {
   l0c_->Drain();
 }
 
-void WidenRowsToL1(const Bf16* src, int64_t stride, int rows, int width, float* dst) {
-  for (int r = 0; r < rows; ++r) WidenBf16(src + r * stride, width, dst + static_cast<int64_t>(r) * width);
-}
-
-void WidenTransposedToL1(const Bf16* src, int64_t stride, int rows, int width, float* dst) {
-  // A band of rows at a time through a stack buffer small enough to stay in the host's L1.
-  constexpr int kBandRows = 16;
-  constexpr int kMaxWidth = 512;
-  float band[kBandRows * kMaxWidth];
-  for (int c0 = 0; c0 < width; c0 += kMaxWidth) {
-    const int cw = std::min(kMaxWidth, width - c0);
-    for (int r0 = 0; r0 < rows; r0 += kBandRows) {
-      const int rb = std::min(kBandRows, rows - r0);
-      WidenRowsToL1(src + r0 * stride + c0, stride, rb, cw, band);
-      Transpose(rb, cw, band, cw, dst + static_cast<int64_t>(c0) * rows + r0, rows);
-    }
+void CopyRowsToL1(const Bf16* src, int64_t stride, int rows, int width, int block, Bf16* dst,
+                  int buffer_rows, int row0) {
+  for (int c0 = 0; c0 < width; c0 += block) {
+    const int bw = std::min(block, width - c0);
+    Bf16* out = dst + static_cast<int64_t>(c0) * buffer_rows + static_cast<int64_t>(row0) * bw;
+    for (int r = 0; r < rows; ++r) std::copy_n(src + r * stride + c0, bw, out + static_cast<int64_t>(r) * bw);
   }
 }
 

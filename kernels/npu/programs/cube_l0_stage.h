@@ -16,22 +16,21 @@ namespace mlaserve::npu {
 // ping-pong halves (32 KiB each), the M pipe multiplies them into one of two 128 x 128 fp32
 // L0C tiles, and FIX writes a finished tile to GM, with the flags between MTE1, M and FIX.
 //
-// On the host the L1 buffers hold operands widened to fp32 and the MMAD reads them there
-// (the staging copy would change no bit); callers must therefore release an L1 buffer from
-// the M pipe, after the last Multiply that reads it. Every MMAD is one MatmulTile call,
-// C += A . B with B laid out [k][n]; an A . B^T product is formed transposed as
-// kernels/core/matmul.h defines it, with A stored transposed in L1 (MTE2's ND -> fractal
-// conversion on the device) and the tile transposed back when FIX writes it.
+// On the host the MMAD reads its operands straight from L1 (the staging copy into L0A/L0B
+// would change no bit); callers must therefore release an L1 buffer from the M pipe, after
+// the last Multiply that reads it. Every MMAD is one tile call of kernels/core/matmul.h,
+// whose operands are compact: L1 buffers are laid out in depth blocks of the MMAD's depth
+// ([block][rows][depth]), as the cube's fractal L1 layout also is, so each MMAD's operand is
+// one contiguous block.
 class CubeL0Stage {
  public:
   static constexpr int kTile = 128;  // baseM = baseN
 
   static absl::StatusOr<std::unique_ptr<CubeL0Stage>> Create(CoreRecorder& aic);
 
-  // A [rows][cols] window of an L1 buffer (row stride ld): one MMAD operand.
+  // A compact [rows][cols] block of an L1 buffer: one MMAD operand.
   struct Operand {
-    const float* src = nullptr;
-    int64_t ld = 0;
+    const Bf16* src = nullptr;
     int rows = 0;
     int cols = 0;
   };
@@ -40,9 +39,9 @@ class CubeL0Stage {
   int AcquireTile();
   float* tile(int t) const { return l0c_->slot(t).as<float>(); }
 
-  // C(tile) (+)= A . B, A given [m][k] and B [k][n].
+  // C(tile) (+)= A . B, A given [m][k] and B [k][n], or A . B^T with B given [n][k].
   void Multiply(int m, int n, int k, const Operand& a, const char* a_label, const Operand& b,
-                const char* b_label, int tile, bool accumulate, const char* label);
+                const char* b_label, bool b_transposed, int tile, bool accumulate, const char* label);
 
   // Hands a finished tile to FIX, which writes it with `write` into `dst`, then frees it.
   void Flush(int tile, const GmRegion& dst, AtomicMode atomic, Payload write, const char* label);
@@ -57,12 +56,17 @@ class CubeL0Stage {
   std::unique_ptr<SlotRing> l0c_;  // L0C tiles: M -> FIX, events 0..1
 };
 
-// Copies `rows` bf16 rows of `width` (source row stride `stride`) into an L1 buffer's fp32
-// shadow [rows][width].
-void WidenRowsToL1(const Bf16* src, int64_t stride, int rows, int width, float* dst);
+// Copies `rows` bf16 rows of `width` (source row stride `stride`) into an L1 buffer laid out
+// in depth blocks of `block` columns: block b holds columns [b * block, ...) of all
+// `buffer_rows` rows as a compact [buffer_rows][width of block b] matrix, starting at
+// b * buffer_rows * block. The rows land at rows [row0, row0 + rows) of the buffer.
+void CopyRowsToL1(const Bf16* src, int64_t stride, int rows, int width, int block, Bf16* dst,
+                  int buffer_rows, int row0);
 
-// The same rows stored transposed, as the shadow [width][rows].
-void WidenTransposedToL1(const Bf16* src, int64_t stride, int rows, int width, float* dst);
+// Block b of such a buffer.
+inline const Bf16* L1Block(const Bf16* buffer, int buffer_rows, int block, int b) {
+  return buffer + static_cast<int64_t>(b) * buffer_rows * block;
+}
 
 }  // namespace mlaserve::npu
 

@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/core/bfloat16.h"
-#include "kernels/core/matmul.h"
 #include "kernels/core/status_macros.h"
 #include "kernels/core/tiling.h"
 #include "kernels/npu/programs/cube_l0_stage.h"
@@ -60,35 +59,29 @@ absl::Status ProjectionKernel::Record(Program& program) const {
       const int c = l0->AcquireTile();
       for (int k0 = 0; k0 < j.k; k0 += kDepth) {
         const int kc = std::min(kDepth, j.k - k0);
-        // A chunk: rows [m0, m0 + m) x depth [k0, k0 + kc) -> L1 as [m][kc], or as [kc][m] for
-        // an A . B^T job, which the cube forms transposed (kernels/core/matmul.h).
-        const bool transposed = j.transpose_b;
+        // A chunk: rows [m0, m0 + m) x depth [k0, k0 + kc) -> L1 [m][kc].
         const int a_slot = l1.Acquire();
-        float* a = l1.slot(a_slot).as<float>();
+        Bf16* a = l1.slot(a_slot).as<Bf16>();
         const int64_t a_first = static_cast<int64_t>(tile.m0) * j.lda + k0;
         Payload copy_a;
         if (execute) {
-          copy_a = [src = j.a.as<Bf16>() + a_first, lda = j.lda, m, kc, a, transposed] {
-            if (transposed) {
-              WidenTransposedToL1(src, lda, m, kc, a);
-            } else {
-              WidenRowsToL1(src, lda, m, kc, a);
-            }
+          copy_a = [src = j.a.as<Bf16>() + a_first, lda = j.lda, m, kc, a] {
+            CopyRowsToL1(src, lda, m, kc, kc, a, m, 0);
           };
         }
         aic.ReadGm(GmRegion::Rows(j.a, a_first * 2, m, kc * 2, j.lda * 2), std::move(copy_a), "A chunk");
         l1.Publish(a_slot);
         // B chunk: [kc][n] from [k][n], or [n][kc] from [n][k].
         const int b_slot = l1.Acquire();
-        float* b = l1.slot(b_slot).as<float>();
-        const int b_rows = transposed ? n : kc;
-        const int b_cols = transposed ? kc : n;
-        const int64_t b_first = transposed ? static_cast<int64_t>(tile.n0) * j.ldb + k0
-                                           : static_cast<int64_t>(k0) * j.ldb + tile.n0;
+        Bf16* b = l1.slot(b_slot).as<Bf16>();
+        const int b_rows = j.transpose_b ? n : kc;
+        const int b_cols = j.transpose_b ? kc : n;
+        const int64_t b_first = j.transpose_b ? static_cast<int64_t>(tile.n0) * j.ldb + k0
+                                              : static_cast<int64_t>(k0) * j.ldb + tile.n0;
         Payload copy_b;
         if (execute) {
           copy_b = [src = j.b.as<Bf16>() + b_first, ldb = j.ldb, b_rows, b_cols, b] {
-            WidenRowsToL1(src, ldb, b_rows, b_cols, b);
+            CopyRowsToL1(src, ldb, b_rows, b_cols, b_cols, b, b_rows, 0);
           };
         }
         aic.ReadGm(GmRegion::Rows(j.b, b_first * 2, b_rows, b_cols * 2, j.ldb * 2), std::move(copy_b),
@@ -96,11 +89,8 @@ absl::Status ProjectionKernel::Record(Program& program) const {
         l1.Publish(b_slot);
         l1.Consume(a_slot);
         l1.Consume(b_slot);
-        if (transposed) {  // C^T [n][m] += B [n][kc] . A^T [kc][m]
-          l0->Multiply(n, m, kc, {b, kc, n, kc}, "B tile", {a, m, kc, m}, "A tile", c, k0 > 0, "projection");
-        } else {
-          l0->Multiply(m, n, kc, {a, kc, m, kc}, "A tile", {b, n, kc, n}, "B tile", c, k0 > 0, "projection");
-        }
+        l0->Multiply(m, n, kc, {a, m, kc}, "A tile", {b, b_rows, b_cols}, "B tile", j.transpose_b, c, k0 > 0,
+                     "projection");
         l1.Release(a_slot);
         l1.Release(b_slot);
       }
@@ -108,16 +98,9 @@ absl::Status ProjectionKernel::Record(Program& program) const {
       const int64_t c_first = static_cast<int64_t>(tile.m0) * j.ldc + tile.n0;
       Payload write;
       if (execute) {
-        write = [acc = l0->tile(c), dst = j.c.host + c_first * elem, ldc = j.ldc, m, n, to_bf16 = j.c_bf16,
-                 transposed = j.transpose_b] {
-          float rows_of_c[kTile * kTile];  // FIX's layout change back from C^T
-          const float* tile_rows = acc;
-          if (transposed) {
-            Transpose(n, m, acc, kTile, rows_of_c, kTile);
-            tile_rows = rows_of_c;
-          }
+        write = [acc = l0->tile(c), dst = j.c.host + c_first * elem, ldc = j.ldc, m, n, to_bf16 = j.c_bf16] {
           for (int r = 0; r < m; ++r) {
-            const float* row = tile_rows + r * kTile;
+            const float* row = acc + r * kTile;
             if (to_bf16) {
               Bf16* d = reinterpret_cast<Bf16*>(dst) + static_cast<int64_t>(r) * ldc;
               for (int x = 0; x < n; ++x) d[x] = Bf16::FromFloat(row[x]);

@@ -50,9 +50,17 @@ TEST(MatmulTest, AccumulateAddsToExistingValuesAndNNMatches) {
   }
 }
 
+std::vector<Bf16> Narrowed(const std::vector<float>& v, int rows, int cols, int ld, int row0, int col0) {
+  std::vector<Bf16> out(static_cast<size_t>(rows) * cols);
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < cols; ++c) out[r * cols + c] = Bf16::FromFloat(v[(row0 + r) * ld + col0 + c]);
+  }
+  return out;
+}
+
 TEST(MatmulTest, ChunkOrderIsTheDefinedOne) {
-  // One kernel call per (tile, chunk), each accumulating into C in chunk order: compute the
-  // same thing call by call.
+  // One tile call per (tile, chunk) on compact operands, each adding into an L0C-like tile in
+  // chunk order: compute the same thing call by call.
   std::mt19937 rng(3);
   const int m = 130, n = 5, k = 192;
   const auto a = RandomBf16Values(m * k, rng);
@@ -60,17 +68,19 @@ TEST(MatmulTest, ChunkOrderIsTheDefinedOne) {
   std::vector<float> whole(m * n), by_hand(m * n, 0.0f);
   MatmulNN(m, n, k, a.data(), k, b.data(), n, whole.data(), n, false, 96);
   for (int i = 0; i < m; i += kMatrixTile) {
+    const int tm = std::min(kMatrixTile, m - i);
+    std::vector<float> tile(kMatrixTile * kMatrixTile, 0.0f);
     for (int k0 = 0; k0 < k; k0 += 96) {
-      MatmulTile(std::min(kMatrixTile, m - i), n, 96, a.data() + i * k + k0, k, b.data() + k0 * n, n,
-                 by_hand.data() + i * n, n);
+      MatmulTileNN(tm, n, 96, Narrowed(a, tm, 96, k, i, k0).data(), Narrowed(b, 96, n, n, k0, 0).data(), tile.data());
     }
+    for (int r = 0; r < tm; ++r) std::copy_n(tile.data() + r * kMatrixTile, n, by_hand.data() + (i + r) * n);
   }
   EXPECT_EQ(whole, by_hand);
 }
 
-TEST(MatmulTest, NTIsFormedTransposedFromTheSameCalls) {
-  // C^T = B A^T per tile and chunk (what the emulated cube does with A^T in L1): the same
-  // bits as MatmulNT, including when accumulating.
+TEST(MatmulTest, NTIsTheSameCallsWithBGivenRowByRow) {
+  // What the emulated cube does for Q K^T: Q and K blocks as they lie in L1, one NT tile call
+  // per depth chunk, accumulating, with a non-zero starting C.
   std::mt19937 rng(4);
   const int m = 128, n = 65, k = 576;
   const auto a = RandomBf16Values(m * k, rng);
@@ -78,28 +88,13 @@ TEST(MatmulTest, NTIsFormedTransposedFromTheSameCalls) {
   const auto c0 = RandomBf16Values(m * n, rng);
   std::vector<float> nt = c0;
   MatmulNT(m, n, k, a.data(), k, b.data(), k, nt.data(), n, /*accumulate=*/true, 96);
-  std::vector<float> a_t(k * m), c_t(n * kMatrixTile), by_hand(m * n);
-  Transpose(m, k, a.data(), k, a_t.data(), m);
-  Transpose(m, n, c0.data(), n, c_t.data(), kMatrixTile);
+  std::vector<float> tile(kMatrixTile * kMatrixTile), by_hand(m * n);
+  for (int r = 0; r < m; ++r) std::copy_n(c0.data() + r * n, n, tile.data() + r * kMatrixTile);
   for (int k0 = 0; k0 < k; k0 += 96) {
-    MatmulTile(n, m, 96, b.data() + k0, k, a_t.data() + k0 * m, m, c_t.data(), kMatrixTile);
+    MatmulTileNT(m, n, 96, Narrowed(a, m, 96, k, 0, k0).data(), Narrowed(b, n, 96, k, 0, k0).data(), tile.data());
   }
-  Transpose(n, m, c_t.data(), kMatrixTile, by_hand.data(), n);
+  for (int r = 0; r < m; ++r) std::copy_n(tile.data() + r * kMatrixTile, n, by_hand.data() + r * n);
   EXPECT_EQ(nt, by_hand);
-}
-
-TEST(MatmulTest, TransposeWritesInTransposedWithBothStrides) {
-  std::mt19937 rng(6);
-  const int rows = 37, cols = 130, ldi = 133, ldo = 41;
-  const auto in = RandomBf16Values(rows * ldi, rng);
-  std::vector<float> out(cols * ldo, -7.0f);
-  Transpose(rows, cols, in.data(), ldi, out.data(), ldo);
-  for (int r = 0; r < rows; ++r) {
-    for (int c = 0; c < cols; ++c) ASSERT_EQ(out[c * ldo + r], in[r * ldi + c]) << r << "," << c;
-  }
-  for (int c = 0; c < cols; ++c) {
-    for (int r = rows; r < ldo; ++r) ASSERT_EQ(out[c * ldo + r], -7.0f) << "padding written at " << c << "," << r;
-  }
 }
 
 }  // namespace

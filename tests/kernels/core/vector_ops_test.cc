@@ -1,11 +1,13 @@
 #include "kernels/core/vector_ops.h"
 
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/core/bfloat16.h"
 
 namespace mlaserve {
 namespace {
@@ -41,6 +43,23 @@ TEST(VectorOpsTest, ScaleToBf16RoundsTheProduct) {
   ScaleToBf16(x, 2, 1.0f + 1.0f / 512, y);  // 1 + 2^-9 rounds back to 1 in bf16
   EXPECT_EQ(y[0], 1.0f);
   EXPECT_EQ(y[1], 3.0f);
+}
+
+TEST(VectorOpsTest, NarrowToBf16IsFromFloatOnEveryKindOfWord) {
+  // Exact bf16 values, ties to even, values between, infinities, zeros, subnormals, NaNs.
+  std::mt19937 rng(21);
+  std::uniform_int_distribution<uint32_t> any_word;
+  std::vector<float> in = {0.0f, -0.0f, 1.0f, -2.5f, std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::infinity(), std::nanf(""),
+                           std::bit_cast<float>(0x3f808000u), std::bit_cast<float>(0x3f818000u),
+                           std::bit_cast<float>(0x7f7fffffu), std::bit_cast<float>(0x00000001u),
+                           std::bit_cast<float>(0xffc00001u)};
+  while (in.size() < 5000) in.push_back(std::bit_cast<float>(any_word(rng)));
+  std::vector<Bf16> out(in.size());
+  NarrowToBf16(in.data(), static_cast<int64_t>(in.size()), out.data());
+  for (size_t i = 0; i < in.size(); ++i) {
+    ASSERT_EQ(out[i].bits, Bf16::FromFloat(in[i]).bits) << "word 0x" << std::hex << std::bit_cast<uint32_t>(in[i]);
+  }
 }
 
 }  // namespace
