@@ -130,11 +130,16 @@ void Tiled(bool b_transposed, int m, int n, int k, const float* a, int64_t lda, 
            float* c, int64_t ldc, bool accumulate, int k_chunk) {
   if (m <= 0 || n <= 0) return;
   const int chunk = k_chunk > 0 ? k_chunk : std::max(k, 1);
-  const size_t operand = static_cast<size_t>(kMatrixTile) * std::min(chunk, std::max(k, 1));
-  std::vector<Bf16> a_chunk(operand), b_chunk(operand);
+  // A's row tile, narrowed once for all column tiles, chunk by chunk: chunk k0 is the compact
+  // [tm][kc] block at k0 * tm.
+  std::vector<Bf16> a_tile(static_cast<size_t>(kMatrixTile) * std::max(k, 1));
+  std::vector<Bf16> b_chunk(static_cast<size_t>(kMatrixTile) * std::min(chunk, std::max(k, 1)));
   std::vector<float> tile(static_cast<size_t>(kMatrixTile) * kMatrixTile);
   for (int i = 0; i < m; i += kMatrixTile) {
     const int tm = std::min(kMatrixTile, m - i);
+    for (int k0 = 0; k0 < k; k0 += chunk) {
+      NarrowBlock(tm, std::min(chunk, k - k0), a + i * lda + k0, lda, a_tile.data() + static_cast<int64_t>(k0) * tm);
+    }
     for (int j = 0; j < n; j += kMatrixTile) {
       const int tn = std::min(kMatrixTile, n - j);
       float* out = c + i * ldc + j;
@@ -148,13 +153,12 @@ void Tiled(bool b_transposed, int m, int n, int k, const float* a, int64_t lda, 
       }
       for (int k0 = 0; k0 < k; k0 += chunk) {
         const int kc = std::min(chunk, k - k0);
-        NarrowBlock(tm, kc, a + i * lda + k0, lda, a_chunk.data());
         if (b_transposed) {
           NarrowBlock(tn, kc, b + j * ldb + k0, ldb, b_chunk.data());
         } else {
           NarrowBlock(kc, tn, b + k0 * ldb + j, ldb, b_chunk.data());
         }
-        TileCall(tm, tn, kc, b_transposed, a_chunk.data(), b_chunk.data(), tile.data());
+        TileCall(tm, tn, kc, b_transposed, a_tile.data() + static_cast<int64_t>(k0) * tm, b_chunk.data(), tile.data());
       }
       for (int r = 0; r < tm; ++r) std::copy_n(tile.data() + r * kMatrixTile, tn, out + r * ldc);
     }
