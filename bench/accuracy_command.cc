@@ -4,10 +4,10 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 #include "kernels/mla/amla.h"
-#include "kernels/reference/accuracy_protocol.h"
-#include "kernels/reference/flash_base.h"
+#include "kernels/mla/accuracy_protocol.h"
+#include "kernels/mla/flash_base.h"
 #include "nlohmann/json.hpp"
 
 namespace mlaserve::bench {

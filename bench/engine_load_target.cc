@@ -2,7 +2,7 @@
 
 #include <future>
 
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 #include "kernels/core/tensor_view.h"
 
 namespace mlaserve::bench {

@@ -7,7 +7,7 @@
 #include "bench/sgemm_baseline.h"
 #include "kernels/core/matmul.h"
 #include "kernels/core/random_fill.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 #include "kernels/npu/device.h"
 #include "kernels/npu/programs/latent_decode_on_device.h"
 #include "nlohmann/json.hpp"
@@ -18,9 +18,9 @@ namespace {
 constexpr int kDk = 576;
 constexpr int kDv = 512;
 
-absl::StatusOr<npu::RescaleAlgorithm> ParseKernel(const std::string& name) {
-  if (name == "amla") return npu::RescaleAlgorithm::kAmla;
-  if (name == "base") return npu::RescaleAlgorithm::kBase;
+absl::StatusOr<RescaleAlgorithm> ParseKernel(const std::string& name) {
+  if (name == "amla") return RescaleAlgorithm::kAmla;
+  if (name == "base") return RescaleAlgorithm::kBase;
   return absl::InvalidArgumentError(absl::StrCat("--kernel: unknown kernel '", name, "' (amla, base)"));
 }
 
@@ -70,8 +70,8 @@ absl::Status RunKernelCommand(const KernelCommandOptions& o, std::ostream& out) 
       Batch data;
       if (!o.model_only) data = MakeBatch(o.batch, sq, o.heads, sk, o.page_size);
       for (const std::string& name : o.kernels) {
-        ASSIGN_OR_RETURN(npu::RescaleAlgorithm algorithm, ParseKernel(name));
-        const npu::AttentionKernelOptions options{.algorithm = algorithm, .preload = o.preload, .amla = {}};
+        ASSIGN_OR_RETURN(RescaleAlgorithm algorithm, ParseKernel(name));
+        const npu::AttentionDeviceKernelOptions options{.algorithm = algorithm, .preload = o.preload, .amla = {}};
         npu::LaunchReport report;
         double sgemm_gflops = 0;
         if (o.model_only) {

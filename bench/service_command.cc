@@ -8,7 +8,7 @@
 #include "bench/engine_load_target.h"
 #include "client/loadgen/grpc_load_target.h"
 #include "client/loadgen/load_report.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 #include "server/engine/model_config.h"
 #include "server/service/mla_server.h"
 #include "spdlog/spdlog.h"

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_format.h"
 #include "kernels/core/random_fill.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 #include "kernels/npu/device.h"
 #include "nlohmann/json.hpp"
 #include "server/engine/expanded_kv.h"
@@ -144,7 +144,7 @@ struct Timed {
 };
 
 absl::StatusOr<Timed> RunOnce(npu::Device& device, const ModelConfig& m, NpuGroup group,
-                              const npu::AttentionKernelOptions& kernel, bool execute) {
+                              const npu::AttentionDeviceKernelOptions& kernel, bool execute) {
   std::vector<NpuGroup> groups;
   groups.push_back(std::move(group));
   ASSIGN_OR_RETURN(auto launch, NpuBatchLaunch::Create(device, m, std::move(groups), kernel, execute));
@@ -189,7 +189,7 @@ absl::Status RunTyphoonCommand(const TyphoonCommandOptions& o, std::ostream& out
   const engine::DeviceRates rates{
       (o.matrix_tflops > 0 ? o.matrix_tflops * 1e12 : profile.PeakFlops()),
       (o.hbm_tbps > 0 ? o.hbm_tbps * 1e12 : profile.HbmBytesPerSecond())};
-  const npu::AttentionKernelOptions kernel{.algorithm = npu::RescaleAlgorithm::kAmla, .preload = o.preload, .amla = {}};
+  const npu::AttentionDeviceKernelOptions kernel{.algorithm = RescaleAlgorithm::kAmla, .preload = o.preload, .amla = {}};
   const bool execute = !o.model_only;
   const int max_batch = *std::max_element(o.batch.begin(), o.batch.end());
   const int max_sq = *std::max_element(o.sq.begin(), o.sq.end());

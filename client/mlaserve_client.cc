@@ -11,7 +11,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 
 namespace mlaserve::client {
 namespace {

@@ -14,7 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 #include "common/command_line.h"
 #include "server/engine/model_config.h"
 

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/core/random_fill.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 
 namespace mlaserve::loadgen {
 namespace {

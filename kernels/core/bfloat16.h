@@ -23,6 +23,9 @@ struct Bf16 {
 
   constexpr float ToFloat() const { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
 
+  // False for infinities and NaN (the exponent field all ones).
+  constexpr bool IsFinite() const { return (bits & 0x7f80u) != 0x7f80u; }
+
   friend constexpr bool operator==(Bf16 a, Bf16 b) { return a.bits == b.bits; }
 };
 

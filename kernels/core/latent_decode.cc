@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 #include "kernels/core/vector_ops.h"
 
 namespace mlaserve {

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "kernels/core/matmul.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 #include "kernels/core/tiling.h"
 #include "kernels/core/vector_ops.h"
 #include "kernels/mla/weights_fp32.h"
@@ -58,7 +58,7 @@ void ProjectLatentOutputs(const UpProjection& w, int rows, const float* o_lat, f
 }
 
 absl::StatusOr<AttentionOutput> AbsorbDecode(const HeadSpaceDecodeProblem& p,
-                                             AttentionKernel kernel) {
+                                             RescaleAlgorithm algorithm) {
   RETURN_IF_ERROR(ValidateHeadSpaceDecodeProblem(p));
   const int dk = p.dl() + p.dr();
   const std::vector<Bf16> q_lat = AbsorbQueries(p.q_nope, p.q_pe, p.weights);
@@ -68,7 +68,7 @@ absl::StatusOr<AttentionOutput> AbsorbDecode(const HeadSpaceDecodeProblem& p,
   ASSIGN_OR_RETURN(AttentionOutput o_lat,
                    RunLatentDecode(latent, [&](const QueryRows& rows, KvBlockSource& kv,
                                                float scale, RowOutputs out) {
-                     RunAttentionRows(kernel, rows, kv, scale, out);
+                     RunRowAttention(algorithm, rows, kv, scale, out);
                    }));
   AttentionOutput result;
   result.out.resize(static_cast<size_t>(p.batch()) * p.sq() * p.heads() * p.dv());

@@ -7,7 +7,7 @@
 #include "kernels/core/bfloat16.h"
 #include "kernels/core/head_space_decode.h"
 #include "kernels/core/latent_decode.h"
-#include "kernels/mla/attention_kernel.h"
+#include "kernels/mla/row_attention.h"
 
 namespace mlaserve {
 
@@ -27,7 +27,7 @@ std::vector<Bf16> AbsorbQueries(const TensorView<const Bf16, 4>& q_nope,
 void ProjectLatentOutputs(const UpProjection& w, int rows, const float* o_lat, float* out);
 
 absl::StatusOr<AttentionOutput> AbsorbDecode(const HeadSpaceDecodeProblem& p,
-                                             AttentionKernel kernel = AttentionKernel::kAmla);
+                                             RescaleAlgorithm algorithm = RescaleAlgorithm::kAmla);
 
 }  // namespace mlaserve
 

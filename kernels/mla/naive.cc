@@ -5,7 +5,7 @@
 
 #include "kernels/core/kv_block_source.h"
 #include "kernels/core/matmul.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 #include "kernels/core/tiling.h"
 #include "kernels/core/vector_ops.h"
 #include "kernels/mla/weights_fp32.h"
@@ -36,7 +36,7 @@ void ExpandHeadKv(const float* latent, int64_t ld, int n, int dr, const UpProjec
 }
 
 absl::StatusOr<AttentionOutput> NaiveDecode(const HeadSpaceDecodeProblem& p,
-                                            AttentionKernel kernel) {
+                                            RescaleAlgorithm algorithm) {
   RETURN_IF_ERROR(ValidateHeadSpaceDecodeProblem(p));
   const int width = p.cache.width();
   const int dk = p.dn() + p.dr();
@@ -63,7 +63,7 @@ absl::StatusOr<AttentionOutput> NaiveDecode(const HeadSpaceDecodeProblem& p,
         WidenBf16(p.q_pe.row(b, s, h), p.dr(), q.data() + static_cast<int64_t>(s) * dk + p.dn());
       }
       DenseKvSource source(k.data(), dk, dk, v.data(), p.dv(), p.dv(), n);
-      RunAttentionRows(kernel, QueryRows{q.data(), dk, p.sq(), dk, visible}, source,
+      RunRowAttention(algorithm, QueryRows{q.data(), dk, p.sq(), dk, visible}, source,
                        p.softmax_scale, RowOutputs{out.data(), p.dv(), lse.data()});
       for (int s = 0; s < p.sq(); ++s) {
         const int64_t row = (static_cast<int64_t>(b) * p.sq() + s) * p.heads() + h;

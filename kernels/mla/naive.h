@@ -8,7 +8,7 @@
 #include "kernels/core/head_space_decode.h"
 #include "kernels/core/latent_decode.h"
 #include "kernels/core/up_projection.h"
-#include "kernels/mla/attention_kernel.h"
+#include "kernels/mla/row_attention.h"
 
 namespace mlaserve {
 
@@ -23,7 +23,7 @@ void ExpandHeadKv(const float* latent, int64_t ld, int n, int dr, const UpProjec
                   Bf16* k, Bf16* v);
 
 absl::StatusOr<AttentionOutput> NaiveDecode(const HeadSpaceDecodeProblem& p,
-                                            AttentionKernel kernel = AttentionKernel::kAmla);
+                                            RescaleAlgorithm algorithm = RescaleAlgorithm::kAmla);
 
 }  // namespace mlaserve
 

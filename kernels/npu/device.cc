@@ -3,7 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 #include "kernels/npu/timing_model.h"
 
 namespace mlaserve::npu {

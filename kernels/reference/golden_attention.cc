@@ -5,7 +5,7 @@
 #include <limits>
 
 #include "kernels/core/matmul.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 
 namespace mlaserve {
 

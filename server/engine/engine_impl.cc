@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 #include "server/engine/host_attention_device.h"
 #include "server/engine/npu_attention_device.h"
 
@@ -16,7 +16,7 @@ namespace {
 
 bool AllFinite(const std::vector<Bf16>& values) {
   for (Bf16 v : values) {
-    if ((v.bits & 0x7f80) == 0x7f80) return false;  // exponent all ones: inf or NaN
+    if (!v.IsFinite()) return false;
   }
   return true;
 }

@@ -9,7 +9,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 #include "server/engine/tsan_visible_lock.h"
 
 namespace mlaserve::engine {

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 
 namespace mlaserve::engine {
 namespace {

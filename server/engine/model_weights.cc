@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 #include "kernels/core/tensor_view.h"
 #include "server/engine/safetensors.h"
 

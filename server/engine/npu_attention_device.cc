@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 #include "server/engine/group_inputs.h"
 #include "server/engine/npu_batch_launch.h"
 
@@ -41,8 +41,8 @@ class BatchMappings {
 
 absl::StatusOr<std::unique_ptr<NpuAttentionDevice>> NpuAttentionDevice::Create(
     npu::DeviceProfile profile, npu::DeviceOptions device_options,
-    npu::AttentionKernelOptions kernel_options) {
-  if (kernel_options.algorithm != npu::RescaleAlgorithm::kAmla) {
+    npu::AttentionDeviceKernelOptions kernel_options) {
+  if (kernel_options.algorithm != RescaleAlgorithm::kAmla) {
     // The pool's devices must agree with the host's AMLA arithmetic bit for bit.
     return absl::InvalidArgumentError("npu attention device: only the AMLA kernel serves");
   }
@@ -53,7 +53,7 @@ absl::StatusOr<std::unique_ptr<NpuAttentionDevice>> NpuAttentionDevice::Create(
 }
 
 NpuAttentionDevice::NpuAttentionDevice(std::unique_ptr<npu::Device> device,
-                                       npu::AttentionKernelOptions options)
+                                       npu::AttentionDeviceKernelOptions options)
     : device_(std::move(device)), options_(options) {
   const npu::DeviceProfile& p = device_->profile();
   info_.profile = p.name;

@@ -5,7 +5,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/npu/device.h"
-#include "kernels/npu/programs/attention_kernel.h"
+#include "kernels/npu/programs/attention_device_kernel.h"
 #include "server/engine/attention_device.h"
 
 namespace mlaserve::engine {
@@ -18,16 +18,16 @@ class NpuAttentionDevice final : public AttentionDevice {
  public:
   static absl::StatusOr<std::unique_ptr<NpuAttentionDevice>> Create(
       npu::DeviceProfile profile, npu::DeviceOptions device_options,
-      npu::AttentionKernelOptions kernel_options = {});
+      npu::AttentionDeviceKernelOptions kernel_options = {});
 
   const DeviceInfo& info() const override { return info_; }
   absl::StatusOr<DeviceRun> Run(const BatchPlan& plan, const ModelWeights& weights) override;
 
  private:
-  NpuAttentionDevice(std::unique_ptr<npu::Device> device, npu::AttentionKernelOptions options);
+  NpuAttentionDevice(std::unique_ptr<npu::Device> device, npu::AttentionDeviceKernelOptions options);
 
   std::unique_ptr<npu::Device> device_;
-  npu::AttentionKernelOptions options_;
+  npu::AttentionDeviceKernelOptions options_;
   DeviceInfo info_;
 };
 

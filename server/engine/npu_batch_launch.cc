@@ -5,7 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 #include "kernels/npu/programs/attention_schedule.h"
 #include "kernels/npu/programs/combine_kernel.h"
 #include "kernels/npu/programs/projection_kernel.h"
@@ -61,7 +61,7 @@ absl::StatusOr<GmBuffer> NpuBatchLaunch::Allocate(int64_t bytes, const char* wha
 
 absl::StatusOr<std::unique_ptr<NpuBatchLaunch>> NpuBatchLaunch::Create(
     npu::Device& device, const ModelConfig& model, std::vector<NpuGroup> groups,
-    const npu::AttentionKernelOptions& options, bool backed) {
+    const npu::AttentionDeviceKernelOptions& options, bool backed) {
   std::unique_ptr<NpuBatchLaunch> launch(new NpuBatchLaunch(device, model, backed));
   launch->groups_ = std::move(groups);
   launch->buffers_.resize(launch->groups_.size());
@@ -144,7 +144,7 @@ absl::Status NpuBatchLaunch::StageGroup(const NpuGroup& group, GroupBuffers& b) 
 }
 
 absl::Status NpuBatchLaunch::AddAttention(npu::AttentionWorkload workload,
-                                          const npu::AttentionKernelOptions& options) {
+                                          const npu::AttentionDeviceKernelOptions& options) {
   auto launch = std::make_unique<AttentionLaunch>();
   launch->workload = std::move(workload);
   auto schedule = npu::ScheduleAttention(launch->workload, device_.profile().cube_cores);
@@ -152,13 +152,13 @@ absl::Status NpuBatchLaunch::AddAttention(npu::AttentionWorkload workload,
   ASSIGN_OR_RETURN(launch->workspace,
                    npu::AllocateAttentionWorkspace(device_.gm(), launch->workload,
                                                    static_cast<int>(schedule.size()), options, backed_));
-  kernels_.push_back(std::make_unique<npu::AttentionKernel>(launch->workload, std::move(schedule),
+  kernels_.push_back(std::make_unique<npu::AttentionDeviceKernel>(launch->workload, std::move(schedule),
                                                             launch->workspace, options));
   attention_.push_back(std::move(launch));
   return absl::OkStatus();
 }
 
-absl::Status NpuBatchLaunch::BuildLaunches(const npu::AttentionKernelOptions& options) {
+absl::Status NpuBatchLaunch::BuildLaunches(const npu::AttentionDeviceKernelOptions& options) {
   const ModelConfig& m = model_;
   const int H = m.heads, dk = m.dk_latent(), dqk = m.dqk();
   const int max_blocks = device_.profile().cube_cores;

@@ -10,7 +10,7 @@
 #include "kernels/core/bfloat16.h"
 #include "kernels/npu/device.h"
 #include "kernels/npu/launch_report.h"
-#include "kernels/npu/programs/attention_kernel.h"
+#include "kernels/npu/programs/attention_device_kernel.h"
 #include "server/engine/engine.h"
 #include "server/engine/model_config.h"
 
@@ -65,7 +65,7 @@ class NpuBatchLaunch {
  public:
   static absl::StatusOr<std::unique_ptr<NpuBatchLaunch>> Create(
       npu::Device& device, const ModelConfig& model, std::vector<NpuGroup> groups,
-      const npu::AttentionKernelOptions& options, bool backed);
+      const npu::AttentionDeviceKernelOptions& options, bool backed);
   ~NpuBatchLaunch();
   NpuBatchLaunch(const NpuBatchLaunch&) = delete;
   NpuBatchLaunch& operator=(const NpuBatchLaunch&) = delete;
@@ -85,9 +85,9 @@ class NpuBatchLaunch {
   NpuBatchLaunch(npu::Device& device, const ModelConfig& model, bool backed);
   absl::StatusOr<npu::GmBuffer> Allocate(int64_t bytes, const char* what);
   absl::Status StageGroup(const NpuGroup& group, GroupBuffers& buffers);
-  absl::Status BuildLaunches(const npu::AttentionKernelOptions& options);
+  absl::Status BuildLaunches(const npu::AttentionDeviceKernelOptions& options);
   absl::Status AddAttention(npu::AttentionWorkload workload,
-                            const npu::AttentionKernelOptions& options);
+                            const npu::AttentionDeviceKernelOptions& options);
 
   npu::Device& device_;
   const ModelConfig model_;

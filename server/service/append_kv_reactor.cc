@@ -4,7 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 #include "kernels/core/tensor_view.h"
 #include "server/service/kv_request_codec.h"
 #include "server/service/status_mapping.h"

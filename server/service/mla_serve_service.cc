@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 #include "kernels/core/tensor_view.h"
 #include "server/service/append_kv_reactor.h"
 #include "server/service/call_deadline.h"

@@ -18,7 +18,6 @@ namespace {
 static_assert(std::endian::native == std::endian::little);
 
 // The exponent field all ones: infinity or NaN.
-bool Bf16IsFinite(uint16_t bits) { return (bits & 0x7f80u) != 0x7f80u; }
 bool Fp16IsFinite(uint16_t bits) { return (bits & 0x7c00u) != 0x7c00u; }
 
 absl::Status NonFinite(absl::string_view field, int64_t index, float value) {
@@ -41,7 +40,7 @@ absl::StatusOr<std::vector<Bf16>> ToBf16(v1::DType dtype, const std::string& dat
     case v1::DTYPE_BF16: {
       values = CopyElements<Bf16>(data);
       for (std::size_t i = 0; i < values.size(); ++i) {
-        if (!Bf16IsFinite(values[i].bits)) return NonFinite(field, i, values[i].ToFloat());
+        if (!values[i].IsFinite()) return NonFinite(field, i, values[i].ToFloat());
       }
       return values;
     }
@@ -60,7 +59,7 @@ absl::StatusOr<std::vector<Bf16>> ToBf16(v1::DType dtype, const std::string& dat
       for (std::size_t i = 0; i < floats.size(); ++i) {
         if (!std::isfinite(floats[i])) return NonFinite(field, i, floats[i]);
         values[i] = Bf16::FromFloat(floats[i]);
-        if (!Bf16IsFinite(values[i].bits)) {
+        if (!values[i].IsFinite()) {
           return absl::InvalidArgumentError(absl::StrCat(
               field, ": element ", i, " (", floats[i], ") overflows bf16"));
         }

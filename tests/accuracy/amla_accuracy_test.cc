@@ -6,8 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/mla/amla.h"
-#include "kernels/reference/accuracy_protocol.h"
-#include "kernels/reference/flash_base.h"
+#include "kernels/mla/accuracy_protocol.h"
+#include "kernels/mla/flash_base.h"
 
 namespace mlaserve {
 namespace {

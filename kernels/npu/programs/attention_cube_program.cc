@@ -1,4 +1,4 @@
-// The AIC side of AttentionKernel: [C1] S = Q K^T and [C2] P V for every task of a block,
+// The AIC side of AttentionDeviceKernel: [C1] S = Q K^T and [C2] P V for every task of a block,
 // C1 running `preload` tasks ahead of C2.
 #include <algorithm>
 #include <cstring>
@@ -6,9 +6,9 @@
 #include <variant>
 
 #include "kernels/core/bfloat16.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 #include "kernels/core/tiling.h"
-#include "kernels/npu/programs/attention_kernel.h"
+#include "kernels/npu/programs/attention_device_kernel.h"
 #include "kernels/npu/programs/cube_l0_stage.h"
 #include "kernels/npu/programs/slot_ring.h"
 
@@ -84,7 +84,7 @@ struct L1Rings {
 class CubeProgram {
  public:
   CubeProgram(CoreRecorder& aic, const AttentionWorkload& workload, const AttentionWorkspace& ws,
-              const AttentionKernelOptions& options, L1Rings& l1, CubeL0Stage& l0)
+              const AttentionDeviceKernelOptions& options, L1Rings& l1, CubeL0Stage& l0)
       : aic_(aic), w_(workload), ws_(ws), options_(options), l1_(l1), l0_(l0) {}
 
   // [C1]: S = Q K^T for one task, into the task's scores slot. All of Q stays in L1 (up to
@@ -134,7 +134,7 @@ class CubeProgram {
         }
       }
     }
-    aic_.CrossCoreSetFlag(AttentionKernel::kFlagScoresReady, Pipe::kFix);
+    aic_.CrossCoreSetFlag(AttentionDeviceKernel::kFlagScoresReady, Pipe::kFix);
   }
 
   // [C2]: P V for one task, added into the group's accumulator (AMLA) or written to the
@@ -147,7 +147,7 @@ class CubeProgram {
     const GmBuffer target = amla ? ws_.acc[t.group] : ws_.SlotRows(ws_.partial, aic_.block(), slot, w_.dv * 4);
     const std::vector<Tile> m_tiles = Tiles(g.rows, kTileRows);
     const std::vector<Tile> halves = Tiles(t.tokens, kPStripeTokens);
-    aic_.CrossCoreWaitFlag(AttentionKernel::kFlagProbsReady);
+    aic_.CrossCoreWaitFlag(AttentionDeviceKernel::kFlagProbsReady);
     const auto p_slot_of = LoadStripes(halves, m_tiles, [&](Tile h, Tile m) {
       const int64_t first = static_cast<int64_t>(m.begin) * kKvBlockTokens + h.begin;
       return std::pair{GmRegion::Rows(p_slot, first * 2, m.size, h.size * 2, kKvBlockTokens * 2),
@@ -182,7 +182,7 @@ class CubeProgram {
             if (first_write) {
               // AMLA adds into O only after the AIVs rescaled it for this block; Base reuses
               // a P V slot only after [V2] of the task that last used it.
-              if (amla || index >= ws_.slots) aic_.CrossCoreWaitFlag(AttentionKernel::kFlagRescaleDone);
+              if (amla || index >= ws_.slots) aic_.CrossCoreWaitFlag(AttentionDeviceKernel::kFlagRescaleDone);
               first_write = false;
             }
             FlushValues(target, m_tiles[mt], n0, n, c[mt], /*add=*/amla && !t.first);
@@ -194,7 +194,7 @@ class CubeProgram {
         }
       }
     }
-    aic_.CrossCoreSetFlag(AttentionKernel::kFlagPvDone, Pipe::kFix);
+    aic_.CrossCoreSetFlag(AttentionDeviceKernel::kFlagPvDone, Pipe::kFix);
   }
 
  private:
@@ -259,14 +259,14 @@ class CubeProgram {
   CoreRecorder& aic_;
   const AttentionWorkload& w_;
   const AttentionWorkspace& ws_;
-  const AttentionKernelOptions& options_;
+  const AttentionDeviceKernelOptions& options_;
   L1Rings& l1_;
   CubeL0Stage& l0_;
 };
 
 }  // namespace
 
-absl::Status AttentionKernel::RecordCube(CoreRecorder& aic) const {
+absl::Status AttentionDeviceKernel::RecordCube(CoreRecorder& aic) const {
   std::vector<LocalTensor> stripes, chunks;
   for (int i = 0; i < kStripeSlots; ++i) {
     ASSIGN_OR_RETURN(LocalTensor t, aic.Alloc(Space::kL1, kL1SlotBytes, "Q/P stripe"));

@@ -1,4 +1,4 @@
-// The AIV side of AttentionKernel. Each of a block's two AIVs owns half of every row group's
+// The AIV side of AttentionDeviceKernel. Each of a block's two AIVs owns half of every row group's
 // rows and runs, per task: [V1] online softmax (S -> P), then the rescale of the output
 // accumulator (AMLA: an int32 atomic add on O's bits; Base: [V2], O = O * alpha + P V through
 // UB), and, when a group's last block is done, the final normalisation.
@@ -10,12 +10,12 @@
 #include "kernels/core/bfloat16.h"
 #include "kernels/core/block_scores.h"
 #include "kernels/core/fp32_exponent_add.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 #include "kernels/core/tiling.h"
 #include "kernels/mla/amla.h"
-#include "kernels/npu/programs/attention_kernel.h"
+#include "kernels/npu/programs/attention_device_kernel.h"
 #include "kernels/npu/programs/slot_ring.h"
-#include "kernels/reference/flash_base.h"
+#include "kernels/mla/flash_base.h"
 
 namespace mlaserve::npu {
 namespace {
@@ -41,14 +41,14 @@ struct VectorBuffers {
 class VectorProgram {
  public:
   VectorProgram(CoreRecorder& aiv, const AttentionWorkload& workload, const AttentionWorkspace& ws,
-                const AttentionKernelOptions& options, VectorBuffers& buffers)
+                const AttentionDeviceKernelOptions& options, VectorBuffers& buffers)
       : aiv_(aiv), w_(workload), ws_(ws), options_(options), b_(buffers) {}
 
   // [V1]: softmax of this AIV's rows of task t; P goes to the task's probs slot.
   void Softmax(const AttentionTask& t, int slot, int index) {
     const RowGroup& g = w_.groups[t.group];
     const auto [lo, hi] = Rows(g);
-    aiv_.CrossCoreWaitFlag(AttentionKernel::kFlagScoresReady);
+    aiv_.CrossCoreWaitFlag(AttentionDeviceKernel::kFlagScoresReady);
     const GmBuffer s_slot = ws_.SlotRows(ws_.scores, aiv_.block(), slot, kKvBlockTokens * 4);
     const GmBuffer p_slot = ws_.SlotRows(ws_.probs, aiv_.block(), slot, kKvBlockTokens * 2);
     const bool amla = options_.algorithm == RescaleAlgorithm::kAmla;
@@ -115,7 +115,7 @@ class VectorProgram {
                    "P rows");
       b_.out.Release(o);
     }
-    aiv_.CrossCoreSetFlag(AttentionKernel::kFlagProbsReady, Pipe::kMte3);
+    aiv_.CrossCoreSetFlag(AttentionDeviceKernel::kFlagProbsReady, Pipe::kMte3);
   }
 
   // AMLA: O *= 2^(n_t - n_{t-1}) * c_{t-1}/c_t as one int32 atomic add per element, in GM.
@@ -285,13 +285,13 @@ class VectorProgram {
   CoreRecorder& aiv_;
   const AttentionWorkload& w_;
   const AttentionWorkspace& ws_;
-  const AttentionKernelOptions& options_;
+  const AttentionDeviceKernelOptions& options_;
   VectorBuffers& b_;
 };
 
 }  // namespace
 
-absl::Status AttentionKernel::RecordVector(CoreRecorder& aiv) const {
+absl::Status AttentionDeviceKernel::RecordVector(CoreRecorder& aiv) const {
   std::vector<LocalTensor> in, out;
   for (int i = 0; i < 2; ++i) {
     ASSIGN_OR_RETURN(LocalTensor a, aiv.Alloc(Space::kUb, kInSlotBytes, "UB in"));

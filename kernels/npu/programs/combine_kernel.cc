@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 #include "kernels/mla/lse_combine.h"
 #include "kernels/npu/programs/slot_ring.h"
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "kernels/core/matmul.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 
 namespace mlaserve::npu {
 namespace {

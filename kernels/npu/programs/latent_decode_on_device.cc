@@ -7,7 +7,7 @@
 #include <span>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 #include "kernels/npu/programs/attention_schedule.h"
 
 namespace mlaserve::npu {
@@ -21,7 +21,7 @@ LatentDecodeLaunch::~LatentDecodeLaunch() {
 absl::Status LatentDecodeLaunch::Build(int heads, int sq, std::span<const int32_t> seqlens,
                                        bool causal, int dk, int dv, float scale, int page_size,
                                        int width, const std::function<int32_t(int, int)>& page_of,
-                                       const AttentionKernelOptions& options, int max_blocks,
+                                       const AttentionDeviceKernelOptions& options, int max_blocks,
                                        bool backed) {
   rows_ = static_cast<int64_t>(seqlens.size()) * sq * heads;
   dv_ = dv;
@@ -58,12 +58,12 @@ absl::Status LatentDecodeLaunch::Build(int heads, int sq, std::span<const int32_
                    AllocateAttentionWorkspace(gm_, workload_, static_cast<int>(schedule.size()),
                                               options, backed));
   workspace_ = std::make_unique<AttentionWorkspace>(std::move(workspace));
-  kernel_ = std::make_unique<AttentionKernel>(workload_, std::move(schedule), *workspace_, options);
+  kernel_ = std::make_unique<AttentionDeviceKernel>(workload_, std::move(schedule), *workspace_, options);
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<LatentDecodeLaunch>> LatentDecodeLaunch::Prepare(
-    Device& device, const LatentDecodeProblem& p, const AttentionKernelOptions& options) {
+    Device& device, const LatentDecodeProblem& p, const AttentionDeviceKernelOptions& options) {
   RETURN_IF_ERROR(ValidateLatentDecodeProblem(p));
   const auto& pages = p.cache.pages;
   if (pages.stride(1) != p.dk() ||
@@ -93,7 +93,7 @@ absl::StatusOr<std::unique_ptr<LatentDecodeLaunch>> LatentDecodeLaunch::Prepare(
 }
 
 absl::StatusOr<std::unique_ptr<LatentDecodeLaunch>> LatentDecodeLaunch::PrepareModel(
-    Device& device, const LatentDecodeShape& shape, const AttentionKernelOptions& options) {
+    Device& device, const LatentDecodeShape& shape, const AttentionDeviceKernelOptions& options) {
   if (shape.heads <= 0 || shape.sq <= 0 || shape.page_size <= 0 || shape.seqlens.empty()) {
     return absl::InvalidArgumentError("shape needs heads, sq, page_size and at least one sequence");
   }
@@ -132,7 +132,7 @@ AttentionOutput LatentDecodeLaunch::ReadOutput() const {
 
 absl::StatusOr<DeviceDecodeResult> RunLatentDecodeOnDevice(Device& device,
                                                            const LatentDecodeProblem& problem,
-                                                           const AttentionKernelOptions& options) {
+                                                           const AttentionDeviceKernelOptions& options) {
   ASSIGN_OR_RETURN(auto launch, LatentDecodeLaunch::Prepare(device, problem, options));
   DeviceDecodeResult result;
   if (launch->kernel() != nullptr) {
@@ -143,7 +143,7 @@ absl::StatusOr<DeviceDecodeResult> RunLatentDecodeOnDevice(Device& device,
 }
 
 absl::StatusOr<LaunchReport> ModelLatentDecodeOnDevice(Device& device, const LatentDecodeShape& shape,
-                                                       const AttentionKernelOptions& options) {
+                                                       const AttentionDeviceKernelOptions& options) {
   ASSIGN_OR_RETURN(auto launch, LatentDecodeLaunch::PrepareModel(device, shape, options));
   if (launch->kernel() == nullptr) return LaunchReport{};
   return device.Launch(*launch->kernel(), ExecutionMode::kModelOnly);

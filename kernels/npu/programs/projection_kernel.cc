@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/core/bfloat16.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 #include "kernels/core/tiling.h"
 #include "kernels/npu/programs/cube_l0_stage.h"
 #include "kernels/npu/programs/slot_ring.h"

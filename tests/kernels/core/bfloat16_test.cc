@@ -59,5 +59,13 @@ TEST(Bf16Test, SpecialValues) {
   }
 }
 
+// Every one of the 65536 patterns against std::isfinite of the value it stands for.
+TEST(Bf16Test, IsFiniteAgreesWithTheFloatItStandsFor) {
+  for (uint32_t b = 0; b <= 0xffffu; ++b) {
+    const Bf16 v = Bf16::FromBits(static_cast<uint16_t>(b));
+    ASSERT_EQ(v.IsFinite(), std::isfinite(v.ToFloat())) << "bits 0x" << std::hex << b;
+  }
+}
+
 }  // namespace
 }  // namespace mlaserve

@@ -45,7 +45,7 @@ TEST_P(HeadSpaceFormsTest, AbsorbMatchesFp64NaiveGolden) {
   const auto batch = MakeBatch();
   const HeadSpaceDecodeProblem problem = batch.Problem(scale_);
   auto golden = GoldenHeadSpaceDecode(problem);
-  auto absorb = AbsorbDecode(problem, AttentionKernel::kAmla);
+  auto absorb = AbsorbDecode(problem, RescaleAlgorithm::kAmla);
   ASSERT_TRUE(golden.ok()) << golden.status();
   ASSERT_TRUE(absorb.ok()) << absorb.status();
   EXPECT_TRUE(testing::AllClose(absorb->out, golden->out, kHeadSpaceOutTolerance, true));
@@ -56,7 +56,7 @@ TEST_P(HeadSpaceFormsTest, NaiveMatchesFp64NaiveGolden) {
   const auto batch = MakeBatch();
   const HeadSpaceDecodeProblem problem = batch.Problem(scale_);
   auto golden = GoldenHeadSpaceDecode(problem);
-  auto naive = NaiveDecode(problem, AttentionKernel::kAmla);
+  auto naive = NaiveDecode(problem, RescaleAlgorithm::kAmla);
   ASSERT_TRUE(golden.ok() && naive.ok());
   EXPECT_TRUE(testing::AllClose(naive->out, golden->out, kHeadSpaceOutTolerance, true));
   EXPECT_TRUE(testing::AllClose(naive->lse, golden->lse, kHeadSpaceLseTolerance, false));
@@ -65,8 +65,8 @@ TEST_P(HeadSpaceFormsTest, NaiveMatchesFp64NaiveGolden) {
 TEST_P(HeadSpaceFormsTest, NaiveAndAbsorbAgreeWithEachOther) {
   const auto batch = MakeBatch();
   const HeadSpaceDecodeProblem problem = batch.Problem(scale_);
-  auto absorb = AbsorbDecode(problem, AttentionKernel::kBase);
-  auto naive = NaiveDecode(problem, AttentionKernel::kBase);
+  auto absorb = AbsorbDecode(problem, RescaleAlgorithm::kBase);
+  auto naive = NaiveDecode(problem, RescaleAlgorithm::kBase);
   ASSERT_TRUE(absorb.ok() && naive.ok());
   // Both carry their own roundings, so allow the sum of both error budgets.
   constexpr testing::Tolerance kPairTolerance{2 * kHeadSpaceOutTolerance.abs_tol, 2 * 2.01 / 128, 4e-5};

@@ -4,7 +4,7 @@
 #include <limits>
 
 #include "gtest/gtest.h"
-#include "kernels/reference/flash_base.h"
+#include "kernels/mla/flash_base.h"
 #include "kernels/reference/golden_attention.h"
 #include "tests/testing/attention_checks.h"
 #include "tests/testing/kernel_sweep.h"

@@ -7,7 +7,7 @@
 #include "kernels/mla/amla.h"
 #include "kernels/npu/device.h"
 #include "kernels/npu/programs/latent_decode_on_device.h"
-#include "kernels/reference/flash_base.h"
+#include "kernels/mla/flash_base.h"
 #include "kernels/reference/golden_attention.h"
 #include "tests/testing/attention_checks.h"
 #include "tests/testing/random_batch.h"

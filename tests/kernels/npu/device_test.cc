@@ -11,7 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/core/fp32_exponent_add.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 #include "kernels/npu/device.h"
 #include "kernels/npu/programs/latent_decode_on_device.h"
 #include "nlohmann/json.hpp"

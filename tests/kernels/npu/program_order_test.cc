@@ -16,7 +16,7 @@
 #include "kernels/npu/local_memory.h"
 #include "kernels/npu/program.h"
 #include "kernels/npu/programs/latent_decode_on_device.h"
-#include "kernels/reference/flash_base.h"
+#include "kernels/mla/flash_base.h"
 #include "tests/testing/random_batch.h"
 
 namespace mlaserve::npu {

@@ -145,7 +145,7 @@ TEST(NpuAttentionDeviceTest, ReportsTheProfileAndItsRoofline) {
 TEST(NpuAttentionDeviceTest, OnlyTheAmlaKernelServes) {
   auto profile = npu::LoadDeviceProfile("ascend910-die");
   ASSERT_TRUE(profile.ok());
-  auto device = NpuAttentionDevice::Create(*profile, {}, {.algorithm = npu::RescaleAlgorithm::kBase});
+  auto device = NpuAttentionDevice::Create(*profile, {}, {.algorithm = RescaleAlgorithm::kBase});
   EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument);
 }
 

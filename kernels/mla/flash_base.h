@@ -1,5 +1,5 @@
-#ifndef MLASERVE_KERNELS_REFERENCE_FLASH_BASE_H_
-#define MLASERVE_KERNELS_REFERENCE_FLASH_BASE_H_
+#ifndef MLASERVE_KERNELS_MLA_FLASH_BASE_H_
+#define MLASERVE_KERNELS_MLA_FLASH_BASE_H_
 
 #include <limits>
 
@@ -39,4 +39,4 @@ absl::StatusOr<AttentionOutput> FlashBaseDecode(const LatentDecodeProblem& probl
 
 }  // namespace mlaserve
 
-#endif  // MLASERVE_KERNELS_REFERENCE_FLASH_BASE_H_
+#endif  // MLASERVE_KERNELS_MLA_FLASH_BASE_H_

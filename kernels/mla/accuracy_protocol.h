@@ -1,5 +1,5 @@
-#ifndef MLASERVE_KERNELS_REFERENCE_ACCURACY_PROTOCOL_H_
-#define MLASERVE_KERNELS_REFERENCE_ACCURACY_PROTOCOL_H_
+#ifndef MLASERVE_KERNELS_MLA_ACCURACY_PROTOCOL_H_
+#define MLASERVE_KERNELS_MLA_ACCURACY_PROTOCOL_H_
 
 #include <cstdint>
 #include <functional>
@@ -54,4 +54,4 @@ absl::StatusOr<std::vector<double>> MeasureAccuracy(const AccuracyCase& c, int s
 
 }  // namespace mlaserve
 
-#endif  // MLASERVE_KERNELS_REFERENCE_ACCURACY_PROTOCOL_H_
+#endif  // MLASERVE_KERNELS_MLA_ACCURACY_PROTOCOL_H_

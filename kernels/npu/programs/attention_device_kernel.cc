@@ -1,7 +1,7 @@
-#include "kernels/npu/programs/attention_kernel.h"
+#include "kernels/npu/programs/attention_device_kernel.h"
 
 #include "absl/strings/str_cat.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 #include "kernels/core/tiling.h"
 
 namespace mlaserve::npu {
@@ -9,7 +9,7 @@ namespace mlaserve::npu {
 absl::StatusOr<AttentionWorkspace> AllocateAttentionWorkspace(GlobalMemory& gm,
                                                               const AttentionWorkload& workload,
                                                               int blocks,
-                                                              const AttentionKernelOptions& options,
+                                                              const AttentionDeviceKernelOptions& options,
                                                               bool backed) {
   AttentionWorkspace ws;
   ws.slots = options.preload + 1;
@@ -48,20 +48,20 @@ void ReleaseAttentionWorkspace(GlobalMemory& gm, const AttentionWorkspace& ws) {
   for (const GmBuffer& b : ws.acc) gm.Release(b);
 }
 
-AttentionKernel::AttentionKernel(const AttentionWorkload& workload,
+AttentionDeviceKernel::AttentionDeviceKernel(const AttentionWorkload& workload,
                                  std::vector<std::vector<AttentionTask>> schedule,
                                  const AttentionWorkspace& workspace,
-                                 AttentionKernelOptions options)
+                                 AttentionDeviceKernelOptions options)
     : workload_(workload),
       schedule_(std::move(schedule)),
       workspace_(workspace),
       options_(options) {}
 
-std::string AttentionKernel::Name() const {
-  return options_.algorithm == RescaleAlgorithm::kAmla ? "amla" : "base";
+std::string AttentionDeviceKernel::Name() const {
+  return std::string(RescaleAlgorithmName(options_.algorithm));
 }
 
-double AttentionKernel::Flops() const {
+double AttentionDeviceKernel::Flops() const {
   double flops = 0;
   for (const RowGroup& g : workload_.groups) {
     for (int32_t v : g.visible) flops += 2.0 * v * (workload_.dk + workload_.dv);
@@ -69,7 +69,7 @@ double AttentionKernel::Flops() const {
   return flops;
 }
 
-absl::Status AttentionKernel::Record(Program& program) const {
+absl::Status AttentionDeviceKernel::Record(Program& program) const {
   if (options_.preload < 0 || options_.preload > 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("preload = ", options_.preload, " must be 0, 1 or 2"));

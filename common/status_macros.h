@@ -1,5 +1,5 @@
-#ifndef MLASERVE_KERNELS_CORE_STATUS_MACROS_H_
-#define MLASERVE_KERNELS_CORE_STATUS_MACROS_H_
+#ifndef MLASERVE_COMMON_STATUS_MACROS_H_
+#define MLASERVE_COMMON_STATUS_MACROS_H_
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -27,4 +27,4 @@
   }                                                 \
   lhs = *std::move(statusor)
 
-#endif  // MLASERVE_KERNELS_CORE_STATUS_MACROS_H_
+#endif  // MLASERVE_COMMON_STATUS_MACROS_H_

@@ -1,11 +1,11 @@
-#include "kernels/reference/accuracy_protocol.h"
+#include "kernels/mla/accuracy_protocol.h"
 
 #include <cmath>
 #include <numeric>
 
 #include "kernels/core/bfloat16.h"
 #include "kernels/core/random_fill.h"
-#include "kernels/core/status_macros.h"
+#include "common/status_macros.h"
 #include "kernels/reference/golden_attention.h"
 
 namespace mlaserve {

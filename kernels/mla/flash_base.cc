@@ -1,4 +1,4 @@
-#include "kernels/reference/flash_base.h"
+#include "kernels/mla/flash_base.h"
 
 #include <algorithm>
 #include <cmath>

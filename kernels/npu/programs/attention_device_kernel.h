@@ -1,11 +1,12 @@
-#ifndef MLASERVE_KERNELS_NPU_PROGRAMS_ATTENTION_KERNEL_H_
-#define MLASERVE_KERNELS_NPU_PROGRAMS_ATTENTION_KERNEL_H_
+#ifndef MLASERVE_KERNELS_NPU_PROGRAMS_ATTENTION_DEVICE_KERNEL_H_
+#define MLASERVE_KERNELS_NPU_PROGRAMS_ATTENTION_DEVICE_KERNEL_H_
 
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/mla/amla.h"
+#include "kernels/mla/rescale_algorithm.h"
 #include "kernels/npu/device_kernel.h"
 #include "kernels/npu/global_memory.h"
 #include "kernels/npu/programs/attention_schedule.h"
@@ -13,17 +14,11 @@
 
 namespace mlaserve::npu {
 
-// How the output accumulator follows the running max between KV blocks.
-enum class RescaleAlgorithm {
-  // AMLA: the AIVs rescale O in place with an int32 atomic add on its bits, then the AIC
-  // atomically adds P V into it (fp32): O never leaves global memory.
-  kAmla,
-  // Base FlashAttention: the AIC writes P V to a workspace and the AIVs read O and P V into
-  // UB, compute O * alpha + P V, and write O back (the GM -> UB -> GM [V2] stage).
-  kBase,
-};
-
-struct AttentionKernelOptions {
+struct AttentionDeviceKernelOptions {
+  // kAmla: the AIVs rescale O in place with an int32 atomic add on its bits, then the AIC
+  // atomically adds P V into it (fp32): O never leaves global memory. kBase: the AIC writes
+  // P V to a workspace and the AIVs read O and P V into UB, compute O * alpha + P V, and
+  // write O back (the GM -> UB -> GM [V2] stage).
   RescaleAlgorithm algorithm = RescaleAlgorithm::kAmla;
   // Preload count: how many tasks the AIC's Q K^T ([C1]) runs ahead of its P V ([C2]).
   // 2 is the paper's pipeline; 0 serialises cube and vector stages.
@@ -50,7 +45,7 @@ struct AttentionWorkspace {
 absl::StatusOr<AttentionWorkspace> AllocateAttentionWorkspace(GlobalMemory& gm,
                                                               const AttentionWorkload& workload,
                                                               int blocks,
-                                                              const AttentionKernelOptions& options,
+                                                              const AttentionDeviceKernelOptions& options,
                                                               bool backed);
 void ReleaseAttentionWorkspace(GlobalMemory& gm, const AttentionWorkspace& workspace);
 
@@ -66,16 +61,16 @@ void ReleaseAttentionWorkspace(GlobalMemory& gm, const AttentionWorkspace& works
 //   kFlagPvDone       AIC -> AIV   P V of task t is in GM          ([C2] -> rescale/final)
 //   kFlagRescaleDone  AIV -> AIC   AMLA: O rescaled for task t, C2(t) may add into it;
 //                                  Base: [V2] of task t done, its P V slot is free
-class AttentionKernel final : public DeviceKernel {
+class AttentionDeviceKernel final : public DeviceKernel {
  public:
   static constexpr int kFlagScoresReady = 1;
   static constexpr int kFlagProbsReady = 2;
   static constexpr int kFlagPvDone = 3;
   static constexpr int kFlagRescaleDone = 4;
 
-  AttentionKernel(const AttentionWorkload& workload,
+  AttentionDeviceKernel(const AttentionWorkload& workload,
                   std::vector<std::vector<AttentionTask>> schedule,
-                  const AttentionWorkspace& workspace, AttentionKernelOptions options);
+                  const AttentionWorkspace& workspace, AttentionDeviceKernelOptions options);
 
   std::string Name() const override;
   int BlockDim() const override { return static_cast<int>(schedule_.size()); }
@@ -89,9 +84,9 @@ class AttentionKernel final : public DeviceKernel {
   const AttentionWorkload& workload_;
   std::vector<std::vector<AttentionTask>> schedule_;
   const AttentionWorkspace& workspace_;
-  AttentionKernelOptions options_;
+  AttentionDeviceKernelOptions options_;
 };
 
 }  // namespace mlaserve::npu
 
-#endif  // MLASERVE_KERNELS_NPU_PROGRAMS_ATTENTION_KERNEL_H_
+#endif  // MLASERVE_KERNELS_NPU_PROGRAMS_ATTENTION_DEVICE_KERNEL_H_
