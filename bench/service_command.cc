@@ -9,7 +9,7 @@
 #include "client/loadgen/grpc_load_target.h"
 #include "client/loadgen/load_report.h"
 #include "common/status_macros.h"
-#include "server/engine/model_config.h"
+#include "server/engine/model/model_config.h"
 #include "server/service/mla_server.h"
 #include "spdlog/spdlog.h"
 

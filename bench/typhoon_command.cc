@@ -10,11 +10,11 @@
 #include "common/status_macros.h"
 #include "kernels/npu/device.h"
 #include "nlohmann/json.hpp"
-#include "server/engine/expanded_kv.h"
-#include "server/engine/model_config.h"
-#include "server/engine/model_weights.h"
-#include "server/engine/npu_batch_launch.h"
-#include "server/engine/planner.h"
+#include "server/engine/kv/expanded_kv.h"
+#include "server/engine/model/model_config.h"
+#include "server/engine/model/model_weights.h"
+#include "server/engine/devices/npu_batch_launch.h"
+#include "server/engine/plan/planner.h"
 
 namespace mlaserve::bench {
 namespace {

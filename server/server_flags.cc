@@ -16,7 +16,7 @@
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "common/command_line.h"
-#include "server/engine/model_config.h"
+#include "server/engine/model/model_config.h"
 
 // The defaults serve a small demo model on loopback: `mlaserve-server` alone starts in
 // seconds. Production sets --layers 0 (the whole model), --weights, --kv_budget.

@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "server/engine/host_attention_device.h"
-#include "server/engine/npu_attention_device.h"
+#include "server/engine/devices/host_attention_device.h"
+#include "server/engine/devices/npu_attention_device.h"
 
 namespace mlaserve::engine {
 namespace {

@@ -7,13 +7,13 @@
 #include <mutex>
 #include <vector>
 
-#include "server/engine/attention_device.h"
-#include "server/engine/batcher.h"
-#include "server/engine/device_pool.h"
+#include "server/engine/devices/attention_device.h"
+#include "server/engine/batching/batcher.h"
+#include "server/engine/devices/device_pool.h"
 #include "server/engine/engine.h"
-#include "server/engine/kv_store.h"
-#include "server/engine/model_weights.h"
-#include "server/engine/planner.h"
+#include "server/engine/kv/kv_store.h"
+#include "server/engine/model/model_weights.h"
+#include "server/engine/plan/planner.h"
 
 namespace mlaserve::engine {
 

@@ -5,7 +5,7 @@
 
 #include "absl/status/statusor.h"
 #include "mlaserve/v1/kv_cache.pb.h"
-#include "server/engine/model_config.h"
+#include "server/engine/model/model_config.h"
 #include "server/service/tensor_codec.h"
 
 namespace mlaserve::service {

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "server/engine/model_weights.h"
+#include "server/engine/model/model_weights.h"
 #include "tests/integration/integration_server.h"
 
 namespace mlaserve::integration {

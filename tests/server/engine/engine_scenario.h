@@ -12,7 +12,7 @@
 #include "kernels/core/random_fill.h"
 #include "kernels/reference/golden_attention.h"
 #include "server/engine/engine_impl.h"
-#include "server/engine/host_attention_device.h"
+#include "server/engine/devices/host_attention_device.h"
 #include "tests/testing/attention_checks.h"
 
 namespace mlaserve::engine::testing {

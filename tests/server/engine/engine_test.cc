@@ -9,7 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/engine/engine_impl.h"
-#include "server/engine/host_attention_device.h"
+#include "server/engine/devices/host_attention_device.h"
 #include "tests/server/engine/engine_scenario.h"
 #include "tests/testing/attention_checks.h"
 

@@ -1,0 +1,36 @@
+#ifndef MLASERVE_SERVER_ENGINE_DEVICES_NPU_ATTENTION_DEVICE_H_
+#define MLASERVE_SERVER_ENGINE_DEVICES_NPU_ATTENTION_DEVICE_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kernels/npu/device.h"
+#include "kernels/npu/programs/attention_device_kernel.h"
+#include "server/engine/devices/attention_device.h"
+
+namespace mlaserve::engine {
+
+// An emulated NPU as a pool device: each batch runs as the NpuBatchLaunch sequence, for
+// real on the host (the answers equal HostAttentionDevice's bit for bit) while the device
+// model times it. The KV pool, the weights and the expanded K/V are mapped into the device's
+// global memory for the batch, not copied; only the queries are staged.
+class NpuAttentionDevice final : public AttentionDevice {
+ public:
+  static absl::StatusOr<std::unique_ptr<NpuAttentionDevice>> Create(
+      npu::DeviceProfile profile, npu::DeviceOptions device_options,
+      npu::AttentionDeviceKernelOptions kernel_options = {});
+
+  const DeviceInfo& info() const override { return info_; }
+  absl::StatusOr<DeviceRun> Run(const BatchPlan& plan, const ModelWeights& weights) override;
+
+ private:
+  NpuAttentionDevice(std::unique_ptr<npu::Device> device, npu::AttentionDeviceKernelOptions options);
+
+  std::unique_ptr<npu::Device> device_;
+  npu::AttentionDeviceKernelOptions options_;
+  DeviceInfo info_;
+};
+
+}  // namespace mlaserve::engine
+
+#endif  // MLASERVE_SERVER_ENGINE_DEVICES_NPU_ATTENTION_DEVICE_H_

@@ -1,0 +1,89 @@
+#include "server/engine/kv/expanded_kv.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "kernels/core/kv_block_source.h"
+#include "kernels/core/tensor_view.h"
+#include "kernels/mla/naive.h"
+#include "server/engine/kv/kv_store.h"
+
+namespace mlaserve::engine {
+namespace {
+
+// Tokens widened to fp32 at a time: bounds the scratch (4.5 MiB of 576-wide rows) for long
+// prefixes while keeping each GEMM large enough to run at full rate.
+constexpr int32_t kExpandChunkTokens = 2048;
+
+}  // namespace
+
+int64_t ExpandedKvData::Bytes(int heads, int64_t tokens, int dqk, int dv) {
+  return static_cast<int64_t>(heads) * tokens * (dqk + dv) * static_cast<int64_t>(sizeof(Bf16));
+}
+
+ExpandedKvData ExpandedKvData::Build(const PagedKvCache& pool, std::span<const int32_t> pages,
+                                     int32_t begin, int32_t end, int dr,
+                                     const UpProjection& weights) {
+  ExpandedKvData data;
+  data.heads_ = weights.heads();
+  data.tokens_ = end - begin;
+  data.dqk_ = weights.dn() + dr;
+  data.dv_ = weights.dv();
+  data.k_.resize(static_cast<size_t>(data.heads_) * data.tokens_ * data.dqk_);
+  data.v_.resize(static_cast<size_t>(data.heads_) * data.tokens_ * data.dv_);
+
+  // The prefix's tokens as one request of a paged batch, read in fp32 blocks the way the
+  // kernels read them.
+  const std::vector<int32_t> seqlens = {end};
+  const PagedSequences table{
+      *TensorView<const int32_t, 2>::Create(pages, {1, static_cast<int64_t>(pages.size())}),
+      seqlens};
+  PagedLatentSource source(pool, table, /*request=*/0, weights.dl());
+  for (int32_t chunk = begin; chunk < end; chunk += kExpandChunkTokens) {
+    const int n = std::min(kExpandChunkTokens, end - chunk);
+    const KvBlock latent = source.Load(chunk, n);
+    const int64_t first = chunk - begin;
+    for (int h = 0; h < data.heads_; ++h) {
+      const int64_t head_row = static_cast<int64_t>(h) * data.tokens_ + first;
+      ExpandHeadKv(latent.k, latent.ldk, n, dr, weights, h, data.k_.data() + head_row * data.dqk_,
+                   data.v_.data() + head_row * data.dv_);
+    }
+  }
+  return data;
+}
+
+HeadKv ExpandedKvData::Head(int head) const {
+  const int64_t row = static_cast<int64_t>(head) * tokens_;
+  return HeadKv{k_.data() + row * dqk_, dqk_, v_.data() + row * dv_, dv_, tokens_};
+}
+
+ExpandedKv::ExpandedKv(KvStore* store, PrefixKey prefix, int layer, int32_t begin,
+                       const ExpandedKvData* data)
+    : store_(store), prefix_(prefix), layer_(layer), begin_(begin), data_(data) {}
+
+ExpandedKv::ExpandedKv(ExpandedKv&& other) noexcept
+    : store_(std::exchange(other.store_, nullptr)),
+      prefix_(other.prefix_),
+      layer_(other.layer_),
+      begin_(other.begin_),
+      data_(other.data_) {}
+
+ExpandedKv& ExpandedKv::operator=(ExpandedKv&& other) noexcept {
+  if (this != &other) {
+    Release();
+    store_ = std::exchange(other.store_, nullptr);
+    prefix_ = other.prefix_;
+    layer_ = other.layer_;
+    begin_ = other.begin_;
+    data_ = other.data_;
+  }
+  return *this;
+}
+
+ExpandedKv::~ExpandedKv() { Release(); }
+
+void ExpandedKv::Release() {
+  if (store_ != nullptr) std::exchange(store_, nullptr)->ReleaseExpanded(prefix_, layer_);
+}
+
+}  // namespace mlaserve::engine

@@ -1,0 +1,854 @@
+#include "server/engine/kv/kv_store.h"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <queue>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "server/engine/kv/tsan_visible_lock.h"
+
+namespace mlaserve::engine {
+namespace {
+
+constexpr size_t kMaxIdBytes = 1024;
+constexpr int kMaxPageSize = 65536;
+constexpr int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
+
+absl::Status CheckId(absl::string_view field, absl::string_view id) {
+  if (id.empty()) return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));
+  if (id.size() > kMaxIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " is ", id.size(), " bytes; the limit is ", kMaxIdBytes));
+  }
+  return absl::OkStatus();
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+// A registered run of tokens with rows for every layer. Its page lists cover [0, end): the
+// full pages of its parent chain, shared, then its own. It never writes a page after
+// registration, and everyone who shares its pages copies before writing, so its rows are
+// immutable while it lives.
+struct KvStore::PrefixNode {
+  // The expansion of [begin, end) for one layer.
+  struct Expanded {
+    enum class State { kAbsent, kBuilding, kReady };
+    State state = State::kAbsent;
+    std::unique_ptr<ExpandedKvData> data;
+    int64_t bytes = 0;
+    int32_t pins = 0;  // ExpandedKv handles
+    uint64_t last_use = 0;
+  };
+
+  PrefixKey key = 0;
+  std::string id;
+  std::string parent_id;
+  PrefixNode* parent = nullptr;  // referenced by this node
+  int32_t begin = 0;
+  int32_t end = 0;
+  std::vector<std::vector<int32_t>> pages;  // [layer]
+  bool ready = false;                       // false while its rows are being copied in
+  bool registered = true;                   // false once released or evicted
+  // Children, sequences started on it, snapshots, expanded handles and operations in flight.
+  // A registered node with none is evictable; an unregistered one is freed at zero.
+  int64_t references = 0;
+  uint64_t last_use = 0;
+  std::vector<Expanded> expanded;  // [layer]
+};
+
+struct KvStore::Sequence {
+  // How it came to be, so that a retried create or fork can be recognised.
+  enum class Origin { kCreated, kForked };
+
+  struct Layer {
+    std::vector<int32_t> pages;  // ceil(length / page_size) pages
+    int32_t length = 0;
+    bool appending = false;  // rows are being copied in outside the lock
+  };
+
+  std::string id;
+  Origin origin = Origin::kCreated;
+  std::string origin_id;         // the prefix id it was created on, or the fork source
+  PrefixNode* prefix = nullptr;  // referenced by this sequence
+  std::vector<Layer> layers;
+};
+
+// What an eviction would remove, in order: whole prefixes (layer < 0) or one layer's
+// expanded K/V.
+struct KvStore::EvictionPlan {
+  struct Victim {
+    PrefixNode* node;
+    int layer;
+  };
+  std::vector<Victim> victims;
+};
+
+// An append between its reservation and its publication.
+struct KvStore::AppendReservation {
+  Sequence* sequence = nullptr;  // cannot go away: release waits for the append
+  int layer = 0;
+  int64_t first_token = 0;
+  int64_t rows = 0;
+  // The pages the rows land in: the current last page (or its copy) if it has room, then
+  // the new ones. Token first_token sits at row first_token % page_size of targets[0].
+  std::vector<int32_t> targets;
+  int32_t cow_source = -1;  // the shared last page copied into targets[0], or -1
+  int cow_rows = 0;
+};
+
+// A registration between its reservation and its publication, or (existing) a repeated one
+// whose rows are being compared.
+struct KvStore::RegisterReservation {
+  PrefixNode* node = nullptr;  // referenced (existing) or not yet ready (new)
+  bool existing = false;
+  int32_t begin = 0;
+  std::vector<std::vector<int32_t>> pages;  // [layer] the node's page list
+  std::vector<int32_t> cow_sources;         // [layer] parent's last page to copy, or -1
+};
+
+absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const ModelConfig& model,
+                                                         const KvStoreOptions& options) {
+  RETURN_IF_ERROR(model.Validate());
+  if (options.page_size < 1 || options.page_size > kMaxPageSize) {
+    return absl::InvalidArgumentError(absl::StrCat("kv store: page_size = ", options.page_size,
+                                                   " is outside [1, ", kMaxPageSize, "]"));
+  }
+  const int64_t page_bytes = static_cast<int64_t>(options.page_size) * model.dk_latent() *
+                             static_cast<int64_t>(sizeof(Bf16));
+  if (options.budget_bytes < page_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv store: budget_bytes = ", options.budget_bytes, " is less than one page (",
+                     page_bytes, " bytes)"));
+  }
+  const int64_t num_pages = options.budget_bytes / page_bytes;
+  if (num_pages > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv store: budget_bytes = ", options.budget_bytes, " makes ", num_pages,
+                     " pages, more than int32 page ids can name; use larger pages"));
+  }
+  ASSIGN_OR_RETURN(PagePool pool, PagePool::Create(static_cast<int32_t>(num_pages),
+                                                   options.page_size, model.dk_latent()));
+  return std::unique_ptr<KvStore>(new KvStore(model, options, std::move(pool)));
+}
+
+KvStore::KvStore(const ModelConfig& model, const KvStoreOptions& options, PagePool pool)
+    : model_(model),
+      budget_bytes_(options.budget_bytes),
+      pool_(std::move(pool)),
+      pages_(pool_.num_pages()) {}
+
+KvStore::~KvStore() = default;
+
+absl::Status KvStore::CheckLayer(int layer) const {
+  if (layer < 0 || layer >= model_.layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", layer, " is outside [0, ", model_.layers, ")"));
+  }
+  return absl::OkStatus();
+}
+
+bool KvStore::Appending(const Sequence& sequence) {
+  return std::any_of(sequence.layers.begin(), sequence.layers.end(),
+                     [](const Sequence::Layer& l) { return l.appending; });
+}
+
+KvStore::PrefixNode* KvStore::FindRegistered(absl::string_view prefix_id) const {
+  const auto it = prefix_ids_.find(prefix_id);
+  return it == prefix_ids_.end() ? nullptr : it->second;
+}
+
+KvStore::PrefixNode* KvStore::FindLiveNode(PrefixKey key) const {
+  const auto it = nodes_.find(key);
+  return it == nodes_.end() || !it->second->ready ? nullptr : it->second.get();
+}
+
+// --- Prefixes -------------------------------------------------------------------------------
+
+absl::Status KvStore::RegisterPrefix(absl::string_view prefix_id, absl::string_view parent_id,
+                                     TensorView<const Bf16, 3> latent) {
+  RETURN_IF_ERROR(CheckId("prefix_id", prefix_id));
+  if (!parent_id.empty()) RETURN_IF_ERROR(CheckId("parent_id", parent_id));
+  if (latent.dim(0) != model_.layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("latent has ", latent.dim(0), " layers but the model has ", model_.layers));
+  }
+  if (latent.dim(1) < 1) return absl::InvalidArgumentError("latent holds no tokens");
+  if (latent.dim(2) != model_.dk_latent()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("latent rows are ", latent.dim(2),
+                     " wide but the model's are dl + dr = ", model_.dk_latent()));
+  }
+  if (latent.stride(2) != 1) return absl::InvalidArgumentError("latent rows must be contiguous");
+
+  ASSIGN_OR_RETURN(RegisterReservation reservation, ReserveRegister(prefix_id, parent_id, latent));
+  if (reservation.existing) {
+    const bool same = SameRows(reservation, latent);
+    TsanVisibleLock lock(&mu_);
+    if (same) Touch(reservation.node);
+    DropReference(reservation.node);
+    if (!same) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("prefix '", prefix_id, "' is already registered with other rows"));
+    }
+    return absl::OkStatus();
+  }
+  const int page_size = pool_.page_size();
+  for (int layer = 0; layer < model_.layers; ++layer) {
+    const std::vector<int32_t>& pages = reservation.pages[layer];
+    if (reservation.cow_sources[layer] >= 0) {
+      pool_.CopyRows(reservation.cow_sources[layer], pages[reservation.begin / page_size],
+                     reservation.begin % page_size);
+    }
+    pool_.WriteTokens(pages, reservation.begin, latent.row(layer, 0), latent.stride(1),
+                      latent.dim(1));
+  }
+  PublishRegister(reservation);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<KvStore::RegisterReservation> KvStore::ReserveRegister(
+    absl::string_view prefix_id, absl::string_view parent_id, TensorView<const Bf16, 3> latent) {
+  const int64_t tokens = latent.dim(1);
+  TsanVisibleLock lock(&mu_);
+  PrefixNode* existing = nullptr;
+  PrefixNode* parent = nullptr;
+  for (;;) {
+    existing = FindRegistered(prefix_id);
+    if (!parent_id.empty()) parent = FindRegistered(parent_id);
+    if ((existing != nullptr && !existing->ready) || (parent != nullptr && !parent->ready)) {
+      TsanVisibleWait(published_, &mu_);
+      continue;
+    }
+    break;
+  }
+
+  RegisterReservation r;
+  if (existing != nullptr) {
+    if (existing->parent_id != parent_id || existing->end - existing->begin != tokens) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "prefix '", prefix_id, "' is already registered with ",
+          existing->parent_id.empty() ? "no parent"
+                                      : absl::StrCat("parent '", existing->parent_id, "'"),
+          " and ", existing->end - existing->begin, " tokens"));
+    }
+    AddReference(existing);  // keeps its rows while they are compared without the lock
+    r.node = existing;
+    r.existing = true;
+    r.begin = existing->begin;
+    r.pages = existing->pages;
+    return r;
+  }
+  if (!parent_id.empty() && parent == nullptr) {
+    return absl::NotFoundError(absl::StrCat("parent prefix '", parent_id,
+                                            "' is not registered (never, released or evicted)"));
+  }
+
+  const int page_size = pool_.page_size();
+  const int32_t begin = parent == nullptr ? 0 : parent->end;
+  if (begin + tokens > kMaxTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("prefix '", prefix_id, "' would end at token ",
+                                                   begin + tokens, ", past 2^31 - 1"));
+  }
+  const auto end = static_cast<int32_t>(begin + tokens);
+  const int64_t shared_pages = begin / page_size;  // the parent's full pages
+  const int64_t new_pages = CeilDiv(end, page_size) - shared_pages;
+  // The parent is about to gain a child: reference it first so making room cannot evict it.
+  if (parent != nullptr) AddReference(parent);
+  if (absl::Status s = Reserve(new_pages * model_.layers * pool_.page_bytes(),
+                               absl::StrCat("registering prefix '", prefix_id, "'"));
+      !s.ok()) {
+    if (parent != nullptr) DropReference(parent);
+    return s;
+  }
+
+  auto node = std::make_unique<PrefixNode>();
+  node->key = next_key_++;
+  node->id = std::string(prefix_id);
+  node->parent_id = std::string(parent_id);
+  node->parent = parent;
+  node->begin = begin;
+  node->end = end;
+  node->pages.resize(model_.layers);
+  node->expanded.resize(model_.layers);
+  r.begin = begin;
+  r.cow_sources.assign(model_.layers, -1);
+  for (int layer = 0; layer < model_.layers; ++layer) {
+    std::vector<int32_t>& pages = node->pages[layer];
+    for (int64_t i = 0; i < shared_pages; ++i) {
+      pages.push_back(parent->pages[layer][i]);
+      pages_.AddOwner(pages.back(), PageOwner::kPrefix);
+    }
+    for (int64_t i = 0; i < new_pages; ++i) pages.push_back(pages_.Allocate(PageOwner::kPrefix));
+    if (begin % page_size != 0) r.cow_sources[layer] = parent->pages[layer][shared_pages];
+  }
+  r.node = node.get();
+  r.pages = node->pages;
+  prefix_ids_.emplace(node->id, node.get());
+  nodes_.emplace(node->key, std::move(node));
+  return r;
+}
+
+bool KvStore::SameRows(const RegisterReservation& existing,
+                       TensorView<const Bf16, 3> latent) const {
+  const size_t row_bytes = static_cast<size_t>(model_.dk_latent()) * sizeof(Bf16);
+  for (int layer = 0; layer < model_.layers; ++layer) {
+    for (int64_t t = 0; t < latent.dim(1); ++t) {
+      const int64_t token = existing.begin + t;
+      const Bf16* stored = pool_.Row(existing.pages[layer][token / pool_.page_size()],
+                                     static_cast<int>(token % pool_.page_size()));
+      if (std::memcmp(stored, latent.row(layer, t), row_bytes) != 0) return false;
+    }
+  }
+  return true;
+}
+
+void KvStore::PublishRegister(const RegisterReservation& reservation) {
+  TsanVisibleLock lock(&mu_);
+  reservation.node->ready = true;
+  Touch(reservation.node);
+  published_.SignalAll();
+}
+
+absl::Status KvStore::ReleasePrefix(absl::string_view prefix_id) {
+  RETURN_IF_ERROR(CheckId("prefix_id", prefix_id));
+  TsanVisibleLock lock(&mu_);
+  for (;;) {
+    PrefixNode* node = FindRegistered(prefix_id);
+    if (node == nullptr) return absl::OkStatus();
+    if (!node->ready) {
+      TsanVisibleWait(published_, &mu_);
+      continue;
+    }
+    Unregister(node);
+    return absl::OkStatus();
+  }
+}
+
+absl::StatusOr<PrefixInfo> KvStore::GetPrefix(absl::string_view prefix_id) const {
+  RETURN_IF_ERROR(CheckId("prefix_id", prefix_id));
+  TsanVisibleLock lock(&mu_);
+  for (;;) {
+    const PrefixNode* node = FindRegistered(prefix_id);
+    if (node == nullptr) {
+      return absl::NotFoundError(absl::StrCat("prefix '", prefix_id, "' is not registered"));
+    }
+    if (!node->ready) {
+      TsanVisibleWait(published_, &mu_);
+      continue;
+    }
+    return PrefixInfo{node->id,    node->key, node->parent_id,
+                      node->begin, node->end, node->references > 0};
+  }
+}
+
+// --- Sequences ------------------------------------------------------------------------------
+
+absl::Status KvStore::CreateSequence(absl::string_view sequence_id, absl::string_view prefix_id) {
+  RETURN_IF_ERROR(CheckId("sequence_id", sequence_id));
+  if (!prefix_id.empty()) RETURN_IF_ERROR(CheckId("prefix_id", prefix_id));
+  TsanVisibleLock lock(&mu_);
+  PrefixNode* prefix = nullptr;
+  for (;;) {
+    if (const auto it = sequences_.find(sequence_id); it != sequences_.end()) {
+      const Sequence& s = *it->second;
+      if (s.origin == Sequence::Origin::kCreated && s.origin_id == prefix_id) {
+        return absl::OkStatus();
+      }
+      return absl::AlreadyExistsError(absl::StrCat(
+          "sequence '", sequence_id, "' already exists (",
+          s.origin == Sequence::Origin::kForked ? "forked from '" : "created on prefix '",
+          s.origin_id, "')"));
+    }
+    if (prefix_id.empty()) break;
+    prefix = FindRegistered(prefix_id);
+    if (prefix == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat("prefix '", prefix_id, "' is not registered (never, released or evicted)"));
+    }
+    if (prefix->ready) break;
+    TsanVisibleWait(published_, &mu_);
+  }
+
+  auto sequence = std::make_unique<Sequence>();
+  sequence->id = std::string(sequence_id);
+  sequence->origin = Sequence::Origin::kCreated;
+  sequence->origin_id = std::string(prefix_id);
+  sequence->layers.resize(model_.layers);
+  if (prefix != nullptr) {
+    sequence->prefix = prefix;
+    AddReference(prefix);
+    Touch(prefix);
+    for (int layer = 0; layer < model_.layers; ++layer) {
+      Sequence::Layer& l = sequence->layers[layer];
+      l.pages = prefix->pages[layer];
+      for (int32_t page : l.pages) pages_.AddOwner(page, PageOwner::kSequence);
+      l.length = prefix->end;
+    }
+  }
+  sequences_.emplace(sequence->id, std::move(sequence));
+  return absl::OkStatus();
+}
+
+absl::Status KvStore::ForkSequence(absl::string_view source_id, absl::string_view new_id) {
+  RETURN_IF_ERROR(CheckId("source_id", source_id));
+  RETURN_IF_ERROR(CheckId("new_id", new_id));
+  TsanVisibleLock lock(&mu_);
+  Sequence* source = nullptr;
+  for (;;) {
+    if (const auto it = sequences_.find(new_id); it != sequences_.end()) {
+      const Sequence& s = *it->second;
+      if (s.origin == Sequence::Origin::kForked && s.origin_id == source_id) {
+        return absl::OkStatus();
+      }
+      return absl::AlreadyExistsError(absl::StrCat("sequence '", new_id, "' already exists"));
+    }
+    const auto it = sequences_.find(source_id);
+    if (it == sequences_.end()) {
+      return absl::NotFoundError(absl::StrCat("sequence '", source_id, "' does not exist"));
+    }
+    source = it->second.get();
+    // An append in flight may be writing past the published length of a page the fork
+    // would share; once shared, that page's rows must be settled for both sides.
+    if (!Appending(*source)) break;
+    TsanVisibleWait(published_, &mu_);
+  }
+
+  auto fork = std::make_unique<Sequence>();
+  fork->id = std::string(new_id);
+  fork->origin = Sequence::Origin::kForked;
+  fork->origin_id = std::string(source_id);
+  fork->prefix = source->prefix;
+  if (fork->prefix != nullptr) AddReference(fork->prefix);
+  fork->layers.resize(model_.layers);
+  for (int layer = 0; layer < model_.layers; ++layer) {
+    Sequence::Layer& l = fork->layers[layer];
+    l.pages = source->layers[layer].pages;
+    for (int32_t page : l.pages) pages_.AddOwner(page, PageOwner::kSequence);
+    l.length = source->layers[layer].length;
+  }
+  sequences_.emplace(fork->id, std::move(fork));
+  return absl::OkStatus();
+}
+
+absl::Status KvStore::Append(absl::string_view sequence_id, int layer, int64_t start_position,
+                             TensorView<const Bf16, 2> rows) {
+  RETURN_IF_ERROR(CheckId("sequence_id", sequence_id));
+  RETURN_IF_ERROR(CheckLayer(layer));
+  if (start_position < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("start_position is negative (", start_position, ")"));
+  }
+  if (rows.dim(0) < 1) return absl::InvalidArgumentError("rows is empty");
+  if (rows.dim(1) != model_.dk_latent()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rows are ", rows.dim(1), " wide but the model's are dl + dr = ", model_.dk_latent()));
+  }
+  if (rows.stride(1) != 1) return absl::InvalidArgumentError("rows must be contiguous");
+
+  ASSIGN_OR_RETURN(std::optional<AppendReservation> reservation,
+                   ReserveAppend(sequence_id, layer, start_position, rows.dim(0)));
+  if (!reservation.has_value()) return absl::OkStatus();
+  if (reservation->cow_source >= 0) {
+    pool_.CopyRows(reservation->cow_source, reservation->targets[0], reservation->cow_rows);
+  }
+  const int page_size = pool_.page_size();
+  pool_.WriteTokens(reservation->targets, reservation->first_token % page_size, rows.data(),
+                    rows.stride(0), rows.dim(0));
+  PublishAppend(*reservation);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<KvStore::AppendReservation>> KvStore::ReserveAppend(
+    absl::string_view sequence_id, int layer, int64_t start_position, int64_t rows) {
+  TsanVisibleLock lock(&mu_);
+  Sequence* sequence = nullptr;
+  for (;;) {
+    const auto it = sequences_.find(sequence_id);
+    if (it == sequences_.end()) {
+      return absl::NotFoundError(absl::StrCat("sequence '", sequence_id, "' does not exist"));
+    }
+    sequence = it->second.get();
+    if (!sequence->layers[layer].appending) break;
+    TsanVisibleWait(published_,
+                    &mu_);  // a retry racing its original: decide once that one has landed
+  }
+  Sequence::Layer& l = sequence->layers[layer];
+  if (start_position < l.length && start_position + rows <= l.length) return std::nullopt;
+  if (start_position != l.length) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("sequence '", sequence_id, "' layer ", layer, " holds ", l.length,
+                     " tokens: an append must start at position ", l.length,
+                     " (or retry an earlier range), not ", start_position));
+  }
+  if (l.length + rows > kMaxTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence '", sequence_id, "' layer ", layer,
+                                                   " would hold ", l.length + rows,
+                                                   " tokens, past 2^31 - 1"));
+  }
+  const int page_size = pool_.page_size();
+  const int cow_rows = l.length % page_size;
+  // A partly filled last page that another list holds must be copied before it is written.
+  const bool copy_last = cow_rows != 0 && pages_.owners(l.pages.back()) > 1;
+  const int64_t new_pages =
+      CeilDiv(l.length + rows, page_size) - CeilDiv(l.length, page_size) + (copy_last ? 1 : 0);
+  RETURN_IF_ERROR(Reserve(
+      new_pages * pool_.page_bytes(),
+      absl::StrCat("appending ", rows, " tokens to sequence '", sequence_id, "' layer ", layer)));
+
+  AppendReservation r;
+  r.sequence = sequence;
+  r.layer = layer;
+  r.first_token = l.length;
+  r.rows = rows;
+  if (copy_last) {
+    r.cow_source = l.pages.back();
+    r.cow_rows = cow_rows;
+  } else if (cow_rows != 0) {
+    r.targets.push_back(l.pages.back());  // ours alone: rows past the length are free to write
+  }
+  for (int64_t i = 0; i < new_pages; ++i)
+    r.targets.push_back(pages_.Allocate(PageOwner::kSequence));
+  l.appending = true;
+  return r;
+}
+
+void KvStore::PublishAppend(const AppendReservation& reservation) {
+  TsanVisibleLock lock(&mu_);
+  Sequence::Layer& l = reservation.sequence->layers[reservation.layer];
+  auto fresh = reservation.targets.begin();
+  if (reservation.cow_source >= 0) {
+    pages_.DropOwner(l.pages.back(), PageOwner::kSequence);
+    l.pages.back() = *fresh++;
+  } else if (reservation.first_token % pool_.page_size() != 0) {
+    ++fresh;  // the last page, written in place
+  }
+  l.pages.insert(l.pages.end(), fresh, reservation.targets.end());
+  l.length = static_cast<int32_t>(reservation.first_token + reservation.rows);
+  l.appending = false;
+  published_.SignalAll();
+}
+
+absl::Status KvStore::ReleaseSequence(absl::string_view sequence_id) {
+  RETURN_IF_ERROR(CheckId("sequence_id", sequence_id));
+  TsanVisibleLock lock(&mu_);
+  for (;;) {
+    const auto it = sequences_.find(sequence_id);
+    if (it == sequences_.end()) return absl::OkStatus();
+    Sequence& sequence = *it->second;
+    if (Appending(sequence)) {
+      TsanVisibleWait(published_, &mu_);  // the append is writing into pages this would free
+      continue;
+    }
+    for (const Sequence::Layer& l : sequence.layers) {
+      for (int32_t page : l.pages) pages_.DropOwner(page, PageOwner::kSequence);
+    }
+    if (sequence.prefix != nullptr) DropReference(sequence.prefix);
+    sequences_.erase(it);
+    return absl::OkStatus();
+  }
+}
+
+absl::StatusOr<SequenceInfo> KvStore::GetSequence(absl::string_view sequence_id) const {
+  RETURN_IF_ERROR(CheckId("sequence_id", sequence_id));
+  TsanVisibleLock lock(&mu_);
+  const auto it = sequences_.find(sequence_id);
+  if (it == sequences_.end()) {
+    return absl::NotFoundError(absl::StrCat("sequence '", sequence_id, "' does not exist"));
+  }
+  const Sequence& s = *it->second;
+  SequenceInfo info{s.id, s.prefix == nullptr ? "" : s.prefix->id, {}};
+  for (const Sequence::Layer& l : s.layers) info.lengths.push_back(l.length);
+  return info;
+}
+
+// --- Decode ---------------------------------------------------------------------------------
+
+absl::StatusOr<KvSnapshot> KvStore::Snapshot(absl::string_view sequence_id, int layer) {
+  const std::string id(sequence_id);
+  return Snapshot(std::span<const std::string>(&id, 1), layer);
+}
+
+absl::StatusOr<KvSnapshot> KvStore::Snapshot(std::span<const std::string> sequence_ids, int layer) {
+  RETURN_IF_ERROR(CheckLayer(layer));
+  if (sequence_ids.empty()) return absl::InvalidArgumentError("sequence_ids is empty");
+  for (const std::string& id : sequence_ids) RETURN_IF_ERROR(CheckId("sequence_id", id));
+  TsanVisibleLock lock(&mu_);
+  std::vector<const Sequence*> found;
+  for (const std::string& id : sequence_ids) {
+    const auto it = sequences_.find(id);
+    if (it == sequences_.end()) {
+      return absl::NotFoundError(absl::StrCat("sequence '", id, "' does not exist"));
+    }
+    found.push_back(it->second.get());
+  }
+  std::vector<SequenceSnapshot> snapshots;
+  std::vector<PrefixKey> pinned_prefixes;
+  for (const Sequence* s : found) {
+    const Sequence::Layer& l = s->layers[layer];
+    SequenceSnapshot snapshot{s->id, l.length, pool_.page_size(), l.pages, {}};
+    for (int32_t page : l.pages) pages_.Pin(page);
+    if (s->prefix != nullptr) {
+      AddReference(s->prefix);  // the chain above it is referenced through it
+      pinned_prefixes.push_back(s->prefix->key);
+      for (PrefixNode* node = s->prefix; node != nullptr; node = node->parent) {
+        Touch(node);
+        snapshot.prefixes.push_back(PrefixSpan{node->id, node->key, node->begin, node->end});
+      }
+      std::reverse(snapshot.prefixes.begin(), snapshot.prefixes.end());
+    }
+    snapshots.push_back(std::move(snapshot));
+  }
+  return KvSnapshot(this, layer, pool_.View(), std::move(snapshots), std::move(pinned_prefixes));
+}
+
+void KvStore::ReleaseSnapshot(std::span<const SequenceSnapshot> sequences,
+                              std::span<const PrefixKey> prefixes) {
+  TsanVisibleLock lock(&mu_);
+  for (const SequenceSnapshot& s : sequences) {
+    for (int32_t page : s.pages) pages_.Unpin(page);
+  }
+  for (PrefixKey key : prefixes) DropReference(nodes_.at(key).get());
+}
+
+absl::StatusOr<ExpandedKv> KvStore::GetOrBuildExpanded(PrefixKey prefix, int layer,
+                                                       const ModelWeights& weights) {
+  RETURN_IF_ERROR(CheckLayer(layer));
+  const ModelConfig& w = weights.config();
+  if (w.heads != model_.heads || w.dn != model_.dn || w.dr != model_.dr || w.dl != model_.dl ||
+      w.dv != model_.dv) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weights (", w.name, ": heads ", w.heads, ", dn ", w.dn, ", dr ", w.dr, ", dl ", w.dl,
+        ", dv ", w.dv, ") do not match the store's model ", model_.name));
+  }
+  if (layer >= w.layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", layer, " is outside the weights' ", w.layers, " layers"));
+  }
+
+  PrefixNode* node = nullptr;
+  std::vector<int32_t> pages;
+  {
+    TsanVisibleLock lock(&mu_);
+    for (;;) {
+      node = FindLiveNode(prefix);
+      if (node == nullptr) {
+        return absl::NotFoundError(absl::StrCat(
+            "prefix key ", prefix, " does not exist (released and freed, or evicted)"));
+      }
+      if (node->expanded[layer].state != PrefixNode::Expanded::State::kBuilding) break;
+      TsanVisibleWait(published_, &mu_);
+    }
+    PrefixNode::Expanded& slot = node->expanded[layer];
+    if (slot.state == PrefixNode::Expanded::State::kReady) {
+      ++slot.pins;
+      AddReference(node);
+      Touch(node);
+      slot.last_use = ++clock_;
+      return ExpandedKv(this, prefix, layer, node->begin, slot.data.get());
+    }
+    const int64_t bytes =
+        ExpandedKvData::Bytes(model_.heads, node->end - node->begin, model_.dqk(), model_.dv);
+    AddReference(node);  // neither evictable while making room nor freed while building
+    if (absl::Status s =
+            Reserve(bytes, absl::StrCat("expanding prefix '", node->id, "' layer ", layer));
+        !s.ok()) {
+      DropReference(node);
+      return s;
+    }
+    slot.state = PrefixNode::Expanded::State::kBuilding;
+    slot.bytes = bytes;
+    expanded_bytes_ += bytes;
+    ++expanded_entries_;
+    pages = node->pages[layer];
+  }
+
+  // Rows of a live prefix never change, so the expansion reads them without the lock.
+  auto data = std::make_unique<ExpandedKvData>(ExpandedKvData::Build(
+      pool_.View(), pages, node->begin, node->end, model_.dr, weights.Layer(layer)));
+
+  TsanVisibleLock lock(&mu_);
+  PrefixNode::Expanded& slot = node->expanded[layer];
+  slot.data = std::move(data);
+  slot.state = PrefixNode::Expanded::State::kReady;
+  slot.pins = 1;
+  slot.last_use = ++clock_;
+  Touch(node);
+  published_.SignalAll();
+  return ExpandedKv(this, prefix, layer, node->begin, slot.data.get());
+}
+
+void KvStore::ReleaseExpanded(PrefixKey prefix, int layer) {
+  TsanVisibleLock lock(&mu_);
+  PrefixNode* node = nodes_.at(prefix).get();
+  --node->expanded[layer].pins;
+  DropReference(node);
+}
+
+KvStoreStats KvStore::Stats() const {
+  TsanVisibleLock lock(&mu_);
+  const PageCounts counts = pages_.counts();
+  KvStoreStats stats;
+  stats.budget_bytes = budget_bytes_;
+  stats.used_bytes = UsedBytes();
+  stats.page_bytes = pool_.page_bytes();
+  stats.pages_total = pages_.num_pages();
+  stats.pages_free = counts.free;
+  stats.pages_used = stats.pages_total - counts.free;
+  stats.pages_prefix = counts.prefix;
+  stats.pages_sequence = counts.sequence;
+  stats.pages_pinned = counts.pinned;
+  stats.expanded_bytes = expanded_bytes_;
+  stats.expanded_entries = expanded_entries_;
+  stats.prefixes = static_cast<int32_t>(prefix_ids_.size());
+  stats.retained_prefixes = static_cast<int32_t>(nodes_.size() - prefix_ids_.size());
+  stats.sequences = static_cast<int32_t>(sequences_.size());
+  stats.prefix_evictions = prefix_evictions_;
+  stats.expanded_evictions = expanded_evictions_;
+  return stats;
+}
+
+// --- Budget and eviction --------------------------------------------------------------------
+
+int64_t KvStore::UsedBytes() const {
+  return static_cast<int64_t>(pages_.num_pages() - pages_.num_free()) * pool_.page_bytes() +
+         expanded_bytes_;
+}
+
+absl::Status KvStore::Reserve(int64_t bytes, absl::string_view what) {
+  const int64_t over = UsedBytes() + bytes - budget_bytes_;
+  if (over <= 0) return absl::OkStatus();
+  const std::optional<EvictionPlan> plan = PlanEviction(over);
+  if (!plan.has_value()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, " needs ", bytes, " bytes; the budget is ", budget_bytes_,
+                     " bytes with ", UsedBytes(),
+                     " in use, and evicting every unreferenced prefix and expansion would not "
+                     "free enough"));
+  }
+  for (const EvictionPlan::Victim& victim : plan->victims) {
+    if (victim.layer >= 0) {
+      FreeExpanded(victim.node, victim.layer);
+      ++expanded_evictions_;
+    } else {
+      ++prefix_evictions_;
+      Unregister(victim.node);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Walks the evictable items (unreferenced registered prefixes, unpinned expansions) least
+// recently used first, simulating what freeing each would return to the budget, until
+// `bytes` are covered. Evicting a prefix may leave its parent unreferenced: the parent then
+// joins the candidates if registered, or (released) is freed with it.
+std::optional<KvStore::EvictionPlan> KvStore::PlanEviction(int64_t bytes) const {
+  struct Candidate {
+    uint64_t last_use;
+    PrefixNode* node;
+    int layer;  // < 0: the whole prefix
+    bool operator>(const Candidate& o) const { return last_use > o.last_use; }
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> candidates;
+  for (const auto& [key, node] : nodes_) {
+    if (node->ready && node->registered && node->references == 0) {
+      candidates.push({node->last_use, node.get(), -1});
+    }
+    for (int layer = 0; layer < model_.layers; ++layer) {
+      const PrefixNode::Expanded& slot = node->expanded[layer];
+      if (slot.state == PrefixNode::Expanded::State::kReady && slot.pins == 0) {
+        candidates.push({slot.last_use, node.get(), layer});
+      }
+    }
+  }
+
+  EvictionPlan plan;
+  int64_t freed = 0;
+  absl::flat_hash_map<int32_t, int32_t> dropped_owners;
+  absl::flat_hash_map<const PrefixNode*, int64_t> dropped_references;
+  absl::flat_hash_set<const PrefixNode*> freed_nodes;
+  absl::flat_hash_set<std::pair<const PrefixNode*, int>> freed_slots;
+  const auto free_node = [&](const PrefixNode* node) {
+    freed_nodes.insert(node);
+    for (const std::vector<int32_t>& layer_pages : node->pages) {
+      for (int32_t page : layer_pages) {
+        if (pages_.owners(page) - ++dropped_owners[page] == 0 && pages_.pins(page) == 0) {
+          freed += pool_.page_bytes();
+        }
+      }
+    }
+    for (int layer = 0; layer < model_.layers; ++layer) {
+      const PrefixNode::Expanded& slot = node->expanded[layer];
+      if (slot.state == PrefixNode::Expanded::State::kReady &&
+          !freed_slots.contains({node, layer})) {
+        freed += slot.bytes;
+      }
+    }
+  };
+  while (freed < bytes && !candidates.empty()) {
+    const Candidate c = candidates.top();
+    candidates.pop();
+    if (c.layer >= 0) {
+      if (freed_nodes.contains(c.node)) continue;
+      freed_slots.insert({c.node, c.layer});
+      freed += c.node->expanded[c.layer].bytes;
+      plan.victims.push_back({c.node, c.layer});
+      continue;
+    }
+    plan.victims.push_back({c.node, -1});
+    free_node(c.node);
+    for (PrefixNode* p = c.node->parent; p != nullptr; p = p->parent) {
+      if (p->references - ++dropped_references[p] > 0) break;
+      if (p->registered) {
+        candidates.push({p->last_use, p, -1});
+        break;
+      }
+      free_node(p);
+    }
+  }
+  if (freed < bytes) return std::nullopt;
+  return plan;
+}
+
+void KvStore::Touch(PrefixNode* node) { node->last_use = ++clock_; }
+
+void KvStore::AddReference(PrefixNode* node) { ++node->references; }
+
+void KvStore::DropReference(PrefixNode* node) {
+  if (--node->references == 0 && !node->registered) FreeNode(node);
+}
+
+void KvStore::Unregister(PrefixNode* node) {
+  prefix_ids_.erase(node->id);
+  node->registered = false;
+  if (node->references == 0) FreeNode(node);
+}
+
+void KvStore::FreeNode(PrefixNode* node) {
+  for (const std::vector<int32_t>& layer_pages : node->pages) {
+    for (int32_t page : layer_pages) pages_.DropOwner(page, PageOwner::kPrefix);
+  }
+  for (int layer = 0; layer < model_.layers; ++layer) {
+    if (node->expanded[layer].state == PrefixNode::Expanded::State::kReady) {
+      FreeExpanded(node, layer);
+    }
+  }
+  PrefixNode* parent = node->parent;
+  nodes_.erase(node->key);
+  if (parent != nullptr) DropReference(parent);
+}
+
+void KvStore::FreeExpanded(PrefixNode* node, int layer) {
+  PrefixNode::Expanded& slot = node->expanded[layer];
+  expanded_bytes_ -= slot.bytes;
+  --expanded_entries_;
+  slot = PrefixNode::Expanded{};
+}
+
+}  // namespace mlaserve::engine

@@ -1,0 +1,220 @@
+#ifndef MLASERVE_SERVER_ENGINE_KV_KV_STORE_H_
+#define MLASERVE_SERVER_ENGINE_KV_KV_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/core/bfloat16.h"
+#include "kernels/core/paged_kv_cache.h"
+#include "kernels/core/tensor_view.h"
+#include "server/engine/kv/expanded_kv.h"
+#include "server/engine/kv/kv_snapshot.h"
+#include "server/engine/kv/kv_types.h"
+#include "server/engine/model/model_config.h"
+#include "server/engine/model/model_weights.h"
+#include "server/engine/kv/page_allocator.h"
+#include "server/engine/kv/page_pool.h"
+#include "server/engine/kv/prefix_key.h"
+
+namespace mlaserve::engine {
+
+// The paged latent KV cache of one model, with shared prefixes (design §4.1).
+//
+// Layout. One PagePool of fixed-size pages holds every layer's latent rows (c_kv then k_pe,
+// dl + dr bf16). A sequence holds, per layer, a page list and a length; layers are appended
+// to independently (a forward pass writes layer 0 before layer 1). A prefix is a registered
+// run of tokens with rows for every layer; it may extend a parent prefix, forming a tree.
+// Page lists always cover tokens from 0, so a sequence's list starts with its prefix chain's
+// pages and any kernel can read it as one block table.
+//
+// Sharing. Pages are reference-counted by the page lists that hold them; a page held by two
+// lists is never written. Starting a sequence on a prefix or forking a sequence copies page
+// lists, not rows; the partly filled last page is copied on the first append by any holder
+// (copy-on-write), and so is a parent prefix's last page when a child prefix is registered.
+//
+// Budget and eviction. Latent pages in use plus expanded K/V stay within the byte budget. An
+// operation that needs memory first evicts, least recently used first, prefixes nothing
+// references (registered, but with no child, sequence, snapshot or handle) and expanded K/V
+// no handle pins; if that cannot make room it fails with RESOURCE_EXHAUSTED and changes
+// nothing, not even the evictions. Referenced data is never dropped.
+//
+// Ids and retries. Ids are client-chosen strings (1..1024 bytes); prefixes and sequences
+// have separate namespaces. Every mutation is idempotent under retry: a create, fork or
+// register that repeats an existing one succeeds without effect (a different one with the
+// same id is ALREADY_EXISTS); an append of rows already appended succeeds without effect;
+// releasing an unknown id succeeds (a retry cannot be told from a never-used id). Invalid
+// arguments are INVALID_ARGUMENT naming the field, unknown ids NOT_FOUND; a failed call
+// changes nothing.
+//
+// Threads. All methods are thread-safe. One mutex guards the metadata; row copies (appends,
+// prefix registration, copy-on-write) and expansions run outside it: the pages are reserved
+// under the lock, filled without it, and published under it. An operation that depends on a
+// copy in flight waits for it: an append or retry on the same sequence layer, a fork or
+// release of the sequence, anything naming a prefix being registered, a request for an
+// expansion being built. Decode reads through a KvSnapshot, which pins what it references,
+// so kernels run without any lock.
+class KvStore {
+ public:
+  // INVALID_ARGUMENT for a bad model config, a non-positive page size or a budget below one
+  // page; RESOURCE_EXHAUSTED if the pool's address space cannot be mapped.
+  static absl::StatusOr<std::unique_ptr<KvStore>> Create(const ModelConfig& model,
+                                                         const KvStoreOptions& options);
+
+  KvStore(const KvStore&) = delete;
+  KvStore& operator=(const KvStore&) = delete;
+  // Every snapshot and expanded K/V handle must be gone.
+  ~KvStore();
+
+  const ModelConfig& model() const { return model_; }
+  int page_size() const { return pool_.page_size(); }
+  // The whole pool as the kernels' paged cache (what KvSnapshot::cache() returns).
+  PagedKvCache PoolView() const { return pool_.View(); }
+
+  // --- Prefixes -------------------------------------------------------------------------
+
+  // Registers `latent` ([layers][tokens][dl + dr], rows contiguous) as prefix `prefix_id`,
+  // extending `parent_id` if that is not empty (its tokens follow the parent's). A sequence
+  // created on it reads the parent chain's tokens, then these. Fails with NOT_FOUND for an
+  // unknown parent, ALREADY_EXISTS if the id is registered with another parent or other rows,
+  // RESOURCE_EXHAUSTED if the rows do not fit.
+  absl::Status RegisterPrefix(absl::string_view prefix_id, absl::string_view parent_id,
+                              TensorView<const Bf16, 3> latent);
+
+  // Drops the client's registration: the id becomes free at once. Whatever still references
+  // the prefix (sequences started on it, child prefixes, snapshots, handles) keeps it alive,
+  // anonymous and unevictable; it is freed when its last reference goes.
+  absl::Status ReleasePrefix(absl::string_view prefix_id);
+
+  absl::StatusOr<PrefixInfo> GetPrefix(absl::string_view prefix_id) const;
+
+  // --- Sequences ------------------------------------------------------------------------
+
+  // Creates an empty sequence, or one that starts on a registered prefix (every layer then
+  // holds the prefix chain's tokens). No rows are copied and no memory is taken.
+  absl::Status CreateSequence(absl::string_view sequence_id, absl::string_view prefix_id = "");
+
+  // Creates `new_id` as a copy of `source_id` that shares its pages; either side's appends
+  // never show in the other.
+  absl::Status ForkSequence(absl::string_view source_id, absl::string_view new_id);
+
+  // Appends `rows` ([n][dl + dr], rows contiguous, n >= 1) to layer `layer` at token
+  // `start_position`. start_position == length appends; a range already appended entirely
+  // (start_position + n <= length) is a retry and succeeds without effect; anything else is
+  // FAILED_PRECONDITION naming the expected position. RESOURCE_EXHAUSTED if the pages do not
+  // fit.
+  absl::Status Append(absl::string_view sequence_id, int layer, int64_t start_position,
+                      TensorView<const Bf16, 2> rows);
+
+  // Frees the sequence's pages (those a snapshot still reads stay until it is gone).
+  absl::Status ReleaseSequence(absl::string_view sequence_id);
+
+  absl::StatusOr<SequenceInfo> GetSequence(absl::string_view sequence_id) const;
+
+  // --- Decode ---------------------------------------------------------------------------
+
+  // Pins layer `layer` of the given sequences (a batch; duplicates allowed) as they are now.
+  absl::StatusOr<KvSnapshot> Snapshot(std::span<const std::string> sequence_ids, int layer);
+  absl::StatusOr<KvSnapshot> Snapshot(absl::string_view sequence_id, int layer);
+
+  // The naive-form K/V of the tokens prefix `prefix` adds to its parent, for one layer,
+  // expanded with `weights` on first use and kept (counted in the budget, evictable when no
+  // handle pins it) for later calls. The store keeps one expansion per (prefix, layer): pass
+  // the same model's weights every time. A concurrent call for the same entry waits for the
+  // first to finish. NOT_FOUND for an unknown or freed prefix, INVALID_ARGUMENT for weights
+  // of another shape, RESOURCE_EXHAUSTED if the expansion does not fit.
+  absl::StatusOr<ExpandedKv> GetOrBuildExpanded(PrefixKey prefix, int layer,
+                                                const ModelWeights& weights);
+
+  KvStoreStats Stats() const;
+
+ private:
+  friend class KvSnapshot;
+  friend class ExpandedKv;
+
+  struct PrefixNode;
+  struct Sequence;
+  struct EvictionPlan;
+  struct AppendReservation;
+  struct RegisterReservation;
+
+  KvStore(const ModelConfig& model, const KvStoreOptions& options, PagePool pool);
+
+  // Called by KvSnapshot / ExpandedKv when they go.
+  void ReleaseSnapshot(std::span<const SequenceSnapshot> sequences,
+                       std::span<const PrefixKey> prefixes) ABSL_LOCKS_EXCLUDED(mu_);
+  void ReleaseExpanded(PrefixKey prefix, int layer) ABSL_LOCKS_EXCLUDED(mu_);
+
+  absl::Status CheckLayer(int layer) const;
+
+  // Phases of the operations that copy rows outside the lock.
+  // nullopt: the rows are already there (a retry).
+  absl::StatusOr<std::optional<AppendReservation>> ReserveAppend(absl::string_view sequence_id,
+                                                                 int layer, int64_t start_position,
+                                                                 int64_t rows)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void PublishAppend(const AppendReservation& reservation) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<RegisterReservation> ReserveRegister(absl::string_view prefix_id,
+                                                      absl::string_view parent_id,
+                                                      TensorView<const Bf16, 3> latent)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void PublishRegister(const RegisterReservation& reservation) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether an existing registration holds exactly `latent` (read without the lock: the
+  // reservation references the prefix, whose pages never change while it lives).
+  bool SameRows(const RegisterReservation& existing, TensorView<const Bf16, 3> latent) const;
+
+  // The registered (or being registered) prefix of that id; nullptr if there is none.
+  PrefixNode* FindRegistered(absl::string_view prefix_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True while `sequence` has an append in flight on any layer.
+  static bool Appending(const Sequence& sequence);
+
+  // Makes `bytes` more fit in the budget, evicting if it must; RESOURCE_EXHAUSTED and no
+  // change otherwise.
+  absl::Status Reserve(int64_t bytes, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::optional<EvictionPlan> PlanEviction(int64_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t UsedBytes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  void Touch(PrefixNode* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddReference(PrefixNode* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees the node if that was its last reference and it is no longer registered.
+  void DropReference(PrefixNode* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Unregister(PrefixNode* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreeNode(PrefixNode* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreeExpanded(PrefixNode* node, int layer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  PrefixNode* FindLiveNode(PrefixKey key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const ModelConfig model_;
+  const int64_t budget_bytes_;
+  // Immutable mapping; which rows are written when is the protocol described above.
+  const PagePool pool_;
+
+  // Taken through TsanVisibleLock (tsan_visible_lock.h), never absl::MutexLock.
+  mutable absl::Mutex mu_;
+  // Signalled whenever an operation in flight (append, registration, expansion) publishes.
+  mutable absl::CondVar published_;
+  PageAllocator pages_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::unique_ptr<Sequence>> sequences_ ABSL_GUARDED_BY(mu_);
+  // Every live prefix node: registered, being registered, or released but referenced.
+  absl::flat_hash_map<PrefixKey, std::unique_ptr<PrefixNode>> nodes_ ABSL_GUARDED_BY(mu_);
+  // Registered prefix ids (including those being registered).
+  absl::flat_hash_map<std::string, PrefixNode*> prefix_ids_ ABSL_GUARDED_BY(mu_);
+  PrefixKey next_key_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;  // LRU time: bumped by every use
+  int64_t expanded_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int32_t expanded_entries_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t prefix_evictions_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t expanded_evictions_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace mlaserve::engine
+
+#endif  // MLASERVE_SERVER_ENGINE_KV_KV_STORE_H_

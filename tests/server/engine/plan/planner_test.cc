@@ -1,0 +1,34 @@
+#include "server/engine/plan/planner.h"
+
+#include <cmath>
+
+#include "gtest/gtest.h"
+#include "server/engine/model/model_config.h"
+
+namespace mlaserve::engine {
+namespace {
+
+TEST(PlannerTest, ThresholdReproducesTheTyphoonPaperForDeepSeekV3) {
+  auto model = PresetModelConfig("deepseek-v3");
+  ASSERT_TRUE(model.ok());
+  // The paper's Ascend numbers: T = 376 TFLOPS, M = 1.8 TB/s -> B_theta = 61.
+  const DeviceRates rates{376e12, 1.8e12};
+  EXPECT_EQ(static_cast<int>(TyphoonBatchThreshold(*model, 1, rates)), 61);
+  // Written out independently: (192 + 128) / (1 * (2 * 512 + 64)) * 376 / 1.8.
+  EXPECT_NEAR(TyphoonBatchThreshold(*model, 1, rates), 320.0 / 1088.0 * 376.0 / 1.8, 1e-9);
+  // More query tokens per sequence make absorb costlier per byte read: half the threshold.
+  EXPECT_NEAR(TyphoonBatchThreshold(*model, 2, rates), TyphoonBatchThreshold(*model, 1, rates) / 2, 1e-9);
+}
+
+TEST(PlannerTest, ThresholdScalesWithTheDeviceBalanceOnly) {
+  auto dsv3 = PresetModelConfig("deepseek-v3");
+  auto kimi = PresetModelConfig("kimi-k2");
+  ASSERT_TRUE(dsv3.ok() && kimi.ok());
+  const DeviceRates die{353.9e12, 1.6e12};  // one Ascend 910 die (ascend910-die profile)
+  // Head count cancels out of the balance: Kimi K2 and DeepSeek-V3 share the threshold.
+  EXPECT_DOUBLE_EQ(TyphoonBatchThreshold(*dsv3, 1, die), TyphoonBatchThreshold(*kimi, 1, die));
+  EXPECT_NEAR(TyphoonBatchThreshold(*dsv3, 1, die), 320.0 / 1088.0 * 353.9 / 1.6, 1e-9);
+}
+
+}  // namespace
+}  // namespace mlaserve::engine
