@@ -119,26 +119,31 @@ void TileCall(int m, int n, int k, bool b_transposed, const Bf16* a, const Bf16*
               b32.data(), b_transposed ? k : n, 1.0f, c, kMatrixTile);
 }
 
-// Copies a [rows][cols] block (leading dimension ld) into compact bf16.
-void NarrowBlock(int rows, int cols, const float* src, int64_t ld, Bf16* dst) {
+// Copies a [rows][cols] block (leading dimension ld) into compact bf16: fp32 operands are
+// narrowed (exact for the bf16-valued matrices the entry points take), bf16 ones copied.
+void CompactBlock(int rows, int cols, const float* src, int64_t ld, Bf16* dst) {
   for (int r = 0; r < rows; ++r) NarrowToBf16(src + r * ld, cols, dst + static_cast<int64_t>(r) * cols);
+}
+void CompactBlock(int rows, int cols, const Bf16* src, int64_t ld, Bf16* dst) {
+  for (int r = 0; r < rows; ++r) std::copy_n(src + r * ld, cols, dst + static_cast<int64_t>(r) * cols);
 }
 
 // The host's side of the definition: per output tile, an L0C-like tile; per chunk, the
 // operands made compact and one tile call.
-void Tiled(bool b_transposed, int m, int n, int k, const float* a, int64_t lda, const float* b, int64_t ldb,
+template <typename T>
+void Tiled(bool b_transposed, int m, int n, int k, const T* a, int64_t lda, const T* b, int64_t ldb,
            float* c, int64_t ldc, bool accumulate, int k_chunk) {
   if (m <= 0 || n <= 0) return;
   const int chunk = k_chunk > 0 ? k_chunk : std::max(k, 1);
-  // A's row tile, narrowed once for all column tiles, chunk by chunk: chunk k0 is the compact
-  // [tm][kc] block at k0 * tm.
+  // A's row tile, made compact once for all column tiles, chunk by chunk: chunk k0 is the
+  // compact [tm][kc] block at k0 * tm.
   std::vector<Bf16> a_tile(static_cast<size_t>(kMatrixTile) * std::max(k, 1));
   std::vector<Bf16> b_chunk(static_cast<size_t>(kMatrixTile) * std::min(chunk, std::max(k, 1)));
   std::vector<float> tile(static_cast<size_t>(kMatrixTile) * kMatrixTile);
   for (int i = 0; i < m; i += kMatrixTile) {
     const int tm = std::min(kMatrixTile, m - i);
     for (int k0 = 0; k0 < k; k0 += chunk) {
-      NarrowBlock(tm, std::min(chunk, k - k0), a + i * lda + k0, lda, a_tile.data() + static_cast<int64_t>(k0) * tm);
+      CompactBlock(tm, std::min(chunk, k - k0), a + i * lda + k0, lda, a_tile.data() + static_cast<int64_t>(k0) * tm);
     }
     for (int j = 0; j < n; j += kMatrixTile) {
       const int tn = std::min(kMatrixTile, n - j);
@@ -154,9 +159,9 @@ void Tiled(bool b_transposed, int m, int n, int k, const float* a, int64_t lda, 
       for (int k0 = 0; k0 < k; k0 += chunk) {
         const int kc = std::min(chunk, k - k0);
         if (b_transposed) {
-          NarrowBlock(tn, kc, b + j * ldb + k0, ldb, b_chunk.data());
+          CompactBlock(tn, kc, b + j * ldb + k0, ldb, b_chunk.data());
         } else {
-          NarrowBlock(kc, tn, b + k0 * ldb + j, ldb, b_chunk.data());
+          CompactBlock(kc, tn, b + k0 * ldb + j, ldb, b_chunk.data());
         }
         TileCall(tm, tn, kc, b_transposed, a_tile.data() + static_cast<int64_t>(k0) * tm, b_chunk.data(), tile.data());
       }
@@ -195,6 +200,11 @@ void MatmulNN(int m, int n, int k, const float* a, int64_t lda, const float* b, 
 void MatmulNT(int m, int n, int k, const float* a, int64_t lda, const float* b, int64_t ldb,
               float* c, int64_t ldc, bool accumulate, int k_chunk) {
   Tiled(/*b_transposed=*/true, m, n, k, a, lda, b, ldb, c, ldc, accumulate, k_chunk);
+}
+
+void MatmulBf16(bool b_transposed, int m, int n, int k, const Bf16* a, int64_t lda, const Bf16* b,
+                int64_t ldb, float* c, int64_t ldc, bool accumulate, int k_chunk) {
+  Tiled(b_transposed, m, n, k, a, lda, b, ldb, c, ldc, accumulate, k_chunk);
 }
 
 void MatmulNTDouble(int m, int n, int k, const double* a, int64_t lda, const double* b,

@@ -36,6 +36,11 @@ void MatmulNT(int m, int n, int k, const float* a, int64_t lda, const float* b, 
 void MatmulNN(int m, int n, int k, const float* a, int64_t lda, const float* b, int64_t ldb,
               float* c, int64_t ldc, bool accumulate, int k_chunk);
 
+// The same with bf16 operands, read in place (nothing widened): B is [k][n], or [n][k] if
+// `b_transposed`. Bit for bit what MatmulNN / MatmulNT give for the widened operands.
+void MatmulBf16(bool b_transposed, int m, int n, int k, const Bf16* a, int64_t lda, const Bf16* b,
+                int64_t ldb, float* c, int64_t ldc, bool accumulate, int k_chunk);
+
 // One tile call: C[m][n] += A[m][k] . B with m, n <= 128, A compact [m][k], B compact [k][n]
 // (NN) or [n][k] (NT), C of leading dimension kMatrixTile. What one MMAD of the emulated
 // cube runs.

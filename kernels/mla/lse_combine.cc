@@ -3,30 +3,48 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace mlaserve {
 
-void CombineLse(const float* out_a, float lse_a, const float* out_b, float lse_b, int dv,
-                float* out, float* lse) {
+void CombineLseParts(int parts, const float* const* outs, const float* lses, int dv, float* out,
+                     float* lse) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  const float m = std::max(lse_a, lse_b);
+  float m = kNegInf;
+  for (int i = 0; i < parts; ++i) m = std::max(m, lses[i]);
   if (m == kNegInf) {
     std::fill_n(out, dv, 0.0f);
     *lse = kNegInf;
     return;
   }
-  const float w_a = std::exp(lse_a - m);
-  const float w_b = std::exp(lse_b - m);
-  const float total = w_a + w_b;
-  const float f_a = w_a / total;
-  const float f_b = w_b / total;
+  constexpr int kMaxStackParts = 64;
+  float stack_weights[kMaxStackParts];
+  std::vector<float> heap_weights;
+  float* f = stack_weights;
+  if (parts > kMaxStackParts) {
+    heap_weights.resize(parts);
+    f = heap_weights.data();
+  }
+  float total = 0.0f;
+  for (int i = 0; i < parts; ++i) {
+    f[i] = std::exp(lses[i] - m);
+    total = i == 0 ? f[i] : total + f[i];
+  }
+  for (int i = 0; i < parts; ++i) f[i] = f[i] / total;
   for (int d = 0; d < dv; ++d) {
     // Skip a zero-weight part entirely so an empty partial's placeholder never leaks in.
-    const float a = f_a == 0.0f ? 0.0f : f_a * out_a[d];
-    const float b = f_b == 0.0f ? 0.0f : f_b * out_b[d];
-    out[d] = a + b;
+    float sum = f[0] == 0.0f ? 0.0f : f[0] * outs[0][d];
+    for (int i = 1; i < parts; ++i) sum += f[i] == 0.0f ? 0.0f : f[i] * outs[i][d];
+    out[d] = sum;
   }
   *lse = m + std::log(total);
+}
+
+void CombineLse(const float* out_a, float lse_a, const float* out_b, float lse_b, int dv,
+                float* out, float* lse) {
+  const float* outs[2] = {out_a, out_b};
+  const float lses[2] = {lse_a, lse_b};
+  CombineLseParts(2, outs, lses, dv, out, lse);
 }
 
 void CombineLseRows(int rows, int dv, const float* out_a, const float* lse_a, const float* out_b,

@@ -1,6 +1,7 @@
 #ifndef MLASERVE_KERNELS_NPU_PROGRAMS_COMBINE_KERNEL_H_
 #define MLASERVE_KERNELS_NPU_PROGRAMS_COMBINE_KERNEL_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -9,18 +10,28 @@
 
 namespace mlaserve::npu {
 
-// Rows of two partial attention results over disjoint keys, and where their merge goes.
-// Rows are dense ([rows][dv] fp32, lse [rows] fp32); the destination may be either source.
+// Rows of `parts` partial attention results over disjoint keys (each dense [rows][dv] fp32
+// with lse [rows] fp32) and where their merge goes: `out` rows `out_stride` elements apart,
+// fp32 or rounded to bf16, `lse` `lse_stride` apart. The destination may be a part's own rows.
 struct CombineJob {
-  GmBuffer a_out, a_lse;
-  GmBuffer b_out, b_lse;
-  GmBuffer out, lse;
+  struct Part {
+    GmBuffer out, lse;
+  };
+  std::vector<Part> parts;
   int rows = 0;
   int dv = 0;
+  GmBuffer out;
+  int64_t out_stride = 0;
+  bool out_bf16 = false;
+  GmBuffer lse;
+  int64_t lse_stride = 1;
 };
 
-// The LSE combine of design §2.3 on the vector cores (CombineLse per row, as on the host):
-// rows are dealt in chunks of 8 to every AIV of the grid. AIV-only.
+// At most this many parts per job (what one row of each fits in a UB slot).
+inline constexpr int kMaxCombineParts = 32;
+
+// The LSE merge of design §2.3 generalised to n parts (CombineLseParts, as on the host) on
+// the vector cores: rows are dealt in chunks of up to 8 to every AIV of the grid. AIV-only.
 class CombineKernel final : public DeviceKernel {
  public:
   CombineKernel(std::vector<CombineJob> jobs, int max_blocks);
@@ -36,6 +47,8 @@ class CombineKernel final : public DeviceKernel {
     int row0;
     int rows;
   };
+  // Rows per chunk of a job: as many as fit its parts in one UB slot, at most 8.
+  static int ChunkRows(const CombineJob& job);
   std::vector<CombineJob> jobs_;
   int blocks_ = 0;
   std::vector<std::vector<Chunk>> chunks_;  // per AIV: block * 2 + sub_block

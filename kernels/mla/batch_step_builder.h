@@ -1,0 +1,54 @@
+#ifndef MLASERVE_KERNELS_MLA_BATCH_STEP_BUILDER_H_
+#define MLASERVE_KERNELS_MLA_BATCH_STEP_BUILDER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/mla/batch_steps.h"
+#include "kernels/mla/decode_batch.h"
+
+namespace mlaserve {
+
+// Where one query's answer lies in a run's buffers.
+struct AnswerRef {
+  BufferRef out;  // [sq][heads][width], `out_type`
+  ElementType out_type = ElementType::kFp32;
+  int64_t out_elements = 0;
+  BufferRef lse;  // [sq][heads] fp32
+  int64_t lse_elements = 0;
+};
+
+struct BuiltBatch {
+  BatchSteps steps;
+  std::vector<std::vector<AnswerRef>> answers;  // [group][member]
+};
+
+// The arithmetic of a planned decode batch, written once for every device, as these steps
+// (each skipped when it has nothing to do); rows of a group are (member, token, head):
+//
+//   absorb_q     projection  q_lat[:, h, :dl] = bf16(q_nope[:, h] . W_UK[h])   head-space groups
+//   latent       attention   every group's absorb part: each member's rows, 256 at a time,
+//                            over its latent keys [absorb_from, length)
+//   naive        attention   every naive pass: each head's rows, 256 at a time, over the
+//                            level's expanded K[h], V[h]
+//   split_merge  combine     split-KV: the parts of every split row group, merged into its
+//                            destination
+//   project_out  projection  out[:, h] = bf16(o_lat[:, h]) . W_UV[h]^T       head-space groups
+//   prefix_merge combine     hybrid groups: the naive passes in order, then the absorb part
+//
+// Split-KV: an attention step with fewer row groups than `parallel_units` cuts each row
+// group's keys at KV-block boundaries into up to ceil(blocks / target) parts, target being
+// the step's KV blocks per unit (rounded up), as FlashMLA's get_mla_metadata balances them.
+//
+// INVALID_ARGUMENT for a batch that does not hold together (a pass that does not tile a
+// group's prefix, a member without pages for its length, a missing weight).
+absl::StatusOr<BuiltBatch> BuildBatchSteps(const DecodeBatch& batch);
+
+// The number of parts a row group of `blocks` KV blocks is cut into, in a step of `groups`
+// row groups holding `total_blocks`, for `parallel_units` cores (1: not split).
+int SplitCount(int blocks, int groups, int64_t total_blocks, int parallel_units);
+
+}  // namespace mlaserve
+
+#endif  // MLASERVE_KERNELS_MLA_BATCH_STEP_BUILDER_H_

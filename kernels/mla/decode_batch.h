@@ -1,0 +1,84 @@
+#ifndef MLASERVE_KERNELS_MLA_DECODE_BATCH_H_
+#define MLASERVE_KERNELS_MLA_DECODE_BATCH_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kernels/core/bfloat16.h"
+
+namespace mlaserve {
+
+// The shapes of one MLA model's attention (design §1), as the kernels need them.
+struct MlaDims {
+  int heads = 0;
+  int dn = 0;  // q/k "nope" head width
+  int dr = 0;  // RoPE width
+  int dl = 0;  // latent (KV LoRA) width
+  int dv = 0;  // value head width
+  float softmax_scale = 0;
+
+  int dk() const { return dl + dr; }   // absorbed key width
+  int dqk() const { return dn + dr; }  // naive key width
+};
+
+// A planned decode batch in kernel terms: the groups of queries that attend the same way,
+// where their keys, queries and weights are, and which naive-form passes over shared prefixes
+// they take part in (TyphoonMLA). BuildBatchSteps (batch_step_builder.h) turns it into the
+// steps every device runs. All memory is the caller's and must outlive the steps; every
+// pointer may be null to model a launch without executing it.
+struct DecodeBatch {
+  MlaDims dims;
+  // The paged latent cache every member reads: [pool_pages][page_size][dk] bf16.
+  const Bf16* pool = nullptr;
+  int64_t pool_pages = 0;
+  int page_size = 0;
+
+  // One query: sq tokens of one sequence, causal among themselves (token s sees keys
+  // [0, length - sq + s + 1)).
+  struct Member {
+    std::span<const int32_t> pages;  // the sequence's block table, token order
+    int32_t length = 0;              // keys it holds
+    // Head space: q_nope [sq][heads][dn] and q_pe [sq][heads][dr]; latent space: q_latent
+    // [sq][heads][dk].
+    const Bf16* q_nope = nullptr;
+    const Bf16* q_pe = nullptr;
+    const Bf16* q_latent = nullptr;
+  };
+
+  // Queries of one layer, one sq and one q space. Answers: out [member][sq][heads][width]
+  // (width dv in head space, dl in latent space) and lse [member][sq][heads].
+  struct Group {
+    bool head_space = true;
+    int sq = 1;
+    std::vector<Member> members;
+    // Head space: the layer's kv_b_proj, [heads][dn + dv][dl] bf16 (W_UK[h] then W_UV[h]).
+    const Bf16* kv_b = nullptr;
+    // The absorb (latent) part reads each member's keys [absorb_from, length); the keys
+    // before it are covered by `naive_passes` (root first), which must tile [0, absorb_from).
+    int32_t absorb_from = 0;
+    std::vector<int> naive_passes;
+    bool out_bf16 = false;  // the answer rounded to bf16 (nearest even) instead of fp32
+  };
+
+  // A naive-form pass over one prefix level's expanded K/V (keys [begin, end) of every
+  // sequence on it), shared by the groups listed: its query rows are theirs, in list order.
+  struct NaivePass {
+    const Bf16* keys = nullptr;    // [heads][end - begin][dqk]
+    const Bf16* values = nullptr;  // [heads][end - begin][dv]
+    int32_t begin = 0;
+    int32_t end = 0;
+    std::vector<int> groups;
+  };
+
+  std::vector<Group> groups;
+  std::vector<NaivePass> passes;
+  // How many cores one attention launch can keep busy (an NPU's AIC blocks, the host's
+  // threads). An attention step with fewer row groups splits their keys (split-KV) so each
+  // core gets about the same number of KV blocks; the parts are merged by LSE.
+  int parallel_units = 1;
+};
+
+}  // namespace mlaserve
+
+#endif  // MLASERVE_KERNELS_MLA_DECODE_BATCH_H_

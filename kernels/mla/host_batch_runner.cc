@@ -1,0 +1,186 @@
+#include "kernels/mla/host_batch_runner.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/core/kv_block_source.h"
+#include "kernels/core/matmul.h"
+#include "kernels/core/paged_kv_cache.h"
+#include "kernels/core/tiling.h"
+#include "kernels/core/vector_ops.h"
+#include "kernels/mla/lse_combine.h"
+#include "kernels/mla/row_attention.h"
+
+namespace mlaserve {
+namespace {
+
+// The batch's memory on the host: inputs in place, every other buffer owned.
+class HostBuffers final : public BatchBuffers {
+ public:
+  explicit HostBuffers(const BatchSteps& steps) : buffers_(steps.buffers.size()), owned_(steps.buffers.size()) {
+    for (size_t i = 0; i < steps.buffers.size(); ++i) {
+      const StepBuffer& b = steps.buffers[i];
+      const size_t bytes = static_cast<size_t>(b.elements * ElementBytes(b.type));
+      if (b.kind == StepBuffer::Kind::kInput) {
+        buffers_[i] = {static_cast<std::byte*>(const_cast<void*>(b.input)), bytes};
+        continue;
+      }
+      owned_[i].reset(new std::byte[std::max<size_t>(bytes, 1)]);
+      buffers_[i] = {owned_[i].get(), bytes};
+      switch (b.fill) {
+        case StepBuffer::Fill::kNone:
+          break;
+        case StepBuffer::Fill::kZero:
+          std::memset(owned_[i].get(), 0, bytes);
+          break;
+        case StepBuffer::Fill::kNegInfinity:
+          std::fill_n(reinterpret_cast<float*>(owned_[i].get()), bytes / 4,
+                      -std::numeric_limits<float>::infinity());
+          break;
+      }
+    }
+  }
+
+  std::span<const std::byte> Bytes(int buffer) const override { return buffers_[buffer]; }
+
+  template <typename T>
+  T* At(BufferRef ref) const {
+    return reinterpret_cast<T*>(buffers_[ref.buffer].data()) + ref.offset;
+  }
+
+ private:
+  std::vector<std::span<std::byte>> buffers_;
+  std::vector<std::unique_ptr<std::byte[]>> owned_;
+};
+
+// An fp32 row written to its destination, rounded to bf16 (nearest even) if asked.
+void StoreRow(const float* row, int n, std::byte* dst, bool to_bf16) {
+  if (to_bf16) {
+    NarrowToBf16(row, n, reinterpret_cast<Bf16*>(dst));
+  } else {
+    std::memcpy(dst, row, static_cast<size_t>(n) * sizeof(float));
+  }
+}
+
+std::byte* RowAddress(const HostBuffers& b, BufferRef ref, int64_t row, int64_t stride, bool bf16) {
+  return reinterpret_cast<std::byte*>(b.At<char>(BufferRef{ref.buffer, 0})) +
+         (ref.offset + row * stride) * (bf16 ? 2 : 4);
+}
+
+void RunProjection(const HostBuffers& b, const ProjectionJob& j) {
+  const Bf16* a = b.At<const Bf16>(j.a);
+  const Bf16* w = b.At<const Bf16>(j.b);
+  if (!j.c_bf16) {
+    MatmulBf16(j.transpose_b, j.rows, j.n, j.k, a, j.lda, w, j.ldb, b.At<float>(j.c), j.ldc,
+               /*accumulate=*/false, kProjectionDepthChunk);
+    return;
+  }
+  std::vector<float> c(static_cast<size_t>(j.rows) * j.n);
+  MatmulBf16(j.transpose_b, j.rows, j.n, j.k, a, j.lda, w, j.ldb, c.data(), j.n, /*accumulate=*/false,
+             kProjectionDepthChunk);
+  for (int r = 0; r < j.rows; ++r) {
+    StoreRow(c.data() + static_cast<int64_t>(r) * j.n, j.n, RowAddress(b, j.c, r, j.ldc, true), true);
+  }
+}
+
+void RunRowGroup(const HostBuffers& b, const AttentionStep& step, const AttentionRowGroup& g) {
+  const int length = *std::max_element(g.visible.begin(), g.visible.end());
+  std::vector<float> q(static_cast<size_t>(g.rows) * step.dk);
+  WidenBf16(b.At<const Bf16>(g.q), static_cast<int64_t>(g.rows) * step.dk, q.data());
+  std::vector<float> out(static_cast<size_t>(g.rows) * step.dv);
+  std::vector<float> lse(g.rows);
+  const QueryRows rows{q.data(), step.dk, g.rows, step.dk, g.visible};
+  const RowOutputs outputs{out.data(), step.dv, lse.data()};
+  if (const auto* paged = std::get_if<PagedKeysRef>(&g.keys)) {
+    const int64_t page_elements = int64_t{paged->page_size} * paged->width;
+    const int64_t pages = static_cast<int64_t>(b.Bytes(paged->pool.buffer).size() / 2 - paged->pool.offset) /
+                          page_elements;
+    const PagedKvCache cache{*TensorView<const Bf16, 3>::Create(
+        std::span<const Bf16>(b.At<const Bf16>(paged->pool), pages * page_elements),
+        {pages, paged->page_size, paged->width}, "pool")};
+    const int32_t seqlen = paged->first_token + length;
+    const PagedSequences table{*TensorView<const int32_t, 2>::Create(
+                                   paged->pages, {1, static_cast<int64_t>(paged->pages.size())}, "pages"),
+                               std::span<const int32_t>(&seqlen, 1)};
+    PagedLatentSource source(cache, table, 0, step.dv, paged->first_token);
+    RunRowAttention(step.algorithm, rows, source, step.softmax_scale, outputs);
+  } else {
+    const auto& dense = std::get<DenseKeysRef>(g.keys);
+    DenseKvSource source(b.At<const Bf16>(dense.k), dense.ldk, step.dk, b.At<const Bf16>(dense.v), dense.ldv,
+                         step.dv, length);
+    RunRowAttention(step.algorithm, rows, source, step.softmax_scale, outputs);
+  }
+  for (int r = 0; r < g.rows; ++r) {
+    StoreRow(out.data() + static_cast<int64_t>(r) * step.dv, step.dv, RowAddress(b, g.out, r, g.out_stride, g.out_bf16),
+             g.out_bf16);
+    b.At<float>(g.lse)[r * g.lse_stride] = lse[r];
+  }
+}
+
+void RunCombine(const HostBuffers& b, const CombineJob& j) {
+  const int parts = static_cast<int>(j.parts.size());
+  std::vector<const float*> outs(parts);
+  std::vector<float> lses(parts);
+  std::vector<float> row(j.dv);
+  for (int r = 0; r < j.rows; ++r) {
+    for (int p = 0; p < parts; ++p) {
+      outs[p] = b.At<const float>(j.parts[p].out) + static_cast<int64_t>(r) * j.dv;
+      lses[p] = b.At<const float>(j.parts[p].lse)[r];
+    }
+    float lse = 0;
+    CombineLseParts(parts, outs.data(), lses.data(), j.dv, row.data(), &lse);
+    StoreRow(row.data(), j.dv, RowAddress(b, j.out, r, j.out_stride, j.out_bf16), j.out_bf16);
+    b.At<float>(j.lse)[r * j.lse_stride] = lse;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BatchBuffers>> HostBatchRunner::Run(const BatchSteps& steps) {
+  RETURN_IF_ERROR(ValidateBatchSteps(steps));
+  for (const StepBuffer& b : steps.buffers) {
+    if (b.kind == StepBuffer::Kind::kInput && b.input == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("host batch: input '", b.name, "' has no memory"));
+    }
+  }
+  for (const StageCopy& copy : steps.staging) {
+    if (copy.src == nullptr) return absl::InvalidArgumentError("host batch: a query to stage has no memory");
+  }
+  auto buffers = std::make_unique<HostBuffers>(steps);
+  const HostBuffers& b = *buffers;
+  for (const StageCopy& copy : steps.staging) {
+    Bf16* dst = b.At<Bf16>(copy.dst);
+    for (int r = 0; r < copy.rows; ++r) {
+      std::copy_n(copy.src + r * copy.src_stride, copy.width, dst + r * copy.dst_stride);
+    }
+  }
+  for (const BatchStep& step : steps.steps) {
+    if (const auto* p = std::get_if<ProjectionStep>(&step)) {
+      pool_.Run(static_cast<int64_t>(p->jobs.size()), [&](int64_t i) { RunProjection(b, p->jobs[i]); });
+    } else if (const auto* a = std::get_if<AttentionStep>(&step)) {
+      pool_.Run(static_cast<int64_t>(a->groups.size()), [&](int64_t i) {
+        if (*std::max_element(a->groups[i].visible.begin(), a->groups[i].visible.end()) > 0) {
+          RunRowGroup(b, *a, a->groups[i]);
+        } else {
+          // No key for any row: the kernel's early exit, as on the device.
+          const AttentionRowGroup& g = a->groups[i];
+          std::vector<float> zeros(a->dv, 0.0f);
+          for (int r = 0; r < g.rows; ++r) {
+            StoreRow(zeros.data(), a->dv, RowAddress(b, g.out, r, g.out_stride, g.out_bf16), g.out_bf16);
+            b.At<float>(g.lse)[r * g.lse_stride] = -std::numeric_limits<float>::infinity();
+          }
+        }
+      });
+    } else {
+      const auto& c = std::get<CombineStep>(step);
+      pool_.Run(static_cast<int64_t>(c.jobs.size()), [&](int64_t i) { RunCombine(b, c.jobs[i]); });
+    }
+  }
+  return buffers;
+}
+
+}  // namespace mlaserve

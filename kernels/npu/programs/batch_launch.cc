@@ -1,0 +1,185 @@
+#include "kernels/npu/programs/batch_launch.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/npu/programs/attention_schedule.h"
+#include "kernels/npu/programs/combine_kernel.h"
+#include "kernels/npu/programs/projection_kernel.h"
+
+namespace mlaserve::npu {
+
+// An attention launch's workload and workspace, which its kernel refers to.
+struct BatchLaunch::AttentionLaunch {
+  AttentionWorkload workload;
+  AttentionWorkspace workspace;
+};
+
+BatchLaunch::BatchLaunch(Device& device, bool backed) : device_(device), backed_(backed) {}
+
+BatchLaunch::~BatchLaunch() {
+  kernels_.clear();
+  for (const auto& launch : attention_) ReleaseAttentionWorkspace(device_.gm(), launch->workspace);
+  for (const GmBuffer& b : owned_) device_.gm().Release(b);
+}
+
+absl::StatusOr<std::unique_ptr<BatchLaunch>> BatchLaunch::Create(Device& device, const BatchSteps& steps,
+                                                                 const AttentionDeviceKernelOptions& options,
+                                                                 bool backed) {
+  RETURN_IF_ERROR(ValidateBatchSteps(steps));
+  std::unique_ptr<BatchLaunch> launch(new BatchLaunch(device, backed));
+  RETURN_IF_ERROR(launch->Place(steps));
+  if (backed) {
+    for (const StageCopy& copy : steps.staging) {
+      if (copy.src == nullptr) return absl::InvalidArgumentError("batch launch: a query to stage has no memory");
+    }
+    launch->Stage(steps);
+  }
+  RETURN_IF_ERROR(launch->Lower(steps, options));
+  return launch;
+}
+
+absl::Status BatchLaunch::Place(const BatchSteps& steps) {
+  GlobalMemory& gm = device_.gm();
+  for (const StepBuffer& b : steps.buffers) {
+    const int64_t element = ElementBytes(b.type);
+    const int64_t bytes = std::max<int64_t>(b.elements * element, 1);
+    GmBuffer placed;
+    if (b.kind == StepBuffer::Kind::kInput && b.input != nullptr) {
+      ASSIGN_OR_RETURN(placed, gm.Map(const_cast<void*>(b.input), bytes, b.name));
+    } else {
+      if (b.kind == StepBuffer::Kind::kInput && backed_) {
+        return absl::InvalidArgumentError(absl::StrCat("batch launch: input '", b.name, "' has no memory to execute on"));
+      }
+      ASSIGN_OR_RETURN(placed, gm.Allocate(bytes, backed_, b.name));
+    }
+    owned_.push_back(placed);
+    buffers_.push_back(placed);
+    element_bytes_.push_back(element);
+    if (!backed_ || placed.host == nullptr) continue;
+    switch (b.fill) {
+      case StepBuffer::Fill::kNone:
+        break;
+      case StepBuffer::Fill::kZero:
+        std::memset(placed.host, 0, bytes);
+        break;
+      case StepBuffer::Fill::kNegInfinity:
+        std::fill_n(placed.as<float>(), bytes / 4, -std::numeric_limits<float>::infinity());
+        break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void BatchLaunch::Stage(const BatchSteps& steps) {
+  for (const StageCopy& copy : steps.staging) {
+    Bf16* dst = At(copy.dst).as<Bf16>();
+    for (int r = 0; r < copy.rows; ++r) {
+      std::copy_n(copy.src + r * copy.src_stride, copy.width, dst + r * copy.dst_stride);
+    }
+  }
+}
+
+GmBuffer BatchLaunch::At(const BufferRef& ref) const {
+  const GmBuffer& b = buffers_[ref.buffer];
+  const int64_t offset = ref.offset * element_bytes_[ref.buffer];
+  return b.Slice(offset, b.bytes - offset);
+}
+
+std::span<const std::byte> BatchLaunch::Bytes(int buffer) const {
+  const GmBuffer& b = buffers_[buffer];
+  return {b.host, static_cast<size_t>(b.host == nullptr ? 0 : b.bytes)};
+}
+
+absl::Status BatchLaunch::Lower(const BatchSteps& steps, const AttentionDeviceKernelOptions& options) {
+  const int max_blocks = device_.profile().cube_cores;
+  for (const BatchStep& step : steps.steps) {
+    if (const auto* projection = std::get_if<ProjectionStep>(&step)) {
+      std::vector<ProjectionJob> jobs;
+      for (const mlaserve::ProjectionJob& j : projection->jobs) {
+        jobs.push_back({.a = At(j.a),
+                        .lda = j.lda,
+                        .b = At(j.b),
+                        .ldb = j.ldb,
+                        .transpose_b = j.transpose_b,
+                        .c = At(j.c),
+                        .ldc = j.ldc,
+                        .c_bf16 = j.c_bf16,
+                        .rows = j.rows,
+                        .n = j.n,
+                        .k = j.k});
+      }
+      kernels_.push_back(std::make_unique<ProjectionKernel>(std::move(jobs), max_blocks));
+    } else if (const auto* attention = std::get_if<AttentionStep>(&step)) {
+      auto launch = std::make_unique<AttentionLaunch>();
+      AttentionWorkload& w = launch->workload;
+      w.dk = attention->dk;
+      w.dv = attention->dv;
+      w.softmax_scale = attention->softmax_scale;
+      for (const AttentionRowGroup& g : attention->groups) {
+        RowGroup rg;
+        rg.q = At(g.q).Slice(0, int64_t{g.rows} * attention->dk * 2);
+        rg.rows = g.rows;
+        rg.visible = g.visible;
+        if (const auto* paged = std::get_if<PagedKeysRef>(&g.keys)) {
+          rg.keys = PagedKeys{At(paged->pool), paged->page_size, paged->width,
+                              std::vector<int32_t>(paged->pages.begin(), paged->pages.end()), paged->first_token};
+        } else {
+          const auto& dense = std::get<DenseKeysRef>(g.keys);
+          rg.keys = DenseKeys{At(dense.k), dense.ldk, At(dense.v), dense.ldv};
+        }
+        rg.out = At(g.out);
+        rg.out_stride = g.out_stride;
+        rg.out_bf16 = g.out_bf16;
+        rg.lse = At(g.lse);
+        rg.lse_stride = g.lse_stride;
+        w.groups.push_back(std::move(rg));
+      }
+      auto schedule = ScheduleAttention(w, max_blocks);
+      if (schedule.empty()) continue;  // no row sees a key: the destinations' fill stands
+      AttentionDeviceKernelOptions kernel_options = options;
+      kernel_options.algorithm = attention->algorithm;
+      ASSIGN_OR_RETURN(launch->workspace, AllocateAttentionWorkspace(device_.gm(), w, static_cast<int>(schedule.size()),
+                                                                     kernel_options, backed_));
+      kernels_.push_back(
+          std::make_unique<AttentionDeviceKernel>(w, std::move(schedule), launch->workspace, kernel_options));
+      attention_.push_back(std::move(launch));
+    } else {
+      const auto& combine = std::get<CombineStep>(step);
+      std::vector<CombineJob> jobs;
+      for (const mlaserve::CombineJob& j : combine.jobs) {
+        CombineJob job;
+        for (const auto& part : j.parts) job.parts.push_back({At(part.out), At(part.lse)});
+        job.rows = j.rows;
+        job.dv = j.dv;
+        job.out = At(j.out);
+        job.out_stride = j.out_stride;
+        job.out_bf16 = j.out_bf16;
+        job.lse = At(j.lse);
+        job.lse_stride = j.lse_stride;
+        jobs.push_back(std::move(job));
+      }
+      kernels_.push_back(std::make_unique<CombineKernel>(std::move(jobs), max_blocks));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<BatchLaunchReport> BatchLaunch::Run(ExecutionMode mode) {
+  if (mode == ExecutionMode::kExecute && !backed_) {
+    return absl::FailedPreconditionError("batch launch: a model-only launch cannot execute");
+  }
+  BatchLaunchReport report;
+  for (const auto& kernel : kernels_) {
+    ASSIGN_OR_RETURN(LaunchReport launch, device_.Launch(*kernel, mode));
+    report.modeled_us += launch.modeled_us;
+    report.launches.push_back(std::move(launch));
+  }
+  return report;
+}
+
+}  // namespace mlaserve::npu

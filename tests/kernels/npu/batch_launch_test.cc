@@ -1,0 +1,151 @@
+#include "kernels/npu/programs/batch_launch.h"
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/mla/batch_step_builder.h"
+#include "kernels/mla/host_batch_runner.h"
+#include "tests/testing/decode_batch_scenario.h"
+
+namespace mlaserve::npu {
+namespace {
+
+using mlaserve::testing::BatchScenario;
+
+// The devices a batch's steps run on, each held to the host runner on one thread bit for
+// bit (ggml's test-backend-ops idea: every step, every device, one reference).
+enum class DeviceKind { kHostTwoThreads, kNpuOneThread, kNpuTwoThreads };
+
+std::string DeviceName(DeviceKind d) {
+  switch (d) {
+    case DeviceKind::kHostTwoThreads:
+      return "HostTwoThreads";
+    case DeviceKind::kNpuOneThread:
+      return "NpuOneThread";
+    case DeviceKind::kNpuTwoThreads:
+      return "NpuTwoThreads";
+  }
+  return "?";
+}
+
+std::unique_ptr<Device> MakeDevice(int threads) {
+  auto profile = LoadDeviceProfile("ascend910-die");
+  EXPECT_TRUE(profile.ok()) << profile.status();
+  auto device = Device::Create(*profile, {.host_threads = threads});
+  EXPECT_TRUE(device.ok()) << device.status();
+  return std::move(*device);
+}
+
+// The bytes of every answer of a run.
+std::vector<std::vector<std::byte>> AnswerBytes(const BatchBuffers& buffers, const BuiltBatch& built) {
+  std::vector<std::vector<std::byte>> bytes;
+  for (const auto& group : built.answers) {
+    for (const AnswerRef& a : group) {
+      const std::span<const std::byte> out = buffers.Bytes(a.out.buffer)
+                                                 .subspan(a.out.offset * ElementBytes(a.out_type),
+                                                          a.out_elements * ElementBytes(a.out_type));
+      const std::span<const std::byte> lse = buffers.Bytes(a.lse.buffer).subspan(a.lse.offset * 4, a.lse_elements * 4);
+      bytes.emplace_back(out.begin(), out.end());
+      bytes.back().insert(bytes.back().end(), lse.begin(), lse.end());
+    }
+  }
+  return bytes;
+}
+
+class StepsOnDevicesTest
+    : public ::testing::TestWithParam<std::tuple<mlaserve::testing::NamedScenario, DeviceKind>> {};
+
+TEST_P(StepsOnDevicesTest, EveryDeviceEqualsTheHostRunnerBitForBit) {
+  const auto& [scenario, kind] = GetParam();
+  auto s = BatchScenario::Make(scenario.spec, 200);
+  auto built = BuildBatchSteps(s->batch());
+  ASSERT_TRUE(built.ok()) << built.status();
+  HostBatchRunner reference(1);
+  auto expected = reference.Run(built->steps);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+
+  std::vector<std::vector<std::byte>> actual;
+  if (kind == DeviceKind::kHostTwoThreads) {
+    HostBatchRunner runner(2);
+    auto buffers = runner.Run(built->steps);
+    ASSERT_TRUE(buffers.ok()) << buffers.status();
+    actual = AnswerBytes(**buffers, *built);
+  } else {
+    auto device = MakeDevice(kind == DeviceKind::kNpuOneThread ? 1 : 2);
+    auto launch = BatchLaunch::Create(*device, built->steps, {}, /*backed=*/true);
+    ASSERT_TRUE(launch.ok()) << launch.status();
+    auto report = (*launch)->Run(ExecutionMode::kExecute);
+    ASSERT_TRUE(report.ok()) << report.status();
+    EXPECT_GT(report->modeled_us, 0);
+    actual = AnswerBytes(**launch, *built);
+  }
+  const auto want = AnswerBytes(**expected, *built);
+  ASSERT_EQ(actual.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_TRUE(actual[i] == want[i]) << "answer " << i << " differs from the host runner's";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Batches, StepsOnDevicesTest,
+    ::testing::Combine(::testing::ValuesIn(mlaserve::testing::StandardBatchScenarios()),
+                       ::testing::Values(DeviceKind::kHostTwoThreads, DeviceKind::kNpuOneThread,
+                                         DeviceKind::kNpuTwoThreads)),
+    [](const auto& param_info) {
+      return absl::StrCat(std::get<0>(param_info.param).name, "_", DeviceName(std::get<1>(param_info.param)));
+    });
+
+// A model-only launch needs no memory: the planner's shapes with null pointers.
+TEST(BatchLaunchTest, ModelsABatchWithoutMemoryAndRefusesToExecuteOne) {
+  const auto scenarios = mlaserve::testing::StandardBatchScenarios();
+  auto s = BatchScenario::Make(scenarios[4].spec, 3);  // the shared tree
+  DecodeBatch batch = s->batch();
+  batch.pool = nullptr;
+  for (auto& group : batch.groups) {
+    group.kv_b = nullptr;
+    for (auto& member : group.members) member.q_nope = member.q_pe = member.q_latent = nullptr;
+  }
+  for (auto& pass : batch.passes) pass.keys = pass.values = nullptr;
+  auto built = BuildBatchSteps(batch);
+  ASSERT_TRUE(built.ok()) << built.status();
+  auto device = MakeDevice(1);
+  auto model = BatchLaunch::Create(*device, built->steps, {}, /*backed=*/false);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto report = (*model)->Run(ExecutionMode::kModelOnly);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->launches.size(), 5u);  // absorb_q, latent, naive, project_out, prefix_merge
+  EXPECT_GT(report->modeled_us, 0);
+  EXPECT_EQ((*model)->Run(ExecutionMode::kExecute).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(BatchLaunch::Create(*device, built->steps, {}, /*backed=*/true).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Split-KV fills the device: a small batch's latent attention gets faster in modelled time
+// when it is split over the die's cores.
+TEST(BatchLaunchTest, SplitKvShortensASmallBatchsModelledTime) {
+  mlaserve::testing::BatchScenarioSpec spec;
+  spec.groups = {{.head_space = false, .sq = 1, .prefix = -1, .own_tokens = {8192, 8192}}};
+  auto whole = BatchScenario::Make(spec, 4);
+  spec.parallel_units = 24;
+  auto split = BatchScenario::Make(spec, 4);
+  auto device = MakeDevice(1);
+  double modeled[2];
+  int i = 0;
+  for (const BatchScenario* s : {whole.get(), split.get()}) {
+    auto built = BuildBatchSteps(s->batch());
+    ASSERT_TRUE(built.ok());
+    auto launch = BatchLaunch::Create(*device, built->steps, {}, /*backed=*/false);
+    ASSERT_TRUE(launch.ok()) << launch.status();
+    auto report = (*launch)->Run(ExecutionMode::kModelOnly);
+    ASSERT_TRUE(report.ok()) << report.status();
+    modeled[i++] = report->modeled_us;
+  }
+  EXPECT_LT(modeled[1], modeled[0] / 4) << "split " << modeled[1] << " us, whole " << modeled[0] << " us";
+}
+
+}  // namespace
+}  // namespace mlaserve::npu
