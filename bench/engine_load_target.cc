@@ -28,6 +28,11 @@ absl::Status EngineLoadTarget::AppendKv(const std::string& id, int layer, int64_
 
 absl::StatusOr<std::vector<loadgen::LoadAnswer>> EngineLoadTarget::Decode(
     const std::vector<loadgen::LoadQuery>& queries) {
+  const engine::ModelConfig& m = engine_.Info().model;
+  using View3 = TensorView<const Bf16, 3>;
+  using View2 = TensorView<const Bf16, 2>;
+  // The workload's buffers outlive the call: the engine reads them in place, as it reads a
+  // gRPC request's bytes.
   std::vector<engine::DecodeQuery> batch;
   for (const loadgen::LoadQuery& q : queries) {
     engine::DecodeQuery e;
@@ -36,27 +41,34 @@ absl::StatusOr<std::vector<loadgen::LoadAnswer>> EngineLoadTarget::Decode(
     e.sq = q.sq;
     e.space = q.head_space ? engine::QuerySpace::kHead : engine::QuerySpace::kLatent;
     if (q.head_space) {
-      e.q_nope.assign(q.q_nope.begin(), q.q_nope.end());
-      e.q_pe.assign(q.q_pe.begin(), q.q_pe.end());
+      ASSIGN_OR_RETURN(e.q_nope, View3::Create(q.q_nope, {q.sq, m.heads, m.dn}, "q_nope"));
+      ASSIGN_OR_RETURN(e.q_pe, View3::Create(q.q_pe, {q.sq, m.heads, m.dr}, "q_pe"));
     } else {
-      e.q_latent.assign(q.q_latent.begin(), q.q_latent.end());
+      ASSIGN_OR_RETURN(e.q_latent, View3::Create(q.q_latent, {q.sq, m.heads, m.dk_latent()}, "q_latent"));
     }
-    e.append_rows.assign(q.append.begin(), q.append.end());
-    e.append_position = q.append_position;
-    batch.push_back(std::move(e));
+    if (!q.append.empty()) {
+      const int64_t rows = static_cast<int64_t>(q.append.size()) / m.dk_latent();
+      ASSIGN_OR_RETURN(e.append_rows, View2::Create(q.append, {rows, m.dk_latent()}, "append"));
+      e.append_position = q.append_position;
+    }
+    batch.push_back(e);
   }
-  std::promise<absl::StatusOr<std::vector<engine::DecodeAnswer>>> promise;
+  std::promise<absl::StatusOr<std::vector<loadgen::LoadAnswer>>> promise;
   auto future = promise.get_future();
-  engine_.Decode(std::move(batch), {},
-                 [&promise](absl::StatusOr<std::vector<engine::DecodeAnswer>> r) { promise.set_value(std::move(r)); });
-  ASSIGN_OR_RETURN(std::vector<engine::DecodeAnswer> answers, future.get());
-  std::vector<loadgen::LoadAnswer> out;
-  for (const engine::DecodeAnswer& a : answers) {
-    const engine::PlanInfo& p = a.plan;
-    out.push_back({p.formulation == engine::Formulation::kHybrid, p.group_size, p.batch_size, p.queue_us,
-                   p.device_modeled_us, p.device_host_ms * 1e3});
-  }
-  return out;
+  engine_.Decode(std::move(batch), {}, [&promise](absl::StatusOr<std::span<const engine::DecodeAnswer>> answers) {
+    if (!answers.ok()) {
+      promise.set_value(answers.status());
+      return;
+    }
+    std::vector<loadgen::LoadAnswer> out;
+    for (const engine::DecodeAnswer& a : *answers) {
+      const engine::PlanInfo& p = a.plan;
+      out.push_back({p.formulation == engine::Formulation::kHybrid, p.group_size, p.batch_size, p.queue_us,
+                     p.device_modeled_us, p.device_host_ms * 1e3});
+    }
+    promise.set_value(std::move(out));
+  });
+  return future.get();
 }
 
 }  // namespace mlaserve::bench

@@ -13,15 +13,14 @@
 #include "server/engine/kv/expanded_kv.h"
 #include "server/engine/model/model_config.h"
 #include "server/engine/model/model_weights.h"
-#include "server/engine/devices/npu_batch_launch.h"
+#include "kernels/mla/batch_step_builder.h"
+#include "kernels/npu/programs/batch_launch.h"
 #include "server/engine/plan/planner.h"
 
 namespace mlaserve::bench {
 namespace {
 
 using engine::ModelConfig;
-using engine::NpuBatchLaunch;
-using engine::NpuGroup;
 
 // Where the batch's pages are: the prefix's whole pages first (shared by every query), then
 // each query's own pages in query order, the first of which starts with its copy of the
@@ -82,78 +81,62 @@ absl::StatusOr<HostData> MakeHostData(const ModelConfig& m, const PageLayout& la
   return d;
 }
 
-// The batch's inputs in device memory: mapped host data, or unbacked addresses to model.
-struct DeviceData {
-  npu::GmBuffer pool, kv_b, keys, values;
-};
-
-absl::StatusOr<DeviceData> PlaceOnDevice(npu::GlobalMemory& gm, const ModelConfig& m, const PageLayout& layout,
-                                         int shared, const HostData* host) {
-  DeviceData d;
-  const int64_t pool_bytes = layout.pages() * layout.page_size * m.dk_latent() * 2;
-  const int64_t kv_b_bytes = int64_t{m.heads} * (m.dn + m.dv) * m.dl * 2;
-  const int64_t key_bytes = int64_t{m.heads} * shared * m.dqk() * 2;
-  const int64_t value_bytes = int64_t{m.heads} * shared * m.dv * 2;
-  if (host == nullptr) {
-    ASSIGN_OR_RETURN(d.pool, gm.Allocate(pool_bytes, false, "KV pool"));
-    ASSIGN_OR_RETURN(d.kv_b, gm.Allocate(kv_b_bytes, false, "kv_b_proj"));
-    ASSIGN_OR_RETURN(d.keys, gm.Allocate(key_bytes, false, "expanded K"));
-    ASSIGN_OR_RETURN(d.values, gm.Allocate(value_bytes, false, "expanded V"));
-  } else {
-    auto map = [&gm](std::span<const Bf16> s, const char* what) {
-      return gm.Map(const_cast<Bf16*>(s.data()), static_cast<int64_t>(s.size_bytes()), what);
-    };
-    ASSIGN_OR_RETURN(d.pool, map(host->pool, "KV pool"));
-    ASSIGN_OR_RETURN(d.kv_b, map(host->weights->KvBProj(0), "kv_b_proj"));
-    ASSIGN_OR_RETURN(d.keys, map(host->level->keys(), "expanded K"));
-    ASSIGN_OR_RETURN(d.values, map(host->level->values(), "expanded V"));
-  }
-  return d;
-}
-
-NpuGroup MakeGroup(const TyphoonCommandOptions& o, int sq, int batch, bool hybrid, const PageLayout& layout,
-                   const DeviceData& device, const HostData* host) {
-  NpuGroup g;
-  g.space = engine::QuerySpace::kHead;
-  g.members = batch;
+// The batch in the kernels' terms: one head-space group of `batch` queries on a prefix of
+// o.shared tokens, each with o.suffix of its own; hybrid runs the prefix as one naive pass.
+// Without host data every pointer is null (a model-only launch).
+DecodeBatch MakeBatch(const TyphoonCommandOptions& o, const ModelConfig& m, int sq, int batch, bool hybrid,
+                      const PageLayout& layout, const std::vector<std::vector<int32_t>>& pages, const HostData* host,
+                      int parallel_units) {
+  DecodeBatch b;
+  b.dims = m.dims();
+  b.pool = host != nullptr ? host->pool.data() : nullptr;
+  b.pool_pages = layout.pages();
+  b.page_size = layout.page_size;
+  b.parallel_units = parallel_units;
+  DecodeBatch::Group g;
+  g.head_space = true;
   g.sq = sq;
-  g.kv_b = device.kv_b;
-  g.pool = device.pool;
-  g.page_size = layout.page_size;
-  const int32_t length = o.shared + o.suffix;
+  g.kv_b = host != nullptr ? host->weights->KvBProj(0).data() : nullptr;
+  const int64_t rows = int64_t{sq} * m.heads;
   for (int member = 0; member < batch; ++member) {
-    g.pages.push_back(layout.PagesOf(member));
-    g.lengths.push_back(length);
-    for (int s = 0; s < sq; ++s) g.visible.push_back(length - sq + 1 + s);
+    DecodeBatch::Member x;
+    x.pages = pages[member];
+    x.length = o.shared + o.suffix;
+    if (host != nullptr) {
+      x.q_nope = host->q_nope.data() + member * rows * m.dn;
+      x.q_pe = host->q_pe.data() + member * rows * m.dr;
+    }
+    g.members.push_back(x);
   }
   if (hybrid) {
     g.absorb_from = o.shared;
-    g.levels.push_back({0, o.shared, device.keys, device.values});
+    g.naive_passes = {0};
+    b.passes.push_back({host != nullptr ? host->level->keys().data() : nullptr,
+                        host != nullptr ? host->level->values().data() : nullptr, 0, o.shared, {0}});
   }
-  if (host != nullptr) {
-    g.q_nope = host->q_nope.data();
-    g.q_pe = host->q_pe.data();
-  }
-  return g;
+  b.groups.push_back(std::move(g));
+  return b;
 }
 
 struct Timed {
-  engine::NpuBatchReport report;
+  npu::BatchLaunchReport report;
   std::optional<double> host_ms;
   std::vector<float> out;
 };
 
-absl::StatusOr<Timed> RunOnce(npu::Device& device, const ModelConfig& m, NpuGroup group,
+absl::StatusOr<Timed> RunOnce(npu::Device& device, const DecodeBatch& batch,
                               const npu::AttentionDeviceKernelOptions& kernel, bool execute) {
-  std::vector<NpuGroup> groups;
-  groups.push_back(std::move(group));
-  ASSIGN_OR_RETURN(auto launch, NpuBatchLaunch::Create(device, m, std::move(groups), kernel, execute));
+  ASSIGN_OR_RETURN(BuiltBatch built, BuildBatchSteps(batch));
+  ASSIGN_OR_RETURN(auto launch, npu::BatchLaunch::Create(device, built.steps, kernel, execute));
   Timed t;
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(t.report, launch->Run(execute ? npu::ExecutionMode::kExecute : npu::ExecutionMode::kModelOnly));
   if (execute) {
     t.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    t.out.assign(launch->out(0).begin(), launch->out(0).end());
+    for (const AnswerRef& a : built.answers[0]) {
+      const std::span<const float> out = launch->Elements<float>(a.out, a.out_elements);
+      t.out.insert(t.out.end(), out.begin(), out.end());
+    }
   }
   return t;
 }
@@ -168,7 +151,7 @@ double RelativeRmsDifference(const std::vector<float>& a, const std::vector<floa
   return den > 0 ? std::sqrt(num / den) : 0.0;
 }
 
-nlohmann::json LaunchTimes(const engine::NpuBatchReport& report) {
+nlohmann::json LaunchTimes(const npu::BatchLaunchReport& report) {
   nlohmann::json launches = nlohmann::json::array();
   for (const npu::LaunchReport& l : report.launches) {
     launches.push_back({{"kernel", l.kernel}, {"modeled_us", l.modeled_us}, {"fu", l.fu}, {"pipe_busy", l.pipe_busy},
@@ -194,13 +177,15 @@ absl::Status RunTyphoonCommand(const TyphoonCommandOptions& o, std::ostream& out
   const int max_batch = *std::max_element(o.batch.begin(), o.batch.end());
   const int max_sq = *std::max_element(o.sq.begin(), o.sq.end());
   const PageLayout layout(o.page_size, o.shared, o.suffix, max_batch);
+  const int units = profile.cube_cores;  // what the engine's planner gives an attention launch
 
   std::optional<HostData> host;
   if (execute) {
     ASSIGN_OR_RETURN(HostData data, MakeHostData(m, layout, o.shared, max_sq));
     host.emplace(std::move(data));
   }
-  ASSIGN_OR_RETURN(DeviceData placed, PlaceOnDevice(device->gm(), m, layout, o.shared, host ? &*host : nullptr));
+  std::vector<std::vector<int32_t>> pages;
+  for (int member = 0; member < max_batch; ++member) pages.push_back(layout.PagesOf(member));
 
   if (!o.json) {
     out << absl::StrFormat(
@@ -216,9 +201,9 @@ absl::Status RunTyphoonCommand(const TyphoonCommandOptions& o, std::ostream& out
     for (int batch : o.batch) {
       const char* choice = batch >= b_theta ? "hybrid" : "absorb";
       const HostData* h = host ? &*host : nullptr;
-      ASSIGN_OR_RETURN(Timed absorb, RunOnce(*device, m, MakeGroup(o, sq, batch, false, layout, placed, h),
+      ASSIGN_OR_RETURN(Timed absorb, RunOnce(*device, MakeBatch(o, m, sq, batch, false, layout, pages, h, units),
                                              kernel, execute));
-      ASSIGN_OR_RETURN(Timed hybrid, RunOnce(*device, m, MakeGroup(o, sq, batch, true, layout, placed, h),
+      ASSIGN_OR_RETURN(Timed hybrid, RunOnce(*device, MakeBatch(o, m, sq, batch, true, layout, pages, h, units),
                                              kernel, execute));
       const double speedup = absorb.report.modeled_us / hybrid.report.modeled_us;
       // What the planner's choice gains over absorb-only: the fallback makes it 1 below B_theta.
@@ -258,7 +243,6 @@ absl::Status RunTyphoonCommand(const TyphoonCommandOptions& o, std::ostream& out
       out.flush();
     }
   }
-  for (const npu::GmBuffer& b : {placed.pool, placed.kv_b, placed.keys, placed.values}) device->gm().Release(b);
   return absl::OkStatus();
 }
 

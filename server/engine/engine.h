@@ -68,12 +68,18 @@ struct EngineOptions {
   int devices = 2;
   // A device profile name or path (kernels/npu/profiles), or "host" for the CPU-direct device.
   std::string profile = "ascend910-die";
+  // Host threads that run each device's work (an emulated NPU's cores, the host device's jobs).
   int host_threads_per_device = 1;
   int preload = 2;  // the AMLA kernel's preload count on emulated devices (0, 1 or 2)
   int max_batch = 256;
+  // The longest a query waits for others while every device is busy (batching/batch_policy.h:
+  // with a device idle it does not wait at all).
   absl::Duration max_wait = absl::Microseconds(500);
   int max_queue = 4096;
   int max_sq = 4;
+  // TyphoonMLA over prefix trees: groups on a prefix and on its children share the naive
+  // passes over the levels they have in common (PlannerOptions::tree_aware).
+  bool tree_aware_grouping = true;
   // Overrides of the device rates the TyphoonMLA threshold is computed from (the paper's
   // B_theta = 61 uses 376 TFLOPS and 1.8 TB/s); 0 means "from the profile".
   double matrix_tflops = 0;

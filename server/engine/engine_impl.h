@@ -1,14 +1,14 @@
 #ifndef MLASERVE_SERVER_ENGINE_ENGINE_IMPL_H_
 #define MLASERVE_SERVER_ENGINE_ENGINE_IMPL_H_
 
-#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <vector>
 
-#include "server/engine/devices/attention_device.h"
+#include "server/engine/batch_run.h"
 #include "server/engine/batching/batcher.h"
+#include "server/engine/devices/attention_device.h"
 #include "server/engine/devices/device_pool.h"
 #include "server/engine/engine.h"
 #include "server/engine/kv/kv_store.h"
@@ -18,9 +18,9 @@
 namespace mlaserve::engine {
 
 // The Engine: a KV store, the model's weights, a TyphoonMLA planner, a batcher and a device
-// pool, wired as design §4.3 describes. Decode calls are validated up front, queued, cut into
-// batches; a batch applies its appends, snapshots what it reads, is planned and runs on the
-// least-loaded device; answers go back per call.
+// pool. A Decode is validated (ValidateDecodeCall), queued (Batcher), cut into a batch that
+// applies its appends and is planned on the batcher's thread, and prepared, run and answered
+// on the least-loaded device's thread (BatchRun). docs/architecture.md follows one through.
 class EngineImpl final : public Engine {
  public:
   // `devices` overrides the pool (tests inject failing or host devices); empty means "build
@@ -51,9 +51,9 @@ class EngineImpl final : public Engine {
   EngineImpl(EngineOptions options, ModelWeights weights, std::unique_ptr<KvStore> store,
              DeviceRates rates, std::vector<std::unique_ptr<AttentionDevice>> devices);
 
-  absl::Status ValidateCall(const std::vector<DecodeQuery>& queries) const;
-  void RunBatch(std::vector<PendingCall> calls);
-  void Finish(PendingCall& call, absl::StatusOr<std::vector<DecodeAnswer>> result);
+  // The batcher's hand-off: stage 1 of a BatchRun here, the rest on a device's thread.
+  void CutBatch(std::vector<PendingCall> calls);
+  void CallAnswered();
 
   const EngineOptions options_;
   ModelWeights weights_;
@@ -61,8 +61,9 @@ class EngineImpl final : public Engine {
   Planner planner_;
   EngineInfo info_;
   std::unique_ptr<DevicePool> pool_;
+  BatchCounters counters_;
+  BatchContext context_;
 
-  std::atomic<int64_t> batches_{0}, queries_{0}, hybrid_groups_{0}, absorb_groups_{0};
   std::mutex calls_mu_;
   std::condition_variable calls_done_;
   int64_t calls_in_flight_ = 0;  // accepted, not yet answered; guarded by calls_mu_

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kernels/core/bfloat16.h"
+#include "kernels/core/element_type.h"
+#include "kernels/core/tensor_view.h"
 #include "server/engine/kv/kv_types.h"
 #include "server/engine/model/model_config.h"
 
@@ -36,13 +39,19 @@ struct DecodeQuery {
   int layer = 0;
   int sq = 1;  // query tokens (MTP); causal among them
   QuerySpace space = QuerySpace::kHead;
-  std::vector<Bf16> q_nope;    // kHead: [sq][heads][dn]
-  std::vector<Bf16> q_pe;      // kHead: [sq][heads][dr]
-  std::vector<Bf16> q_latent;  // kLatent: [sq][heads][dl + dr]
+  // Row-major views of the caller's memory (a wire request's bytes, say), which must stay
+  // valid and unchanged until the Decode's callback has run: the engine copies them once,
+  // into the device's batch.
+  TensorView<const Bf16, 3> q_nope;    // kHead: [sq][heads][dn]
+  TensorView<const Bf16, 3> q_pe;      // kHead: [sq][heads][dr]
+  TensorView<const Bf16, 3> q_latent;  // kLatent: [sq][heads][dl + dr]
   // Optional KV rows [n][dl + dr] appended to (sequence, layer) at `append_position` before
   // attending, with KvStore::Append's retry semantics. -1: nothing to append.
-  std::vector<Bf16> append_rows;
+  TensorView<const Bf16, 2> append_rows;
   int64_t append_position = -1;
+  // The answer's element type: bf16 (rounded to nearest even on the device) or fp32 (the
+  // value before rounding, e.g. to merge partial results by LSE).
+  ElementType output = ElementType::kBf16;
 };
 
 enum class Formulation {
@@ -54,19 +63,38 @@ enum class Formulation {
 struct PlanInfo {
   Formulation formulation = Formulation::kAbsorb;
   std::string prefix_id;      // the shared prefix its group formed on, "" if none
-  int group_size = 0;         // queries in that group (the B compared with b_theta)
-  double b_theta = 0;         // the threshold applied
+  int group_size = 0;         // queries in that group
+  double b_theta = 0;         // the threshold applied (for the group's sq)
+  // Hybrid: the keys run in naive form (the prefix levels whose passes ran), and the query
+  // tokens (queries x sq) that shared the first of those passes: the B Sq that cleared
+  // B_theta(1) Sq; with tree-aware grouping it counts every group under that prefix.
+  int32_t naive_tokens = 0;
+  int naive_pass_query_tokens = 0;
   int device = -1;            // pool index of the device that ran the batch
   int batch_size = 0;         // queries in the device batch
   double queue_us = 0;        // submit -> device start: batching, planning, device queue
+  double prepare_us = 0;      // on the device's thread before it ran: expansions, steps
   double device_modeled_us = 0;  // modelled device time of the batch
   double device_host_ms = 0;     // host wall time of the batch's device work
 };
 
+// A query's answer: views of the batch's device memory, valid only while the Decode's
+// callback runs (copy what must outlive it).
 struct DecodeAnswer {
-  std::vector<float> out;  // kHead: [sq][heads][dv]; kLatent: [sq][heads][dl]; normalised
-  std::vector<float> lse;  // [sq][heads], natural log; -inf for a token that saw no key
+  // kHead: [sq][heads][dv]; kLatent: [sq][heads][dl]; normalised, in `out_type` (the query's
+  // `output`, or fp32 when its group holds queries that asked for both).
+  ElementType out_type = ElementType::kFp32;
+  const void* out = nullptr;
+  int64_t out_elements = 0;
+  std::span<const float> lse;  // [sq][heads], natural log; -inf for a token that saw no key
   PlanInfo plan;
+
+  std::span<const float> out_fp32() const {
+    return {static_cast<const float*>(out), static_cast<size_t>(out_type == ElementType::kFp32 ? out_elements : 0)};
+  }
+  std::span<const Bf16> out_bf16() const {
+    return {static_cast<const Bf16*>(out), static_cast<size_t>(out_type == ElementType::kBf16 ? out_elements : 0)};
+  }
 };
 
 struct DecodeOptions {
@@ -77,8 +105,9 @@ struct DecodeOptions {
 
 // Called exactly once per Decode: either every answer in query order, or one status for the
 // whole call. Errors found while validating or queueing are answered inline, on the caller's
-// thread; everything else on an engine thread.
-using DecodeCallback = absl::AnyInvocable<void(absl::StatusOr<std::vector<DecodeAnswer>>) &&>;
+// thread; everything else on an engine thread. The answers' memory is the engine's and goes
+// when the callback returns.
+using DecodeCallback = absl::AnyInvocable<void(absl::StatusOr<std::span<const DecodeAnswer>>) &&>;
 
 // What a device batch looked like, reported once per batch (metrics).
 struct BatchReport {
@@ -94,6 +123,9 @@ struct BatchReport {
 struct DeviceInfo {
   std::string profile;
   int host_threads = 0;
+  // Cores one attention launch can keep busy (an NPU's AIC blocks, the host's threads):
+  // attention steps with fewer row groups are split over them (split-KV).
+  int parallel_units = 1;
   double matrix_tflops = 0;  // peak, from the profile
   double hbm_tbps = 0;
 };

@@ -25,129 +25,96 @@ absl::StatusOr<v1::DType> ParseOutputDType(v1::DType dtype) {
     case v1::DTYPE_FP32:
       return dtype;
     default:
-      return Invalid("output_dtype", absl::StrCat(static_cast<int>(dtype),
-                                                  " is not one of DTYPE_BF16, DTYPE_FP16, "
-                                                  "DTYPE_FP32"));
+      return Invalid("output_dtype",
+                     absl::StrCat(static_cast<int>(dtype), " is not one of DTYPE_BF16, DTYPE_FP16, DTYPE_FP32"));
   }
 }
 
-absl::StatusOr<std::vector<Bf16>> DecodeField(const v1::Tensor& tensor, bool present,
-                                              std::span<const int64_t> expected,
-                                              const std::string& field) {
-  if (!present) return Invalid(field, absl::StrCat("missing; expected ", ShapeToString(expected)));
-  ASSIGN_OR_RETURN(Bf16Tensor decoded, DecodeToBf16(tensor, expected, field));
-  return std::move(decoded.values);
+template <int kRank>
+absl::StatusOr<TensorView<const Bf16, kRank>> View(const v1::Tensor& tensor, bool present, const std::string& field,
+                                                   std::vector<std::vector<Bf16>>& storage) {
+  if (!present) return Invalid(field, "missing");
+  ASSIGN_OR_RETURN(Bf16Data decoded, ViewAsBf16(tensor, kRank, field, storage));
+  typename TensorView<const Bf16, kRank>::Index shape;
+  int64_t elements = 1;
+  for (int i = 0; i < kRank; ++i) {
+    shape[i] = decoded.shape[i];
+    elements *= shape[i];
+  }
+  return TensorView<const Bf16, kRank>::Create(std::span<const Bf16>(decoded.data, static_cast<size_t>(elements)),
+                                               shape, field);
 }
 
 // One query; `field` is "queries[i]".
-absl::Status ParseQuery(const v1::DecodeQuery& wire, const engine::EngineInfo& info,
-                        const std::string& field, engine::DecodeQuery& query,
-                        AnswerLayout& layout) {
-  const engine::ModelConfig& model = info.model;
-  if (wire.sequence_id().empty()) return Invalid(field + ".sequence_id", "empty");
-  if (wire.layer() < 0 || wire.layer() >= model.layers) {
-    return Invalid(field + ".layer",
-                   absl::StrCat(wire.layer(), " is outside [0, ", model.layers, ")"));
-  }
-  if (wire.sq() < 1 || wire.sq() > info.max_sq) {
-    return Invalid(field + ".sq", absl::StrCat(wire.sq(), " is outside [1, ", info.max_sq,
-                                               "] (limits.max_sq)"));
-  }
+absl::Status ParseQuery(const v1::DecodeQuery& wire, const std::string& field, v1::DType output_dtype,
+                        engine::DecodeQuery& query, std::vector<std::vector<Bf16>>& storage) {
   query.sequence_id = wire.sequence_id();
   query.layer = wire.layer();
   query.sq = wire.sq();
-  const int64_t sq = wire.sq();
-  const int64_t heads = model.heads;
+  // fp16 answers are rounded from the fp32 values at the edge (bf16 has the wrong mantissa).
+  query.output = output_dtype == v1::DTYPE_BF16 ? ElementType::kBf16 : ElementType::kFp32;
   switch (wire.q_case()) {
     case v1::DecodeQuery::kHead: {
       query.space = engine::QuerySpace::kHead;
-      const std::array<int64_t, 3> nope_shape{sq, heads, model.dn};
-      const std::array<int64_t, 3> pe_shape{sq, heads, model.dr};
-      ASSIGN_OR_RETURN(query.q_nope, DecodeField(wire.head().q_nope(), wire.head().has_q_nope(),
-                                                 nope_shape, field + ".head.q_nope"));
-      ASSIGN_OR_RETURN(query.q_pe, DecodeField(wire.head().q_pe(), wire.head().has_q_pe(),
-                                               pe_shape, field + ".head.q_pe"));
-      layout = {wire.sq(), model.heads, model.dv};
+      ASSIGN_OR_RETURN(query.q_nope,
+                       View<3>(wire.head().q_nope(), wire.head().has_q_nope(), field + ".head.q_nope", storage));
+      ASSIGN_OR_RETURN(query.q_pe, View<3>(wire.head().q_pe(), wire.head().has_q_pe(), field + ".head.q_pe", storage));
       break;
     }
     case v1::DecodeQuery::kLatent: {
       query.space = engine::QuerySpace::kLatent;
-      const std::array<int64_t, 3> shape{sq, heads, model.dk_latent()};
-      ASSIGN_OR_RETURN(query.q_latent,
-                       DecodeField(wire.latent(), true, shape, field + ".latent"));
-      layout = {wire.sq(), model.heads, model.dl};
+      ASSIGN_OR_RETURN(query.q_latent, View<3>(wire.latent(), true, field + ".latent", storage));
       break;
     }
     default:
       return Invalid(field + ".q", "neither head nor latent is set");
   }
-  if (wire.has_append_rows() != wire.has_append_position()) {
-    return wire.has_append_rows()
-               ? Invalid(field + ".append_position", "missing; append_rows needs a position")
-               : Invalid(field + ".append_rows", "missing; append_position is set");
-  }
   if (wire.has_append_rows()) {
-    if (wire.append_position() < 0) {
-      return Invalid(field + ".append_position",
-                     absl::StrCat(wire.append_position(), " is negative"));
-    }
-    const std::array<int64_t, 2> shape{kAnyExtent, model.dk_latent()};
-    ASSIGN_OR_RETURN(query.append_rows,
-                     DecodeField(wire.append_rows(), true, shape, field + ".append_rows"));
-    query.append_position = wire.append_position();
+    ASSIGN_OR_RETURN(query.append_rows, View<2>(wire.append_rows(), true, field + ".append_rows", storage));
   }
+  if (wire.has_append_position()) query.append_position = wire.append_position();
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<ParsedDecode> ParseDecodeRequest(const v1::DecodeRequest& request,
-                                                const engine::EngineInfo& info) {
-  ParsedDecode parsed;
-  ASSIGN_OR_RETURN(parsed.output_dtype, ParseOutputDType(request.output_dtype()));
-  const int count = request.queries_size();
-  if (count == 0) return Invalid("queries", "empty; a Decode needs at least one query");
-  if (count > info.max_batch) {
-    return Invalid("queries", absl::StrCat(count, " queries exceed limits.max_batch = ",
-                                           info.max_batch, "; split them over several calls"));
-  }
-  parsed.queries.resize(count);
-  parsed.layouts.resize(count);
-  for (int i = 0; i < count; ++i) {
-    RETURN_IF_ERROR(ParseQuery(request.queries(i), info, absl::StrCat("queries[", i, "]"),
-                               parsed.queries[i], parsed.layouts[i]));
+absl::StatusOr<std::unique_ptr<ParsedDecode>> ParseDecodeRequest(const v1::DecodeRequest& request) {
+  auto parsed = std::make_unique<ParsedDecode>();
+  ASSIGN_OR_RETURN(parsed->output_dtype, ParseOutputDType(request.output_dtype()));
+  parsed->queries.resize(request.queries_size());
+  for (int i = 0; i < request.queries_size(); ++i) {
+    RETURN_IF_ERROR(ParseQuery(request.queries(i), absl::StrCat("queries[", i, "]"), parsed->output_dtype,
+                               parsed->queries[i], parsed->converted));
   }
   return parsed;
 }
 
-absl::Status FillDecodeResponse(const std::vector<AnswerLayout>& layouts,
-                                v1::DType output_dtype,
-                                const std::vector<engine::DecodeAnswer>& answers,
+absl::Status FillDecodeResponse(std::span<const engine::DecodeQuery> queries, const engine::ModelConfig& model,
+                                v1::DType output_dtype, std::span<const engine::DecodeAnswer> answers,
                                 v1::DecodeResponse* response) {
-  if (answers.size() != layouts.size()) {
-    return absl::InternalError(absl::StrCat("the engine answered ", answers.size(),
-                                            " of ", layouts.size(), " queries"));
+  if (answers.size() != queries.size()) {
+    return absl::InternalError(absl::StrCat("the engine answered ", answers.size(), " of ", queries.size(), " queries"));
   }
   response->mutable_results()->Reserve(static_cast<int>(answers.size()));
-  for (std::size_t i = 0; i < answers.size(); ++i) {
-    const AnswerLayout& layout = layouts[i];
+  for (size_t i = 0; i < answers.size(); ++i) {
+    const engine::DecodeQuery& query = queries[i];
     const engine::DecodeAnswer& answer = answers[i];
-    const std::array<int64_t, 3> out_shape{layout.sq, layout.heads, layout.width};
-    const std::array<int64_t, 2> lse_shape{layout.sq, layout.heads};
-    const auto rows = static_cast<std::size_t>(layout.sq) * layout.heads;
-    if (answer.out.size() != rows * layout.width || answer.lse.size() != rows) {
-      return absl::InternalError(absl::StrCat(
-          "the engine answered queries[", i, "] with ", answer.out.size(), " outputs and ",
-          answer.lse.size(), " LSEs; expected ", rows * layout.width, " and ", rows));
+    const int width = query.space == engine::QuerySpace::kHead ? model.dv : model.dl;
+    const std::array<int64_t, 3> out_shape{query.sq, model.heads, width};
+    const std::array<int64_t, 2> lse_shape{query.sq, model.heads};
+    const int64_t rows = int64_t{query.sq} * model.heads;
+    if (answer.out == nullptr || answer.out_elements != rows * width || static_cast<int64_t>(answer.lse.size()) != rows) {
+      return absl::InternalError(absl::StrCat("the engine answered queries[", i, "] with ", answer.out_elements,
+                                              " outputs and ", answer.lse.size(), " LSEs; expected ", rows * width,
+                                              " and ", rows));
     }
     v1::DecodeResult* result = response->add_results();
-    EncodeFloats(answer.out, out_shape, output_dtype, result->mutable_out());
+    EncodeValues(answer.out, answer.out_type, answer.out_elements, out_shape, output_dtype, result->mutable_out());
     EncodeFloats(answer.lse, lse_shape, v1::DTYPE_FP32, result->mutable_lse());
     const engine::PlanInfo& plan = answer.plan;
     v1::DecodePlan* wire_plan = result->mutable_plan();
-    wire_plan->set_formulation(plan.formulation == engine::Formulation::kHybrid
-                                   ? v1::FORMULATION_HYBRID
-                                   : v1::FORMULATION_ABSORB);
+    wire_plan->set_formulation(plan.formulation == engine::Formulation::kHybrid ? v1::FORMULATION_HYBRID
+                                                                                : v1::FORMULATION_ABSORB);
     wire_plan->set_prefix_id(plan.prefix_id);
     wire_plan->set_group_size(plan.group_size);
     wire_plan->set_b_theta(plan.b_theta);
@@ -156,6 +123,9 @@ absl::Status FillDecodeResponse(const std::vector<AnswerLayout>& layouts,
     wire_plan->set_queue_us(plan.queue_us);
     wire_plan->set_device_modeled_us(plan.device_modeled_us);
     wire_plan->set_device_host_us(plan.device_host_ms * 1000.0);
+    wire_plan->set_naive_tokens(plan.naive_tokens);
+    wire_plan->set_naive_pass_query_tokens(plan.naive_pass_query_tokens);
+    wire_plan->set_prepare_us(plan.prepare_us);
   }
   return absl::OkStatus();
 }

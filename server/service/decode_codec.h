@@ -1,6 +1,8 @@
 #ifndef MLASERVE_SERVER_SERVICE_DECODE_CODEC_H_
 #define MLASERVE_SERVER_SERVICE_DECODE_CODEC_H_
 
+#include <memory>
+#include <span>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -11,32 +13,28 @@
 namespace mlaserve::service {
 
 // Translation between the wire's Decode messages and the engine's DecodeQuery/DecodeAnswer.
-// The edge checks everything the wire carries (tensors, shapes against the served model,
-// layer and sq ranges, batch size, dtypes); ids, positions and memory are the engine's.
-
-// Shape of one query's output: [sq][heads][width], width dv (head space) or dl (latent).
-struct AnswerLayout {
-  int sq = 0;
-  int heads = 0;
-  int width = 0;
-};
+// The edge decodes the wire format only (the oneof, dtypes, byte lengths against declared
+// shapes); every rule about what a query may ask (layers, sq, shapes against the model,
+// finiteness, appends, batch size) is the engine's (engine/decode_validation.h), so it is
+// checked once, for gRPC and in-process callers alike.
 
 struct ParsedDecode {
+  // Views of the request's bytes (bf16 tensors) or of `converted` (fp16/fp32 ones): valid
+  // while both the request and this object live.
   std::vector<engine::DecodeQuery> queries;
-  std::vector<AnswerLayout> layouts;  // per query
+  std::vector<std::vector<Bf16>> converted;
   v1::DType output_dtype = v1::DTYPE_BF16;
 };
 
-// INVALID_ARGUMENT naming the field (`queries[3].head.q_nope: shape [1,128,64] !=
-// [1,128,128]`) for anything malformed.
-absl::StatusOr<ParsedDecode> ParseDecodeRequest(const v1::DecodeRequest& request,
-                                                const engine::EngineInfo& info);
+// INVALID_ARGUMENT naming the field (`queries[3].head.q_nope: 4607 bytes != 2304 elements`)
+// for anything the wire cannot carry.
+absl::StatusOr<std::unique_ptr<ParsedDecode>> ParseDecodeRequest(const v1::DecodeRequest& request);
 
-// Fills `response` with one result per answer. INTERNAL if the engine's answers do not have
-// the layouts' sizes (an engine bug must not reach the wire as garbage).
-absl::Status FillDecodeResponse(const std::vector<AnswerLayout>& layouts,
-                                v1::DType output_dtype,
-                                const std::vector<engine::DecodeAnswer>& answers,
+// Fills `response` with one result per answer, encoded as `output_dtype` straight from the
+// engine's buffers. INTERNAL if an answer's size does not fit its query (an engine bug must
+// not reach the wire as garbage).
+absl::Status FillDecodeResponse(std::span<const engine::DecodeQuery> queries, const engine::ModelConfig& model,
+                                v1::DType output_dtype, std::span<const engine::DecodeAnswer> answers,
                                 v1::DecodeResponse* response);
 
 }  // namespace mlaserve::service

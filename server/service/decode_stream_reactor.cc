@@ -43,7 +43,9 @@ void DecodeStreamReactor::StartReadLocked() {
 }
 
 void DecodeStreamReactor::OnReadDone(bool ok) {
-  v1::DecodeStreamRequest request;
+  // Its own object: the engine reads the request's bytes in place until it answers, while
+  // request_ takes the next read.
+  auto request = std::make_unique<v1::DecodeStreamRequest>();
   {
     std::lock_guard lock(mu_);
     reading_ = false;
@@ -53,7 +55,7 @@ void DecodeStreamReactor::OnReadDone(bool ok) {
       return;
     }
     if (finished_) return;
-    request = std::move(request_);
+    request->Swap(&request_);
     ++in_flight_;
     if (!draining_ && in_flight_ < max_in_flight_) StartReadLocked();
   }
@@ -61,10 +63,10 @@ void DecodeStreamReactor::OnReadDone(bool ok) {
   Dispatch(std::move(request));
 }
 
-void DecodeStreamReactor::Dispatch(v1::DecodeStreamRequest request) {
+void DecodeStreamReactor::Dispatch(std::unique_ptr<v1::DecodeStreamRequest> request) {
   const absl::Time arrival = absl::Now();
   auto response = std::make_unique<Response>();
-  response->set_request_id(request.request_id());
+  response->set_request_id(request->request_id());
   bool draining;
   {
     std::lock_guard lock(mu_);
@@ -78,15 +80,17 @@ void DecodeStreamReactor::Dispatch(v1::DecodeStreamRequest request) {
     return;
   }
   absl::Time deadline = CallDeadline(*context_);
-  if (request.timeout_us() > 0) {
+  if (request->timeout_us() > 0) {
     deadline = std::min(deadline,
                         arrival + absl::Microseconds(static_cast<int64_t>(std::min<uint64_t>(
-                                      request.timeout_us(), INT64_MAX))));
+                                      request->timeout_us(), INT64_MAX))));
   }
   v1::DecodeResponse* body = response->mutable_response();
+  const v1::DecodeRequest& decode = request->request();
   dispatcher_.Dispatch(
-      request.request(), deadline, [context = context_] { return context->IsCancelled(); }, body,
-      [this, arrival, response = std::move(response)](absl::Status status) mutable {
+      decode, deadline, [context = context_] { return context->IsCancelled(); }, body,
+      [this, arrival, request = std::move(request), response = std::move(response)](absl::Status status) mutable {
+        request.reset();  // the engine is done with its bytes
         if (!status.ok()) response->clear_response();
         SetStatus(status, response->mutable_status());
         metrics_.RecordRpc("DecodeStream.request", status.code(), absl::Now() - arrival);

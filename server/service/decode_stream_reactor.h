@@ -42,7 +42,7 @@ class DecodeStreamReactor
  private:
   using Response = v1::DecodeStreamResponse;
 
-  void Dispatch(v1::DecodeStreamRequest request);
+  void Dispatch(std::unique_ptr<v1::DecodeStreamRequest> request);
   void Answer(std::unique_ptr<Response> response);
   void StartReadLocked();
   void StartWriteLocked();

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "server/engine/owned_decode_query.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "common/status_macros.h"
@@ -103,20 +104,18 @@ absl::Status MlaServer::WarmUp() {
   // One query per call: the engine takes a sequence layer once per call.
   for (const engine::QuerySpace space : {engine::QuerySpace::kHead, engine::QuerySpace::kLatent}) {
     if (!status.ok()) break;
-    std::vector<engine::DecodeQuery> queries(1);
-    engine::DecodeQuery& query = queries[0];
+    engine::OwnedDecodeQuery query;
     query.sequence_id = kWarmUpSequence;
     query.space = space;
     if (space == engine::QuerySpace::kHead) {
       query.q_nope.assign(static_cast<size_t>(model.heads) * model.dn, Bf16::FromFloat(0.25f));
       query.q_pe.assign(static_cast<size_t>(model.heads) * model.dr, Bf16::FromFloat(0.25f));
     } else {
-      query.q_latent.assign(static_cast<size_t>(model.heads) * model.dk_latent(),
-                            Bf16::FromFloat(0.25f));
+      query.q_latent.assign(static_cast<size_t>(model.heads) * model.dk_latent(), Bf16::FromFloat(0.25f));
     }
     std::promise<absl::Status> answered;
-    engine_->Decode(std::move(queries), engine::DecodeOptions{},
-                    [&answered](absl::StatusOr<std::vector<engine::DecodeAnswer>> answers) {
+    engine_->Decode({query.View(model)}, engine::DecodeOptions{},
+                    [&answered](absl::StatusOr<std::span<const engine::DecodeAnswer>> answers) {
                       answered.set_value(answers.status());
                     });
     status = answered.get_future().get();

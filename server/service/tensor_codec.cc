@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/core/float16.h"
+#include "kernels/core/vector_ops.h"
 
 namespace mlaserve::service {
 namespace {
@@ -136,6 +137,83 @@ absl::StatusOr<Bf16Tensor> DecodeToBf16(const v1::Tensor& tensor,
   return Bf16Tensor{*std::move(values), std::vector<int64_t>(shape.begin(), shape.end())};
 }
 
+absl::StatusOr<Bf16Data> ViewAsBf16(const v1::Tensor& tensor, int rank, absl::string_view field,
+                                    std::vector<std::vector<Bf16>>& storage) {
+  const std::size_t element_size = DTypeSize(tensor.dtype());
+  if (element_size == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": dtype ", v1::DType_Name(tensor.dtype()).empty() ? absl::StrCat(static_cast<int>(tensor.dtype()))
+                                                                  : v1::DType_Name(tensor.dtype()),
+        " is not one of DTYPE_BF16, DTYPE_FP16, DTYPE_FP32"));
+  }
+  const std::span<const int64_t> shape(tensor.shape().data(), tensor.shape().size());
+  if (static_cast<int>(shape.size()) != rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": shape ", ShapeToString(shape), " has ", shape.size(), " dimensions, not ", rank));
+  }
+  const int64_t max_elements = std::numeric_limits<int64_t>::max() / static_cast<int64_t>(element_size);
+  int64_t elements = 1;
+  for (int64_t extent : shape) {
+    if (extent < 0) return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeToString(shape), " is negative"));
+    if (extent > 0 && elements > max_elements / extent) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeToString(shape), " overflows int64"));
+    }
+    elements *= extent;
+  }
+  if (static_cast<uint64_t>(elements) * element_size != tensor.data().size()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", tensor.data().size(), " bytes != ", elements,
+                                                   " elements of ", v1::DType_Name(tensor.dtype()), " (",
+                                                   elements * element_size, " bytes)"));
+  }
+  Bf16Data out{nullptr, std::vector<int64_t>(shape.begin(), shape.end())};
+  const std::string& data = tensor.data();
+  if (tensor.dtype() == v1::DTYPE_BF16 && reinterpret_cast<uintptr_t>(data.data()) % alignof(Bf16) == 0) {
+    out.data = reinterpret_cast<const Bf16*>(data.data());  // the request's own bytes
+    return out;
+  }
+  std::vector<Bf16>& values = storage.emplace_back(static_cast<size_t>(elements));
+  switch (tensor.dtype()) {
+    case v1::DTYPE_BF16:
+      std::memcpy(values.data(), data.data(), data.size());
+      break;
+    case v1::DTYPE_FP16:
+      for (int64_t i = 0; i < elements; ++i) {
+        Fp16 half;
+        std::memcpy(&half.bits, data.data() + 2 * i, 2);
+        values[i] = Bf16::FromFloat(half.ToFloat());  // exact range, 3 fewer mantissa bits
+      }
+      break;
+    default: {  // DTYPE_FP32
+      std::vector<float> floats(static_cast<size_t>(elements));
+      std::memcpy(floats.data(), data.data(), data.size());
+      NarrowToBf16(floats.data(), elements, values.data());
+      break;
+    }
+  }
+  out.data = values.data();
+  return out;
+}
+
+void EncodeValues(const void* values, ElementType type, int64_t count, std::span<const int64_t> shape,
+                  v1::DType dtype, v1::Tensor* out) {
+  if (DTypeSize(dtype) == 0) dtype = v1::DTYPE_FP32;
+  if (type == ElementType::kFp32) {
+    EncodeFloats(std::span<const float>(static_cast<const float*>(values), static_cast<size_t>(count)), shape, dtype,
+                 out);
+    return;
+  }
+  const auto* bf16 = static_cast<const Bf16*>(values);
+  if (dtype == v1::DTYPE_BF16) {
+    out->set_dtype(dtype);
+    out->mutable_shape()->Assign(shape.begin(), shape.end());
+    out->set_data(reinterpret_cast<const char*>(bf16), static_cast<size_t>(count) * 2);
+    return;
+  }
+  std::vector<float> wide(static_cast<size_t>(count));
+  WidenBf16(bf16, count, wide.data());
+  EncodeFloats(wide, shape, dtype, out);
+}
+
 void EncodeFloats(std::span<const float> values, std::span<const int64_t> shape,
                   v1::DType dtype, v1::Tensor* out) {
   // Callers pass a validated output dtype; anything else is encoded losslessly.
@@ -146,10 +224,7 @@ void EncodeFloats(std::span<const float> values, std::span<const int64_t> shape,
   data->resize(values.size() * DTypeSize(dtype));
   switch (dtype) {
     case v1::DTYPE_BF16:
-      for (std::size_t i = 0; i < values.size(); ++i) {
-        const uint16_t bits = Bf16::FromFloat(values[i]).bits;
-        std::memcpy(data->data() + 2 * i, &bits, 2);
-      }
+      NarrowToBf16(values.data(), static_cast<int64_t>(values.size()), reinterpret_cast<Bf16*>(data->data()));
       return;
     case v1::DTYPE_FP16:
       for (std::size_t i = 0; i < values.size(); ++i) {

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kernels/core/bfloat16.h"
+#include "kernels/core/element_type.h"
 #include "mlaserve/v1/tensor.pb.h"
 
 namespace mlaserve::service {
@@ -37,6 +38,24 @@ struct Bf16Tensor {
 absl::StatusOr<Bf16Tensor> DecodeToBf16(const v1::Tensor& tensor,
                                         std::span<const int64_t> expected,
                                         absl::string_view field);
+
+// A wire tensor's dtype and byte length checked against its own shape, and its values as
+// bf16: a view of the message's bytes when they are bf16 (nothing copied; the message must
+// outlive the view), otherwise converted (round to nearest even) into a vector appended to
+// `storage`. Extents and values are the caller's to check (the engine's, for Decode).
+// INVALID_ARGUMENT starting with `field` for an unknown dtype, a rank other than `rank`, a
+// negative or overflowing extent, or a byte length that does not match.
+struct Bf16Data {
+  const Bf16* data = nullptr;
+  std::vector<int64_t> shape;
+};
+absl::StatusOr<Bf16Data> ViewAsBf16(const v1::Tensor& tensor, int rank, absl::string_view field,
+                                    std::vector<std::vector<Bf16>>& storage);
+
+// Writes `count` values, bf16 or fp32, into `out` as `dtype` (BF16, FP16 or FP32; narrowing
+// rounds to nearest even; bf16 to BF16 and fp32 to FP32 are plain copies) with `shape`.
+void EncodeValues(const void* values, ElementType type, int64_t count, std::span<const int64_t> shape,
+                  v1::DType dtype, v1::Tensor* out);
 
 // Writes fp32 values into `out` as `dtype` (BF16, FP16 or FP32; bf16 and fp16 round to
 // nearest even) with the given shape, whose product must be values.size().

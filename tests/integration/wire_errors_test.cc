@@ -61,8 +61,27 @@ TEST_F(WireErrorsTest, MalformedDecodesAreInvalidAndAppendNothing) {
       {"wrong dtype",
        [](v1::DecodeRequest& r) { r.mutable_queries(0)->mutable_latent()->set_dtype(static_cast<v1::DType>(4)); },
        "queries[0].latent: dtype"},
-      {"wrong shape", [](v1::DecodeRequest& r) { r.mutable_queries(0)->mutable_latent()->set_shape(1, 8); },
-       "queries[0].latent: shape [1,8,576] != [1,16,576]"},
+      {"wrong shape",
+       [](v1::DecodeRequest& r) {
+         r.mutable_queries(0)->mutable_latent()->set_shape(0, 2);  // as many elements, for sq 2
+         r.mutable_queries(0)->mutable_latent()->set_shape(1, 8);
+       },
+       "queries[0].latent: shape [2,8,576] != [1,16,576]"},
+      {"wrong rank", [](v1::DecodeRequest& r) { r.mutable_queries(0)->mutable_latent()->mutable_shape()->RemoveLast(); },
+       "queries[0].latent: shape [1,16] has 2 dimensions, not 3"},
+      {"NaN in q",
+       [](v1::DecodeRequest& r) {
+         std::string& data = *r.mutable_queries(0)->mutable_latent()->mutable_data();
+         data[10] = static_cast<char>(0xc0);
+         data[11] = static_cast<char>(0xff);
+       },
+       "queries[0].latent: element 5 is NaN"},
+      {"append without position", [](v1::DecodeRequest& r) { r.mutable_queries(0)->clear_append_position(); },
+       "queries[0].append_position: missing"},
+      {"position without append", [](v1::DecodeRequest& r) { r.mutable_queries(0)->clear_append_rows(); },
+       "queries[0].append_rows: missing"},
+      {"duplicate", [this](v1::DecodeRequest& r) { *r.add_queries() = Latent("s"); },
+       "queries[1]: sequence 's' layer 0 appears twice"},
       {"byte length", [](v1::DecodeRequest& r) { r.mutable_queries(0)->mutable_latent()->mutable_data()->resize(100); },
        "queries[0].latent: 100 bytes != 9216 elements"},
       {"infinity in q",

@@ -19,23 +19,27 @@ DevicePool::~DevicePool() {
     stopping_ = true;
   }
   work_.notify_all();
-  capacity_.notify_all();
   for (auto& slot : slots_) slot->worker.join();
 }
 
-void DevicePool::AwaitCapacity() {
-  std::unique_lock<std::mutex> lock(mu_);
-  capacity_.wait(lock, [&] {
-    if (stopping_) return true;
-    for (const auto& slot : slots_) {
-      if (slot->load < kBatchesPerDevice) return true;
-    }
-    return false;
-  });
+void DevicePool::SetOnCapacity(absl::AnyInvocable<void()> on_capacity) { on_capacity_ = std::move(on_capacity); }
+
+int DevicePool::idle() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int idle = 0;
+  for (const auto& slot : slots_) idle += slot->load == 0 ? 1 : 0;
+  return idle;
 }
 
-void DevicePool::Submit(std::shared_ptr<const BatchPlan> plan, const ModelWeights& weights,
-                        Done done) {
+bool DevicePool::HasCapacity() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& slot : slots_) {
+    if (slot->load < kBatchesPerDevice) return true;
+  }
+  return false;
+}
+
+void DevicePool::Submit(Job job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     int best = 0;
@@ -43,7 +47,7 @@ void DevicePool::Submit(std::shared_ptr<const BatchPlan> plan, const ModelWeight
       if (slots_[i]->load < slots_[best]->load) best = i;
     }
     ++slots_[best]->load;
-    slots_[best]->queue.push_back(Job{std::move(plan), &weights, std::move(done)});
+    slots_[best]->queue.push_back(std::move(job));
   }
   work_.notify_all();
 }
@@ -57,12 +61,12 @@ void DevicePool::Work(int index) {
     Job job = std::move(slot.queue.front());
     slot.queue.pop_front();
     lock.unlock();
-    absl::StatusOr<DeviceRun> run = slot.device->Run(*job.plan, *job.weights);
-    job.plan.reset();  // release the plan's pins before answering
-    std::move(job.done)(index, std::move(run));
+    std::move(job)(*slot.device, index);
     lock.lock();
     --slot.load;
-    capacity_.notify_all();
+    lock.unlock();
+    if (on_capacity_) on_capacity_();
+    lock.lock();
   }
 }
 

@@ -9,26 +9,24 @@
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
-#include "absl/status/statusor.h"
 #include "server/engine/devices/attention_device.h"
-#include "server/engine/plan/batch_plan.h"
-#include "server/engine/model/model_weights.h"
 
 namespace mlaserve::engine {
 
-// N devices, each with its own worker thread. A batch goes to the least-loaded device (fewest
-// batches queued or running; ties to the lowest index); its completion is delivered on that
-// device's thread. A device that fails fails only the batch it was running.
+// N devices, each with its own worker thread. A batch goes to the least-loaded device
+// (fewest batches queued or running; ties to the lowest index) and runs on that device's
+// thread, which owns the device while it runs.
 //
-// A device holds at most kBatchesPerDevice batches (one running, one planned and waiting),
-// and the batcher cuts a batch only when some device has room (AwaitCapacity): under load,
-// queries wait in the batcher's bounded queue, where they keep joining the next batch, not
-// in unbounded device queues.
+// A device holds at most kBatchesPerDevice batches (one running, one waiting), and the
+// batcher cuts a batch only when some device has room (HasCapacity): under load, queries
+// wait in the batcher's bounded queue, where they keep joining the next batch, not in
+// unbounded device queues.
 class DevicePool {
  public:
   static constexpr int kBatchesPerDevice = 2;
 
-  using Done = absl::AnyInvocable<void(int device, absl::StatusOr<DeviceRun> run) &&>;
+  // Runs on the device's worker thread with the device and its pool index.
+  using Job = absl::AnyInvocable<void(AttentionDevice& device, int index) &&>;
 
   explicit DevicePool(std::vector<std::unique_ptr<AttentionDevice>> devices);
   ~DevicePool();  // finishes queued batches, then joins
@@ -38,16 +36,15 @@ class DevicePool {
   int size() const { return static_cast<int>(slots_.size()); }
   const DeviceInfo& info(int device) const { return slots_[device]->device->info(); }
 
-  // Blocks until some device holds fewer than kBatchesPerDevice batches (or the pool stops).
-  void AwaitCapacity();
-  void Submit(std::shared_ptr<const BatchPlan> plan, const ModelWeights& weights, Done done);
+  // Devices with nothing queued or running, and devices with room for another batch.
+  int idle() const;
+  bool HasCapacity() const;
+  // Called (from a worker thread, with no lock held) whenever a device finishes a batch.
+  void SetOnCapacity(absl::AnyInvocable<void()> on_capacity);
+
+  void Submit(Job job);
 
  private:
-  struct Job {
-    std::shared_ptr<const BatchPlan> plan;
-    const ModelWeights* weights;
-    Done done;
-  };
   struct Slot {
     std::unique_ptr<AttentionDevice> device;
     std::deque<Job> queue;  // guarded by DevicePool::mu_
@@ -56,10 +53,10 @@ class DevicePool {
   };
   void Work(int index);
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable work_;
-  std::condition_variable capacity_;
   bool stopping_ = false;  // guarded by mu_
+  absl::AnyInvocable<void()> on_capacity_;  // set before the first Submit
   std::vector<std::unique_ptr<Slot>> slots_;
 };
 

@@ -10,10 +10,11 @@
 
 namespace mlaserve::engine {
 
-// An emulated NPU as a pool device: each batch runs as the NpuBatchLaunch sequence, for
-// real on the host (the answers equal HostAttentionDevice's bit for bit) while the device
-// model times it. The KV pool, the weights and the expanded K/V are mapped into the device's
-// global memory for the batch, not copied; only the queries are staged.
+// An emulated NPU as a pool device: a batch's steps lowered into launches on one stream
+// (npu::BatchLaunch), run for real on the host (the answers equal the host runner's bit for
+// bit) while the device model times them. The KV pool, the weights and the expanded K/V are
+// mapped into the device's global memory for the batch, not copied; only the queries are
+// staged.
 class NpuAttentionDevice final : public AttentionDevice {
  public:
   static absl::StatusOr<std::unique_ptr<NpuAttentionDevice>> Create(
@@ -21,7 +22,7 @@ class NpuAttentionDevice final : public AttentionDevice {
       npu::AttentionDeviceKernelOptions kernel_options = {});
 
   const DeviceInfo& info() const override { return info_; }
-  absl::StatusOr<DeviceRun> Run(const BatchPlan& plan, const ModelWeights& weights) override;
+  absl::StatusOr<DeviceRun> Run(const BatchSteps& steps) override;
 
  private:
   NpuAttentionDevice(std::unique_ptr<npu::Device> device, npu::AttentionDeviceKernelOptions options);

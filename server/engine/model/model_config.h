@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/mla/decode_batch.h"
 #include "absl/strings/string_view.h"
 
 namespace mlaserve::engine {
@@ -46,6 +47,9 @@ struct ModelConfig {
   // INVALID_ARGUMENT naming the first bad field: empty name, a dim or layer count outside
   // [1, 65536], or a softmax scale that is not positive and finite.
   absl::Status Validate() const;
+
+  // The attention shapes in the kernels' terms.
+  MlaDims dims() const { return MlaDims{heads, dn, dr, dl, dv, softmax_scale}; }
 
   friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
 };

@@ -1,10 +1,9 @@
 #include "server/engine/plan/planner.h"
 
+#include <algorithm>
 #include <map>
 #include <tuple>
 #include <utility>
-
-#include "absl/container/flat_hash_map.h"
 
 namespace mlaserve::engine {
 
@@ -14,12 +13,19 @@ double TyphoonBatchThreshold(const ModelConfig& model, int sq, const DeviceRates
   return naive_width / absorb_width * rates.matrix_flops / rates.memory_bytes_per_second;
 }
 
-Planner::Planner(const ModelConfig& model, DeviceRates rates, int max_sq) : model_(model) {
+Planner::Planner(const ModelConfig& model, DeviceRates rates, int max_sq, PlannerOptions options)
+    : model_(model), options_(options) {
   for (int sq = 1; sq <= max_sq; ++sq) b_theta_.push_back(TyphoonBatchThreshold(model, sq, rates));
 }
 
-Planner::Result Planner::Plan(KvStore& store, const ModelWeights& weights,
-                              const std::vector<const DecodeQuery*>& queries) const {
+namespace {
+
+// The query tokens a group contributes to each pass it takes.
+int QueryTokens(const GroupPlan& group) { return static_cast<int>(group.members.size()) * group.sq; }
+
+}  // namespace
+
+Planner::Result Planner::Plan(KvStore& store, const std::vector<const DecodeQuery*>& queries) const {
   Result result;
   BatchPlan& plan = result.plan;
   plan.queries.resize(queries.size());
@@ -57,6 +63,7 @@ Planner::Result Planner::Plan(KvStore& store, const ModelWeights& weights,
   // Group: (layer, deepest prefix, sq, space), in order of first appearance.
   using Key = std::tuple<int, PrefixKey, int, QuerySpace>;
   std::map<Key, int> group_of;
+  std::vector<const std::vector<PrefixSpan>*> chains;  // per group: its prefix levels, root first
   for (int i = 0; i < static_cast<int>(queries.size()); ++i) {
     if (!usable[i]) continue;
     const DecodeQuery& q = *queries[i];
@@ -72,32 +79,78 @@ Planner::Result Planner::Plan(KvStore& store, const ModelWeights& weights,
       group.prefix_id = seq.prefixes.empty() ? "" : seq.prefixes.back().id;
       group.b_theta = BTheta(q.sq);
       plan.groups.push_back(std::move(group));
+      chains.push_back(&seq.prefixes);
     }
-    plan.groups[it->second].members.push_back(i);
+    GroupPlan& group = plan.groups[it->second];
+    group.members.push_back(i);
+    if (q.output != ElementType::kBf16) group.output = ElementType::kFp32;
   }
 
-  for (GroupPlan& group : plan.groups) {
-    if (group.space != QuerySpace::kHead || group.prefix_id.empty() ||
-        static_cast<double>(group.members.size()) < group.b_theta) {
-      continue;  // absorb-only
-    }
-    const SequenceSnapshot& first = plan.sequence(plan.queries[group.members.front()]);
-    std::vector<ExpandedKv> levels;
-    bool fits = true;
-    for (const PrefixSpan& level : first.prefixes) {
-      absl::StatusOr<ExpandedKv> expanded = store.GetOrBuildExpanded(level.key, group.layer, weights);
-      if (!expanded.ok()) {  // does not fit (or vanished): absorb-only is always correct
-        fits = false;
-        break;
+  // The query tokens that would read each (layer, level): with tree-aware grouping every
+  // head-space group whose chain holds the level counts.
+  std::map<std::pair<int, PrefixKey>, int> readers;
+  for (size_t g = 0; g < plan.groups.size(); ++g) {
+    const GroupPlan& group = plan.groups[g];
+    if (group.space != QuerySpace::kHead) continue;
+    for (const PrefixSpan& level : *chains[g]) readers[{group.layer, level.key}] += QueryTokens(group);
+  }
+  std::map<std::pair<int, PrefixKey>, int> pass_of;
+  for (size_t g = 0; g < plan.groups.size(); ++g) {
+    GroupPlan& group = plan.groups[g];
+    if (group.space != QuerySpace::kHead || chains[g]->empty()) continue;
+    if (!options_.tree_aware && static_cast<double>(group.members.size()) < group.b_theta) continue;
+    for (const PrefixSpan& level : *chains[g]) {
+      const std::pair<int, PrefixKey> key{group.layer, level.key};
+      // Counts only grow towards the root, so the levels that clear the bar are a prefix of
+      // the chain: naive up to some depth, absorb after it.
+      if (options_.tree_aware && readers[key] < BTheta(1)) break;
+      auto it = options_.tree_aware ? pass_of.find(key) : pass_of.end();
+      if (it == pass_of.end()) {
+        plan.passes.push_back(NaivePassPlan{level, group.layer, {}, 0, std::nullopt});
+        it = pass_of.insert_or_assign(key, static_cast<int>(plan.passes.size()) - 1).first;
       }
-      levels.push_back(*std::move(expanded));
+      NaivePassPlan& pass = plan.passes[it->second];
+      pass.groups.push_back(static_cast<int>(g));
+      pass.query_tokens += QueryTokens(group);
+      group.naive_passes.push_back(it->second);
+      group.absorb_from = level.end;
+      group.formulation = Formulation::kHybrid;
     }
-    if (!fits) continue;
-    group.formulation = Formulation::kHybrid;
-    group.levels = std::move(levels);
-    group.prefix_tokens = first.prefix_tokens();
   }
   return result;
+}
+
+void Planner::PrepareExpansions(BatchPlan& plan, KvStore& store, const ModelWeights& weights) const {
+  std::vector<char> dropped(plan.passes.size(), 0);
+  for (size_t p = 0; p < plan.passes.size(); ++p) {
+    NaivePassPlan& pass = plan.passes[p];
+    absl::StatusOr<ExpandedKv> expanded = store.GetOrBuildExpanded(pass.level.key, pass.layer, weights);
+    if (expanded.ok()) {
+      pass.expanded.emplace(*std::move(expanded));
+    } else {
+      dropped[p] = 1;  // does not fit, or the prefix vanished: absorb form is always correct
+    }
+  }
+  if (std::none_of(dropped.begin(), dropped.end(), [](char d) { return d != 0; })) return;
+  for (NaivePassPlan& pass : plan.passes) {
+    pass.groups.clear();
+    pass.query_tokens = 0;
+  }
+  for (size_t g = 0; g < plan.groups.size(); ++g) {
+    GroupPlan& group = plan.groups[g];
+    const auto first_dropped =
+        std::find_if(group.naive_passes.begin(), group.naive_passes.end(), [&](int p) { return dropped[p] != 0; });
+    group.naive_passes.erase(first_dropped, group.naive_passes.end());
+    group.formulation = group.naive_passes.empty() ? Formulation::kAbsorb : Formulation::kHybrid;
+    group.absorb_from = group.naive_passes.empty() ? 0 : plan.passes[group.naive_passes.back()].level.end;
+    for (int p : group.naive_passes) {
+      plan.passes[p].groups.push_back(static_cast<int>(g));
+      plan.passes[p].query_tokens += QueryTokens(group);
+    }
+  }
+  for (NaivePassPlan& pass : plan.passes) {
+    if (pass.groups.empty()) pass.expanded.reset();  // unpinned: evictable again
+  }
 }
 
 }  // namespace mlaserve::engine

@@ -2,14 +2,15 @@
 #define MLASERVE_SERVER_ENGINE_PLAN_PLANNER_H_
 
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "absl/status/statusor.h"
-#include "server/engine/plan/batch_plan.h"
+#include "absl/status/status.h"
 #include "server/engine/engine_types.h"
 #include "server/engine/kv/kv_store.h"
 #include "server/engine/model/model_config.h"
 #include "server/engine/model/model_weights.h"
+#include "server/engine/plan/batch_plan.h"
 
 namespace mlaserve::engine {
 
@@ -23,32 +24,51 @@ struct DeviceRates {
 // TyphoonMLA's break-even batch size (paper eq. 1, design §2.3): reading a prefix's expanded
 // K/V once (naive) costs as much time as computing its absorb form for B queries when
 //   B_theta = (Dqk + Dv) / (Sq (2 Dl + Dr)) * T / M.
-// (The MAC-to-FLOP and element-to-byte factors of two cancel.)
+// (The MAC-to-FLOP and element-to-byte factors of two cancel.) B Sq, the query tokens, is
+// what the balance is about: B_theta(sq) = B_theta(1) / sq.
 double TyphoonBatchThreshold(const ModelConfig& model, int sq, const DeviceRates& rates);
 
-// Groups a batch by (layer, shared prefix, sq, q space) and picks each group's formulation:
-// a head-space group on a prefix with at least B_theta members runs naive over the prefix's
-// expanded K/V plus absorb over each suffix (kHybrid); every other group, and any group whose
-// expansion does not fit the memory budget, runs absorb-only.
+struct PlannerOptions {
+  // Tree-aware TyphoonMLA: a prefix level's naive pass is shared by every group whose
+  // sequences start on it (on the prefix itself or on a child), and runs when all their
+  // query tokens together reach B_theta(1). Flat: each group decides alone (its own members
+  // against B_theta(sq)) and repeats the passes over the levels it shares with others.
+  bool tree_aware = true;
+};
+
+// Groups a batch by (layer, shared prefix, sq, q space) and picks each group's formulation.
+// A head-space group on a prefix runs the levels whose passes clear the threshold in naive
+// form over their expanded K/V, and everything after them in absorb form (kHybrid); every
+// other group, and any group whose expansions do not fit the memory budget, runs
+// absorb-only.
 class Planner {
  public:
-  Planner(const ModelConfig& model, DeviceRates rates, int max_sq);
+  Planner(const ModelConfig& model, DeviceRates rates, int max_sq, PlannerOptions options = {});
 
   double BTheta(int sq) const { return b_theta_[sq - 1]; }
   const std::vector<double>& BThetaBySq() const { return b_theta_; }
+  const PlannerOptions& options() const { return options_; }
 
-  // Plans the batch. A query whose sequence cannot be snapshotted (released meanwhile) gets
-  // its status in `failed` (by batch index) and is left out of every group.
+  // Plans the batch: snapshots (pinning what it reads), groups and passes, no expansion. A
+  // query whose sequence cannot be snapshotted (released meanwhile) gets its status in
+  // `failed` (by batch index) and is left out of every group. Cheap: runs on the batcher's
+  // thread.
   struct Result {
     BatchPlan plan;
     std::vector<std::pair<int, absl::Status>> failed;
   };
-  Result Plan(KvStore& store, const ModelWeights& weights,
-              const std::vector<const DecodeQuery*>& queries) const;
+  Result Plan(KvStore& store, const std::vector<const DecodeQuery*>& queries) const;
+
+  // Builds (or finds) every pass's expansion: matrix work, so it runs on the device's thread.
+  // A pass whose expansion does not fit (or whose prefix vanished) is dropped, and with it
+  // every deeper pass of the groups that took it; those groups read the levels in absorb
+  // form instead (always correct), absorb-only if no pass is left.
+  void PrepareExpansions(BatchPlan& plan, KvStore& store, const ModelWeights& weights) const;
 
  private:
   ModelConfig model_;
   std::vector<double> b_theta_;  // [sq - 1]
+  PlannerOptions options_;
 };
 
 }  // namespace mlaserve::engine

@@ -1,6 +1,7 @@
 #ifndef MLASERVE_TESTS_SERVER_ENGINE_ENGINE_SCENARIO_H_
 #define MLASERVE_TESTS_SERVER_ENGINE_ENGINE_SCENARIO_H_
 
+#include <algorithm>
 #include <cmath>
 #include <future>
 #include <map>
@@ -12,6 +13,7 @@
 #include "kernels/core/random_fill.h"
 #include "kernels/reference/golden_attention.h"
 #include "server/engine/engine_impl.h"
+#include "server/engine/owned_decode_query.h"
 #include "server/engine/devices/host_attention_device.h"
 #include "tests/testing/attention_checks.h"
 
@@ -35,19 +37,45 @@ inline void SetThreshold(EngineOptions& options, double b_theta_at_sq1) {
   options.matrix_tflops = b_theta_at_sq1 * (2.0 * 512 + 64) / (128 + 64 + 128);
 }
 
-inline absl::StatusOr<std::vector<DecodeAnswer>> DecodeSync(Engine& engine,
-                                                            std::vector<DecodeQuery> queries,
-                                                            DecodeOptions options = {}) {
-  std::promise<absl::StatusOr<std::vector<DecodeAnswer>>> promise;
+// An answer copied out of the engine's buffers (which go when the callback returns), its
+// output widened to fp32.
+struct OwnedAnswer {
+  ElementType out_type = ElementType::kFp32;
+  std::vector<float> out;
+  std::vector<float> lse;
+  PlanInfo plan;
+};
+
+inline OwnedAnswer Own(const DecodeAnswer& a) {
+  OwnedAnswer owned{a.out_type, std::vector<float>(a.out_elements), {a.lse.begin(), a.lse.end()}, a.plan};
+  if (a.out_type == ElementType::kBf16) {
+    for (int64_t i = 0; i < a.out_elements; ++i) owned.out[i] = a.out_bf16()[i].ToFloat();
+  } else {
+    std::copy(a.out_fp32().begin(), a.out_fp32().end(), owned.out.begin());
+  }
+  return owned;
+}
+
+inline absl::StatusOr<std::vector<OwnedAnswer>> DecodeSync(Engine& engine, const std::vector<OwnedDecodeQuery>& queries,
+                                                           DecodeOptions options = {}) {
+  std::promise<absl::StatusOr<std::vector<OwnedAnswer>>> promise;
   auto future = promise.get_future();
-  engine.Decode(std::move(queries), std::move(options),
-                [&promise](absl::StatusOr<std::vector<DecodeAnswer>> r) { promise.set_value(std::move(r)); });
+  engine.Decode(Views(queries, engine.Info().model), std::move(options),
+                [&promise](absl::StatusOr<std::span<const DecodeAnswer>> r) {
+                  if (!r.ok()) {
+                    promise.set_value(r.status());
+                    return;
+                  }
+                  std::vector<OwnedAnswer> owned;
+                  for (const DecodeAnswer& a : *r) owned.push_back(Own(a));
+                  promise.set_value(std::move(owned));
+                });
   return future.get();
 }
 
 // fp64 golden answer to `q` over a sequence whose latent rows (for q's layer) are `rows`.
 inline GoldenOutput GoldenAnswer(const ModelWeights& weights, const std::vector<Bf16>& rows,
-                                 const DecodeQuery& q) {
+                                 const OwnedDecodeQuery& q) {
   const ModelConfig& m = weights.config();
   const int n = static_cast<int>(rows.size() / m.dk_latent());
   const std::vector<int32_t> table = {0};
@@ -132,8 +160,8 @@ class Scenario {
     return static_cast<int64_t>(rows_[id][layer].size()) / model_.dk_latent();
   }
 
-  DecodeQuery HeadQuery(const std::string& id, int layer, int sq) {
-    DecodeQuery q;
+  OwnedDecodeQuery HeadQuery(const std::string& id, int layer, int sq) {
+    OwnedDecodeQuery q;
     q.sequence_id = id;
     q.layer = layer;
     q.sq = sq;
@@ -145,8 +173,8 @@ class Scenario {
     return q;
   }
 
-  DecodeQuery LatentQuery(const std::string& id, int layer, int sq) {
-    DecodeQuery q;
+  OwnedDecodeQuery LatentQuery(const std::string& id, int layer, int sq) {
+    OwnedDecodeQuery q;
     q.sequence_id = id;
     q.layer = layer;
     q.sq = sq;
@@ -157,7 +185,7 @@ class Scenario {
   }
 
   // Records an append carried by a query (DecodeQuery::append_rows) as the engine will do.
-  void AttachAppend(DecodeQuery& q, int n) {
+  void AttachAppend(OwnedDecodeQuery& q, int n) {
     q.append_rows = RandomRows(n);
     q.append_position = Length(q.sequence_id, q.layer);
     auto& all = rows_[q.sequence_id][q.layer];
@@ -165,7 +193,7 @@ class Scenario {
   }
 
   // fp64 golden for one query, from the rows this scenario gave the engine.
-  GoldenOutput Golden(const DecodeQuery& q) {
+  GoldenOutput Golden(const OwnedDecodeQuery& q) {
     return GoldenAnswer(engine_->weights(), rows_[q.sequence_id][q.layer], q);
   }
 

@@ -181,16 +181,16 @@ class Client {
     const ModelConfig& m = s_.model();
     // One to four of this client's sequences in one call, each query carrying its new token;
     // like a serving framework's step, the call's queries share a layer and a query length.
-    std::vector<DecodeQuery> queries;
+    std::vector<OwnedDecodeQuery> queries;
     std::vector<std::vector<Bf16>> expected_rows;
     const int n = 1 + static_cast<int>(rng_() % 4);
     const int layer = static_cast<int>(rng_() % kLayers);
     const int sq = 1 + static_cast<int>(rng_() % 2);
     for (int i = 0; i < n; ++i) {
-      DecodeQuery q;
+      OwnedDecodeQuery q;
       q.sequence_id = Pick();
       bool duplicate = false;
-      for (const DecodeQuery& other : queries) duplicate |= other.sequence_id == q.sequence_id;
+      for (const OwnedDecodeQuery& other : queries) duplicate |= other.sequence_id == q.sequence_id;
       if (duplicate) continue;
       q.layer = layer;
       q.sq = sq;

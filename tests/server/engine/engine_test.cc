@@ -3,6 +3,8 @@
 #include <functional>
 #include <future>
 #include <latch>
+#include <mutex>
+#include <span>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +19,7 @@ namespace mlaserve::engine {
 namespace {
 
 using ::mlaserve::engine::testing::DecodeSync;
+using ::mlaserve::engine::testing::OwnedAnswer;
 using ::mlaserve::engine::testing::Scenario;
 using ::mlaserve::engine::testing::SetThreshold;
 using ::mlaserve::engine::testing::SmallModel;
@@ -34,6 +37,14 @@ EngineOptions BaseOptions() {
   o.max_wait = absl::Microseconds(200);
   return o;
 }
+
+// A device whose runs a test scripts: it blocks until released, fails, or delegates to the host.
+class ScriptedDevice : public AttentionDevice {
+ public:
+  MOCK_METHOD(absl::StatusOr<DeviceRun>, Run, (const BatchSteps&), (override));
+  const DeviceInfo& info() const override { return info_; }
+  DeviceInfo info_{"scripted", 1, 1, 0, 0};
+};
 
 std::unique_ptr<EngineImpl> MakeEngine(EngineOptions options,
                                        std::vector<std::unique_ptr<AttentionDevice>> devices = {}) {
@@ -57,8 +68,8 @@ void BuildMixedScenario(Scenario& s) {
   s.CreateSequence("c2", "", 513);
 }
 
-void ExpectMatchesGolden(Scenario& s, const std::vector<DecodeQuery>& queries,
-                         const std::vector<DecodeAnswer>& answers) {
+void ExpectMatchesGolden(Scenario& s, const std::vector<OwnedDecodeQuery>& queries,
+                         const std::vector<OwnedAnswer>& answers) {
   ASSERT_EQ(queries.size(), answers.size());
   for (size_t i = 0; i < queries.size(); ++i) {
     const GoldenOutput golden = s.Golden(queries[i]);
@@ -75,7 +86,7 @@ TEST(EngineTest, MixedBatchMatchesGoldenWithGroupsAboveAndBelowTheThreshold) {
   SetThreshold(options, 5.0);  // B_theta(sq = 2) = 2.5: P1's 3 queries go hybrid, P2's 2 do not
   Scenario s(MakeEngine(options));
   BuildMixedScenario(s);
-  std::vector<DecodeQuery> queries;
+  std::vector<OwnedDecodeQuery> queries;
   for (const char* id : {"a1", "a2", "a3", "b1", "b2", "c1"}) queries.push_back(s.HeadQuery(id, 1, 2));
   queries.push_back(s.LatentQuery("c2", 1, 2));
   queries.push_back(s.LatentQuery("a1", 0, 2));
@@ -83,19 +94,72 @@ TEST(EngineTest, MixedBatchMatchesGoldenWithGroupsAboveAndBelowTheThreshold) {
   ASSERT_TRUE(answers.ok()) << answers.status();
   ExpectMatchesGolden(s, queries, *answers);
 
+  // Tree-aware: P1's level is read by P1's group (6 query tokens) and P2's (4): 10 >= 5, so
+  // one naive pass over P1 serves both; P2's own level (4 tokens) stays in absorb form.
   for (int i : {0, 1, 2}) {
     EXPECT_EQ((*answers)[i].plan.formulation, Formulation::kHybrid) << i;
     EXPECT_EQ((*answers)[i].plan.prefix_id, "P1");
     EXPECT_EQ((*answers)[i].plan.group_size, 3);
+    EXPECT_EQ((*answers)[i].plan.naive_tokens, 300);
+    EXPECT_EQ((*answers)[i].plan.naive_pass_query_tokens, 10);
   }
   for (int i : {3, 4}) {
-    EXPECT_EQ((*answers)[i].plan.formulation, Formulation::kAbsorb) << i;
+    EXPECT_EQ((*answers)[i].plan.formulation, Formulation::kHybrid) << i;
     EXPECT_EQ((*answers)[i].plan.prefix_id, "P2");
+    EXPECT_EQ((*answers)[i].plan.naive_tokens, 300);  // P1 only
+    EXPECT_EQ((*answers)[i].plan.naive_pass_query_tokens, 10);
   }
+  EXPECT_EQ((*answers)[5].plan.formulation, Formulation::kAbsorb);  // no prefix
   EXPECT_EQ((*answers)[7].plan.formulation, Formulation::kAbsorb);  // latent: never hybrid
   EXPECT_DOUBLE_EQ((*answers)[0].plan.b_theta, 2.5);
   EXPECT_EQ((*answers)[0].plan.batch_size, 8);
-  EXPECT_GT(s.engine().Stats().kv.expanded_entries, 0);  // P1's levels were expanded
+  EXPECT_EQ(s.engine().Stats().kv.expanded_entries, 1);  // P1's level of layer 1, once
+}
+
+// Flat grouping, as before tree-aware TyphoonMLA: each group decides alone, so P2's group
+// (2 queries < B_theta(2) = 2.5) runs absorb-only and P1's repeats nothing it shares.
+TEST(EngineTest, FlatGroupingDecidesPerGroup) {
+  EngineOptions options = BaseOptions();
+  options.max_sq = 2;
+  options.tree_aware_grouping = false;
+  SetThreshold(options, 5.0);
+  Scenario s(MakeEngine(options));
+  BuildMixedScenario(s);
+  std::vector<OwnedDecodeQuery> queries;
+  for (const char* id : {"a1", "a2", "a3", "b1", "b2", "c1"}) queries.push_back(s.HeadQuery(id, 1, 2));
+  auto answers = DecodeSync(s.engine(), queries);
+  ASSERT_TRUE(answers.ok()) << answers.status();
+  ExpectMatchesGolden(s, queries, *answers);
+  for (int i : {0, 1, 2}) {
+    EXPECT_EQ((*answers)[i].plan.formulation, Formulation::kHybrid) << i;
+    EXPECT_EQ((*answers)[i].plan.naive_pass_query_tokens, 6);
+  }
+  for (int i : {3, 4}) EXPECT_EQ((*answers)[i].plan.formulation, Formulation::kAbsorb) << i;
+}
+
+// Two groups on children of P: flat grouping would give each its own pass over P (and none
+// clears the bar alone); tree-aware grouping shares one pass over P, and each child runs
+// naive only if its own readers clear it.
+TEST(EngineTest, GroupsOnSiblingPrefixesShareTheirParentsPass) {
+  EngineOptions options = BaseOptions();
+  SetThreshold(options, 4.0);
+  Scenario s(MakeEngine(options));
+  s.RegisterPrefix("P", "", 200);
+  s.RegisterPrefix("C1", "P", 64);
+  s.RegisterPrefix("C2", "P", 80);
+  for (const char* id : {"x1", "x2", "x3"}) s.CreateSequence(id, "C1", 7);
+  for (const char* id : {"y1", "y2"}) s.CreateSequence(id, "C2", 3);
+  std::vector<OwnedDecodeQuery> queries;
+  for (const char* id : {"x1", "x2", "x3", "y1", "y2"}) queries.push_back(s.HeadQuery(id, 0, 1));
+  auto answers = DecodeSync(s.engine(), queries);
+  ASSERT_TRUE(answers.ok()) << answers.status();
+  ExpectMatchesGolden(s, queries, *answers);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ((*answers)[i].plan.formulation, Formulation::kHybrid) << i;
+    EXPECT_EQ((*answers)[i].plan.naive_pass_query_tokens, 5) << i;  // P's pass: all five
+    EXPECT_EQ((*answers)[i].plan.naive_tokens, 200) << i;           // neither child: 3, 2 < 4
+  }
+  EXPECT_EQ(s.engine().Stats().kv.expanded_entries, 1);
 }
 
 TEST(EngineTest, BadOptionsAreRefusedNamingTheOption) {
@@ -124,14 +188,14 @@ TEST(EngineTest, WithoutARooflineEveryGroupRunsAbsorbOnly) {
   Scenario s(MakeEngine(options));
   EXPECT_TRUE(std::isinf(s.engine().Info().b_theta_by_sq[0]));
   s.RegisterPrefix("P", "", 40);
-  std::vector<DecodeQuery> queries;
+  std::vector<OwnedDecodeQuery> queries;
   for (const char* id : {"u", "v", "w", "x"}) {
     s.CreateSequence(id, "P", 3);
     queries.push_back(s.HeadQuery(id, 0, 1));
   }
   auto answers = DecodeSync(s.engine(), queries);
   ASSERT_TRUE(answers.ok()) << answers.status();
-  for (const DecodeAnswer& a : *answers) EXPECT_EQ(a.plan.formulation, Formulation::kAbsorb);
+  for (const OwnedAnswer& a : *answers) EXPECT_EQ(a.plan.formulation, Formulation::kAbsorb);
   ExpectMatchesGolden(s, queries, *answers);
 }
 
@@ -140,7 +204,7 @@ TEST(EngineTest, HybridOverAPrefixChainMatchesGolden) {
   SetThreshold(options, 1.0);  // every prefix group goes hybrid
   Scenario s(MakeEngine(options));
   BuildMixedScenario(s);
-  std::vector<DecodeQuery> queries = {s.HeadQuery("b1", 0, 1), s.HeadQuery("b2", 0, 1),
+  std::vector<OwnedDecodeQuery> queries = {s.HeadQuery("b1", 0, 1), s.HeadQuery("b2", 0, 1),
                                       s.HeadQuery("a2", 0, 1)};
   auto answers = DecodeSync(s.engine(), queries);
   ASSERT_TRUE(answers.ok()) << answers.status();
@@ -157,7 +221,7 @@ TEST(EngineTest, HybridAgreesWithAbsorbOnlyToBf16Rounding) {
     SetThreshold(options, threshold);
     Scenario s(MakeEngine(options), /*seed=*/42);  // same data both times
     BuildMixedScenario(s);
-    std::vector<DecodeQuery> queries = {s.HeadQuery("a1", 1, 2), s.HeadQuery("a2", 1, 2),
+    std::vector<OwnedDecodeQuery> queries = {s.HeadQuery("a1", 1, 2), s.HeadQuery("a2", 1, 2),
                                         s.HeadQuery("a3", 1, 2)};
     auto answers = DecodeSync(s.engine(), queries);
     ASSERT_TRUE(answers.ok()) << answers.status();
@@ -174,7 +238,7 @@ TEST(EngineTest, HybridAgreesWithAbsorbOnlyToBf16Rounding) {
 TEST(EngineTest, AppendCarriedByAQueryIsSeenAndIdempotentOnRetry) {
   Scenario s(MakeEngine(BaseOptions()));
   s.CreateSequence("x", "", 33);
-  DecodeQuery q = s.HeadQuery("x", 0, 1);
+  OwnedDecodeQuery q = s.HeadQuery("x", 0, 1);
   s.AttachAppend(q, 1);
   auto first = DecodeSync(s.engine(), {q});
   ASSERT_TRUE(first.ok()) << first.status();
@@ -185,22 +249,39 @@ TEST(EngineTest, AppendCarriedByAQueryIsSeenAndIdempotentOnRetry) {
   EXPECT_EQ(s.engine().GetSequence("x")->lengths[0], 34);
 }
 
+// Calls that arrive while the device is busy coalesce (up to max_wait) into one batch, and
+// their queries on one prefix into one group.
 TEST(EngineTest, QueriesFromConcurrentCallsShareABatchAndAGroup) {
+  std::latch release(1);
+  auto device = std::make_unique<::testing::NiceMock<ScriptedDevice>>();
+  auto host = std::make_shared<HostAttentionDevice>();
+  std::atomic<int> runs{0};
+  ON_CALL(*device, Run).WillByDefault([&](const BatchSteps& steps) {
+    if (runs.fetch_add(1) == 0) release.wait();
+    return host->Run(steps);
+  });
+  std::vector<std::unique_ptr<AttentionDevice>> devices;
+  devices.push_back(std::move(device));
   EngineOptions options = BaseOptions();
   options.max_wait = absl::Milliseconds(300);
   options.max_batch = 2;
-  Scenario s(MakeEngine(options));
+  Scenario s(MakeEngine(options, std::move(devices)));
   s.RegisterPrefix("P", "", 50);
   s.CreateSequence("u", "P", 3);
   s.CreateSequence("v", "P", 4);
-  const DecodeQuery qu = s.HeadQuery("u", 0, 1), qv = s.HeadQuery("v", 0, 1);
+  s.CreateSequence("w", "", 4);
+  const OwnedDecodeQuery qu = s.HeadQuery("u", 0, 1), qv = s.HeadQuery("v", 0, 1), qw = s.HeadQuery("w", 0, 1);
+  auto fw = std::async(std::launch::async, [&] { return DecodeSync(s.engine(), {qw}); });
+  while (s.engine().Stats().batches < 1) std::this_thread::yield();  // w holds the device
   auto fu = std::async(std::launch::async, [&] { return DecodeSync(s.engine(), {qu}); });
   auto fv = std::async(std::launch::async, [&] { return DecodeSync(s.engine(), {qv}); });
+  while (s.engine().Stats().batches < 2) std::this_thread::yield();
+  release.count_down();
   auto au = fu.get(), av = fv.get();
-  ASSERT_TRUE(au.ok() && av.ok());
+  ASSERT_TRUE(au.ok() && av.ok() && fw.get().ok());
   EXPECT_EQ((*au)[0].plan.batch_size, 2);
   EXPECT_EQ((*av)[0].plan.group_size, 2);
-  EXPECT_EQ(s.engine().Stats().batches, 1);
+  EXPECT_EQ(s.engine().Stats().batches, 2);
 }
 
 TEST(EngineTest, BadQueriesAreRejectedNamingTheFieldAndChangeNothing) {
@@ -208,15 +289,15 @@ TEST(EngineTest, BadQueriesAreRejectedNamingTheFieldAndChangeNothing) {
   options.max_batch = 4;
   Scenario s(MakeEngine(options));
   s.CreateSequence("x", "", 10);
-  auto expect = [&](std::vector<DecodeQuery> queries, absl::StatusCode code, const char* text) {
+  auto expect = [&](std::vector<OwnedDecodeQuery> queries, absl::StatusCode code, const char* text) {
     auto r = DecodeSync(s.engine(), std::move(queries));
     ASSERT_FALSE(r.ok()) << text;
     EXPECT_EQ(r.status().code(), code) << r.status();
     EXPECT_THAT(r.status().message(), HasSubstr(text));
   };
-  expect({}, absl::StatusCode::kInvalidArgument, "empty batch");
-  expect(std::vector<DecodeQuery>(5, s.HeadQuery("x", 0, 1)), absl::StatusCode::kInvalidArgument, "max_batch");
-  DecodeQuery q = s.HeadQuery("x", 0, 1);
+  expect({}, absl::StatusCode::kInvalidArgument, "queries: empty");
+  expect(std::vector<OwnedDecodeQuery>(5, s.HeadQuery("x", 0, 1)), absl::StatusCode::kInvalidArgument, "max_batch");
+  OwnedDecodeQuery q = s.HeadQuery("x", 0, 1);
   q.layer = 2;
   expect({q}, absl::StatusCode::kInvalidArgument, "queries[0].layer");
   q = s.HeadQuery("x", 0, 1);
@@ -224,7 +305,7 @@ TEST(EngineTest, BadQueriesAreRejectedNamingTheFieldAndChangeNothing) {
   expect({q}, absl::StatusCode::kInvalidArgument, "queries[0].sq");
   q = s.HeadQuery("x", 0, 1);
   q.q_pe.pop_back();
-  expect({q}, absl::StatusCode::kInvalidArgument, "queries[0].q_pe");
+  expect({q}, absl::StatusCode::kInvalidArgument, "queries[0].head.q_pe");
   q = s.HeadQuery("x", 0, 1);
   q.q_nope[3] = Bf16::FromBits(0x7fc0);
   expect({q}, absl::StatusCode::kInvalidArgument, "NaN");
@@ -252,20 +333,12 @@ TEST(EngineTest, ExpiredAndCancelledCallsAreAnsweredWithoutWork) {
   EXPECT_EQ(s.engine().Stats().batches, 0);
 }
 
-// A device that blocks until released, then fails or delegates to the host.
-class ScriptedDevice : public AttentionDevice {
- public:
-  MOCK_METHOD(absl::StatusOr<DeviceRun>, Run, (const BatchPlan&, const ModelWeights&), (override));
-  const DeviceInfo& info() const override { return info_; }
-  DeviceInfo info_{"scripted", 1, 0, 0};
-};
-
 TEST(EngineTest, ADeviceFailureFailsOnlyItsBatch) {
   auto device = std::make_unique<::testing::StrictMock<ScriptedDevice>>();
   auto host = std::make_shared<HostAttentionDevice>();
   EXPECT_CALL(*device, Run)
       .WillOnce(::testing::Return(absl::InternalError("device 0 lost its HBM")))
-      .WillOnce([host](const BatchPlan& plan, const ModelWeights& w) { return host->Run(plan, w); });
+      .WillOnce([host](const BatchSteps& steps) { return host->Run(steps); });
   std::vector<std::unique_ptr<AttentionDevice>> devices;
   devices.push_back(std::move(device));
   Scenario s(MakeEngine(BaseOptions(), std::move(devices)));
@@ -273,7 +346,7 @@ TEST(EngineTest, ADeviceFailureFailsOnlyItsBatch) {
   auto failed = DecodeSync(s.engine(), {s.HeadQuery("x", 0, 1)});
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal);
   EXPECT_THAT(failed.status().message(), HasSubstr("lost its HBM"));
-  const DecodeQuery q = s.HeadQuery("x", 0, 1);
+  const OwnedDecodeQuery q = s.HeadQuery("x", 0, 1);
   auto next = DecodeSync(s.engine(), {q});
   ASSERT_TRUE(next.ok()) << next.status();
   ExpectMatchesGolden(s, {q}, *next);
@@ -283,9 +356,9 @@ TEST(EngineTest, AFullQueueRefusesAtOnceAndDrainWaitsForWorkInFlight) {
   std::latch release(1);
   auto device = std::make_unique<::testing::NiceMock<ScriptedDevice>>();
   auto host = std::make_shared<HostAttentionDevice>();
-  ON_CALL(*device, Run).WillByDefault([&release, host](const BatchPlan& plan, const ModelWeights& w) {
+  ON_CALL(*device, Run).WillByDefault([&release, host](const BatchSteps& steps) {
     release.wait();
-    return host->Run(plan, w);
+    return host->Run(steps);
   });
   std::vector<std::unique_ptr<AttentionDevice>> devices;
   devices.push_back(std::move(device));
@@ -296,17 +369,19 @@ TEST(EngineTest, AFullQueueRefusesAtOnceAndDrainWaitsForWorkInFlight) {
   Scenario s(MakeEngine(options, std::move(devices)));
   for (const char* id : {"x", "y", "z", "w"}) s.CreateSequence(id, "", 10);
   std::atomic<int> answered{0};
-  auto count = [&answered](absl::StatusOr<std::vector<DecodeAnswer>> r) {
+  auto count = [&answered](absl::StatusOr<std::span<const DecodeAnswer>> r) {
     EXPECT_TRUE(r.ok()) << r.status();
     ++answered;
   };
   // The device holds two batches (one running, one waiting); the third call waits in the
   // batcher's queue, which then is full.
-  s.engine().Decode({s.HeadQuery("x", 0, 1)}, {}, count);
+  const OwnedDecodeQuery x = s.HeadQuery("x", 0, 1), y = s.HeadQuery("y", 0, 1), z = s.HeadQuery("z", 0, 1);
+  const ModelConfig& m = s.model();
+  s.engine().Decode({x.View(m)}, {}, count);
   while (s.engine().Stats().batches < 1) std::this_thread::yield();
-  s.engine().Decode({s.HeadQuery("y", 0, 1)}, {}, count);
+  s.engine().Decode({y.View(m)}, {}, count);
   while (s.engine().Stats().batches < 2) std::this_thread::yield();
-  s.engine().Decode({s.HeadQuery("z", 0, 1)}, {}, count);
+  s.engine().Decode({z.View(m)}, {}, count);
   EXPECT_EQ(s.engine().Stats().queued, 1);
   auto refused = DecodeSync(s.engine(), {s.HeadQuery("w", 0, 1)});
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
@@ -325,13 +400,11 @@ TEST(EngineTest, AFullQueueRefusesAtOnceAndDrainWaitsForWorkInFlight) {
 TEST(EngineTest, CallsArrivingWhileTheDeviceIsBusyJoinOneBatch) {
   std::latch release(1);
   std::atomic<int> runs{0};
-  std::vector<int> batch_sizes;
   auto device = std::make_unique<::testing::NiceMock<ScriptedDevice>>();
   auto host = std::make_shared<HostAttentionDevice>();
-  ON_CALL(*device, Run).WillByDefault([&](const BatchPlan& plan, const ModelWeights& w) {
+  ON_CALL(*device, Run).WillByDefault([&](const BatchSteps& steps) {
     if (runs.fetch_add(1) < 2) release.wait();
-    batch_sizes.push_back(static_cast<int>(plan.queries.size()));  // one device thread
-    return host->Run(plan, w);
+    return host->Run(steps);
   });
   std::vector<std::unique_ptr<AttentionDevice>> devices;
   devices.push_back(std::move(device));
@@ -340,21 +413,42 @@ TEST(EngineTest, CallsArrivingWhileTheDeviceIsBusyJoinOneBatch) {
   options.max_wait = absl::ZeroDuration();
   Scenario s(MakeEngine(options, std::move(devices)));
   for (int i = 0; i < 7; ++i) s.CreateSequence(absl::StrCat("s", i), "", 10);
+  std::vector<OwnedDecodeQuery> queries;
+  for (int i = 0; i < 7; ++i) queries.push_back(s.HeadQuery(absl::StrCat("s", i), 0, 1));
+  std::mutex mu;
+  std::vector<int> batch_sizes;  // by call
   std::atomic<int> answered{0};
-  auto count = [&answered](absl::StatusOr<std::vector<DecodeAnswer>> r) {
-    EXPECT_TRUE(r.ok()) << r.status();
+  auto count = [&](absl::StatusOr<std::span<const DecodeAnswer>> r) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    std::lock_guard lock(mu);
+    batch_sizes.push_back(r->front().plan.batch_size);
     ++answered;
   };
-  s.engine().Decode({s.HeadQuery("s0", 0, 1)}, {}, count);
+  const ModelConfig& m = s.model();
+  s.engine().Decode({queries[0].View(m)}, {}, count);
   while (s.engine().Stats().batches < 1) std::this_thread::yield();
-  s.engine().Decode({s.HeadQuery("s1", 0, 1)}, {}, count);
+  s.engine().Decode({queries[1].View(m)}, {}, count);
   while (s.engine().Stats().batches < 2) std::this_thread::yield();
-  for (int i = 2; i < 7; ++i) s.engine().Decode({s.HeadQuery(absl::StrCat("s", i), 0, 1)}, {}, count);
+  for (int i = 2; i < 7; ++i) s.engine().Decode({queries[i].View(m)}, {}, count);
   EXPECT_EQ(s.engine().Stats().queued, 5);  // both device slots taken: nothing is cut
   release.count_down();
   EXPECT_TRUE(s.engine().Drain(absl::Now() + absl::Seconds(30)).ok());
   EXPECT_EQ(answered.load(), 7);
-  EXPECT_EQ(batch_sizes, (std::vector<int>{1, 1, 5}));
+  EXPECT_EQ(batch_sizes, (std::vector<int>{1, 1, 5, 5, 5, 5, 5}));
+}
+
+// Adaptive batching: with a device idle a lone query is cut at once, however long max_wait
+// allows a batch to wait while the devices are busy.
+TEST(EngineTest, ALoneQueryOnAnIdleDeviceDoesNotWaitForCompany) {
+  EngineOptions options = BaseOptions();
+  options.max_wait = absl::Hours(1);
+  Scenario s(MakeEngine(options));
+  s.CreateSequence("x", "", 10);
+  const absl::Time start = absl::Now();
+  auto answers = DecodeSync(s.engine(), {s.HeadQuery("x", 0, 1)});
+  ASSERT_TRUE(answers.ok()) << answers.status();
+  EXPECT_LT(absl::Now() - start, absl::Minutes(1));
+  EXPECT_LT((*answers)[0].plan.queue_us, 60e6);
 }
 
 }  // namespace

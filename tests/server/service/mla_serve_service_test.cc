@@ -38,18 +38,43 @@ using testing::MockEngine;
 using testing::SmallEngineInfo;
 
 // A query's answer with recognisable values: out[i] = base + i / 1024, lse[r] = base + r.
-engine::DecodeAnswer Answer(const engine::DecodeQuery& query, const engine::EngineInfo& info,
-                            float base) {
+struct ExpectedAnswer {
+  std::vector<float> out;
+  std::vector<float> lse;
+};
+ExpectedAnswer Answer(const engine::DecodeQuery& query, const engine::EngineInfo& info, float base) {
   const int width = query.space == engine::QuerySpace::kHead ? info.model.dv : info.model.dl;
   const size_t rows = static_cast<size_t>(query.sq) * info.model.heads;
-  engine::DecodeAnswer answer;
+  ExpectedAnswer answer;
   answer.out.resize(rows * width);
   for (size_t i = 0; i < answer.out.size(); ++i) answer.out[i] = base + static_cast<float>(i % 1024) / 1024;
   answer.lse.resize(rows);
   for (size_t r = 0; r < rows; ++r) answer.lse[r] = base + static_cast<float>(r);
-  answer.plan.device = 0;
-  answer.plan.batch_size = 1;
   return answer;
+}
+
+// The engine's answers to `queries` (the i-th with base i + `offset`) and the memory they
+// view, as an engine hands them to its callback.
+struct FakeAnswers {
+  std::vector<ExpectedAnswer> values;
+  std::vector<engine::DecodeAnswer> answers;
+  std::span<const engine::DecodeAnswer> span() const { return answers; }
+};
+std::shared_ptr<FakeAnswers> Answers(const std::vector<engine::DecodeQuery>& queries, const engine::EngineInfo& info,
+                                     float offset = 0) {
+  auto fake = std::make_shared<FakeAnswers>();
+  for (size_t i = 0; i < queries.size(); ++i) fake->values.push_back(Answer(queries[i], info, offset + i));
+  for (const ExpectedAnswer& v : fake->values) {
+    engine::DecodeAnswer a;
+    a.out_type = ElementType::kFp32;
+    a.out = v.out.data();
+    a.out_elements = static_cast<int64_t>(v.out.size());
+    a.lse = v.lse;
+    a.plan.device = 0;
+    a.plan.batch_size = 1;
+    fake->answers.push_back(a);
+  }
+  return fake;
 }
 
 engine::DecodeQuery OneLatentToken() {
@@ -76,11 +101,8 @@ class MlaServeServiceTest : public ::testing::Test {
     ON_CALL(*engine_, Decode(_, _, _))
         .WillByDefault([this](std::vector<engine::DecodeQuery> queries, engine::DecodeOptions,
                               engine::DecodeCallback done) {
-          std::vector<engine::DecodeAnswer> answers;
-          for (size_t i = 0; i < queries.size(); ++i) {
-            answers.push_back(Answer(queries[i], info_, static_cast<float>(i)));
-          }
-          std::move(done)(std::move(answers));
+          auto answers = Answers(queries, info_);
+          std::move(done)(answers->span());
         });
     ServerOptions options;
     options.listen_address = "127.0.0.1:0";
@@ -177,28 +199,35 @@ TEST_F(MlaServeServiceTest, DecodeAnswersArriveInQueryOrderInTheRequestedDtype) 
   ASSERT_TRUE(fp32.ok()) << fp32.status();
   ASSERT_EQ(fp32->size(), 2u);
   for (int q = 0; q < 2; ++q) {
-    const engine::DecodeAnswer expected = Answer(OneLatentToken(), info_, q);
+    const ExpectedAnswer expected = Answer(OneLatentToken(), info_, q);
     EXPECT_EQ((*fp32)[q].out, expected.out);
     EXPECT_EQ((*fp32)[q].lse, expected.lse);
     EXPECT_THAT((*fp32)[q].out_shape, ::testing::ElementsAre(1, 4, 512));
   }
   auto bf16 = client_->Decode({Latent("a")});
   ASSERT_TRUE(bf16.ok()) << bf16.status();
-  const engine::DecodeAnswer expected = Answer(OneLatentToken(), info_, 0);
+  const ExpectedAnswer expected = Answer(OneLatentToken(), info_, 0);
   for (size_t i = 0; i < expected.out.size(); ++i) {
     ASSERT_EQ((*bf16)[0].out[i], RoundToBf16(expected.out[i])) << i;
   }
 }
 
 TEST_F(MlaServeServiceTest, TheEngineReceivesExactlyTheQueriesBitsAndAppends) {
-  std::vector<engine::DecodeQuery> seen;
+  // What the engine saw, copied out of the request's bytes it views.
+  struct Seen {
+    engine::DecodeQuery query;
+    std::vector<Bf16> q_nope, q_pe, append_rows;
+  };
+  std::vector<Seen> seen;
+  auto copy = [](const auto& view) {
+    return std::vector<Bf16>(view.data(), view.data() + view.size());
+  };
   EXPECT_CALL(*engine_, Decode(_, _, _))
       .WillOnce([&](std::vector<engine::DecodeQuery> queries, engine::DecodeOptions,
                     engine::DecodeCallback done) {
-        seen = queries;
-        std::vector<engine::DecodeAnswer> answers;
-        for (const auto& query : queries) answers.push_back(Answer(query, info_, 0));
-        std::move(done)(std::move(answers));
+        for (const auto& q : queries) seen.push_back({q, copy(q.q_nope), copy(q.q_pe), copy(q.append_rows)});
+        auto answers = Answers(queries, info_);
+        std::move(done)(answers->span());
       });
   const std::vector<Bf16> nope = Values(2 * 4 * 128, 0.5f);
   const std::vector<Bf16> pe = Values(2 * 4 * 64, 0.25f);
@@ -209,18 +238,21 @@ TEST_F(MlaServeServiceTest, TheEngineReceivesExactlyTheQueriesBitsAndAppends) {
   client::AppendBeforeDecode(query, client::Bf16Tensor(rows, std::vector<int64_t>{2, 576}), 9);
   ASSERT_TRUE(client_->Decode({query}).ok());
   ASSERT_EQ(seen.size(), 1u);
-  EXPECT_EQ(seen[0].sequence_id, "seq");
-  EXPECT_EQ(seen[0].layer, 2);
-  EXPECT_EQ(seen[0].sq, 2);
-  EXPECT_EQ(seen[0].space, engine::QuerySpace::kHead);
+  EXPECT_EQ(seen[0].query.sequence_id, "seq");
+  EXPECT_EQ(seen[0].query.layer, 2);
+  EXPECT_EQ(seen[0].query.sq, 2);
+  EXPECT_EQ(seen[0].query.space, engine::QuerySpace::kHead);
+  EXPECT_EQ(seen[0].query.q_nope.shape(), (std::array<int64_t, 3>{2, 4, 128}));
   EXPECT_EQ(seen[0].q_nope, nope);
   EXPECT_EQ(seen[0].q_pe, pe);
   EXPECT_EQ(seen[0].append_rows, rows);
-  EXPECT_EQ(seen[0].append_position, 9);
+  EXPECT_EQ(seen[0].query.append_position, 9);
 }
 
-// Every malformed request is refused at the edge with INVALID_ARGUMENT naming the field, and
-// the engine never sees it.
+// Every request the wire cannot carry is refused at the edge with INVALID_ARGUMENT naming
+// the field, and the engine never sees it. (What a well-formed request may ask is the
+// engine's to check: tests/server/engine/decode_validation_test.cc, and through the real
+// engine tests/integration/wire_errors_test.cc.)
 TEST_F(MlaServeServiceTest, MalformedDecodesNeverReachTheEngine) {
   EXPECT_CALL(*engine_, Decode(_, _, _)).Times(0);
   struct Case {
@@ -229,38 +261,23 @@ TEST_F(MlaServeServiceTest, MalformedDecodesNeverReachTheEngine) {
     std::string message_prefix;
   };
   const std::vector<Case> cases{
-      {"empty batch", [](v1::DecodeRequest& r) { r.clear_queries(); }, "queries: empty"},
-      {"oversized batch",
-       [this](v1::DecodeRequest& r) {
-         for (int i = 0; i < info_.max_batch; ++i) *r.add_queries() = Latent("x");
-       },
-       "queries: 9 queries exceed"},
       {"wrong dtype",
        [](v1::DecodeRequest& r) { r.mutable_queries(0)->mutable_latent()->set_dtype(v1::DTYPE_UNSPECIFIED); },
        "queries[0].latent: dtype"},
-      {"wrong shape",
-       [](v1::DecodeRequest& r) { r.mutable_queries(0)->mutable_latent()->set_shape(2, 512); },
-       "queries[0].latent: shape [1,4,512] != [1,4,576]"},
+      {"wrong rank",
+       [](v1::DecodeRequest& r) { r.mutable_queries(0)->mutable_latent()->mutable_shape()->RemoveLast(); },
+       "queries[0].latent: shape [1,4] has 2 dimensions, not 3"},
       {"byte length",
        [](v1::DecodeRequest& r) { r.mutable_queries(0)->mutable_latent()->mutable_data()->append("xx"); },
        "queries[0].latent: 4610 bytes != 2304 elements"},
-      {"NaN in q",
+      {"no q", [](v1::DecodeRequest& r) { r.mutable_queries(0)->clear_latent(); },
+       "queries[0].q: neither head nor latent is set"},
+      {"missing q_pe",
        [](v1::DecodeRequest& r) {
-         std::string& data = *r.mutable_queries(0)->mutable_latent()->mutable_data();
-         data[10] = static_cast<char>(0xc0);
-         data[11] = static_cast<char>(0xff);
+         *r.mutable_queries(0)->mutable_head()->mutable_q_nope() =
+             client::Bf16Tensor(Values(4 * 128, 1), std::vector<int64_t>{1, 4, 128});
        },
-       "queries[0].latent: element 5 is NaN"},
-      {"layer out of range", [](v1::DecodeRequest& r) { r.mutable_queries(0)->set_layer(3); },
-       "queries[0].layer: 3 is outside [0, 3)"},
-      {"sq out of range", [](v1::DecodeRequest& r) { r.mutable_queries(0)->set_sq(3); },
-       "queries[0].sq: 3 is outside [1, 2]"},
-      {"append without position",
-       [](v1::DecodeRequest& r) {
-         *r.mutable_queries(0)->mutable_append_rows() =
-             client::Bf16Tensor(Values(576, 1), std::vector<int64_t>{1, 576});
-       },
-       "queries[0].append_position: missing"},
+       "queries[0].head.q_pe: missing"},
       {"bad output dtype",
        [](v1::DecodeRequest& r) { r.set_output_dtype(static_cast<v1::DType>(5)); },
        "output_dtype: 5"},
@@ -392,7 +409,8 @@ TEST_F(MlaServeServiceTest, ADeviceFailureFailsOnlyItsOwnCall) {
             std::move(done)(absl::InternalError("device 1: kernel fault"));
             return;
           }
-          std::move(done)(std::vector<engine::DecodeAnswer>{Answer(queries[0], info_, 0)});
+          auto answers = Answers({queries[0]}, info_);
+          std::move(done)(answers->span());
         });
       });
   auto broken = std::async(std::launch::async, [&] { return client_->Decode({Latent("on-broken-device")}); });
@@ -432,7 +450,7 @@ TEST_F(MlaServeServiceTest, AStreamEchoesIdsAnswersErrorsInBandAndStaysOpen) {
   v1::DecodeRequest good;
   *good.add_queries() = Latent("s");
   v1::DecodeRequest bad = good;
-  bad.mutable_queries(0)->set_layer(9);
+  bad.mutable_queries(0)->mutable_latent()->set_dtype(v1::DTYPE_UNSPECIFIED);
   ASSERT_TRUE(stream->Send(101, good));
   ASSERT_TRUE(stream->Send(102, bad));
   ASSERT_TRUE(stream->Send(103, good));
@@ -444,7 +462,7 @@ TEST_F(MlaServeServiceTest, AStreamEchoesIdsAnswersErrorsInBandAndStaysOpen) {
   EXPECT_EQ(answers[101].status().code(), 0);
   EXPECT_EQ(answers[101].response().results_size(), 1);
   EXPECT_EQ(answers[102].status().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
-  EXPECT_EQ(answers[102].status().message(), "queries[0].layer: 9 is outside [0, 3)");
+  EXPECT_THAT(answers[102].status().message(), StartsWith("queries[0].latent: dtype"));
   EXPECT_FALSE(answers[102].has_response());
   EXPECT_EQ(answers[103].status().code(), 0);
 }
@@ -455,7 +473,8 @@ TEST_F(MlaServeServiceTest, AStreamRequestTimeoutBecomesItsDeadline) {
       .WillOnce([&](std::vector<engine::DecodeQuery> queries, engine::DecodeOptions options,
                     engine::DecodeCallback done) {
         deadline.set_value(options.deadline);
-        std::move(done)(std::vector<engine::DecodeAnswer>{Answer(queries[0], info_, 0)});
+        auto answers = Answers({queries[0]}, info_);
+        std::move(done)(answers->span());
       });
   auto stream = client_->OpenDecodeStream();
   v1::DecodeRequest request;
@@ -493,7 +512,8 @@ TEST_F(MlaServeServiceTest, ShutdownAnswersWhatAStreamSentThenEndsItUnavailable)
   });
   // The stream waits for its request in flight; so does the shutdown.
   EXPECT_FALSE(stopped.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
-  std::move(done)(std::vector<engine::DecodeAnswer>{Answer(held_queries[0], info_, 0)});
+  auto answers = Answers({held_queries[0]}, info_);
+  std::move(done)(answers->span());
   auto answer = stream->Receive();
   ASSERT_TRUE(answer.has_value());
   EXPECT_EQ(answer->request_id(), 7u);

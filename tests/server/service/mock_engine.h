@@ -36,7 +36,7 @@ inline engine::EngineInfo SmallEngineInfo() {
   info.model.layers = 3;
   info.model.softmax_scale = 0.125f;
   info.page_size = 16;
-  info.devices = {{"ascend910-die", 1, 353.9, 1.6}};
+  info.devices = {{"ascend910-die", 1, 24, 353.9, 1.6}};
   info.b_theta_by_sq = {12.5, 6.25};
   info.max_batch = 8;
   info.max_sq = 2;

@@ -1,0 +1,46 @@
+#include "server/engine/plan/decode_batch_lowering.h"
+
+#include <vector>
+
+namespace mlaserve::engine {
+
+DecodeBatch ToDecodeBatch(const BatchPlan& plan, const ModelWeights& weights, int parallel_units) {
+  const ModelConfig& m = weights.config();
+  DecodeBatch batch;
+  batch.dims = m.dims();
+  batch.parallel_units = parallel_units;
+  if (!plan.snapshots.empty()) {
+    const PagedKvCache& pool = plan.snapshots.front().cache();  // every snapshot views the same pool
+    batch.pool = pool.pages.data();
+    batch.pool_pages = pool.num_pages();
+    batch.page_size = pool.page_size();
+  }
+  std::vector<int> pass_index(plan.passes.size(), -1);
+  for (size_t p = 0; p < plan.passes.size(); ++p) {
+    const NaivePassPlan& pass = plan.passes[p];
+    if (pass.groups.empty() || !pass.expanded.has_value()) continue;
+    pass_index[p] = static_cast<int>(batch.passes.size());
+    batch.passes.push_back(DecodeBatch::NaivePass{pass.expanded->keys().data(), pass.expanded->values().data(),
+                                                  pass.expanded->begin(), pass.expanded->end(), pass.groups});
+  }
+  for (const GroupPlan& group : plan.groups) {
+    DecodeBatch::Group g;
+    g.head_space = group.space == QuerySpace::kHead;
+    g.sq = group.sq;
+    g.kv_b = g.head_space ? weights.KvBProj(group.layer).data() : nullptr;
+    g.absorb_from = group.absorb_from;
+    g.out_bf16 = group.output == ElementType::kBf16;
+    for (int p : group.naive_passes) g.naive_passes.push_back(pass_index[p]);
+    for (int index : group.members) {
+      const PlannedQuery& pq = plan.queries[index];
+      const DecodeQuery& q = *pq.query;
+      const SequenceSnapshot& seq = plan.sequence(pq);
+      g.members.push_back(DecodeBatch::Member{seq.pages, seq.length, q.q_nope.data(), q.q_pe.data(),
+                                              q.q_latent.data()});
+    }
+    batch.groups.push_back(std::move(g));
+  }
+  return batch;
+}
+
+}  // namespace mlaserve::engine

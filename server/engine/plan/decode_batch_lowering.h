@@ -1,0 +1,19 @@
+#ifndef MLASERVE_SERVER_ENGINE_PLAN_DECODE_BATCH_LOWERING_H_
+#define MLASERVE_SERVER_ENGINE_PLAN_DECODE_BATCH_LOWERING_H_
+
+#include "kernels/mla/decode_batch.h"
+#include "server/engine/model/model_weights.h"
+#include "server/engine/plan/batch_plan.h"
+
+namespace mlaserve::engine {
+
+// A prepared plan (expansions built) in the kernels' terms: pointers into its snapshots'
+// page pool and block tables, the queries' memory, the weights and the expanded K/V. Group g
+// of the result is the plan's group g, its member m the plan's query groups[g].members[m];
+// passes that lost all their groups in preparation are left out. Valid while the plan, the
+// queries and the weights live.
+DecodeBatch ToDecodeBatch(const BatchPlan& plan, const ModelWeights& weights, int parallel_units);
+
+}  // namespace mlaserve::engine
+
+#endif  // MLASERVE_SERVER_ENGINE_PLAN_DECODE_BATCH_LOWERING_H_
