@@ -1,5 +1,8 @@
 #include "bench/kernel_command.h"
 
+#include "bench/host_description.h"
+#include "kernels/core/cpu_features.h"
+
 #include <cmath>
 #include <numeric>
 
@@ -58,8 +61,8 @@ absl::Status RunKernelCommand(const KernelCommandOptions& o, std::ostream& out) 
         profile.HbmBytesPerSecond() / 1e12, o.batch, o.heads, o.preload,
         o.model_only ? " (model only)" : "");
     if (!o.model_only) {
-      out << absl::StrFormat("host: %d threads, matrix unit on %s, baseline %s\n", o.host_threads,
-                             MatrixUnitBackend(), SgemmBaselineName());
+      out << absl::StrFormat("%s; %d host threads, baseline %s\n", HostDescription(), o.host_threads,
+                             SgemmBaselineName());
     }
     out << absl::StrFormat("%-5s %3s %6s %11s %6s %6s %8s %6s %8s %9s %9s %10s %6s\n", "kernel",
                            "sq", "sk", "modeled_us", "FU%", "AIC.M", "AIC.MTE2", "AIV.V",
@@ -113,6 +116,8 @@ absl::Status RunKernelCommand(const KernelCommandOptions& o, std::ostream& out) 
             row["host_gflops"] = host_gflops;
             row["host_sgemm_gflops"] = sgemm_gflops;
             row["matrix_unit"] = MatrixUnitBackend();
+            row["cpu"] = HostCpu().model;
+            row["isa"] = HostCpu().MatrixIsa();
             row["sgemm_baseline"] = SgemmBaselineName();
           }
           out << row.dump() << "\n";

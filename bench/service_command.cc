@@ -1,5 +1,7 @@
 #include "bench/service_command.h"
 
+#include "bench/host_description.h"
+
 #include <algorithm>
 #include <memory>
 
@@ -104,6 +106,7 @@ absl::Status RunServiceCommand(const ServiceCommandOptions& o, std::ostream& out
       "sq %d, %.0f s per run\n",
       o.model, o.layers, o.devices, o.profile.empty() ? "default" : o.profile, w.workers, w.sequences,
       w.prefix_tokens, w.context_tokens, w.sq, absl::ToDoubleSeconds(w.duration));
+  out << HostDescription() << "\n";
   out << absl::StrFormat("%-7s %5s %10s %10s %10s %12s %12s %12s %8s\n", "path", "round", "queries/s",
                          "lat_p50_ms", "lat_p99_ms", "queue_p50_us", "ovhd_p50_us", "ovhd_p99_us", "batch");
   for (const PathResult& r : results) {

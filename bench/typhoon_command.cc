@@ -1,5 +1,7 @@
 #include "bench/typhoon_command.h"
 
+#include "bench/host_description.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -192,6 +194,7 @@ absl::Status RunTyphoonCommand(const TyphoonCommandOptions& o, std::ostream& out
         "TyphoonMLA on %s: %s (H=%d), shared Ls=%d, suffix Ln=%d; rates for B_theta: %.1f TFLOPS, %.2f TB/s%s\n",
         profile.name, m.name, m.heads, o.shared, o.suffix, rates.matrix_flops / 1e12,
         rates.memory_bytes_per_second / 1e12, execute ? "" : " (model only)");
+    out << HostDescription() << "\n";
     out << absl::StrFormat("%3s %5s %7s %7s %11s %11s %7s %8s %11s %11s %7s %9s\n", "sq", "B", "B_theta", "choice",
                            "absorb_us", "hybrid_us", "speedup", "typhoon", "host_abs_ms", "host_hyb_ms", "host_x",
                            "rel_diff");

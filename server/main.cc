@@ -17,6 +17,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "kernels/core/cpu_features.h"
 #include "kernels/core/matmul.h"
 #include "server/engine/engine.h"
 #include "server/server_flags.h"
@@ -68,13 +69,19 @@ int main(int argc, char** argv) {
     return EXIT_FAILURE;
   }
   spdlog::set_level(config->log_level);
+  if (const absl::Status cpu = mlaserve::CheckBuildRunsOnThisCpu(); !cpu.ok()) {
+    spdlog::error("{}", std::string(cpu.message()));
+    return EXIT_FAILURE;
+  }
   const mlaserve::engine::EngineOptions& engine = config->engine;
   spdlog::info(
       "starting: model {} ({} layers, {} heads, scale {:.7f}), {} x {} device(s), "
-      "KV budget {} MiB in {}-token pages, max batch {}, max wait {} us, matrix unit on {}",
+      "KV budget {} MiB in {}-token pages, max batch {}, max wait {} us; host {} ({} cores, {}), "
+      "matrix unit on {}",
       engine.model.name, engine.model.layers, engine.model.heads, engine.model.softmax_scale,
       engine.devices, engine.profile, engine.kv.budget_bytes >> 20, engine.kv.page_size,
-      engine.max_batch, absl::ToInt64Microseconds(engine.max_wait), mlaserve::MatrixUnitBackend());
+      engine.max_batch, absl::ToInt64Microseconds(engine.max_wait), mlaserve::HostCpu().model,
+      mlaserve::HostCpu().logical_cores, mlaserve::HostCpu().MatrixIsa(), mlaserve::MatrixUnitBackend());
 
   const absl::Time start = absl::Now();
   absl::StatusOr<std::unique_ptr<mlaserve::service::MlaServer>> server =

@@ -8,6 +8,7 @@
 #include <cblas.h>
 
 #include "benchmark/benchmark.h"
+#include "kernels/core/cpu_features.h"
 #include "kernels/core/bfloat16.h"
 #include "kernels/core/matmul.h"
 #include "kernels/core/random_fill.h"
@@ -130,4 +131,14 @@ BENCHMARK(BM_MatmulTile_OpenBlasSgemm)->Arg(96)->Arg(128);
 }  // namespace
 }  // namespace mlaserve
 
-BENCHMARK_MAIN();
+// google-benchmark's own header names the CPU's cache sizes but not its ISA; the context
+// lines name what the numbers came from.
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  benchmark::AddCustomContext("cpu", mlaserve::HostCpu().model);
+  benchmark::AddCustomContext("isa", mlaserve::HostCpu().MatrixIsa());
+  benchmark::AddCustomContext("matrix_unit", mlaserve::MatrixUnitBackend());
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

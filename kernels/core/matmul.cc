@@ -1,6 +1,7 @@
 #include "kernels/core/matmul.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -12,6 +13,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "kernels/core/cpu_features.h"
 #include "kernels/core/vector_ops.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
@@ -33,9 +35,20 @@ bool CanMapGeneratedCode() {
   return ok;
 }
 
-// Whether oneDNN runs the matrix unit in this process (checked once).
+// Why the matrix unit runs on OpenBLAS in this process, or "" for oneDNN (decided once).
+// oneDNN's bf16 matmuls are fast from AVX-512 up (avx512_core emulation, avx512_core_bf16,
+// AMX); below that it only has reference kernels, so plain AVX2 takes OpenBLAS's SGEMM on
+// widened operands. MLASERVE_MATRIX_UNIT=openblas forces that path (to test it anywhere).
+std::string OpenBlasReason() {
+  const char* forced = std::getenv("MLASERVE_MATRIX_UNIT");
+  if (forced != nullptr && std::string(forced) == "openblas") return "MLASERVE_MATRIX_UNIT=openblas";
+  if (!HostCpu().avx512) return "no AVX-512 for oneDNN's bf16 matmul";
+  if (!CanMapGeneratedCode()) return "generated code may not be mapped";
+  return "";
+}
+
 bool DnnlUsable() {
-  static const bool usable = CanMapGeneratedCode();
+  static const bool usable = OpenBlasReason().empty();
   return usable;
 }
 
@@ -181,7 +194,7 @@ void UseOneOpenBlasThreadPerCall() {
 }
 
 std::string MatrixUnitBackend() {
-  return DnnlUsable() ? "oneDNN " + ThisThreadsTiles().Implementation() : "OpenBLAS";
+  return DnnlUsable() ? "oneDNN " + ThisThreadsTiles().Implementation() : "OpenBLAS (" + OpenBlasReason() + ")";
 }
 
 void MatmulTileNN(int m, int n, int k, const Bf16* a, const Bf16* b, float* c) {

@@ -47,8 +47,11 @@ void MatmulBf16(bool b_transposed, int m, int n, int k, const Bf16* a, int64_t l
 void MatmulTileNN(int m, int n, int k, const Bf16* a, const Bf16* b, float* c);
 void MatmulTileNT(int m, int n, int k, const Bf16* a, const Bf16* b, float* c);
 
-// What runs the matrix-unit calls in this process: "oneDNN <implementation>", or "OpenBLAS"
-// when generated code may not be mapped (systemd's MemoryDenyWriteExecute=, PR_SET_MDWE).
+// What runs the matrix-unit calls in this process: "oneDNN <implementation>" (chosen by
+// oneDNN for the CPU: AMX, AVX-512 BF16 or AVX-512), or "OpenBLAS (<why>)": on CPUs without
+// AVX-512, when generated code may not be mapped (systemd's MemoryDenyWriteExecute=,
+// PR_SET_MDWE), or when MLASERVE_MATRIX_UNIT=openblas asks for it. Within a process every
+// caller gets the same backend, so host and device keep agreeing bit for bit.
 std::string MatrixUnitBackend();
 
 // Plain fp64 GEMM, C = A * B^T, for golden references only.

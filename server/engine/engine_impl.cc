@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/core/cpu_features.h"
+#include "kernels/core/matmul.h"
 #include "server/engine/decode_validation.h"
 #include "server/engine/devices/host_attention_device.h"
 #include "server/engine/devices/npu_attention_device.h"
@@ -75,6 +77,7 @@ EngineImpl::EngineImpl(EngineOptions options, ModelWeights weights, std::unique_
       context_{*store_, weights_, planner_, devices.front()->info().parallel_units, options_.on_batch, counters_,
                [this] { CallAnswered(); }} {
   info_.model = options_.model;
+  info_.host = HostInfo{HostCpu().model, HostCpu().logical_cores, HostCpu().MatrixIsa(), MatrixUnitBackend()};
   info_.page_size = store_->page_size();
   for (const auto& device : devices) info_.devices.push_back(device->info());
   info_.b_theta_by_sq = planner_.BThetaBySq();

@@ -130,8 +130,17 @@ struct DeviceInfo {
   double hbm_tbps = 0;
 };
 
+// The machine the devices compute on.
+struct HostInfo {
+  std::string cpu_model;
+  int logical_cores = 0;
+  std::string isa;          // CpuFeatures::MatrixIsa()
+  std::string matrix_unit;  // MatrixUnitBackend()
+};
+
 struct EngineInfo {
   ModelConfig model;
+  HostInfo host;
   int page_size = 0;
   std::vector<DeviceInfo> devices;
   std::vector<double> b_theta_by_sq;  // [sq - 1] for sq = 1..max_sq

@@ -61,6 +61,18 @@ std::vector<prometheus::MetricFamily> EngineStatsCollector::Collect() const {
                             MetricType::Counter, "kind",
                             {{"prefix", static_cast<double>(kv.prefix_evictions)},
                              {"expanded", static_cast<double>(kv.expanded_evictions)}}));
+  // The machine, as an info metric (value 1, the facts in labels), so dashboards show which
+  // ISA and matrix backend produced the numbers beside it.
+  const engine::HostInfo& host = engine_.Info().host;
+  prometheus::MetricFamily info;
+  info.name = "mlaserve_host_info";
+  info.help = "The host CPU, its best matrix ISA and what runs the matrix units";
+  info.type = MetricType::Gauge;
+  prometheus::ClientMetric metric;
+  metric.label = {{"cpu", host.cpu_model}, {"isa", host.isa}, {"matrix_unit", host.matrix_unit}};
+  metric.gauge.value = 1;
+  info.metric.push_back(std::move(metric));
+  families.push_back(std::move(info));
   families.push_back(Family("mlaserve_decode_queued", "Decode queries waiting to be batched",
                             MetricType::Gauge, "", {{"", static_cast<double>(stats.queued)}}));
   return families;

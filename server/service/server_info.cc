@@ -40,6 +40,11 @@ v1::GetServerInfoResponse MakeServerInfo(const engine::EngineInfo& info,
   limits->set_max_wait_us(absl::ToInt64Microseconds(info.max_wait));
   limits->set_kv_budget_bytes(info.kv_budget_bytes);
   limits->set_max_message_bytes(max_message_bytes);
+  v1::HostInfo* host = response.mutable_host();
+  host->set_cpu_model(info.host.cpu_model);
+  host->set_logical_cores(info.host.logical_cores);
+  host->set_isa(info.host.isa);
+  host->set_matrix_unit(info.host.matrix_unit);
   return response;
 }
 

@@ -15,6 +15,8 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
+#include "kernels/core/cpu_features.h"
+#include "kernels/core/matmul.h"
 #include "tests/integration/integration_server.h"
 #include "tests/testing/health_probe.h"
 
@@ -67,21 +69,31 @@ TEST(LifecycleTest, ServingHealthAndMetricsAfterWarmUp) {
   EXPECT_THAT(metrics, HasSubstr("mlaserve_sequences 1"));
   EXPECT_THAT(metrics, HasSubstr("mlaserve_kv_pages{state=\"used\"} 2"));  // 40 rows, 32 a page
   EXPECT_THAT(metrics, HasSubstr("mlaserve_batch_groups_total{formulation=\"absorb\"}"));
+  // The machine the numbers came from: its ISA and matrix backend, in /metrics and in
+  // GetServerInfo, as detected at start.
+  const CpuFeatures& cpu = HostCpu();
+  EXPECT_THAT(metrics, HasSubstr(absl::StrCat("isa=\"", cpu.MatrixIsa(), "\"")));
+  auto info = server.client().GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->host().isa(), cpu.MatrixIsa());
+  EXPECT_EQ(info->host().cpu_model(), cpu.model);
+  EXPECT_EQ(info->host().matrix_unit(), MatrixUnitBackend());
 }
 
-// A call whose deadline passes before its answer (here: before it is even sent out) fails
-// with DEADLINE_EXCEEDED, and the server serves the next one.
+// A call whose deadline passes before its answer is ready fails with DEADLINE_EXCEEDED (the
+// engine's checkpoint after device work: 4096 keys take the emulator far longer than 1 ms),
+// and the server serves the next one.
 TEST(LifecycleTest, AnExpiredDeadlineFailsTheCallAndTheServerGoesOn) {
   engine::EngineOptions options = SmallEngineOptions(TinyModel());
   IntegrationServer server(options);
   Rng rng(std::random_device{}());
   ASSERT_TRUE(server.client().CreateSequence("s").ok());
   ASSERT_TRUE(server.client()
-                  .AppendKv("s", 0, 0, Tensor2(RandomBf16(8 * 576, 1.0, rng), 8, 576))
+                  .AppendKv("s", 0, 0, Tensor2(RandomBf16(4096 * 576, 1.0, rng), 4096, 576))
                   .ok());
   v1::DecodeRequest request;
   *request.add_queries() = LatentOn("s", server.model(), rng);
-  const auto expired = server.client().DecodeRaw(request, absl::Microseconds(1));
+  const auto expired = server.client().DecodeRaw(request, absl::Milliseconds(1));
   EXPECT_EQ(expired.status().code(), absl::StatusCode::kDeadlineExceeded);
   const auto later = server.client().DecodeRaw(request, absl::Seconds(10));
   EXPECT_TRUE(later.ok()) << later.status();
