@@ -12,8 +12,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/command_line.h"
+#include "common/status_macros.h"
 #include "bench/accuracy_command.h"
 #include "bench/kernel_command.h"
+#include "bench/peers_command.h"
 #include "bench/service_command.h"
 #include "bench/typhoon_command.h"
 
@@ -47,6 +49,15 @@ ABSL_FLAG(int, sequences, 8, "service: sequences per caller, all in every call")
 ABSL_FLAG(int, prefix_tokens, 1024, "service: shared system prompt tokens");
 ABSL_FLAG(int, context_tokens, 128, "service: each sequence's own tokens");
 ABSL_FLAG(double, duration_s, 10, "service: seconds per run");
+ABSL_FLAG(std::vector<std::string>, forms, {"absorb"}, "peers: absorb and/or naive");
+ABSL_FLAG(std::vector<std::string>, grid_batch, (std::vector<std::string>{"1", "4", "16", "64"}),
+          "peers: batch sizes B");
+ABSL_FLAG(std::vector<std::string>, grid_heads, (std::vector<std::string>{"64", "128"}), "peers: head counts H");
+ABSL_FLAG(std::vector<std::string>, grid_sq, (std::vector<std::string>{"1", "2"}), "peers: query tokens Sq");
+ABSL_FLAG(std::vector<std::string>, grid_sk, (std::vector<std::string>{"1024", "4096", "16384"}),
+          "peers: cached tokens Sk");
+ABSL_FLAG(int, threads, 2, "peers: threads on each side");
+ABSL_FLAG(std::string, peer_env, "tuned", "peers: tuned (the peer at its best here) or as-is");
 
 namespace {
 
@@ -56,7 +67,8 @@ constexpr char kUsage[] =
     "  accuracy   AMLA paper accuracy sweep (Base vs AMLA vs fp64 golden)\n"
     "  kernel     decode attention on the emulated NPU: modelled time, FU, host rate\n"
     "  typhoon    TyphoonMLA hybrid vs absorb-only on a shared prefix, per batch size\n"
-    "  service    the same load direct on the engine and through gRPC: throughput ratio, overhead\n";
+    "  service    the same load direct on the engine and through gRPC: throughput ratio, overhead\n"
+    "  peers      mlaserve's host kernels beside PyTorch on the CPU (fp32, bf16), alternating\n";
 
 absl::StatusOr<std::vector<int>> ParseInts(const std::vector<std::string>& items, const char* flag) {
   std::vector<int> values;
@@ -141,6 +153,20 @@ absl::Status Run(const std::string& command) {
     o.workload.duration = absl::Seconds(absl::GetFlag(FLAGS_duration_s));
     o.json = absl::GetFlag(FLAGS_json);
     return mlaserve::bench::RunServiceCommand(o, std::cout);
+  }
+  if (command == "peers") {
+    mlaserve::bench::PeersCommandOptions o;
+    o.forms = absl::GetFlag(FLAGS_forms);
+    ASSIGN_OR_RETURN(o.batch, ParseInts(absl::GetFlag(FLAGS_grid_batch), "grid-batch"));
+    ASSIGN_OR_RETURN(o.heads, ParseInts(absl::GetFlag(FLAGS_grid_heads), "grid-heads"));
+    ASSIGN_OR_RETURN(o.sq, ParseInts(absl::GetFlag(FLAGS_grid_sq), "grid-sq"));
+    ASSIGN_OR_RETURN(o.sk, ParseInts(absl::GetFlag(FLAGS_grid_sk), "grid-sk"));
+    o.threads = absl::GetFlag(FLAGS_threads);
+    o.repeats = absl::GetFlag(FLAGS_repeats);
+    o.rounds = absl::GetFlag(FLAGS_rounds);
+    o.peer_env = absl::GetFlag(FLAGS_peer_env);
+    o.json = absl::GetFlag(FLAGS_json);
+    return mlaserve::bench::RunPeersCommand(o, std::cout);
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown command '", command, "'"));
 }

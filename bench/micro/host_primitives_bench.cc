@@ -13,6 +13,7 @@
 #include "kernels/core/matmul.h"
 #include "kernels/core/random_fill.h"
 #include "kernels/core/vector_ops.h"
+#include "kernels/mla/amla.h"
 
 namespace mlaserve {
 namespace {
@@ -127,6 +128,35 @@ void BM_MatmulTile_OpenBlasSgemm(benchmark::State& state) {
   });
 }
 BENCHMARK(BM_MatmulTile_OpenBlasSgemm)->Arg(96)->Arg(128);
+
+// The host AMLA row kernel on one row group: 128 rows (DeepSeek-V3's heads, one token)
+// over 4096 keys of a paged latent cache, read in place as bf16 rows.
+void BM_AmlaRows_Host(benchmark::State& state) {
+  constexpr int kRows = 128, kKeys = 4096, kWidth = 576, kPage = 128;
+  std::vector<Bf16> pool(static_cast<size_t>(kKeys) * kWidth), q16(static_cast<size_t>(kRows) * kWidth);
+  Rng rng(3);
+  FillNormal(pool, 1.0, rng);
+  FillNormal(q16, 1.0, rng);
+  std::vector<float> q(q16.size());
+  WidenBf16(q16.data(), static_cast<int64_t>(q16.size()), q.data());
+  std::vector<int32_t> table(kKeys / kPage);
+  for (int i = 0; i < kKeys / kPage; ++i) table[i] = i;
+  const int32_t seqlen = kKeys;
+  const PagedKvCache cache{*TensorView<const Bf16, 3>::Create(std::span<const Bf16>(pool), {kKeys / kPage, kPage, kWidth})};
+  const PagedSequences seqs{*TensorView<const int32_t, 2>::Create(std::span<const int32_t>(table), {1, kKeys / kPage}),
+                            std::span<const int32_t>(&seqlen, 1)};
+  std::vector<int32_t> visible(kRows, kKeys);
+  std::vector<float> out(static_cast<size_t>(kRows) * 512), lse(kRows);
+  for (auto _ : state) {
+    PagedLatentSource source(cache, seqs, 0, 512);
+    AmlaRows(QueryRows{q.data(), kWidth, kRows, kWidth, visible}, source, 0.07f, AmlaOptions{},
+             RowOutputs{out.data(), 512, lse.data()});
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["FLOPS"] = benchmark::Counter(2.0 * kRows * kKeys * (kWidth + 512) * state.iterations(),
+                                               benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_AmlaRows_Host)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace mlaserve

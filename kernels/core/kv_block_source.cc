@@ -37,6 +37,12 @@ KvBlock PagedLatentSource::Load(int begin, int count) {
   return KvBlock{buffer_.data(), width, buffer_.data(), width};
 }
 
+void PagedLatentSource::Rows(int begin, int count, const Bf16** keys, const Bf16** values) const {
+  for (int t = 0; t < count; ++t) {
+    keys[t] = values[t] = TokenRow(cache_, seqs_, request_, first_token_ + begin + t);  // V = c_kv, K's head
+  }
+}
+
 DenseKvSource::DenseKvSource(const Bf16* keys, int64_t ldk, int key_width, const Bf16* values,
                              int64_t ldv, int value_width, int length)
     : keys_(keys),
@@ -55,6 +61,13 @@ KvBlock DenseKvSource::Load(int begin, int count) {
     WidenBf16(values_ + (begin + r) * ldv_, value_width_, v_buffer_.data() + r * value_width_);
   }
   return KvBlock{k_buffer_.data(), key_width_, v_buffer_.data(), value_width_};
+}
+
+void DenseKvSource::Rows(int begin, int count, const Bf16** keys, const Bf16** values) const {
+  for (int t = 0; t < count; ++t) {
+    keys[t] = keys_ + (begin + t) * ldk_;
+    values[t] = values_ + (begin + t) * ldv_;
+  }
 }
 
 }  // namespace mlaserve

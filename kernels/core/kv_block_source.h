@@ -27,6 +27,9 @@ class KvBlockSource {
   virtual int value_width() const = 0;
   // Tokens [begin, begin + count); the block stays valid until the next Load.
   virtual KvBlock Load(int begin, int count) = 0;
+  // The same tokens' rows in place, bf16, nothing copied: keys[t] (key_width values) and
+  // values[t] (value_width values) for t < count, valid while the source's memory is.
+  virtual void Rows(int begin, int count, const Bf16** keys, const Bf16** values) const = 0;
 };
 
 // One request's tokens in a paged latent cache, from `first_token` on (a suffix after a
@@ -41,6 +44,7 @@ class PagedLatentSource final : public KvBlockSource {
   int key_width() const override { return cache_.width(); }
   int value_width() const override { return value_width_; }
   KvBlock Load(int begin, int count) override;
+  void Rows(int begin, int count, const Bf16** keys, const Bf16** values) const override;
 
  private:
   PagedKvCache cache_;
@@ -63,6 +67,7 @@ class DenseKvSource final : public KvBlockSource {
   int key_width() const override { return key_width_; }
   int value_width() const override { return value_width_; }
   KvBlock Load(int begin, int count) override;
+  void Rows(int begin, int count, const Bf16** keys, const Bf16** values) const override;
 
  private:
   const Bf16* keys_;

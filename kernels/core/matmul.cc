@@ -6,6 +6,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include <cblas.h>
@@ -132,20 +133,26 @@ void TileCall(int m, int n, int k, bool b_transposed, const Bf16* a, const Bf16*
               b32.data(), b_transposed ? k : n, 1.0f, c, kMatrixTile);
 }
 
-// Copies a [rows][cols] block (leading dimension ld) into compact bf16: fp32 operands are
-// narrowed (exact for the bf16-valued matrices the entry points take), bf16 ones copied.
-void CompactBlock(int rows, int cols, const float* src, int64_t ld, Bf16* dst) {
-  for (int r = 0; r < rows; ++r) NarrowToBf16(src + r * ld, cols, dst + static_cast<int64_t>(r) * cols);
-}
-void CompactBlock(int rows, int cols, const Bf16* src, int64_t ld, Bf16* dst) {
-  for (int r = 0; r < rows; ++r) std::copy_n(src + r * ld, cols, dst + static_cast<int64_t>(r) * cols);
+// Copies a [rows][cols] block into compact bf16, row r read from row_of(r): fp32 operands
+// are narrowed (exact for the bf16-valued matrices the entry points take), bf16 ones copied.
+template <typename RowOf>
+void CompactRows(int rows, int cols, RowOf row_of, Bf16* dst) {
+  for (int r = 0; r < rows; ++r) {
+    const auto* src = row_of(r);
+    if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(src)>>, float>) {
+      NarrowToBf16(src, cols, dst + static_cast<int64_t>(r) * cols);
+    } else {
+      std::copy_n(src, cols, dst + static_cast<int64_t>(r) * cols);
+    }
+  }
 }
 
 // The host's side of the definition: per output tile, an L0C-like tile; per chunk, the
-// operands made compact and one tile call.
-template <typename T>
-void Tiled(bool b_transposed, int m, int n, int k, const T* a, int64_t lda, const T* b, int64_t ldb,
-           float* c, int64_t ldc, bool accumulate, int k_chunk) {
+// operands made compact and one tile call. B's rows come from b_row(i): row i of [n][k]
+// (b_transposed) or of [k][n], so B may be a strided matrix or rows scattered over pages.
+template <typename TA, typename BRow>
+void Tiled(bool b_transposed, int m, int n, int k, const TA* a, int64_t lda, BRow b_row, float* c, int64_t ldc,
+           bool accumulate, int k_chunk) {
   if (m <= 0 || n <= 0) return;
   const int chunk = k_chunk > 0 ? k_chunk : std::max(k, 1);
   // A's row tile, made compact once for all column tiles, chunk by chunk: chunk k0 is the
@@ -156,7 +163,8 @@ void Tiled(bool b_transposed, int m, int n, int k, const T* a, int64_t lda, cons
   for (int i = 0; i < m; i += kMatrixTile) {
     const int tm = std::min(kMatrixTile, m - i);
     for (int k0 = 0; k0 < k; k0 += chunk) {
-      CompactBlock(tm, std::min(chunk, k - k0), a + i * lda + k0, lda, a_tile.data() + static_cast<int64_t>(k0) * tm);
+      CompactRows(tm, std::min(chunk, k - k0), [&](int r) { return a + (i + r) * lda + k0; },
+                  a_tile.data() + static_cast<int64_t>(k0) * tm);
     }
     for (int j = 0; j < n; j += kMatrixTile) {
       const int tn = std::min(kMatrixTile, n - j);
@@ -172,15 +180,20 @@ void Tiled(bool b_transposed, int m, int n, int k, const T* a, int64_t lda, cons
       for (int k0 = 0; k0 < k; k0 += chunk) {
         const int kc = std::min(chunk, k - k0);
         if (b_transposed) {
-          CompactBlock(tn, kc, b + j * ldb + k0, ldb, b_chunk.data());
+          CompactRows(tn, kc, [&](int r) { return b_row(j + r) + k0; }, b_chunk.data());
         } else {
-          CompactBlock(kc, tn, b + k0 * ldb + j, ldb, b_chunk.data());
+          CompactRows(kc, tn, [&](int r) { return b_row(k0 + r) + j; }, b_chunk.data());
         }
         TileCall(tm, tn, kc, b_transposed, a_tile.data() + static_cast<int64_t>(k0) * tm, b_chunk.data(), tile.data());
       }
       for (int r = 0; r < tm; ++r) std::copy_n(tile.data() + r * kMatrixTile, tn, out + r * ldc);
     }
   }
+}
+
+template <typename T>
+auto StridedRows(const T* b, int64_t ldb) {
+  return [b, ldb](int i) { return b + i * ldb; };
 }
 
 }  // namespace
@@ -207,17 +220,22 @@ void MatmulTileNT(int m, int n, int k, const Bf16* a, const Bf16* b, float* c) {
 
 void MatmulNN(int m, int n, int k, const float* a, int64_t lda, const float* b, int64_t ldb,
               float* c, int64_t ldc, bool accumulate, int k_chunk) {
-  Tiled(/*b_transposed=*/false, m, n, k, a, lda, b, ldb, c, ldc, accumulate, k_chunk);
+  Tiled(/*b_transposed=*/false, m, n, k, a, lda, StridedRows(b, ldb), c, ldc, accumulate, k_chunk);
 }
 
 void MatmulNT(int m, int n, int k, const float* a, int64_t lda, const float* b, int64_t ldb,
               float* c, int64_t ldc, bool accumulate, int k_chunk) {
-  Tiled(/*b_transposed=*/true, m, n, k, a, lda, b, ldb, c, ldc, accumulate, k_chunk);
+  Tiled(/*b_transposed=*/true, m, n, k, a, lda, StridedRows(b, ldb), c, ldc, accumulate, k_chunk);
 }
 
 void MatmulBf16(bool b_transposed, int m, int n, int k, const Bf16* a, int64_t lda, const Bf16* b,
                 int64_t ldb, float* c, int64_t ldc, bool accumulate, int k_chunk) {
-  Tiled(b_transposed, m, n, k, a, lda, b, ldb, c, ldc, accumulate, k_chunk);
+  Tiled(b_transposed, m, n, k, a, lda, StridedRows(b, ldb), c, ldc, accumulate, k_chunk);
+}
+
+void MatmulBf16Rows(bool b_transposed, int m, int n, int k, const Bf16* a, int64_t lda, const Bf16* const* b_rows,
+                    float* c, int64_t ldc, bool accumulate, int k_chunk) {
+  Tiled(b_transposed, m, n, k, a, lda, [b_rows](int i) { return b_rows[i]; }, c, ldc, accumulate, k_chunk);
 }
 
 void MatmulNTDouble(int m, int n, int k, const double* a, int64_t lda, const double* b,

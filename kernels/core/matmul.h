@@ -41,6 +41,11 @@ void MatmulNN(int m, int n, int k, const float* a, int64_t lda, const float* b, 
 void MatmulBf16(bool b_transposed, int m, int n, int k, const Bf16* a, int64_t lda, const Bf16* b,
                 int64_t ldb, float* c, int64_t ldc, bool accumulate, int k_chunk);
 
+// The same with B given row by row: b_rows[i] points at row i of B ([n][k] if b_transposed,
+// [k][n] otherwise), so B can be rows scattered over a paged cache, read in place.
+void MatmulBf16Rows(bool b_transposed, int m, int n, int k, const Bf16* a, int64_t lda, const Bf16* const* b_rows,
+                    float* c, int64_t ldc, bool accumulate, int k_chunk);
+
 // One tile call: C[m][n] += A[m][k] . B with m, n <= 128, A compact [m][k], B compact [k][n]
 // (NN) or [n][k] (NT), C of leading dimension kMatrixTile. What one MMAD of the emulated
 // cube runs.

@@ -83,29 +83,39 @@ void AmlaFinalizeRow(const float* acc, int dv, const AmlaRowState& st, float* ou
 void AmlaRows(const QueryRows& rows, KvBlockSource& kv, float softmax_scale,
               const AmlaOptions& options, RowOutputs out) {
   const int g = rows.count;
+  const int dk = rows.dk;
   const int dv = kv.value_width();
   const int max_visible =
       rows.visible.empty()
           ? 0
           : std::min(kv.length(), *std::max_element(rows.visible.begin(), rows.visible.end()));
 
+  // The matrix unit's operands are bf16: q once, P per block; K and V are read in place
+  // from the cache (no widening), which gives the same tile calls as the emulated cube.
+  std::vector<Bf16> q(static_cast<size_t>(g) * dk);
+  for (int i = 0; i < g; ++i) NarrowToBf16(rows.q + i * rows.ldq, dk, q.data() + static_cast<int64_t>(i) * dk);
   // The accumulator lives in "global memory": only integer adds and fp32 adds touch it.
   std::vector<float> acc(static_cast<size_t>(g) * dv, 0.0f);
   std::vector<AmlaRowState> state(g);
   std::vector<int32_t> delta(g);
   std::vector<float> p(static_cast<size_t>(g) * kKvBlockTokens);
+  std::vector<Bf16> p16(static_cast<size_t>(g) * kKvBlockTokens);
   std::vector<float> pv(static_cast<size_t>(g) * dv);
+  std::vector<const Bf16*> k_rows(kKvBlockTokens), v_rows(kKvBlockTokens);
 
   for (int begin = 0; begin < max_visible; begin += kKvBlockTokens) {
     const int count = std::min(kKvBlockTokens, max_visible - begin);
-    const KvBlock block = kv.Load(begin, count);
-    ComputeBlockScores(rows, block, begin, count, softmax_scale, p.data(), kKvBlockTokens);
+    kv.Rows(begin, count, k_rows.data(), v_rows.data());
+    MatmulBf16Rows(/*b_transposed=*/true, g, count, dk, q.data(), dk, k_rows.data(), p.data(), kKvBlockTokens,
+                   /*accumulate=*/false, kQkDepthChunk);
+    ScaleAndMaskScores(rows, begin, count, softmax_scale, p.data(), kKvBlockTokens);
     for (int i = 0; i < g; ++i) {
-      delta[i] = AmlaSoftmaxStep(p.data() + static_cast<int64_t>(i) * kKvBlockTokens, count,
-                                 options, state[i]);
+      float* row = p.data() + static_cast<int64_t>(i) * kKvBlockTokens;
+      delta[i] = AmlaSoftmaxStep(row, count, options, state[i]);
+      NarrowToBf16(row, count, p16.data() + static_cast<int64_t>(i) * count);  // exact: already bf16
     }
-    MatmulNN(g, dv, count, p.data(), kKvBlockTokens, block.v, block.ldv, pv.data(), dv,
-             /*accumulate=*/false, kPvDepthChunk);
+    MatmulBf16Rows(/*b_transposed=*/false, g, dv, count, p16.data(), count, v_rows.data(), pv.data(), dv,
+                   /*accumulate=*/false, kPvDepthChunk);
     const bool first_block = begin == 0;
     for (int i = 0; i < g; ++i) {
       float* dst = acc.data() + static_cast<int64_t>(i) * dv;
