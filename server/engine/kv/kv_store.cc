@@ -4,12 +4,11 @@
 #include <cstring>
 #include <functional>
 #include <limits>
-#include <queue>
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "server/engine/kv/eviction.h"
 #include "server/engine/kv/tsan_visible_lock.h"
 
 namespace mlaserve::engine {
@@ -32,37 +31,6 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-// A registered run of tokens with rows for every layer. Its page lists cover [0, end): the
-// full pages of its parent chain, shared, then its own. It never writes a page after
-// registration, and everyone who shares its pages copies before writing, so its rows are
-// immutable while it lives.
-struct KvStore::PrefixNode {
-  // The expansion of [begin, end) for one layer.
-  struct Expanded {
-    enum class State { kAbsent, kBuilding, kReady };
-    State state = State::kAbsent;
-    std::unique_ptr<ExpandedKvData> data;
-    int64_t bytes = 0;
-    int32_t pins = 0;  // ExpandedKv handles
-    uint64_t last_use = 0;
-  };
-
-  PrefixKey key = 0;
-  std::string id;
-  std::string parent_id;
-  PrefixNode* parent = nullptr;  // referenced by this node
-  int32_t begin = 0;
-  int32_t end = 0;
-  std::vector<std::vector<int32_t>> pages;  // [layer]
-  bool ready = false;                       // false while its rows are being copied in
-  bool registered = true;                   // false once released or evicted
-  // Children, sequences started on it, snapshots, expanded handles and operations in flight.
-  // A registered node with none is evictable; an unregistered one is freed at zero.
-  int64_t references = 0;
-  uint64_t last_use = 0;
-  std::vector<Expanded> expanded;  // [layer]
-};
-
 struct KvStore::Sequence {
   // How it came to be, so that a retried create or fork can be recognised.
   enum class Origin { kCreated, kForked };
@@ -78,16 +46,6 @@ struct KvStore::Sequence {
   std::string origin_id;         // the prefix id it was created on, or the fork source
   PrefixNode* prefix = nullptr;  // referenced by this sequence
   std::vector<Layer> layers;
-};
-
-// What an eviction would remove, in order: whole prefixes (layer < 0) or one layer's
-// expanded K/V.
-struct KvStore::EvictionPlan {
-  struct Victim {
-    PrefixNode* node;
-    int layer;
-  };
-  std::vector<Victim> victims;
 };
 
 // An append between its reservation and its publication.
@@ -159,16 +117,6 @@ bool KvStore::Appending(const Sequence& sequence) {
                      [](const Sequence::Layer& l) { return l.appending; });
 }
 
-KvStore::PrefixNode* KvStore::FindRegistered(absl::string_view prefix_id) const {
-  const auto it = prefix_ids_.find(prefix_id);
-  return it == prefix_ids_.end() ? nullptr : it->second;
-}
-
-KvStore::PrefixNode* KvStore::FindLiveNode(PrefixKey key) const {
-  const auto it = nodes_.find(key);
-  return it == nodes_.end() || !it->second->ready ? nullptr : it->second.get();
-}
-
 // --- Prefixes -------------------------------------------------------------------------------
 
 absl::Status KvStore::RegisterPrefix(absl::string_view prefix_id, absl::string_view parent_id,
@@ -191,7 +139,7 @@ absl::Status KvStore::RegisterPrefix(absl::string_view prefix_id, absl::string_v
   if (reservation.existing) {
     const bool same = SameRows(reservation, latent);
     TsanVisibleLock lock(&mu_);
-    if (same) Touch(reservation.node);
+    if (same) tree_.Touch(reservation.node);
     DropReference(reservation.node);
     if (!same) {
       return absl::AlreadyExistsError(
@@ -220,8 +168,8 @@ absl::StatusOr<KvStore::RegisterReservation> KvStore::ReserveRegister(
   PrefixNode* existing = nullptr;
   PrefixNode* parent = nullptr;
   for (;;) {
-    existing = FindRegistered(prefix_id);
-    if (!parent_id.empty()) parent = FindRegistered(parent_id);
+    existing = tree_.FindRegistered(prefix_id);
+    if (!parent_id.empty()) parent = tree_.FindRegistered(parent_id);
     if ((existing != nullptr && !existing->ready) || (parent != nullptr && !parent->ready)) {
       TsanVisibleWait(published_, &mu_);
       continue;
@@ -238,7 +186,7 @@ absl::StatusOr<KvStore::RegisterReservation> KvStore::ReserveRegister(
                                       : absl::StrCat("parent '", existing->parent_id, "'"),
           " and ", existing->end - existing->begin, " tokens"));
     }
-    AddReference(existing);  // keeps its rows while they are compared without the lock
+    tree_.AddReference(existing);  // keeps its rows while they are compared without the lock
     r.node = existing;
     r.existing = true;
     r.begin = existing->begin;
@@ -260,7 +208,7 @@ absl::StatusOr<KvStore::RegisterReservation> KvStore::ReserveRegister(
   const int64_t shared_pages = begin / page_size;  // the parent's full pages
   const int64_t new_pages = CeilDiv(end, page_size) - shared_pages;
   // The parent is about to gain a child: reference it first so making room cannot evict it.
-  if (parent != nullptr) AddReference(parent);
+  if (parent != nullptr) tree_.AddReference(parent);
   if (absl::Status s = Reserve(new_pages * model_.layers * pool_.page_bytes(),
                                absl::StrCat("registering prefix '", prefix_id, "'"));
       !s.ok()) {
@@ -269,14 +217,12 @@ absl::StatusOr<KvStore::RegisterReservation> KvStore::ReserveRegister(
   }
 
   auto node = std::make_unique<PrefixNode>();
-  node->key = next_key_++;
   node->id = std::string(prefix_id);
   node->parent_id = std::string(parent_id);
   node->parent = parent;
   node->begin = begin;
   node->end = end;
   node->pages.resize(model_.layers);
-  node->expanded.resize(model_.layers);
   r.begin = begin;
   r.cow_sources.assign(model_.layers, -1);
   for (int layer = 0; layer < model_.layers; ++layer) {
@@ -288,10 +234,8 @@ absl::StatusOr<KvStore::RegisterReservation> KvStore::ReserveRegister(
     for (int64_t i = 0; i < new_pages; ++i) pages.push_back(pages_.Allocate(PageOwner::kPrefix));
     if (begin % page_size != 0) r.cow_sources[layer] = parent->pages[layer][shared_pages];
   }
-  r.node = node.get();
   r.pages = node->pages;
-  prefix_ids_.emplace(node->id, node.get());
-  nodes_.emplace(node->key, std::move(node));
+  r.node = tree_.Insert(std::move(node));
   return r;
 }
 
@@ -312,7 +256,7 @@ bool KvStore::SameRows(const RegisterReservation& existing,
 void KvStore::PublishRegister(const RegisterReservation& reservation) {
   TsanVisibleLock lock(&mu_);
   reservation.node->ready = true;
-  Touch(reservation.node);
+  tree_.Touch(reservation.node);
   published_.SignalAll();
 }
 
@@ -320,7 +264,7 @@ absl::Status KvStore::ReleasePrefix(absl::string_view prefix_id) {
   RETURN_IF_ERROR(CheckId("prefix_id", prefix_id));
   TsanVisibleLock lock(&mu_);
   for (;;) {
-    PrefixNode* node = FindRegistered(prefix_id);
+    PrefixNode* node = tree_.FindRegistered(prefix_id);
     if (node == nullptr) return absl::OkStatus();
     if (!node->ready) {
       TsanVisibleWait(published_, &mu_);
@@ -335,7 +279,7 @@ absl::StatusOr<PrefixInfo> KvStore::GetPrefix(absl::string_view prefix_id) const
   RETURN_IF_ERROR(CheckId("prefix_id", prefix_id));
   TsanVisibleLock lock(&mu_);
   for (;;) {
-    const PrefixNode* node = FindRegistered(prefix_id);
+    const PrefixNode* node = tree_.FindRegistered(prefix_id);
     if (node == nullptr) {
       return absl::NotFoundError(absl::StrCat("prefix '", prefix_id, "' is not registered"));
     }
@@ -367,7 +311,7 @@ absl::Status KvStore::CreateSequence(absl::string_view sequence_id, absl::string
           s.origin_id, "')"));
     }
     if (prefix_id.empty()) break;
-    prefix = FindRegistered(prefix_id);
+    prefix = tree_.FindRegistered(prefix_id);
     if (prefix == nullptr) {
       return absl::NotFoundError(
           absl::StrCat("prefix '", prefix_id, "' is not registered (never, released or evicted)"));
@@ -383,8 +327,8 @@ absl::Status KvStore::CreateSequence(absl::string_view sequence_id, absl::string
   sequence->layers.resize(model_.layers);
   if (prefix != nullptr) {
     sequence->prefix = prefix;
-    AddReference(prefix);
-    Touch(prefix);
+    tree_.AddReference(prefix);
+    tree_.Touch(prefix);
     for (int layer = 0; layer < model_.layers; ++layer) {
       Sequence::Layer& l = sequence->layers[layer];
       l.pages = prefix->pages[layer];
@@ -425,7 +369,7 @@ absl::Status KvStore::ForkSequence(absl::string_view source_id, absl::string_vie
   fork->origin = Sequence::Origin::kForked;
   fork->origin_id = std::string(source_id);
   fork->prefix = source->prefix;
-  if (fork->prefix != nullptr) AddReference(fork->prefix);
+  if (fork->prefix != nullptr) tree_.AddReference(fork->prefix);
   fork->layers.resize(model_.layers);
   for (int layer = 0; layer < model_.layers; ++layer) {
     Sequence::Layer& l = fork->layers[layer];
@@ -595,10 +539,10 @@ absl::StatusOr<KvSnapshot> KvStore::Snapshot(std::span<const std::string> sequen
     SequenceSnapshot snapshot{s->id, l.length, pool_.page_size(), l.pages, {}};
     for (int32_t page : l.pages) pages_.Pin(page);
     if (s->prefix != nullptr) {
-      AddReference(s->prefix);  // the chain above it is referenced through it
+      tree_.AddReference(s->prefix);  // the chain above it is referenced through it
       pinned_prefixes.push_back(s->prefix->key);
       for (PrefixNode* node = s->prefix; node != nullptr; node = node->parent) {
-        Touch(node);
+        tree_.Touch(node);
         snapshot.prefixes.push_back(PrefixSpan{node->id, node->key, node->begin, node->end});
       }
       std::reverse(snapshot.prefixes.begin(), snapshot.prefixes.end());
@@ -614,7 +558,7 @@ void KvStore::ReleaseSnapshot(std::span<const SequenceSnapshot> sequences,
   for (const SequenceSnapshot& s : sequences) {
     for (int32_t page : s.pages) pages_.Unpin(page);
   }
-  for (PrefixKey key : prefixes) DropReference(nodes_.at(key).get());
+  for (PrefixKey key : prefixes) DropReference(tree_.nodes().at(key).get());
 }
 
 absl::StatusOr<ExpandedKv> KvStore::GetOrBuildExpanded(PrefixKey prefix, int layer,
@@ -633,39 +577,37 @@ absl::StatusOr<ExpandedKv> KvStore::GetOrBuildExpanded(PrefixKey prefix, int lay
   }
 
   PrefixNode* node = nullptr;
+  ExpandedKvCache::Entry* entry = nullptr;
   std::vector<int32_t> pages;
   {
     TsanVisibleLock lock(&mu_);
     for (;;) {
-      node = FindLiveNode(prefix);
+      node = tree_.FindLive(prefix);
       if (node == nullptr) {
         return absl::NotFoundError(absl::StrCat(
             "prefix key ", prefix, " does not exist (released and freed, or evicted)"));
       }
-      if (node->expanded[layer].state != PrefixNode::Expanded::State::kBuilding) break;
-      TsanVisibleWait(published_, &mu_);
+      entry = expanded_.Find(prefix, layer);
+      if (entry == nullptr || entry->ready) break;
+      TsanVisibleWait(published_, &mu_);  // being built by another call
     }
-    PrefixNode::Expanded& slot = node->expanded[layer];
-    if (slot.state == PrefixNode::Expanded::State::kReady) {
-      ++slot.pins;
-      AddReference(node);
-      Touch(node);
-      slot.last_use = ++clock_;
-      return ExpandedKv(this, prefix, layer, node->begin, slot.data.get());
+    if (entry != nullptr) {
+      ++entry->pins;
+      tree_.AddReference(node);
+      tree_.Touch(node);
+      entry->last_use = tree_.Tick();
+      return ExpandedKv(this, prefix, layer, node->begin, entry->data.get());
     }
     const int64_t bytes =
         ExpandedKvData::Bytes(model_.heads, node->end - node->begin, model_.dqk(), model_.dv);
-    AddReference(node);  // neither evictable while making room nor freed while building
+    tree_.AddReference(node);  // neither evictable while making room nor freed while building
     if (absl::Status s =
             Reserve(bytes, absl::StrCat("expanding prefix '", node->id, "' layer ", layer));
         !s.ok()) {
       DropReference(node);
       return s;
     }
-    slot.state = PrefixNode::Expanded::State::kBuilding;
-    slot.bytes = bytes;
-    expanded_bytes_ += bytes;
-    ++expanded_entries_;
+    entry = &expanded_.StartBuilding(prefix, layer, bytes);
     pages = node->pages[layer];
   }
 
@@ -674,20 +616,16 @@ absl::StatusOr<ExpandedKv> KvStore::GetOrBuildExpanded(PrefixKey prefix, int lay
       pool_.View(), pages, node->begin, node->end, model_.dr, weights.Layer(layer)));
 
   TsanVisibleLock lock(&mu_);
-  PrefixNode::Expanded& slot = node->expanded[layer];
-  slot.data = std::move(data);
-  slot.state = PrefixNode::Expanded::State::kReady;
-  slot.pins = 1;
-  slot.last_use = ++clock_;
-  Touch(node);
+  expanded_.Publish(*entry, std::move(data), tree_.Tick());
+  tree_.Touch(node);
   published_.SignalAll();
-  return ExpandedKv(this, prefix, layer, node->begin, slot.data.get());
+  return ExpandedKv(this, prefix, layer, node->begin, entry->data.get());
 }
 
 void KvStore::ReleaseExpanded(PrefixKey prefix, int layer) {
   TsanVisibleLock lock(&mu_);
-  PrefixNode* node = nodes_.at(prefix).get();
-  --node->expanded[layer].pins;
+  PrefixNode* node = tree_.nodes().at(prefix).get();
+  --expanded_.Find(prefix, layer)->pins;
   DropReference(node);
 }
 
@@ -704,10 +642,10 @@ KvStoreStats KvStore::Stats() const {
   stats.pages_prefix = counts.prefix;
   stats.pages_sequence = counts.sequence;
   stats.pages_pinned = counts.pinned;
-  stats.expanded_bytes = expanded_bytes_;
-  stats.expanded_entries = expanded_entries_;
-  stats.prefixes = static_cast<int32_t>(prefix_ids_.size());
-  stats.retained_prefixes = static_cast<int32_t>(nodes_.size() - prefix_ids_.size());
+  stats.expanded_bytes = expanded_.bytes();
+  stats.expanded_entries = expanded_.entries();
+  stats.prefixes = tree_.registered();
+  stats.retained_prefixes = tree_.retained();
   stats.sequences = static_cast<int32_t>(sequences_.size());
   stats.prefix_evictions = prefix_evictions_;
   stats.expanded_evictions = expanded_evictions_;
@@ -718,13 +656,14 @@ KvStoreStats KvStore::Stats() const {
 
 int64_t KvStore::UsedBytes() const {
   return static_cast<int64_t>(pages_.num_pages() - pages_.num_free()) * pool_.page_bytes() +
-         expanded_bytes_;
+         expanded_.bytes();
 }
 
 absl::Status KvStore::Reserve(int64_t bytes, absl::string_view what) {
   const int64_t over = UsedBytes() + bytes - budget_bytes_;
   if (over <= 0) return absl::OkStatus();
-  const std::optional<EvictionPlan> plan = PlanEviction(over);
+  const std::optional<EvictionPlan> plan =
+      PlanEviction(tree_, expanded_, pages_, pool_.page_bytes(), model_.layers, over);
   if (!plan.has_value()) {
     return absl::ResourceExhaustedError(
         absl::StrCat(what, " needs ", bytes, " bytes; the budget is ", budget_bytes_,
@@ -734,7 +673,7 @@ absl::Status KvStore::Reserve(int64_t bytes, absl::string_view what) {
   }
   for (const EvictionPlan::Victim& victim : plan->victims) {
     if (victim.layer >= 0) {
-      FreeExpanded(victim.node, victim.layer);
+      expanded_.Free(victim.node->key, victim.layer);
       ++expanded_evictions_;
     } else {
       ++prefix_evictions_;
@@ -744,111 +683,20 @@ absl::Status KvStore::Reserve(int64_t bytes, absl::string_view what) {
   return absl::OkStatus();
 }
 
-// Walks the evictable items (unreferenced registered prefixes, unpinned expansions) least
-// recently used first, simulating what freeing each would return to the budget, until
-// `bytes` are covered. Evicting a prefix may leave its parent unreferenced: the parent then
-// joins the candidates if registered, or (released) is freed with it.
-std::optional<KvStore::EvictionPlan> KvStore::PlanEviction(int64_t bytes) const {
-  struct Candidate {
-    uint64_t last_use;
-    PrefixNode* node;
-    int layer;  // < 0: the whole prefix
-    bool operator>(const Candidate& o) const { return last_use > o.last_use; }
-  };
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> candidates;
-  for (const auto& [key, node] : nodes_) {
-    if (node->ready && node->registered && node->references == 0) {
-      candidates.push({node->last_use, node.get(), -1});
-    }
-    for (int layer = 0; layer < model_.layers; ++layer) {
-      const PrefixNode::Expanded& slot = node->expanded[layer];
-      if (slot.state == PrefixNode::Expanded::State::kReady && slot.pins == 0) {
-        candidates.push({slot.last_use, node.get(), layer});
-      }
-    }
-  }
-
-  EvictionPlan plan;
-  int64_t freed = 0;
-  absl::flat_hash_map<int32_t, int32_t> dropped_owners;
-  absl::flat_hash_map<const PrefixNode*, int64_t> dropped_references;
-  absl::flat_hash_set<const PrefixNode*> freed_nodes;
-  absl::flat_hash_set<std::pair<const PrefixNode*, int>> freed_slots;
-  const auto free_node = [&](const PrefixNode* node) {
-    freed_nodes.insert(node);
-    for (const std::vector<int32_t>& layer_pages : node->pages) {
-      for (int32_t page : layer_pages) {
-        if (pages_.owners(page) - ++dropped_owners[page] == 0 && pages_.pins(page) == 0) {
-          freed += pool_.page_bytes();
-        }
-      }
-    }
-    for (int layer = 0; layer < model_.layers; ++layer) {
-      const PrefixNode::Expanded& slot = node->expanded[layer];
-      if (slot.state == PrefixNode::Expanded::State::kReady &&
-          !freed_slots.contains({node, layer})) {
-        freed += slot.bytes;
-      }
-    }
-  };
-  while (freed < bytes && !candidates.empty()) {
-    const Candidate c = candidates.top();
-    candidates.pop();
-    if (c.layer >= 0) {
-      if (freed_nodes.contains(c.node)) continue;
-      freed_slots.insert({c.node, c.layer});
-      freed += c.node->expanded[c.layer].bytes;
-      plan.victims.push_back({c.node, c.layer});
-      continue;
-    }
-    plan.victims.push_back({c.node, -1});
-    free_node(c.node);
-    for (PrefixNode* p = c.node->parent; p != nullptr; p = p->parent) {
-      if (p->references - ++dropped_references[p] > 0) break;
-      if (p->registered) {
-        candidates.push({p->last_use, p, -1});
-        break;
-      }
-      free_node(p);
-    }
-  }
-  if (freed < bytes) return std::nullopt;
-  return plan;
-}
-
-void KvStore::Touch(PrefixNode* node) { node->last_use = ++clock_; }
-
-void KvStore::AddReference(PrefixNode* node) { ++node->references; }
-
 void KvStore::DropReference(PrefixNode* node) {
-  if (--node->references == 0 && !node->registered) FreeNode(node);
+  if (tree_.DropReference(node)) FreeNode(node);
 }
 
 void KvStore::Unregister(PrefixNode* node) {
-  prefix_ids_.erase(node->id);
-  node->registered = false;
-  if (node->references == 0) FreeNode(node);
+  if (tree_.Unregister(node)) FreeNode(node);
 }
 
 void KvStore::FreeNode(PrefixNode* node) {
   for (const std::vector<int32_t>& layer_pages : node->pages) {
     for (int32_t page : layer_pages) pages_.DropOwner(page, PageOwner::kPrefix);
   }
-  for (int layer = 0; layer < model_.layers; ++layer) {
-    if (node->expanded[layer].state == PrefixNode::Expanded::State::kReady) {
-      FreeExpanded(node, layer);
-    }
-  }
-  PrefixNode* parent = node->parent;
-  nodes_.erase(node->key);
-  if (parent != nullptr) DropReference(parent);
-}
-
-void KvStore::FreeExpanded(PrefixNode* node, int layer) {
-  PrefixNode::Expanded& slot = node->expanded[layer];
-  expanded_bytes_ -= slot.bytes;
-  --expanded_entries_;
-  slot = PrefixNode::Expanded{};
+  expanded_.FreeAll(node->key, model_.layers);
+  if (PrefixNode* parent = tree_.Erase(node); parent != nullptr) DropReference(parent);
 }
 
 }  // namespace mlaserve::engine

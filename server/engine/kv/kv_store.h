@@ -18,6 +18,7 @@
 #include "kernels/core/paged_kv_cache.h"
 #include "kernels/core/tensor_view.h"
 #include "server/engine/kv/expanded_kv.h"
+#include "server/engine/kv/expanded_kv_cache.h"
 #include "server/engine/kv/kv_snapshot.h"
 #include "server/engine/kv/kv_types.h"
 #include "server/engine/model/model_config.h"
@@ -25,6 +26,7 @@
 #include "server/engine/kv/page_allocator.h"
 #include "server/engine/kv/page_pool.h"
 #include "server/engine/kv/prefix_key.h"
+#include "server/engine/kv/prefix_tree.h"
 
 namespace mlaserve::engine {
 
@@ -141,9 +143,7 @@ class KvStore {
   friend class KvSnapshot;
   friend class ExpandedKv;
 
-  struct PrefixNode;
   struct Sequence;
-  struct EvictionPlan;
   struct AppendReservation;
   struct RegisterReservation;
 
@@ -172,25 +172,19 @@ class KvStore {
   // reservation references the prefix, whose pages never change while it lives).
   bool SameRows(const RegisterReservation& existing, TensorView<const Bf16, 3> latent) const;
 
-  // The registered (or being registered) prefix of that id; nullptr if there is none.
-  PrefixNode* FindRegistered(absl::string_view prefix_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // True while `sequence` has an append in flight on any layer.
   static bool Appending(const Sequence& sequence);
 
   // Makes `bytes` more fit in the budget, evicting if it must; RESOURCE_EXHAUSTED and no
   // change otherwise.
   absl::Status Reserve(int64_t bytes, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::optional<EvictionPlan> PlanEviction(int64_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t UsedBytes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  void Touch(PrefixNode* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AddReference(PrefixNode* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Frees the node if that was its last reference and it is no longer registered.
+  // Drops a reference (or the registration) and frees the node if it is then dead.
   void DropReference(PrefixNode* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unregister(PrefixNode* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees a dead node's pages and expansions, erases it, and drops its parent's reference.
   void FreeNode(PrefixNode* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FreeExpanded(PrefixNode* node, int layer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  PrefixNode* FindLiveNode(PrefixKey key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ModelConfig model_;
   const int64_t budget_bytes_;
@@ -203,14 +197,8 @@ class KvStore {
   mutable absl::CondVar published_;
   PageAllocator pages_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<Sequence>> sequences_ ABSL_GUARDED_BY(mu_);
-  // Every live prefix node: registered, being registered, or released but referenced.
-  absl::flat_hash_map<PrefixKey, std::unique_ptr<PrefixNode>> nodes_ ABSL_GUARDED_BY(mu_);
-  // Registered prefix ids (including those being registered).
-  absl::flat_hash_map<std::string, PrefixNode*> prefix_ids_ ABSL_GUARDED_BY(mu_);
-  PrefixKey next_key_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;  // LRU time: bumped by every use
-  int64_t expanded_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  int32_t expanded_entries_ ABSL_GUARDED_BY(mu_) = 0;
+  PrefixTree tree_ ABSL_GUARDED_BY(mu_);
+  ExpandedKvCache expanded_ ABSL_GUARDED_BY(mu_);
   int64_t prefix_evictions_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t expanded_evictions_ ABSL_GUARDED_BY(mu_) = 0;
 };
