@@ -11,7 +11,7 @@
 
 namespace mlaserve {
 
-// AMLA (design §2.2, AMLA paper Algorithm 2 + Appendix A). The fp32 output accumulator is
+// AMLA (AMLA paper Algorithm 2 + Appendix A; docs/numerics.md, "AMLA"). The fp32 output accumulator is
 // kept as  Obar_i = O_i * S16_i  where O_i is FlashAttention's unnormalised accumulator and
 // S16_i = bf16(exp(m_i + n_i ln2)) with n_i = round(-m_i / ln 2). Between blocks it is
 // rescaled in place by an int32 add on its bits,

@@ -10,7 +10,7 @@
 
 namespace mlaserve {
 
-// "Base": FlashAttention-2 as the AMLA paper's Algorithm 1 runs it (design §2.1). Per block
+// "Base": FlashAttention-2 as the AMLA paper's Algorithm 1 runs it (docs/numerics.md, "Base"). Per block
 // of 512 keys: S = Q K^T (bf16 in, fp32 accumulate), online max m, P = exp(S*scale - m) in
 // fp32, l updated in fp32 from that P, P cast to bf16 for P V (fp32 accumulate), and the
 // fp32 output accumulator rescaled by exp(m_old - m_new) before the new block is added

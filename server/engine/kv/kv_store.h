@@ -30,7 +30,7 @@
 
 namespace mlaserve::engine {
 
-// The paged latent KV cache of one model, with shared prefixes (design §4.1).
+// The paged latent KV cache of one model, with shared prefixes (docs/engine.md, "KV store").
 //
 // Layout. One PagePool of fixed-size pages holds every layer's latent rows (c_kv then k_pe,
 // dl + dr bf16). A sequence holds, per layer, a page list and a length; layers are appended

@@ -21,7 +21,7 @@ struct DeviceRates {
   double memory_bytes_per_second = 0;
 };
 
-// TyphoonMLA's break-even batch size (paper eq. 1, design §2.3): reading a prefix's expanded
+// TyphoonMLA's break-even batch size (paper eq. 1; docs/engine.md, "Planner"): reading a prefix's expanded
 // K/V once (naive) costs as much time as computing its absorb form for B queries when
 //   B_theta = (Dqk + Dv) / (Sq (2 Dl + Dr)) * T / M.
 // (The MAC-to-FLOP and element-to-byte factors of two cancel.) B Sq, the query tokens, is
