@@ -40,18 +40,27 @@ absl::Status CheckGmAccesses(const Program& program, const GlobalMemory& gm) {
   return absl::OkStatus();
 }
 
+double MillisecondsSince(std::chrono::steady_clock::time_point start) {
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  return std::chrono::duration<double, std::milli>(elapsed).count();
+}
+
 }  // namespace
 
 absl::StatusOr<LaunchReport> Device::Launch(const DeviceKernel& kernel, ExecutionMode mode) {
   std::lock_guard<std::mutex> lock(launch_mu_);
   const bool execute = mode == ExecutionMode::kExecute;
+  LaunchReport report;
+  auto start = std::chrono::steady_clock::now();
   Program program(profile_, kernel.BlockDim(), execute ? &local_ : nullptr);
   RETURN_IF_ERROR(kernel.Record(program));
   RETURN_IF_ERROR(program.Finalize());
   RETURN_IF_ERROR(CheckGmAccesses(program, gm_));
+  report.host_record_ms = MillisecondsSince(start);
+  start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(LaunchTiming timing, SimulateLaunch(program, profile_));
+  report.host_model_ms = MillisecondsSince(start);
 
-  LaunchReport report;
   report.kernel = kernel.Name();
   report.block_dim = program.block_dim();
   report.modeled_cycles = timing.total_cycles;
@@ -74,10 +83,9 @@ absl::StatusOr<LaunchReport> Device::Launch(const DeviceKernel& kernel, Executio
         static_cast<double>(timing.vector_busy[static_cast<int>(pipe)]) / vector_capacity;
   }
   if (execute) {
-    const auto start = std::chrono::steady_clock::now();
+    start = std::chrono::steady_clock::now();
     executor_.Run(program, gm_);
-    report.host_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    report.host_ms = MillisecondsSince(start);
   }
   return report;
 }

@@ -73,6 +73,9 @@ void ExpectDeviceEqualsHost(const Case& c, RescaleAlgorithm algorithm, uint64_t 
   EXPECT_EQ(lse.differing_bits, 0);
   EXPECT_GT(on_device->report.modeled_us, 0.0);
   ASSERT_TRUE(on_device->report.host_ms.has_value());
+  // The emulator's own phases are timed too.
+  EXPECT_GT(on_device->report.host_record_ms, 0.0);
+  EXPECT_GT(on_device->report.host_model_ms, 0.0);
 }
 
 TEST_P(AmlaOnDeviceTest, EqualsHostAmlaBitForBit) {

@@ -233,6 +233,8 @@ TEST(DeviceTest, ModelledTimeIsDeterministicForAProfileAndShape) {
     auto report = ModelLatentDecodeOnDevice(*device, shape);
     ASSERT_TRUE(report.ok()) << report.status();
     cycles.push_back(report->modeled_cycles);
+    EXPECT_FALSE(report->host_ms.has_value());  // nothing executed
+    EXPECT_GT(report->host_model_ms, 0.0);      // but the model's host time is reported
   }
   EXPECT_GT(cycles[0], 0);
   EXPECT_EQ(cycles[0], cycles[1]);
