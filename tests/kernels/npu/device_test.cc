@@ -166,6 +166,55 @@ TEST(DeviceTest, ASetNobodyWaitsForIsAProtocolViolation) {
   EXPECT_THAT(report.status().message(), HasSubstr("flag protocol"));
 }
 
+TEST(DeviceTest, ASecondSetBeforeTheFirstIsConsumedIsAProtocolViolation) {
+  auto device = MakeDevice();
+  // M is busy with a long MMAD, so the first wait starts late, long after MTE2 (idle) has
+  // fired both sets. The legal pattern has MTE2 wait for M to hand the buffer back first.
+  auto kernel = [](bool legal) {
+    return ScriptedKernel(1, [legal](Program& program) {
+      CoreRecorder& aic = program.Cube(0);
+      aic.Mmad(128, 128, 4096, nullptr, "long mmad");
+      aic.SetFlag(Pipe::kMte2, Pipe::kM, 0);
+      aic.WaitFlag(Pipe::kMte2, Pipe::kM, 0);
+      if (legal) {
+        aic.SetFlag(Pipe::kM, Pipe::kMte2, 0);
+        aic.WaitFlag(Pipe::kM, Pipe::kMte2, 0);
+      }
+      aic.SetFlag(Pipe::kMte2, Pipe::kM, 0);
+      aic.WaitFlag(Pipe::kMte2, Pipe::kM, 0);
+      return absl::OkStatus();
+    });
+  };
+  EXPECT_TRUE(device->Launch(kernel(true), ExecutionMode::kModelOnly).ok());
+  const auto report = device->Launch(kernel(false), ExecutionMode::kModelOnly);
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(report.status().message(), HasSubstr("while the previous set is still outstanding"));
+}
+
+TEST(DeviceTest, ASeventeenthOutstandingCrossCoreSetIsAProtocolViolation) {
+  auto device = MakeDevice();
+  // The AIC first waits for flag 1, which the AIVs set only after a long vector op; by then
+  // they have set flag 2 `sets` times.
+  auto kernel = [](int sets) {
+    return ScriptedKernel(1, [sets](Program& program) {
+      CoreRecorder& aic = program.Cube(0);
+      aic.CrossCoreWaitFlag(1);
+      for (int k = 0; k < sets; ++k) aic.CrossCoreWaitFlag(2);
+      for (int s = 0; s < 2; ++s) {
+        CoreRecorder& aiv = program.Vector(0, s);
+        for (int k = 0; k < sets; ++k) aiv.CrossCoreSetFlag(2, Pipe::kMte3);
+        aiv.Vector({{VecClass::kDiv, 1 << 20}}, nullptr, "long vector op");
+        aiv.CrossCoreSetFlag(1, Pipe::kV);
+      }
+      return absl::OkStatus();
+    });
+  };
+  EXPECT_TRUE(device->Launch(kernel(kMaxOutstandingCrossCoreSets), ExecutionMode::kModelOnly).ok());
+  const auto report = device->Launch(kernel(kMaxOutstandingCrossCoreSets + 1), ExecutionMode::kModelOnly);
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(report.status().message(), HasSubstr("17th outstanding set"));
+}
+
 TEST(DeviceTest, BadFlagIdsAndMissingPipesAreRecordingErrors) {
   auto device = MakeDevice();
   ScriptedKernel bad_event(1, [](Program& program) {
