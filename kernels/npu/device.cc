@@ -28,11 +28,12 @@ namespace {
 // silently; here it would corrupt host memory. Checked before anything runs.
 absl::Status CheckGmAccesses(const Program& program, const GlobalMemory& gm) {
   const std::vector<Instruction>& instructions = program.instructions();
+  GlobalMemory::AccessChecker checker(gm);
   for (uint32_t id = 0; id < instructions.size(); ++id) {
     const Instruction& ins = instructions[id];
     if (ins.gm_rows <= 0 || ins.gm_row_bytes <= 0) continue;
     const int64_t span = (ins.gm_rows - 1) * ins.gm_stride + ins.gm_row_bytes;
-    absl::Status status = gm.CheckAccess(ins.gm_addr, span);
+    absl::Status status = checker.Check(ins.gm_addr, span);
     if (!status.ok()) {
       return absl::OutOfRangeError(absl::StrCat(program.Describe(id), ": ", status.message()));
     }
