@@ -53,7 +53,7 @@ absl::StatusOr<LaunchReport> Device::Launch(const DeviceKernel& kernel, Executio
   const bool execute = mode == ExecutionMode::kExecute;
   LaunchReport report;
   auto start = std::chrono::steady_clock::now();
-  Program program(profile_, kernel.BlockDim(), execute ? &local_ : nullptr);
+  Program program(profile_, kernel.BlockDim(), execute ? &local_ : nullptr, &program_buffers_);
   RETURN_IF_ERROR(kernel.Record(program));
   RETURN_IF_ERROR(program.Finalize());
   RETURN_IF_ERROR(CheckGmAccesses(program, gm_));

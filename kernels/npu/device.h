@@ -48,6 +48,7 @@ class Device {
   std::mutex launch_mu_;  // one launch at a time; std::mutex for TSan (see GlobalMemory)
   LocalMemoryStorage local_;  // guarded by launch_mu_
   TimingScratch timing_scratch_;  // guarded by launch_mu_
+  ProgramBuffers program_buffers_;  // guarded by launch_mu_
   HostExecutor executor_;
 };
 

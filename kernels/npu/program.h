@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -91,18 +92,75 @@ class CoreRecorder {
   int block_;
   int sub_block_;
   int core_id_;
-  std::array<LocalArena*, 5> arenas_{};
-  std::vector<std::unique_ptr<LocalArena>> owned_arenas_;
+  std::array<std::optional<LocalArena>, 5> arenas_;  // by Space; empty where the core has none
   int64_t last_barrier_ = -1;
   std::array<int64_t, kNumPipes> pipe_last_{};     // last instruction per pipe, -1 if none
   std::array<int64_t, kNumPipes> pipe_barrier_{};  // barrier already ordered before the pipe
+};
+
+// A dependency of the program's graph (CSR by source): the edge either follows its source's
+// occupancy (next instruction of the same pipe) or its completion (flags, issue barriers).
+struct ProgramEdge {
+  uint32_t to;
+  bool after_completion;
+};
+
+// Matched (set, wait) pairs of flags, grouped by flag (in order of their keys): group g is
+// pairs[offsets[g]] .. pairs[offsets[g + 1] - 1], its k-th set with its k-th wait.
+struct FlagPairs {
+  std::vector<uint32_t> offsets;
+  std::vector<std::pair<uint32_t, uint32_t>> pairs;
+  size_t groups() const { return offsets.empty() ? 0 : offsets.size() - 1; }
+};
+
+// The arrays a Program grows while recording and finalizing. A device keeps one set and
+// lends it to each launch's Program, which returns it emptied but with its capacity, so a
+// launch records into the memory of the previous one instead of growing (and page-faulting)
+// fresh arrays.
+class ProgramBuffers {
+ private:
+  friend class Program;
+  friend class CoreRecorder;
+
+  // Every set and wait of one flag, in program order.
+  struct FlagQueue {
+    std::vector<uint32_t> sets[2];  // cross-core: one queue per sender, in core order
+    std::vector<uint32_t> waits;
+  };
+  // Flags by key (dense: intra-core (core, src, dst, event), cross-core (receiver, flag))
+  // -> index into the queues, or -1; and the keys in use, to reset them afterwards.
+  struct FlagTable {
+    FlagQueue& Queue(uint32_t key);  // creates it on first use
+    std::vector<int32_t> slot;
+    std::vector<uint32_t> keys;
+    std::vector<FlagQueue> queues;  // the first keys.size() are in use
+  };
+
+  void Clear();
+
+  std::vector<Instruction> instructions;
+  std::vector<Payload> payloads;
+  struct RawEdge {
+    uint32_t from, to;
+    bool after_completion;
+  };
+  std::vector<RawEdge> raw_edges;
+  FlagTable intra, cross;
+  std::vector<uint32_t> edge_offsets;
+  std::vector<ProgramEdge> edges;
+  std::vector<uint32_t> fill;  // Finalize's scratch
+  std::vector<uint32_t> in_degree;
+  FlagPairs flag_pairs, cross_pairs;
 };
 
 // Everything one kernel launch issues, over `block_dim` groups of one AIC and two AIVs.
 class Program {
  public:
   // `storage` gives local buffers their host memory; null means the launch only models time.
-  Program(const DeviceProfile& profile, int block_dim, const LocalMemoryStorage* storage);
+  // `recycled`, if given, lends the program its arrays until it is destroyed.
+  Program(const DeviceProfile& profile, int block_dim, const LocalMemoryStorage* storage,
+          ProgramBuffers* recycled = nullptr);
+  ~Program();
   Program(const Program&) = delete;
   Program& operator=(const Program&) = delete;
 
@@ -123,57 +181,50 @@ class Program {
   absl::Status Finalize();
 
   // The finished graph (valid after Finalize).
-  const std::vector<Instruction>& instructions() const { return instructions_; }
-  // An edge either follows its source's occupancy (next instruction of the same pipe) or
-  // its completion (flags, issue barriers).
-  struct Edge {
-    uint32_t to;
-    bool after_completion;
-  };
-  const std::vector<uint32_t>& edge_offsets() const { return edge_offsets_; }  // CSR by source
-  const std::vector<Edge>& edges() const { return edges_; }
-  const std::vector<uint32_t>& in_degree() const { return in_degree_; }
+  const std::vector<Instruction>& instructions() const { return b_.instructions; }
+  using Edge = ProgramEdge;
+  const std::vector<uint32_t>& edge_offsets() const { return b_.edge_offsets; }  // CSR by source
+  const std::vector<Edge>& edges() const { return b_.edges; }
+  const std::vector<uint32_t>& in_degree() const { return b_.in_degree; }
   const Payload* payload(const Instruction& ins) const {
-    return ins.payload < 0 ? nullptr : &payloads_[ins.payload];
+    return ins.payload < 0 ? nullptr : &b_.payloads[ins.payload];
   }
-  // Matched (set, wait) pairs of intra-core flags, for the outstanding-set check.
-  const std::vector<std::vector<std::pair<uint32_t, uint32_t>>>& flag_pairs() const {
-    return flag_pairs_;
-  }
-  // Matched (set, wait) pairs of each cross-core counter, for the 16-outstanding check.
-  const std::vector<std::vector<std::pair<uint32_t, uint32_t>>>& cross_pairs() const {
-    return cross_pairs_;
-  }
+  // Matched (set, wait) pairs of each intra-core flag, for the outstanding-set check.
+  const FlagPairs& flag_pairs() const { return b_.flag_pairs; }
+  // Matched (set, wait) pairs of each cross-core counter and sender, for the 16-outstanding
+  // check.
+  const FlagPairs& cross_pairs() const { return b_.cross_pairs; }
   std::string Describe(uint32_t instruction) const;
 
   // Every (m, n, k) the cube issued, with multiplicity: what a fair host SGEMM baseline runs.
-  const std::map<std::tuple<int, int, int>, int64_t>& mmad_shapes() const { return mmad_shapes_; }
+  std::map<std::tuple<int, int, int>, int64_t> mmad_shapes() const;
 
  private:
   friend class CoreRecorder;
   void Fail(absl::Status status);
-  void AddEdge(uint32_t from, uint32_t to, bool after_completion);
+  void AddEdge(uint32_t from, uint32_t to, bool after_completion) {
+    b_.raw_edges.push_back({from, to, after_completion});
+  }
+  // The queue of an intra-core flag key or a cross-core (receiver, flag) key.
+  ProgramBuffers::FlagQueue& IntraFlag(int core, Pipe src, Pipe dst, int event);
+  ProgramBuffers::FlagQueue& CrossFlag(int receiver, int flag);
+  void CountMmad(int m, int n, int k);
 
   const DeviceProfile& profile_;
   int block_dim_;
   const LocalMemoryStorage* storage_;
+  ProgramBuffers* recycled_;
   absl::Status status_;
   std::vector<std::unique_ptr<CoreRecorder>> cores_;
-  std::vector<Instruction> instructions_;
-  std::vector<Payload> payloads_;
-  std::vector<std::tuple<uint32_t, uint32_t, bool>> raw_edges_;
-  std::map<std::tuple<int, int, int>, int64_t> mmad_shapes_;
-
-  // Flag bookkeeping, keyed by (core, src, dst, event) and (receiving core, flag).
-  std::map<std::tuple<int, int, int, int>, std::vector<uint32_t>> intra_sets_, intra_waits_;
-  std::map<std::tuple<int, int, int>, std::vector<uint32_t>> cross_sets_;  // (receiver, flag, sender)
-  std::map<std::pair<int, int>, std::vector<uint32_t>> cross_waits_;       // (receiver, flag)
-
-  std::vector<uint32_t> edge_offsets_;
-  std::vector<Edge> edges_;
-  std::vector<uint32_t> in_degree_;
-  std::vector<std::vector<std::pair<uint32_t, uint32_t>>> flag_pairs_;
-  std::vector<std::vector<std::pair<uint32_t, uint32_t>>> cross_pairs_;
+  ProgramBuffers b_;
+  // MMAD shapes with multiplicity; a launch issues a handful, so a vector searched from
+  // the last one found beats a map.
+  struct MmadShape {
+    int m, n, k;
+    int64_t count;
+  };
+  std::vector<MmadShape> mmad_shapes_;
+  size_t last_mmad_ = 0;
 };
 
 }  // namespace mlaserve::npu

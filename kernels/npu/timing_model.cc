@@ -144,8 +144,11 @@ absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const Device
 
   // A2/A3 allow one outstanding set per (pipe pair, event): the next set of a flag must not
   // fire before the previous one has been consumed.
-  for (const auto& pairs : program.flag_pairs()) {
-    for (size_t k = 0; k + 1 < pairs.size(); ++k) {
+  const FlagPairs& flags = program.flag_pairs();
+  for (size_t g = 0; g < flags.groups(); ++g) {
+    const std::pair<uint32_t, uint32_t>* pairs = flags.pairs.data() + flags.offsets[g];
+    const size_t size = flags.offsets[g + 1] - flags.offsets[g];
+    for (size_t k = 0; k + 1 < size; ++k) {
       const uint32_t wait = pairs[k].second, next_set = pairs[k + 1].first;
       if (marks[next_set] < marks[wait]) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -155,8 +158,11 @@ absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const Device
     }
   }
 
-  for (const auto& pairs : program.cross_pairs()) {
-    for (size_t k = 0; k + kMaxOutstandingCrossCoreSets < pairs.size(); ++k) {
+  const FlagPairs& cross = program.cross_pairs();
+  for (size_t g = 0; g < cross.groups(); ++g) {
+    const std::pair<uint32_t, uint32_t>* pairs = cross.pairs.data() + cross.offsets[g];
+    const size_t size = cross.offsets[g + 1] - cross.offsets[g];
+    for (size_t k = 0; k + kMaxOutstandingCrossCoreSets < size; ++k) {
       const uint32_t wait = pairs[k].second;
       const uint32_t set = pairs[k + kMaxOutstandingCrossCoreSets].first;
       if (marks[set] < marks[wait]) {
