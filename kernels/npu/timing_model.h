@@ -43,15 +43,37 @@ class TimingScratch {
   friend absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program,
                                                      const DeviceProfile& profile,
                                                      TimingScratch& scratch);
+  // What the simulation reads and writes of one instruction, in one place: a copy of the
+  // Instruction's timing fields in 48 bytes instead of 80 plus separate state arrays, so
+  // the pops, which hop between the cores' instruction streams, touch fewer cache lines.
   struct Node {
-    double ready;      // when every predecessor allows it to start
-    uint32_t pending;  // predecessors not yet simulated
+    // Until simulated, when its predecessors allow it to start; then what the flag checks
+    // compare: a set's completion, any other instruction's start.
+    double time;
+    double cycles;
+    double latency;
+    uint32_t pending;     // predecessors not yet simulated
+    uint32_t first_edge;  // its out-edges: edges()[first_edge, first_edge + edges)
+    uint32_t edges;
+    uint32_t footprint;   // GM reads and writes: index into footprints_
+    uint32_t pipe_slot;   // core * kNumPipes + pipe, for instructions on a pipe
+    OpKind kind;
+    int8_t pipe;
+    bool is_set;
+    bool vector_core;
+  };
+  struct Footprint {
+    GmRegion region;
+    int64_t bytes;
   };
   std::vector<Node> nodes_;
-  // Per instruction: completion of a set, start of a wait (what the flag checks compare).
-  std::vector<double> marks_;
+  std::vector<Footprint> footprints_;
   std::vector<double> pipe_done_;
-  std::vector<std::pair<double, uint32_t>> queue_;  // a min-heap on (ready time, id)
+  // A min-heap on (ready time, id), packed into one integer for a comparison without
+  // branches: times are sums and maxima of non-negative numbers (never -0 or NaN), so their
+  // bit patterns order like the times, and the id below them breaks ties as before.
+  __extension__ using Key = unsigned __int128;
+  std::vector<Key> queue_;
 };
 
 // The same, with the caller's working memory.
