@@ -96,6 +96,7 @@ uint32_t CoreRecorder::Record(Pipe pipe, OpKind kind, int64_t cycles, int64_t la
   std::vector<Instruction>& instructions = program_->b_.instructions;
   const auto id = static_cast<uint32_t>(instructions.size());
   instructions.push_back(ins);
+  program_->b_.has_payload.push_back(ins.payload >= 0);
   const int p = static_cast<int>(pipe);
   if (pipe_last_[p] >= 0) program_->AddEdge(static_cast<uint32_t>(pipe_last_[p]), id, false);
   if (last_barrier_ >= 0 && pipe_barrier_[p] != last_barrier_) {
@@ -168,6 +169,7 @@ void CoreRecorder::CrossCoreWaitFlag(int flag) {
   std::vector<Instruction>& instructions = program_->b_.instructions;
   const auto id = static_cast<uint32_t>(instructions.size());
   instructions.push_back(ins);
+  program_->b_.has_payload.push_back(0);
   if (last_barrier_ >= 0) program_->AddEdge(static_cast<uint32_t>(last_barrier_), id, true);
   last_barrier_ = id;
   program_->CrossFlag(core_id_, flag).waits.push_back(id);
@@ -250,6 +252,7 @@ void CoreRecorder::Vector(std::initializer_list<VecOp> ops, Payload payload, con
 
 void ProgramBuffers::Clear() {
   instructions.clear();
+  has_payload.clear();
   payloads.clear();  // the payloads' captures die with the launch, not with the next one
   raw_edges.clear();
   for (FlagTable* table : {&intra, &cross}) {

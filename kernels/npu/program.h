@@ -139,6 +139,7 @@ class ProgramBuffers {
   void Clear();
 
   std::vector<Instruction> instructions;
+  std::vector<uint8_t> has_payload;  // per instruction: 1 if it has host work
   std::vector<Payload> payloads;
   struct RawEdge {
     uint32_t from, to;
@@ -189,6 +190,9 @@ class Program {
   const Payload* payload(const Instruction& ins) const {
     return ins.payload < 0 ? nullptr : &b_.payloads[ins.payload];
   }
+  // Per instruction, 1 if it has host work: what the executor asks of every instruction it
+  // releases, a byte instead of a read of the whole record.
+  const std::vector<uint8_t>& has_payload() const { return b_.has_payload; }
   // Matched (set, wait) pairs of each intra-core flag, for the outstanding-set check.
   const FlagPairs& flag_pairs() const { return b_.flag_pairs; }
   // Matched (set, wait) pairs of each cross-core counter and sender, for the 16-outstanding
