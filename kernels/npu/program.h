@@ -2,14 +2,18 @@
 #define MLASERVE_KERNELS_NPU_PROGRAM_H_
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <new>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -26,7 +30,116 @@ namespace mlaserve::npu {
 class Program;
 
 // Host work attached to an instruction; runs when the launch executes for real.
-using Payload = std::function<void()>;
+//
+// Used like the std::function<void()> it replaced (empty or null, callable, copyable), but a
+// callable of up to kInlineBytes lives inside it: a launch records a payload per
+// instruction, and std::function put every kernel lambda (they capture 24 to 96 bytes) on
+// the heap, to be freed again when the launch ends. Larger callables still go there.
+class Payload {
+ public:
+  static constexpr size_t kInlineBytes = 96;
+
+  Payload() noexcept = default;
+  Payload(std::nullptr_t) noexcept {}  // NOLINT: converts like std::function's
+  template <typename F>
+    requires(!std::is_same_v<std::remove_cvref_t<F>, Payload> &&
+             !std::is_same_v<std::remove_cvref_t<F>, std::nullptr_t> &&
+             std::is_invocable_v<std::decay_t<F>&> &&
+             std::is_copy_constructible_v<std::decay_t<F>>)
+  Payload(F&& f) {  // NOLINT: converts like std::function's
+    using T = std::decay_t<F>;
+    if constexpr (kFitsInline<T>) {
+      new (storage_) T(std::forward<F>(f));
+    } else {
+      *reinterpret_cast<T**>(storage_) = new T(std::forward<F>(f));
+    }
+    ops_ = &kOps<T>;
+  }
+  Payload(const Payload& other) : ops_(other.ops_) {
+    if (ops_ != nullptr) ops_->copy(other.storage_, storage_);
+  }
+  Payload(Payload&& other) noexcept : ops_(other.ops_) {
+    if (ops_ != nullptr) ops_->relocate(other.storage_, storage_);
+    other.ops_ = nullptr;
+  }
+  Payload& operator=(const Payload& other) {
+    if (this != &other) *this = Payload(other);
+    return *this;
+  }
+  Payload& operator=(Payload&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      ops_ = other.ops_;
+      if (ops_ != nullptr) ops_->relocate(other.storage_, storage_);
+      other.ops_ = nullptr;
+    }
+    return *this;
+  }
+  Payload& operator=(std::nullptr_t) noexcept {
+    Reset();
+    return *this;
+  }
+  ~Payload() { Reset(); }
+
+  explicit operator bool() const noexcept { return ops_ != nullptr; }
+  friend bool operator==(const Payload& payload, std::nullptr_t) noexcept { return !payload; }
+  // Like std::function, calls its target as a non-const object.
+  void operator()() const { ops_->invoke(storage_); }
+
+ private:
+  struct Ops {
+    void (*invoke)(void* target);
+    void (*copy)(const void* from, void* to);
+    void (*relocate)(void* from, void* to) noexcept;  // moves, then destroys the source
+    void (*destroy)(void* target) noexcept;
+  };
+  template <typename T>
+  static constexpr bool kFitsInline = sizeof(T) <= kInlineBytes &&
+                                      alignof(T) <= alignof(std::max_align_t) &&
+                                      std::is_nothrow_move_constructible_v<T>;
+  template <typename T>
+  static T& Target(void* storage) {
+    if constexpr (kFitsInline<T>) {
+      return *std::launder(reinterpret_cast<T*>(storage));
+    } else {
+      return **reinterpret_cast<T**>(storage);
+    }
+  }
+  template <typename T>
+  static constexpr Ops kOps = {
+      [](void* target) { Target<T>(target)(); },
+      [](const void* from, void* to) {
+        const T& source = Target<T>(const_cast<void*>(from));
+        if constexpr (kFitsInline<T>) {
+          new (to) T(source);
+        } else {
+          *reinterpret_cast<T**>(to) = new T(source);
+        }
+      },
+      [](void* from, void* to) noexcept {
+        if constexpr (kFitsInline<T>) {
+          new (to) T(std::move(Target<T>(from)));
+          Target<T>(from).~T();
+        } else {
+          *reinterpret_cast<T**>(to) = *reinterpret_cast<T**>(from);
+        }
+      },
+      [](void* target) noexcept {
+        if constexpr (kFitsInline<T>) {
+          Target<T>(target).~T();
+        } else {
+          delete &Target<T>(target);
+        }
+      },
+  };
+  void Reset() noexcept {
+    if (ops_ != nullptr) ops_->destroy(storage_);
+    ops_ = nullptr;
+  }
+
+  alignas(std::max_align_t) mutable std::byte storage_[kInlineBytes];
+  const Ops* ops_ = nullptr;
+};
 
 // Vector instruction classes and their cost (cycles per 256-byte repeat in the profile).
 enum class VecClass : uint8_t { kUnary, kBinary, kExp, kReduce, kDiv };
