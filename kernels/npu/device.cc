@@ -28,11 +28,12 @@ namespace {
 // silently; here it would corrupt host memory. Checked before anything runs.
 absl::Status CheckGmAccesses(const Program& program, const GlobalMemory& gm) {
   const std::vector<Instruction>& instructions = program.instructions();
+  GlobalMemory::AccessChecker checker(gm);
   for (uint32_t id = 0; id < instructions.size(); ++id) {
     const Instruction& ins = instructions[id];
     if (ins.gm_rows <= 0 || ins.gm_row_bytes <= 0) continue;
     const int64_t span = (ins.gm_rows - 1) * ins.gm_stride + ins.gm_row_bytes;
-    absl::Status status = gm.CheckAccess(ins.gm_addr, span);
+    absl::Status status = checker.Check(ins.gm_addr, span);
     if (!status.ok()) {
       return absl::OutOfRangeError(absl::StrCat(program.Describe(id), ": ", status.message()));
     }
@@ -40,18 +41,27 @@ absl::Status CheckGmAccesses(const Program& program, const GlobalMemory& gm) {
   return absl::OkStatus();
 }
 
+double MillisecondsSince(std::chrono::steady_clock::time_point start) {
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  return std::chrono::duration<double, std::milli>(elapsed).count();
+}
+
 }  // namespace
 
 absl::StatusOr<LaunchReport> Device::Launch(const DeviceKernel& kernel, ExecutionMode mode) {
   std::lock_guard<std::mutex> lock(launch_mu_);
   const bool execute = mode == ExecutionMode::kExecute;
-  Program program(profile_, kernel.BlockDim(), execute ? &local_ : nullptr);
+  LaunchReport report;
+  auto start = std::chrono::steady_clock::now();
+  Program program(profile_, kernel.BlockDim(), execute ? &local_ : nullptr, &program_buffers_);
   RETURN_IF_ERROR(kernel.Record(program));
   RETURN_IF_ERROR(program.Finalize());
   RETURN_IF_ERROR(CheckGmAccesses(program, gm_));
-  ASSIGN_OR_RETURN(LaunchTiming timing, SimulateLaunch(program, profile_));
+  report.host_record_ms = MillisecondsSince(start);
+  start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(LaunchTiming timing, SimulateLaunch(program, profile_, timing_scratch_));
+  report.host_model_ms = MillisecondsSince(start);
 
-  LaunchReport report;
   report.kernel = kernel.Name();
   report.block_dim = program.block_dim();
   report.modeled_cycles = timing.total_cycles;
@@ -74,10 +84,9 @@ absl::StatusOr<LaunchReport> Device::Launch(const DeviceKernel& kernel, Executio
         static_cast<double>(timing.vector_busy[static_cast<int>(pipe)]) / vector_capacity;
   }
   if (execute) {
-    const auto start = std::chrono::steady_clock::now();
+    start = std::chrono::steady_clock::now();
     executor_.Run(program, gm_);
-    report.host_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    report.host_ms = MillisecondsSince(start);
   }
   return report;
 }

@@ -12,6 +12,7 @@
 #include "kernels/npu/launch_report.h"
 #include "kernels/npu/local_memory.h"
 #include "kernels/npu/program.h"
+#include "kernels/npu/timing_model.h"
 
 namespace mlaserve::npu {
 
@@ -46,6 +47,8 @@ class Device {
   GlobalMemory gm_;
   std::mutex launch_mu_;  // one launch at a time; std::mutex for TSan (see GlobalMemory)
   LocalMemoryStorage local_;  // guarded by launch_mu_
+  TimingScratch timing_scratch_;  // guarded by launch_mu_
+  ProgramBuffers program_buffers_;  // guarded by launch_mu_
   HostExecutor executor_;
 };
 

@@ -144,7 +144,7 @@ void HostExecutor::Execute(const Program& program, uint32_t id) {
 int64_t HostExecutor::Complete(uint32_t id) {
   const auto& offsets = program_->edge_offsets();
   const auto& edges = program_->edges();
-  const auto& instructions = program_->instructions();
+  const std::vector<uint8_t>& has_payload = program_->has_payload();
   int64_t next = -1;
   bool queued = false;
   stack_.push_back(id);
@@ -155,7 +155,7 @@ int64_t HostExecutor::Complete(uint32_t id) {
     for (uint32_t e = offsets[finished]; e < offsets[finished + 1]; ++e) {
       const uint32_t to = edges[e].to;
       if (--pending_[to] != 0) continue;
-      if (program_->payload(instructions[to]) == nullptr) {
+      if (!has_payload[to]) {
         stack_.push_back(to);
       } else if (next < 0) {
         next = to;

@@ -1,31 +1,52 @@
 #include "kernels/npu/l2_cache_model.h"
 
 #include <algorithm>
+#include <bit>
 
 namespace mlaserve::npu {
 
 L2CacheModel::L2CacheModel(int64_t capacity_bytes, int64_t line_bytes)
-    : capacity_(capacity_bytes), line_bytes_(line_bytes) {}
+    : capacity_(static_cast<uint64_t>(capacity_bytes)),
+      line_bytes_(static_cast<uint64_t>(line_bytes)),
+      line_shift_(std::has_single_bit(static_cast<uint64_t>(line_bytes))
+                      ? std::countr_zero(static_cast<uint64_t>(line_bytes))
+                      : -1),
+      never_(uint64_t{0} - static_cast<uint64_t>(capacity_bytes)) {}
+
+void L2CacheModel::Look(uint64_t block) {
+  const auto [it, inserted] =
+      directory_.try_emplace(block, static_cast<uint32_t>(stamps_.size() / kLinesPerBlock));
+  if (inserted) stamps_.resize(stamps_.size() + kLinesPerBlock, never_);
+  cached_block_ = block;
+  cached_offset_ = static_cast<size_t>(it->second) * kLinesPerBlock;
+}
 
 L2CacheModel::Outcome L2CacheModel::Access(const GmRegion& region) {
-  Outcome outcome;
+  uint64_t hit = 0, fetched = 0;
   for (int64_t r = 0; r < region.rows; ++r) {
     const uint64_t lo = region.addr + static_cast<uint64_t>(r * region.stride);
     const uint64_t hi = lo + static_cast<uint64_t>(region.row_bytes);
-    for (uint64_t line = lo / line_bytes_; line * line_bytes_ < hi; ++line) {
-      const uint64_t a = std::max<uint64_t>(lo, line * line_bytes_);
-      const uint64_t b = std::min<uint64_t>(hi, (line + 1) * line_bytes_);
-      auto [it, inserted] = last_touch_.try_emplace(line, traffic_);
-      if (!inserted && traffic_ - it->second < static_cast<uint64_t>(capacity_)) {
-        outcome.hit_bytes += static_cast<int64_t>(b - a);
-      } else {
-        outcome.fetched_bytes += line_bytes_;
+    uint64_t line = line_shift_ >= 0 ? lo >> line_shift_ : lo / line_bytes_;
+    uint64_t line_lo = line * line_bytes_;
+    while (line_lo < hi) {
+      // The row's lines in this block, straight from the block's array.
+      uint64_t* stamps = Lines(line >> kBlockShift);
+      const uint64_t block_end = ((line >> kBlockShift) + 1) << kBlockShift;
+      for (; line < block_end && line_lo < hi; ++line, line_lo += line_bytes_) {
+        const uint64_t a = std::max(lo, line_lo);
+        const uint64_t b = std::min(hi, line_lo + line_bytes_);
+        uint64_t& stamp = stamps[line & (kLinesPerBlock - 1)];
+        if (traffic_ - stamp < capacity_) {  // a never-touched stamp always misses
+          hit += b - a;
+        } else {
+          fetched += line_bytes_;
+        }
+        stamp = traffic_;
+        traffic_ += b - a;
       }
-      it->second = traffic_;
-      traffic_ += b - a;
     }
   }
-  return outcome;
+  return {static_cast<int64_t>(hit), static_cast<int64_t>(fetched)};
 }
 
 }  // namespace mlaserve::npu

@@ -41,8 +41,7 @@ CoreRecorder::CoreRecorder(Program* program, CoreKind kind, int block, int sub_b
   auto make = [&](Space space, int64_t capacity, int64_t alignment) {
     std::byte* base = program->storage_ == nullptr ? nullptr
                                                    : program->storage_->Base(storage_core, space);
-    owned_arenas_.push_back(std::make_unique<LocalArena>(space, capacity, alignment, base));
-    arenas_[static_cast<int>(space)] = owned_arenas_.back().get();
+    arenas_[static_cast<int>(space)].emplace(space, capacity, alignment, base);
   };
   if (kind == CoreKind::kCube) {
     make(Space::kL1, p.l1_bytes, p.l1_alignment);
@@ -57,8 +56,8 @@ CoreRecorder::CoreRecorder(Program* program, CoreKind kind, int block, int sub_b
 bool CoreRecorder::executes() const { return program_->executes(); }
 
 absl::StatusOr<LocalTensor> CoreRecorder::Alloc(Space space, int64_t bytes, absl::string_view what) {
-  LocalArena* arena = arenas_[static_cast<int>(space)];
-  if (arena == nullptr) {
+  std::optional<LocalArena>& arena = arenas_[static_cast<int>(space)];
+  if (!arena) {
     return absl::InvalidArgumentError(absl::StrCat(CoreKindName(kind_), " has no ",
                                                    SpaceName(space), " (buffer '", what, "')"));
   }
@@ -89,12 +88,15 @@ uint32_t CoreRecorder::Record(Pipe pipe, OpKind kind, int64_t cycles, int64_t la
   ins.cycles = cycles;
   ins.latency = latency;
   ins.label = label;
+  std::vector<Payload>& payloads = program_->b_.payloads;
   if (payload && program_->executes()) {
-    ins.payload = static_cast<int32_t>(program_->payloads_.size());
-    program_->payloads_.push_back(std::move(payload));
+    ins.payload = static_cast<int32_t>(payloads.size());
+    payloads.push_back(std::move(payload));
   }
-  const auto id = static_cast<uint32_t>(program_->instructions_.size());
-  program_->instructions_.push_back(ins);
+  std::vector<Instruction>& instructions = program_->b_.instructions;
+  const auto id = static_cast<uint32_t>(instructions.size());
+  instructions.push_back(ins);
+  program_->b_.has_payload.push_back(ins.payload >= 0);
   const int p = static_cast<int>(pipe);
   if (pipe_last_[p] >= 0) program_->AddEdge(static_cast<uint32_t>(pipe_last_[p]), id, false);
   if (last_barrier_ >= 0 && pipe_barrier_[p] != last_barrier_) {
@@ -115,7 +117,7 @@ void CoreRecorder::SetFlag(Pipe src, Pipe dst, int event) {
   }
   const uint32_t id = Record(src, OpKind::kSetFlag, 0, program_->profile().flag_latency_cycles,
                              nullptr, "set_flag");
-  program_->intra_sets_[{core_id_, static_cast<int>(src), static_cast<int>(dst), event}].push_back(id);
+  program_->IntraFlag(core_id_, src, dst, event).sets[0].push_back(id);
 }
 
 void CoreRecorder::WaitFlag(Pipe src, Pipe dst, int event) {
@@ -127,7 +129,7 @@ void CoreRecorder::WaitFlag(Pipe src, Pipe dst, int event) {
     return;
   }
   const uint32_t id = Record(dst, OpKind::kWaitFlag, 0, 0, nullptr, "wait_flag");
-  program_->intra_waits_[{core_id_, static_cast<int>(src), static_cast<int>(dst), event}].push_back(id);
+  program_->IntraFlag(core_id_, src, dst, event).waits.push_back(id);
 }
 
 void CoreRecorder::CrossCoreSetFlag(int flag, Pipe pipe) {
@@ -141,12 +143,13 @@ void CoreRecorder::CrossCoreSetFlag(int flag, Pipe pipe) {
   const uint32_t id = Record(pipe, OpKind::kCrossCoreSet, 0,
                              program_->profile().cross_core_flag_latency_cycles, nullptr,
                              "cross_core_set");
+  // Each receiver's senders in core order: an AIV hears only its AIC, an AIC its two AIVs.
   if (kind_ == CoreKind::kCube) {
     for (int s = 0; s < 2; ++s) {
-      program_->cross_sets_[{program_->block_dim_ + 2 * block_ + s, flag, core_id_}].push_back(id);
+      program_->CrossFlag(program_->block_dim_ + 2 * block_ + s, flag).sets[0].push_back(id);
     }
   } else {
-    program_->cross_sets_[{block_, flag, core_id_}].push_back(id);
+    program_->CrossFlag(block_, flag).sets[sub_block_].push_back(id);
   }
 }
 
@@ -163,11 +166,13 @@ void CoreRecorder::CrossCoreWaitFlag(int flag) {
   ins.kind = OpKind::kCrossCoreWait;
   ins.vector_core = kind_ == CoreKind::kVector;
   ins.label = "cross_core_wait";
-  const auto id = static_cast<uint32_t>(program_->instructions_.size());
-  program_->instructions_.push_back(ins);
+  std::vector<Instruction>& instructions = program_->b_.instructions;
+  const auto id = static_cast<uint32_t>(instructions.size());
+  instructions.push_back(ins);
+  program_->b_.has_payload.push_back(0);
   if (last_barrier_ >= 0) program_->AddEdge(static_cast<uint32_t>(last_barrier_), id, true);
   last_barrier_ = id;
-  program_->cross_waits_[{core_id_, flag}].push_back(id);
+  program_->CrossFlag(core_id_, flag).waits.push_back(id);
 }
 
 void CoreRecorder::ReadGm(const GmRegion& src, Payload payload, const char* label) {
@@ -176,7 +181,7 @@ void CoreRecorder::ReadGm(const GmRegion& src, Payload payload, const char* labe
   const double rate = kind_ == CoreKind::kCube ? p.cube_mte2_bytes_per_cycle : p.vector_mte2_bytes_per_cycle;
   const uint32_t id = Record(Pipe::kMte2, OpKind::kGmRead, TransferCycles(src.bytes(), rate),
                              p.gm_read_head_cycles, std::move(payload), label);
-  SetRegion(program_->instructions_[id], src);
+  SetRegion(program_->b_.instructions[id], src);
 }
 
 void CoreRecorder::WriteGm(const GmRegion& dst, AtomicMode atomic, Payload payload, const char* label) {
@@ -187,8 +192,9 @@ void CoreRecorder::WriteGm(const GmRegion& dst, AtomicMode atomic, Payload paylo
       Record(pipe, OpKind::kGmWrite,
              TransferCycles(dst.bytes(), cube ? p.fix_bytes_per_cycle : p.mte3_bytes_per_cycle),
              cube ? p.fix_head_cycles : p.gm_write_head_cycles, std::move(payload), label);
-  SetRegion(program_->instructions_[id], dst);
-  program_->instructions_[id].atomic = atomic;
+  Instruction& ins = program_->b_.instructions[id];
+  SetRegion(ins, dst);
+  ins.atomic = atomic;
 }
 
 void CoreRecorder::LoadL0(Space dst, int64_t bytes, Payload payload, const char* label) {
@@ -211,7 +217,7 @@ void CoreRecorder::Mmad(int m, int n, int k, Payload payload, const char* label)
   const int64_t fractals = CeilDiv(m, 16) * CeilDiv(n, 16) * CeilDiv(k, 16);
   const int64_t cycles = CeilDiv(fractals * 4096, p.cube_macs_per_cycle);
   Record(Pipe::kM, OpKind::kMmad, cycles, p.mmad_head_cycles, std::move(payload), label);
-  ++program_->mmad_shapes_[{m, n, k}];
+  program_->CountMmad(m, n, k);
 }
 
 void CoreRecorder::Vector(std::initializer_list<VecOp> ops, Payload payload, const char* label) {
@@ -243,14 +249,62 @@ void CoreRecorder::Vector(std::initializer_list<VecOp> ops, Payload payload, con
   Record(Pipe::kV, OpKind::kVector, cycles, 0, std::move(payload), label);
 }
 
-Program::Program(const DeviceProfile& profile, int block_dim, const LocalMemoryStorage* storage)
-    : profile_(profile), block_dim_(block_dim), storage_(storage) {
+
+void ProgramBuffers::Clear() {
+  instructions.clear();
+  has_payload.clear();
+  payloads.clear();  // the payloads' captures die with the launch, not with the next one
+  raw_edges.clear();
+  for (FlagTable* table : {&intra, &cross}) {
+    for (uint32_t key : table->keys) table->slot[key] = -1;
+    for (size_t i = 0; i < table->keys.size(); ++i) {
+      FlagQueue& queue = table->queues[i];
+      queue.sets[0].clear();
+      queue.sets[1].clear();
+      queue.waits.clear();
+    }
+    table->keys.clear();
+  }
+  edge_offsets.clear();
+  edges.clear();
+  fill.clear();
+  in_degree.clear();
+  for (FlagPairs* pairs : {&flag_pairs, &cross_pairs}) {
+    pairs->offsets.clear();
+    pairs->pairs.clear();
+  }
+}
+
+namespace {
+
+// Keys of the flag tables: dense, and ordered like the tuples they encode.
+constexpr int kIntraKeysPerCore = kNumPipes * kNumPipes * (kMaxEventId + 1);
+constexpr int kCrossKeysPerCore = kMaxCrossCoreFlagId + 1;
+
+}  // namespace
+
+ProgramBuffers::FlagQueue& ProgramBuffers::FlagTable::Queue(uint32_t key) {
+  int32_t& index = slot[key];
+  if (index < 0) {
+    index = static_cast<int32_t>(keys.size());
+    keys.push_back(key);
+    if (queues.size() < keys.size()) queues.emplace_back();
+  }
+  return queues[index];
+}
+
+Program::Program(const DeviceProfile& profile, int block_dim, const LocalMemoryStorage* storage,
+                 ProgramBuffers* recycled)
+    : profile_(profile), block_dim_(block_dim), storage_(storage), recycled_(recycled) {
   if (block_dim <= 0 || block_dim > profile.cube_cores) {
     status_ = absl::InvalidArgumentError(absl::StrCat("block_dim ", block_dim, " is outside 1..",
                                                       profile.cube_cores, " (AIC count of ",
                                                       profile.name, ")"));
     block_dim_ = std::clamp(block_dim, 1, profile.cube_cores);
   }
+  if (recycled_ != nullptr) b_ = std::move(*recycled_);  // emptied when it was returned
+  const int cores = 3 * block_dim_;
+  cores_.reserve(cores);
   for (int b = 0; b < block_dim_; ++b) {
     cores_.push_back(std::unique_ptr<CoreRecorder>(new CoreRecorder(this, CoreKind::kCube, b, 0, b)));
   }
@@ -260,18 +314,60 @@ Program::Program(const DeviceProfile& profile, int block_dim, const LocalMemoryS
           new CoreRecorder(this, CoreKind::kVector, b, s, block_dim_ + 2 * b + s)));
     }
   }
+  const auto grow = [](std::vector<int32_t>& slot, size_t size) {
+    if (slot.size() < size) slot.resize(size, -1);
+  };
+  grow(b_.intra.slot, static_cast<size_t>(cores) * kIntraKeysPerCore);
+  grow(b_.cross.slot, static_cast<size_t>(cores) * kCrossKeysPerCore);
+}
+
+Program::~Program() {
+  if (recycled_ != nullptr) {
+    b_.Clear();
+    *recycled_ = std::move(b_);
+  }
 }
 
 void Program::Fail(absl::Status status) {
   if (status_.ok()) status_ = std::move(status);
 }
 
-void Program::AddEdge(uint32_t from, uint32_t to, bool after_completion) {
-  raw_edges_.emplace_back(from, to, after_completion);
+ProgramBuffers::FlagQueue& Program::IntraFlag(int core, Pipe src, Pipe dst, int event) {
+  const int key = ((core * kNumPipes + static_cast<int>(src)) * kNumPipes + static_cast<int>(dst)) *
+                      (kMaxEventId + 1) +
+                  event;
+  return b_.intra.Queue(static_cast<uint32_t>(key));
+}
+
+ProgramBuffers::FlagQueue& Program::CrossFlag(int receiver, int flag) {
+  return b_.cross.Queue(static_cast<uint32_t>(receiver * kCrossKeysPerCore + flag));
+}
+
+void Program::CountMmad(int m, int n, int k) {
+  auto is = [&](const MmadShape& s) { return s.m == m && s.n == n && s.k == k; };
+  if (last_mmad_ < mmad_shapes_.size() && is(mmad_shapes_[last_mmad_])) {
+    ++mmad_shapes_[last_mmad_].count;
+    return;
+  }
+  for (size_t i = 0; i < mmad_shapes_.size(); ++i) {
+    if (is(mmad_shapes_[i])) {
+      ++mmad_shapes_[i].count;
+      last_mmad_ = i;
+      return;
+    }
+  }
+  last_mmad_ = mmad_shapes_.size();
+  mmad_shapes_.push_back({m, n, k, 1});
+}
+
+std::map<std::tuple<int, int, int>, int64_t> Program::mmad_shapes() const {
+  std::map<std::tuple<int, int, int>, int64_t> shapes;
+  for (const MmadShape& s : mmad_shapes_) shapes[{s.m, s.n, s.k}] = s.count;
+  return shapes;
 }
 
 std::string Program::Describe(uint32_t id) const {
-  const Instruction& ins = instructions_[id];
+  const Instruction& ins = b_.instructions[id];
   return absl::StrCat(CoreName(*this, ins.core), " ",
                       ins.pipe == kIssueBarrier ? "issue" : PipeName(static_cast<Pipe>(ins.pipe)),
                       " '", ins.label, "' (#", id, ")");
@@ -279,90 +375,110 @@ std::string Program::Describe(uint32_t id) const {
 
 absl::Status Program::Finalize() {
   if (!status_.ok()) return status_;
-  // Intra-core flags: the k-th wait on (core, src, dst, event) consumes the k-th set.
-  auto key_name = [&](const std::tuple<int, int, int, int>& key) {
-    return absl::StrCat(CoreName(*this, std::get<0>(key)), " ",
-                        PipeName(static_cast<Pipe>(std::get<1>(key))), "->",
-                        PipeName(static_cast<Pipe>(std::get<2>(key))), " event ", std::get<3>(key));
+  // Intra-core flags: the k-th wait on (core, src, dst, event) consumes the k-th set. Keys
+  // are visited in (core, src, dst, event) order, so errors and edges come in a fixed order.
+  ProgramBuffers::FlagTable& intra = b_.intra;
+  std::sort(intra.keys.begin(), intra.keys.end());
+  auto key_name = [&](uint32_t key) {
+    const int event = static_cast<int>(key % (kMaxEventId + 1));
+    const int dst = static_cast<int>(key / (kMaxEventId + 1) % kNumPipes);
+    const int src = static_cast<int>(key / (kMaxEventId + 1) / kNumPipes % kNumPipes);
+    const int core = static_cast<int>(key / kIntraKeysPerCore);
+    return absl::StrCat(CoreName(*this, core), " ", PipeName(static_cast<Pipe>(src)), "->",
+                        PipeName(static_cast<Pipe>(dst)), " event ", event);
   };
-  for (const auto& [key, waits] : intra_waits_) {
-    const auto sets_it = intra_sets_.find(key);
-    const size_t sets = sets_it == intra_sets_.end() ? 0 : sets_it->second.size();
-    if (waits.size() > sets) {
+  for (uint32_t key : intra.keys) {
+    const ProgramBuffers::FlagQueue& q = intra.queues[intra.slot[key]];
+    const size_t sets = q.sets[0].size();
+    if (q.waits.size() > sets) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "deadlock: ", key_name(key), " is waited for ", waits.size(), " times but set only ",
-          sets, " times; ", Describe(waits[sets]), " would wait forever"));
+          "deadlock: ", key_name(key), " is waited for ", q.waits.size(), " times but set only ",
+          sets, " times; ", Describe(q.waits[sets]), " would wait forever"));
     }
   }
-  for (const auto& [key, sets] : intra_sets_) {
-    const auto waits_it = intra_waits_.find(key);
-    const size_t waits = waits_it == intra_waits_.end() ? 0 : waits_it->second.size();
-    if (sets.size() != waits) {
-      return absl::FailedPreconditionError(absl::StrCat("flag protocol: ", key_name(key), " is set ",
-                                                        sets.size(), " times but waited for ",
-                                                        waits, " times (every set is consumed)"));
+  FlagPairs& flag_pairs = b_.flag_pairs;
+  flag_pairs.offsets.push_back(0);
+  for (uint32_t key : intra.keys) {
+    const ProgramBuffers::FlagQueue& q = intra.queues[intra.slot[key]];
+    const std::vector<uint32_t>& sets = q.sets[0];
+    if (sets.empty()) continue;
+    if (sets.size() != q.waits.size()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("flag protocol: ", key_name(key), " is set ", sets.size(),
+                       " times but waited for ", q.waits.size(), " times (every set is consumed)"));
     }
-    std::vector<std::pair<uint32_t, uint32_t>> pairs;
     for (size_t k = 0; k < sets.size(); ++k) {
-      AddEdge(sets[k], waits_it->second[k], true);
-      pairs.emplace_back(sets[k], waits_it->second[k]);
+      AddEdge(sets[k], q.waits[k], true);
+      flag_pairs.pairs.emplace_back(sets[k], q.waits[k]);
     }
-    flag_pairs_.push_back(std::move(pairs));
+    flag_pairs.offsets.push_back(static_cast<uint32_t>(flag_pairs.pairs.size()));
   }
 
   // Cross-core counters: an AIV's k-th wait needs its AIC's k-th set; an AIC's k-th wait
-  // needs the k-th set of both of its AIVs.
-  for (const auto& [key, waits] : cross_waits_) {
-    const auto [receiver, flag] = key;
-    std::vector<int> senders;
-    if (receiver < block_dim_) {
-      senders = {block_dim_ + 2 * receiver, block_dim_ + 2 * receiver + 1};
-    } else {
-      senders = {(receiver - block_dim_) / 2};
-    }
-    for (int sender : senders) {
-      const auto it = cross_sets_.find({receiver, flag, sender});
-      const size_t sets = it == cross_sets_.end() ? 0 : it->second.size();
-      if (sets < waits.size()) {
+  // needs the k-th set of both of its AIVs. Keys in (receiver, flag) order, senders in core
+  // order.
+  ProgramBuffers::FlagTable& cross = b_.cross;
+  std::sort(cross.keys.begin(), cross.keys.end());
+  auto senders_of = [&](int receiver) -> std::pair<int, int> {  // first sender, how many
+    if (receiver < block_dim_) return {block_dim_ + 2 * receiver, 2};
+    return {(receiver - block_dim_) / 2, 1};
+  };
+  FlagPairs& cross_pairs = b_.cross_pairs;
+  cross_pairs.offsets.push_back(0);
+  for (uint32_t key : cross.keys) {
+    const ProgramBuffers::FlagQueue& q = cross.queues[cross.slot[key]];
+    const std::vector<uint32_t>& waits = q.waits;
+    if (waits.empty()) continue;
+    const int receiver = static_cast<int>(key / kCrossKeysPerCore);
+    const int flag = static_cast<int>(key % kCrossKeysPerCore);
+    const auto [first_sender, senders] = senders_of(receiver);
+    for (int j = 0; j < senders; ++j) {
+      const std::vector<uint32_t>& sets = q.sets[j];
+      if (sets.size() < waits.size()) {
         return absl::FailedPreconditionError(absl::StrCat(
             "deadlock: ", CoreName(*this, receiver), " waits on cross-core flag ", flag, " ",
-            waits.size(), " times but ", CoreName(*this, sender), " sets it only ", sets,
-            " times; ", Describe(waits[sets]), " would wait forever"));
+            waits.size(), " times but ", CoreName(*this, first_sender + j), " sets it only ",
+            sets.size(), " times; ", Describe(waits[sets.size()]), " would wait forever"));
       }
-      std::vector<std::pair<uint32_t, uint32_t>> pairs;
       for (size_t k = 0; k < waits.size(); ++k) {
-        AddEdge(it->second[k], waits[k], true);
-        pairs.emplace_back(it->second[k], waits[k]);
+        AddEdge(sets[k], waits[k], true);
+        cross_pairs.pairs.emplace_back(sets[k], waits[k]);
       }
-      cross_pairs_.push_back(std::move(pairs));
+      cross_pairs.offsets.push_back(static_cast<uint32_t>(cross_pairs.pairs.size()));
     }
   }
-  for (const auto& [key, sets] : cross_sets_) {
-    const auto [receiver, flag, sender] = key;
-    const auto it = cross_waits_.find({receiver, flag});
-    const size_t waits = it == cross_waits_.end() ? 0 : it->second.size();
-    if (sets.size() != waits) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "flag protocol: ", CoreName(*this, sender), " sets cross-core flag ", flag, " of ",
-          CoreName(*this, receiver), " ", sets.size(), " times but it is waited for ", waits,
-          " times"));
+  for (uint32_t key : cross.keys) {
+    const ProgramBuffers::FlagQueue& q = cross.queues[cross.slot[key]];
+    const int receiver = static_cast<int>(key / kCrossKeysPerCore);
+    const int flag = static_cast<int>(key % kCrossKeysPerCore);
+    const auto [first_sender, senders] = senders_of(receiver);
+    for (int j = 0; j < senders; ++j) {
+      const std::vector<uint32_t>& sets = q.sets[j];
+      if (!sets.empty() && sets.size() != q.waits.size()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "flag protocol: ", CoreName(*this, first_sender + j), " sets cross-core flag ", flag,
+            " of ", CoreName(*this, receiver), " ", sets.size(), " times but it is waited for ",
+            q.waits.size(), " times"));
+      }
     }
   }
 
   // Compressed adjacency by source.
-  const size_t n = instructions_.size();
-  edge_offsets_.assign(n + 1, 0);
-  in_degree_.assign(n, 0);
-  for (const auto& [from, to, after] : raw_edges_) {
-    ++edge_offsets_[from + 1];
-    ++in_degree_[to];
+  const size_t n = b_.instructions.size();
+  std::vector<uint32_t>& offsets = b_.edge_offsets;
+  offsets.assign(n + 1, 0);
+  b_.in_degree.assign(n, 0);
+  for (const ProgramBuffers::RawEdge& e : b_.raw_edges) {
+    ++offsets[e.from + 1];
+    ++b_.in_degree[e.to];
   }
-  for (size_t i = 0; i < n; ++i) edge_offsets_[i + 1] += edge_offsets_[i];
-  edges_.resize(raw_edges_.size());
-  std::vector<uint32_t> fill(edge_offsets_.begin(), edge_offsets_.end() - 1);
-  for (const auto& [from, to, after] : raw_edges_) edges_[fill[from]++] = Edge{to, after};
-  raw_edges_.clear();
-  raw_edges_.shrink_to_fit();
+  for (size_t i = 0; i < n; ++i) offsets[i + 1] += offsets[i];
+  b_.edges.resize(b_.raw_edges.size());
+  b_.fill.assign(offsets.begin(), offsets.end() - 1);
+  for (const ProgramBuffers::RawEdge& e : b_.raw_edges) {
+    b_.edges[b_.fill[e.from]++] = Edge{e.to, e.after_completion};
+  }
+  b_.raw_edges.clear();
   return absl::OkStatus();
 }
 

@@ -1,8 +1,9 @@
 #include "kernels/npu/timing_model.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
-#include <queue>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -31,76 +32,132 @@ class BandwidthServer {
 }  // namespace
 
 absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const DeviceProfile& profile) {
+  TimingScratch scratch;
+  return SimulateLaunch(program, profile, scratch);
+}
+
+absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const DeviceProfile& profile,
+                                            TimingScratch& scratch) {
   const std::vector<Instruction>& ins = program.instructions();
   const size_t n = ins.size();
   const auto& offsets = program.edge_offsets();
   const auto& edges = program.edges();
-  std::vector<uint32_t> pending = program.in_degree();
-  std::vector<double> ready(n, 0.0), start(n, 0.0), finish(n, 0.0), done(n, 0.0);
-  std::vector<char> processed(n, 0);
+  const std::vector<uint32_t>& in_degree = program.in_degree();
+  std::vector<TimingScratch::Node>& nodes = scratch.nodes_;
+  std::vector<TimingScratch::Footprint>& footprints = scratch.footprints_;
+  nodes.resize(n);
+  footprints.clear();
+  for (uint32_t i = 0; i < n; ++i) {
+    const Instruction& x = ins[i];
+    TimingScratch::Node& node = nodes[i];
+    node.time = 0.0;
+    node.cycles = static_cast<double>(x.cycles);
+    node.latency = static_cast<double>(x.latency);
+    node.pending = in_degree[i];
+    node.first_edge = offsets[i];
+    node.edges = offsets[i + 1] - offsets[i];
+    node.kind = x.kind;
+    node.pipe = x.pipe;
+    node.pipe_slot =
+        x.pipe != kIssueBarrier ? static_cast<uint32_t>(x.core) * kNumPipes + x.pipe : 0;
+    node.is_set = x.kind == OpKind::kSetFlag || x.kind == OpKind::kCrossCoreSet;
+    node.vector_core = x.vector_core;
+    if (x.kind == OpKind::kGmRead || x.kind == OpKind::kGmWrite) {
+      node.footprint = static_cast<uint32_t>(footprints.size());
+      footprints.push_back({{x.gm_addr, x.gm_rows, x.gm_row_bytes, x.gm_stride}, x.gm_bytes});
+    }
+  }
   // Completion of everything issued so far on each (core, pipe): what a set waits for.
-  std::vector<double> pipe_done(static_cast<size_t>(program.num_cores()) * kNumPipes, 0.0);
+  std::vector<double>& pipe_done = scratch.pipe_done_;
+  pipe_done.assign(static_cast<size_t>(program.num_cores()) * kNumPipes, 0.0);
 
   L2CacheModel l2(profile.l2_bytes, profile.l2_line_bytes);
   BandwidthServer l2_port(profile.l2_bytes_per_cycle);
   BandwidthServer hbm_port(profile.hbm_bytes_per_cycle);
 
-  using Item = std::pair<double, uint32_t>;  // (ready time, id): ties broken by id
-  std::priority_queue<Item, std::vector<Item>, std::greater<>> queue;
+  // Pops in (ready time, id) order: ties broken by id, so the order is fully determined.
+  using Key = TimingScratch::Key;
+  const auto key = [](double time, uint32_t id) {
+    return Key{std::bit_cast<uint64_t>(time)} << 32 | id;
+  };
+  std::vector<Key>& queue = scratch.queue_;
+  queue.clear();
+  constexpr std::greater<> kLater;
   for (uint32_t i = 0; i < n; ++i) {
-    if (pending[i] == 0) queue.emplace(0.0, i);
+    if (in_degree[i] == 0) queue.push_back(key(0.0, i));
   }
+  std::make_heap(queue.begin(), queue.end(), kLater);
 
+  constexpr uint32_t kLookahead = 16;  // instructions; see the prefetches below
   LaunchTiming timing;
   timing.instructions = static_cast<int64_t>(n);
   size_t count = 0;
   double end = 0.0;
   while (!queue.empty()) {
-    const auto [t, id] = queue.top();
-    queue.pop();
-    const Instruction& x = ins[id];
+    std::pop_heap(queue.begin(), queue.end(), kLater);
+    const double t = std::bit_cast<double>(static_cast<uint64_t>(queue.back() >> 32));
+    const auto id = static_cast<uint32_t>(queue.back());
+    queue.pop_back();
+    // A core's instructions are numbered in its program order, and the pops advance each
+    // core's stream a few instructions at a time: some hundred streams at once, too many
+    // for the hardware prefetcher. Fetching a little ahead of this one cut the model's
+    // time by a quarter on programs too large for the caches.
+    if (id + kLookahead < n) {
+      const TimingScratch::Node* ahead = &nodes[id + kLookahead];
+      __builtin_prefetch(ahead);
+      __builtin_prefetch(reinterpret_cast<const char*>(ahead) + sizeof(TimingScratch::Node) - 1);
+      const TimingScratch::Node& nearer = nodes[id + kLookahead / 2];  // fetched before
+      __builtin_prefetch(&edges[nearer.first_edge]);
+      if (nearer.kind == OpKind::kGmRead || nearer.kind == OpKind::kGmWrite) {
+        __builtin_prefetch(&footprints[nearer.footprint]);
+      }
+    }
+    TimingScratch::Node& x = nodes[id];
     double s = t;
     const bool on_pipe = x.pipe != kIssueBarrier;
-    const size_t pipe_slot = on_pipe ? static_cast<size_t>(x.core) * kNumPipes + x.pipe : 0;
-    if (on_pipe && (x.kind == OpKind::kSetFlag || x.kind == OpKind::kCrossCoreSet)) {
-      s = std::max(s, pipe_done[pipe_slot]);  // fires after the pipe's earlier work completes
+    if (on_pipe && x.is_set) {
+      s = std::max(s, pipe_done[x.pipe_slot]);  // fires after the pipe's earlier work completes
     }
-    double f = s + static_cast<double>(x.cycles);
-    double latency = static_cast<double>(x.latency);
+    double f = s + x.cycles;
+    double latency = x.latency;
     if (x.kind == OpKind::kGmRead) {
-      const L2CacheModel::Outcome l2_outcome =
-          l2.Access({x.gm_addr, x.gm_rows, x.gm_row_bytes, x.gm_stride});
-      const int64_t fetched = l2_outcome.fetched_bytes;
-      f = std::max({f, l2_port.Serve(s, x.gm_bytes), hbm_port.Serve(s, fetched)});
+      const TimingScratch::Footprint& gm = footprints[x.footprint];
+      const int64_t fetched = l2.Access(gm.region).fetched_bytes;
+      f = std::max({f, l2_port.Serve(s, gm.bytes), hbm_port.Serve(s, fetched)});
       if (fetched > 0) latency += static_cast<double>(profile.hbm_miss_extra_cycles);
-      timing.gm_read_bytes += x.gm_bytes;
+      timing.gm_read_bytes += gm.bytes;
       timing.hbm_read_bytes += fetched;
     } else if (x.kind == OpKind::kGmWrite) {
-      l2.Access({x.gm_addr, x.gm_rows, x.gm_row_bytes, x.gm_stride});
-      f = std::max(f, l2_port.Serve(s, x.gm_bytes));
-      timing.gm_write_bytes += x.gm_bytes;
+      const TimingScratch::Footprint& gm = footprints[x.footprint];
+      l2.Access(gm.region);
+      f = std::max(f, l2_port.Serve(s, gm.bytes));
+      timing.gm_write_bytes += gm.bytes;
     }
-    start[id] = s;
-    finish[id] = f;
-    done[id] = f + latency;
-    processed[id] = 1;
+    const double done = f + latency;
+    x.time = x.is_set ? done : s;
     ++count;
-    end = std::max(end, done[id]);
+    end = std::max(end, done);
     if (on_pipe) {
-      pipe_done[pipe_slot] = std::max(pipe_done[pipe_slot], done[id]);
+      pipe_done[x.pipe_slot] = std::max(pipe_done[x.pipe_slot], done);
       auto& busy = x.vector_core ? timing.vector_busy : timing.cube_busy;
       busy[x.pipe] += static_cast<int64_t>(std::llround(f - s));
     }
-    for (uint32_t e = offsets[id]; e < offsets[id + 1]; ++e) {
+    for (uint32_t e = x.first_edge; e < x.first_edge + x.edges; ++e) {
       const uint32_t to = edges[e].to;
-      ready[to] = std::max(ready[to], edges[e].after_completion ? done[id] : finish[id]);
-      if (--pending[to] == 0) queue.emplace(ready[to], to);
+      TimingScratch::Node& next = nodes[to];
+      next.time = std::max(next.time, edges[e].after_completion ? done : f);
+      if (--next.pending == 0) {
+        queue.push_back(key(next.time, to));
+        std::push_heap(queue.begin(), queue.end(), kLater);
+      }
     }
   }
 
   if (count != n) {
     for (uint32_t i = 0; i < n; ++i) {
-      if (!processed[i] && (ins[i].kind == OpKind::kWaitFlag || ins[i].kind == OpKind::kCrossCoreWait)) {
+      // Whatever was never simulated still waits for a predecessor.
+      if (nodes[i].pending != 0 &&
+          (ins[i].kind == OpKind::kWaitFlag || ins[i].kind == OpKind::kCrossCoreWait)) {
         return absl::FailedPreconditionError(absl::StrCat(
             "deadlock: ", n - count, " instructions can never issue; e.g. ", program.Describe(i),
             " waits on a flag that is only set after it (a cycle in the flag protocol)"));
@@ -112,10 +169,13 @@ absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const Device
 
   // A2/A3 allow one outstanding set per (pipe pair, event): the next set of a flag must not
   // fire before the previous one has been consumed.
-  for (const auto& pairs : program.flag_pairs()) {
-    for (size_t k = 0; k + 1 < pairs.size(); ++k) {
+  const FlagPairs& flags = program.flag_pairs();
+  for (size_t g = 0; g < flags.groups(); ++g) {
+    const std::pair<uint32_t, uint32_t>* pairs = flags.pairs.data() + flags.offsets[g];
+    const size_t size = flags.offsets[g + 1] - flags.offsets[g];
+    for (size_t k = 0; k + 1 < size; ++k) {
       const uint32_t wait = pairs[k].second, next_set = pairs[k + 1].first;
-      if (done[next_set] < start[wait]) {
+      if (nodes[next_set].time < nodes[wait].time) {
         return absl::FailedPreconditionError(absl::StrCat(
             "flag protocol: ", program.Describe(next_set), " fires while the previous set is "
             "still outstanding (not yet consumed by ", program.Describe(wait), ")"));
@@ -123,11 +183,14 @@ absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const Device
     }
   }
 
-  for (const auto& pairs : program.cross_pairs()) {
-    for (size_t k = 0; k + kMaxOutstandingCrossCoreSets < pairs.size(); ++k) {
+  const FlagPairs& cross = program.cross_pairs();
+  for (size_t g = 0; g < cross.groups(); ++g) {
+    const std::pair<uint32_t, uint32_t>* pairs = cross.pairs.data() + cross.offsets[g];
+    const size_t size = cross.offsets[g + 1] - cross.offsets[g];
+    for (size_t k = 0; k + kMaxOutstandingCrossCoreSets < size; ++k) {
       const uint32_t wait = pairs[k].second;
       const uint32_t set = pairs[k + kMaxOutstandingCrossCoreSets].first;
-      if (done[set] < start[wait]) {
+      if (nodes[set].time < nodes[wait].time) {
         return absl::FailedPreconditionError(absl::StrCat(
             "flag protocol: ", program.Describe(set), " would be the 17th outstanding set of its "
             "cross-core counter"));

@@ -1,18 +1,27 @@
 // The emulated device's rules, each checked with a small hand-written kernel: local memory
 // capacity and alignment, GM bounds, flag deadlocks and protocol violations, exact atomics,
-// deterministic timing, profile validation; and the two modelling claims of the AMLA paper
-// the emulator must reproduce (preload helps, AMLA beats Base).
+// deterministic timing, profile validation; the emulator's own machinery (payloads, GM
+// host-memory reuse, atomic guards, the L2 model against its documented semantics); and the
+// two modelling claims of the AMLA paper the emulator must reproduce (preload helps, AMLA
+// beats Base).
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <random>
 #include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/core/fp32_exponent_add.h"
 #include "common/status_macros.h"
 #include "kernels/npu/device.h"
+#include "kernels/npu/l2_cache_model.h"
 #include "kernels/npu/programs/latent_decode_on_device.h"
 #include "nlohmann/json.hpp"
 
@@ -161,6 +170,55 @@ TEST(DeviceTest, ASetNobodyWaitsForIsAProtocolViolation) {
   EXPECT_THAT(report.status().message(), HasSubstr("flag protocol"));
 }
 
+TEST(DeviceTest, ASecondSetBeforeTheFirstIsConsumedIsAProtocolViolation) {
+  auto device = MakeDevice();
+  // M is busy with a long MMAD, so the first wait starts late, long after MTE2 (idle) has
+  // fired both sets. The legal pattern has MTE2 wait for M to hand the buffer back first.
+  auto kernel = [](bool legal) {
+    return ScriptedKernel(1, [legal](Program& program) {
+      CoreRecorder& aic = program.Cube(0);
+      aic.Mmad(128, 128, 4096, nullptr, "long mmad");
+      aic.SetFlag(Pipe::kMte2, Pipe::kM, 0);
+      aic.WaitFlag(Pipe::kMte2, Pipe::kM, 0);
+      if (legal) {
+        aic.SetFlag(Pipe::kM, Pipe::kMte2, 0);
+        aic.WaitFlag(Pipe::kM, Pipe::kMte2, 0);
+      }
+      aic.SetFlag(Pipe::kMte2, Pipe::kM, 0);
+      aic.WaitFlag(Pipe::kMte2, Pipe::kM, 0);
+      return absl::OkStatus();
+    });
+  };
+  EXPECT_TRUE(device->Launch(kernel(true), ExecutionMode::kModelOnly).ok());
+  const auto report = device->Launch(kernel(false), ExecutionMode::kModelOnly);
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(report.status().message(), HasSubstr("while the previous set is still outstanding"));
+}
+
+TEST(DeviceTest, ASeventeenthOutstandingCrossCoreSetIsAProtocolViolation) {
+  auto device = MakeDevice();
+  // The AIC first waits for flag 1, which the AIVs set only after a long vector op; by then
+  // they have set flag 2 `sets` times.
+  auto kernel = [](int sets) {
+    return ScriptedKernel(1, [sets](Program& program) {
+      CoreRecorder& aic = program.Cube(0);
+      aic.CrossCoreWaitFlag(1);
+      for (int k = 0; k < sets; ++k) aic.CrossCoreWaitFlag(2);
+      for (int s = 0; s < 2; ++s) {
+        CoreRecorder& aiv = program.Vector(0, s);
+        for (int k = 0; k < sets; ++k) aiv.CrossCoreSetFlag(2, Pipe::kMte3);
+        aiv.Vector({{VecClass::kDiv, 1 << 20}}, nullptr, "long vector op");
+        aiv.CrossCoreSetFlag(1, Pipe::kV);
+      }
+      return absl::OkStatus();
+    });
+  };
+  EXPECT_TRUE(device->Launch(kernel(kMaxOutstandingCrossCoreSets), ExecutionMode::kModelOnly).ok());
+  const auto report = device->Launch(kernel(kMaxOutstandingCrossCoreSets + 1), ExecutionMode::kModelOnly);
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(report.status().message(), HasSubstr("17th outstanding set"));
+}
+
 TEST(DeviceTest, BadFlagIdsAndMissingPipesAreRecordingErrors) {
   auto device = MakeDevice();
   ScriptedKernel bad_event(1, [](Program& program) {
@@ -233,6 +291,8 @@ TEST(DeviceTest, ModelledTimeIsDeterministicForAProfileAndShape) {
     auto report = ModelLatentDecodeOnDevice(*device, shape);
     ASSERT_TRUE(report.ok()) << report.status();
     cycles.push_back(report->modeled_cycles);
+    EXPECT_FALSE(report->host_ms.has_value());  // nothing executed
+    EXPECT_GT(report->host_model_ms, 0.0);      // but the model's host time is reported
   }
   EXPECT_GT(cycles[0], 0);
   EXPECT_EQ(cycles[0], cycles[1]);
@@ -259,6 +319,261 @@ TEST(DeviceTest, AmlaModelsFasterThanBaseFlashAttention) {
   EXPECT_GT(amla->fu, base->fu);
   // Base moves O through UB every block; AMLA never reads O back.
   EXPECT_GT(base->gm_read_bytes, amla->gm_read_bytes);
+}
+
+// A callable that counts its live copies and its calls (through pointers, so copies
+// share the counters), padded to a chosen size to land inside a Payload or on the heap.
+template <size_t kBytes>
+struct Counted {
+  int* live;
+  int* calls;
+  std::array<char, kBytes> padding{};
+  Counted(int* l, int* c) : live(l), calls(c) { ++*live; }
+  Counted(const Counted& o) : live(o.live), calls(o.calls), padding(o.padding) { ++*live; }
+  Counted(Counted&& o) noexcept : live(o.live), calls(o.calls), padding(o.padding) { ++*live; }
+  ~Counted() { --*live; }
+  void operator()() { ++*calls; }
+};
+
+template <size_t kBytes>
+void ExpectPayloadBehavesLikeAFunction() {
+  int live = 0, calls = 0;
+  {
+    Payload a = Counted<kBytes>(&live, &calls);
+    EXPECT_TRUE(a);
+    EXPECT_EQ(live, 1);
+    a();
+    Payload b = a;  // a copy has its own target
+    EXPECT_EQ(live, 2);
+    b();
+    Payload c = std::move(a);  // a move takes it over
+    EXPECT_FALSE(a);
+    EXPECT_EQ(live, 2);
+    c();
+    std::vector<Payload> grown;
+    for (int i = 0; i < 40; ++i) grown.push_back(c);  // relocated as the vector grows
+    EXPECT_EQ(live, 42);
+    for (const Payload& p : grown) p();
+    grown.clear();
+    EXPECT_EQ(live, 2);
+    b = nullptr;
+    EXPECT_TRUE(b == nullptr);
+    EXPECT_EQ(live, 1);
+    c = [&calls] { calls += 100; };  // replacing the target destroys the old one
+    EXPECT_EQ(live, 0);
+    c();
+  }
+  EXPECT_EQ(live, 0);
+  EXPECT_EQ(calls, 3 + 40 + 100);
+}
+
+TEST(PayloadTest, InlineTargetsBehaveLikeStdFunction) {
+  static_assert(sizeof(Counted<16>) <= Payload::kInlineBytes);
+  ExpectPayloadBehavesLikeAFunction<16>();
+}
+
+TEST(PayloadTest, TargetsTooLargeToStoreInlineBehaveLikeStdFunction) {
+  static_assert(sizeof(Counted<200>) > Payload::kInlineBytes);
+  ExpectPayloadBehavesLikeAFunction<200>();
+}
+
+TEST(PayloadTest, EmptyPayloadsAreFalseAndNull) {
+  Payload empty;
+  EXPECT_FALSE(empty);
+  EXPECT_TRUE(empty == nullptr);
+  Payload null = nullptr;
+  EXPECT_FALSE(null);
+  int state = 0;
+  const Payload counter = [state, &out = state]() mutable { out = ++state; };  // mutable target
+  counter();
+  counter();
+  EXPECT_EQ(state, 2);
+}
+
+TEST(GlobalMemoryTest, AReleasedBuffersHostMemoryServesTheNextAllocationOfItsSize) {
+  GlobalMemory gm(1 << 30, 512);
+  auto a = gm.Allocate(1 << 20, true, "a");
+  ASSERT_TRUE(a.ok());
+  std::byte* const host = a->host;
+  gm.Release(*a);
+  EXPECT_EQ(gm.spare_host_bytes(), 1 << 20);
+  auto unbacked = gm.Allocate(1 << 20, false, "addresses only");
+  ASSERT_TRUE(unbacked.ok());
+  EXPECT_EQ(unbacked->host, nullptr);
+  EXPECT_EQ(gm.spare_host_bytes(), 1 << 20);  // not taken by an unbacked buffer
+  auto tiny = gm.Allocate(1000, true, "much smaller");
+  ASSERT_TRUE(tiny.ok());
+  EXPECT_NE(tiny->host, host);  // would waste most of the spare
+  auto b = gm.Allocate((1 << 20) - 4096, true, "b");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->host, host);
+  EXPECT_EQ(gm.spare_host_bytes(), 0);
+  auto c = gm.Allocate(1 << 20, true, "c");
+  ASSERT_TRUE(c.ok());
+  EXPECT_NE(c->host, host);  // b still holds it
+}
+
+TEST(GlobalMemoryTest, ReuseNeverHandsOutALiveBuffersMemoryAndKeepsAtMostThePeak) {
+  GlobalMemory gm(int64_t{1} << 32, 512);
+  std::mt19937_64 rng(7);
+  struct Held {
+    GmBuffer buffer;
+    uint8_t pattern;
+  };
+  std::vector<Held> live;
+  int64_t live_bytes = 0, peak = 0;
+  auto intact = [](const Held& h) {
+    for (int64_t i = 0; i < h.buffer.bytes; i += 61) {
+      if (h.buffer.host[i] != std::byte{h.pattern}) return false;
+    }
+    return h.buffer.host[h.buffer.bytes - 1] == std::byte{h.pattern};
+  };
+  for (int step = 0; step < 3000; ++step) {
+    if (live.empty() || rng() % 5 < 3) {
+      // A handful of recurring sizes and some odd ones, as batches allocate.
+      const int64_t sizes[] = {4096, 65536, 200000, 1 << 20};
+      const int64_t bytes = rng() % 4 == 0 ? static_cast<int64_t>(1 + rng() % 300000) : sizes[rng() % 4];
+      auto b = gm.Allocate(bytes, true, "buffer");
+      ASSERT_TRUE(b.ok()) << b.status();
+      for (const Held& h : live) {
+        const bool disjoint = b->host + b->bytes <= h.buffer.host || h.buffer.host + h.buffer.bytes <= b->host;
+        ASSERT_TRUE(disjoint) << "step " << step << ": a live buffer's host memory handed out again";
+      }
+      const auto pattern = static_cast<uint8_t>(step);
+      std::memset(b->host, pattern, static_cast<size_t>(bytes));
+      live.push_back({*b, pattern});
+      live_bytes += bytes;
+      peak = std::max(peak, live_bytes);
+    } else {
+      const size_t k = rng() % live.size();
+      ASSERT_TRUE(intact(live[k])) << "step " << step << ": a live buffer was overwritten";
+      gm.Release(live[k].buffer);
+      live_bytes -= live[k].buffer.bytes;
+      live[k] = live.back();
+      live.pop_back();
+    }
+    // Reused backings may be up to twice their buffer's size.
+    ASSERT_LE(gm.spare_host_bytes(), 2 * peak);
+  }
+  for (const Held& h : live) EXPECT_TRUE(intact(h));
+}
+
+TEST(GlobalMemoryTest, AtomicGuardsOverWrappingStripeRangesExcludeEachOtherWithoutDeadlock) {
+  GlobalMemory gm(int64_t{1} << 36, 512);
+  // Stripes are 16 KiB of address space, 1024 of them, reused modulo 1024. These ranges share
+  // stripe 0 (address 16 MiB); the first three wrap from the last stripes round to the first
+  // ones, the last covers every stripe.
+  constexpr uint64_t kStripe = 16 << 10, kStripes = 1024;
+  std::vector<std::pair<uint64_t, int64_t>> ranges = {{(kStripes - 2) * kStripe, 4 * kStripe},
+                                                      {(kStripes - 1) * kStripe + 100, 2 * kStripe},
+                                                      {(kStripes - 20) * kStripe, 40 * kStripe},
+                                                      {kStripes * kStripe, 64}};
+#if !defined(__SANITIZE_THREAD__)  // ThreadSanitizer tracks at most 64 locks held at once
+  ranges.push_back({kStripe / 2, (kStripes + 5) * kStripe});
+#endif
+  std::atomic<int> counter{0};
+  constexpr int kRounds = 3000;
+  std::vector<std::thread> threads;
+  for (const auto& [addr, bytes] : ranges) {
+    threads.emplace_back([&gm, &counter, addr, bytes] {
+      for (int i = 0; i < kRounds; ++i) {
+        GlobalMemory::AtomicGuard guard(gm, addr, bytes);
+        // A read-modify-write in two steps: only mutual exclusion keeps every increment.
+        const int v = counter.load(std::memory_order_relaxed);
+        std::this_thread::yield();
+        counter.store(v + 1, std::memory_order_relaxed);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(counter.load(), static_cast<int>(ranges.size()) * kRounds);
+}
+
+// The L2 model's documented semantics, written as plainly as possible: one hash-map entry
+// per line ever touched. The model itself must give the same outcome for every access.
+class ReferenceL2 {
+ public:
+  ReferenceL2(uint64_t capacity, uint64_t line) : capacity_(capacity), line_(line) {}
+  L2CacheModel::Outcome Access(const GmRegion& region) {
+    L2CacheModel::Outcome outcome;
+    for (int64_t r = 0; r < region.rows; ++r) {
+      const uint64_t lo = region.addr + static_cast<uint64_t>(r * region.stride);
+      const uint64_t hi = lo + static_cast<uint64_t>(region.row_bytes);
+      for (uint64_t line = lo / line_; line * line_ < hi; ++line) {
+        const uint64_t bytes = std::min(hi, (line + 1) * line_) - std::max(lo, line * line_);
+        const auto it = last_touch_.find(line);
+        if (it != last_touch_.end() && traffic_ - it->second < capacity_) {
+          outcome.hit_bytes += static_cast<int64_t>(bytes);
+        } else {
+          outcome.fetched_bytes += static_cast<int64_t>(line_);
+        }
+        last_touch_[line] = traffic_;
+        traffic_ += bytes;
+      }
+    }
+    return outcome;
+  }
+
+ private:
+  uint64_t capacity_, line_;
+  uint64_t traffic_ = 0;
+  std::unordered_map<uint64_t, uint64_t> last_touch_;
+};
+
+TEST(L2CacheModelTest, ReuseDistanceIsCountedInBytesMoved) {
+  L2CacheModel l2(/*capacity_bytes=*/1024, /*line_bytes=*/512);
+  using HitFetched = std::pair<int64_t, int64_t>;
+  auto access = [&](uint64_t addr, int64_t bytes) {
+    const L2CacheModel::Outcome o = l2.Access({addr, 1, bytes, bytes});
+    return HitFetched{o.hit_bytes, o.fetched_bytes};
+  };
+  EXPECT_EQ(access(512, 512), HitFetched(0, 512));     // cold
+  EXPECT_EQ(access(512, 100), HitFetched(100, 0));     // 512 B since: resident
+  EXPECT_EQ(access(600, 1000), HitFetched(424, 1024)); // line 1 hits, lines 2 and 3 miss
+  EXPECT_EQ(access(1024, 1), HitFetched(1, 0));        // touched 576 B ago
+  EXPECT_EQ(access(1536, 30), HitFetched(30, 0));      // touched 65 B ago
+  EXPECT_EQ(access(512, 1), HitFetched(0, 512));       // 1031 B since: evicted
+}
+
+TEST(L2CacheModelTest, MatchesTheDocumentedSemanticsOnRandomStreams) {
+  std::mt19937_64 rng(20260521);
+  for (const uint64_t line : {512ull, 768ull, 4096ull}) {
+    for (const uint64_t capacity : {0ull, 4096ull, 96ull << 10, 1ull << 20, 1ull << 40}) {
+      L2CacheModel model(static_cast<int64_t>(capacity), static_cast<int64_t>(line));
+      ReferenceL2 reference(capacity, line);
+      int64_t hits = 0, misses = 0;
+      for (int i = 0; i < 3000; ++i) {
+        // Regions over 4 MiB (many 64 KiB blocks), unaligned, overlapping or strided rows,
+        // now and then empty rows; later accesses revisit earlier ones.
+        GmRegion region;
+        region.addr = 4096 + rng() % (4 << 20);
+        region.rows = static_cast<int64_t>(1 + rng() % 8);
+        region.row_bytes = rng() % 16 == 0 ? 0 : static_cast<int64_t>(1 + rng() % 6000);
+        switch (rng() % 3) {
+          case 0:
+            region.stride = region.row_bytes;
+            break;
+          case 1:
+            region.stride = static_cast<int64_t>(rng() % (region.row_bytes + 1));
+            break;
+          default:
+            region.stride = static_cast<int64_t>(rng() % 200000);
+        }
+        const L2CacheModel::Outcome got = model.Access(region);
+        const L2CacheModel::Outcome want = reference.Access(region);
+        ASSERT_EQ(got.hit_bytes, want.hit_bytes) << "line " << line << " capacity " << capacity << " #" << i;
+        ASSERT_EQ(got.fetched_bytes, want.fetched_bytes)
+            << "line " << line << " capacity " << capacity << " #" << i;
+        hits += got.hit_bytes;
+        misses += got.fetched_bytes;
+      }
+      // The streams exercise both outcomes wherever the capacity allows a hit at all.
+      if (capacity > line) {
+        EXPECT_GT(hits, 0) << line << " " << capacity;
+      }
+      EXPECT_GT(misses, 0);
+    }
+  }
 }
 
 // A shipped profile's text, to break one field at a time.
