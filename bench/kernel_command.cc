@@ -56,10 +56,10 @@ absl::Status RunKernelCommand(const KernelCommandOptions& o, std::ostream& out) 
   if (!o.json) {
     out << absl::StrFormat(
         "decode attention on %s (%d AIC, %.1f TFLOPS peak, %.2f TB/s): batch=%d heads=%d "
-        "preload=%d%s\n",
+        "preload=%d%s%s\n",
         profile.name, profile.cube_cores, profile.PeakFlops() / 1e12,
         profile.HbmBytesPerSecond() / 1e12, o.batch, o.heads, o.preload,
-        o.model_only ? " (model only)" : "");
+        o.split_kv ? ", split-KV (attention + merge launches)" : "", o.model_only ? " (model only)" : "");
     if (!o.model_only) {
       out << absl::StrFormat("%s; %d host threads, baseline %s\n", HostDescription(), o.host_threads,
                              SgemmBaselineName());
@@ -71,6 +71,7 @@ absl::Status RunKernelCommand(const KernelCommandOptions& o, std::ostream& out) 
                            "AIV.MTE2", "host_ms", "host_GF/s", "sgemm_GF/s", "ratio", "rec_ms",
                            "sim_ms");
   }
+  const int units = o.split_kv ? profile.cube_cores : 1;
   for (int sq : o.sq) {
     for (int sk : o.sk) {
       Batch data;
@@ -85,7 +86,7 @@ absl::Status RunKernelCommand(const KernelCommandOptions& o, std::ostream& out) 
                                        *device,
                                        {.heads = o.heads, .sq = sq, .seqlens = std::vector<int32_t>(o.batch, sk),
                                         .dk = kDk, .dv = kDv, .page_size = o.page_size, .causal = true},
-                                       options));
+                                       options, units));
         } else {
           ASSIGN_OR_RETURN(auto q, (TensorView<const Bf16, 4>::Create(data.q, {o.batch, sq, o.heads, kDk})));
           ASSIGN_OR_RETURN(auto pages, (TensorView<const Bf16, 3>::Create(
@@ -98,7 +99,7 @@ absl::Status RunKernelCommand(const KernelCommandOptions& o, std::ostream& out) 
           // keeps its best of `repeats` runs.
           double sgemm_best = 0;
           for (int r = 0; r < std::max(1, o.repeats); ++r) {
-            ASSIGN_OR_RETURN(auto result, npu::RunLatentDecodeOnDevice(*device, problem, options));
+            ASSIGN_OR_RETURN(auto result, npu::RunLatentDecodeOnDevice(*device, problem, options, units));
             if (r == 0 || *result.report.host_ms < *report.host_ms) report = std::move(result.report);
             sgemm_best = std::max(sgemm_best, MeasureSgemmBaselineGflops(report.mmad_shapes, o.host_threads));
           }
@@ -109,7 +110,8 @@ absl::Status RunKernelCommand(const KernelCommandOptions& o, std::ostream& out) 
           nlohmann::json row = {{"kernel", name},         {"profile", profile.name},
                                 {"batch", o.batch},       {"heads", o.heads},
                                 {"sq", sq},               {"sk", sk},
-                                {"preload", o.preload},   {"modeled_us", report.modeled_us},
+                                {"preload", o.preload},   {"split_kv", o.split_kv},
+                                {"modeled_us", report.modeled_us},
                                 {"fu", report.fu},        {"flops", report.flops},
                                 {"pipe_busy", report.pipe_busy},
                                 {"gm_read_bytes", report.gm_read_bytes},

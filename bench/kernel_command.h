@@ -20,6 +20,9 @@ struct KernelCommandOptions {
   int page_size = 128;
   int host_threads = 2;
   bool model_only = false;
+  // Split-KV as the engine does it: a launch with fewer row groups than AIC blocks cuts their
+  // keys over the blocks and merges the parts (the merge launch is part of the time).
+  bool split_kv = false;
   int repeats = 3;  // executed runs: best of this many, kernel and SGEMM alternating
   bool json = false;
 };

@@ -16,6 +16,7 @@
 #include "bench/accuracy_command.h"
 #include "bench/kernel_command.h"
 #include "bench/peers_command.h"
+#include "bench/tree_command.h"
 #include "bench/service_command.h"
 #include "bench/typhoon_command.h"
 
@@ -36,6 +37,7 @@ ABSL_FLAG(int, page_size, 128, "kernel: KV cache page size");
 ABSL_FLAG(int, host_threads, 2, "kernel: host threads of the emulated device");
 ABSL_FLAG(int, repeats, 3, "kernel: executed runs, best of N (kernel and SGEMM baseline alternate)");
 ABSL_FLAG(bool, model_only, false, "kernel, typhoon: model the time only, no host arithmetic");
+ABSL_FLAG(bool, split_kv, false, "kernel: split a sparse batch's keys over the AIC blocks, as the engine does");
 ABSL_FLAG(std::string, model, "deepseek-v3", "typhoon: model preset (deepseek-v3, kimi-k2)");
 ABSL_FLAG(double, matrix_tflops, 0, "typhoon: matrix rate T for B_theta (0: the profile's peak)");
 ABSL_FLAG(double, hbm_tbps, 0, "typhoon: memory bandwidth M for B_theta (0: the profile's)");
@@ -57,6 +59,8 @@ ABSL_FLAG(std::vector<std::string>, grid_sq, (std::vector<std::string>{"1", "2"}
 ABSL_FLAG(std::vector<std::string>, grid_sk, (std::vector<std::string>{"1024", "4096", "16384"}),
           "peers: cached tokens Sk");
 ABSL_FLAG(int, threads, 2, "peers: threads on each side");
+ABSL_FLAG(int, children, 4, "tree: child prefixes on the root");
+ABSL_FLAG(int, child_tokens, 1024, "tree: tokens each child prefix adds");
 ABSL_FLAG(std::string, peer_env, "tuned", "peers: tuned (the peer at its best here) or as-is");
 
 namespace {
@@ -68,7 +72,8 @@ constexpr char kUsage[] =
     "  kernel     decode attention on the emulated NPU: modelled time, FU, host rate\n"
     "  typhoon    TyphoonMLA hybrid vs absorb-only on a shared prefix, per batch size\n"
     "  service    the same load direct on the engine and through gRPC: throughput ratio, overhead\n"
-    "  peers      mlaserve's host kernels beside PyTorch on the CPU (fp32, bf16), alternating\n";
+    "  peers      mlaserve's host kernels beside PyTorch on the CPU (fp32, bf16), alternating\n"
+    "  tree       tree-aware vs flat TyphoonMLA grouping on a two-level prefix tree, whole engine\n";
 
 absl::StatusOr<std::vector<int>> ParseInts(const std::vector<std::string>& items, const char* flag) {
   std::vector<int> values;
@@ -111,6 +116,7 @@ absl::Status Run(const std::string& command) {
     o.page_size = absl::GetFlag(FLAGS_page_size);
     o.host_threads = absl::GetFlag(FLAGS_host_threads);
     o.model_only = absl::GetFlag(FLAGS_model_only);
+    o.split_kv = absl::GetFlag(FLAGS_split_kv);
     o.repeats = absl::GetFlag(FLAGS_repeats);
     o.json = absl::GetFlag(FLAGS_json);
     return mlaserve::bench::RunKernelCommand(o, std::cout);
@@ -167,6 +173,21 @@ absl::Status Run(const std::string& command) {
     o.peer_env = absl::GetFlag(FLAGS_peer_env);
     o.json = absl::GetFlag(FLAGS_json);
     return mlaserve::bench::RunPeersCommand(o, std::cout);
+  }
+  if (command == "tree") {
+    mlaserve::bench::TreeCommandOptions o;
+    o.model = absl::GetFlag(FLAGS_model);
+    o.profile = ProfileOr("ascend910");
+    o.shared = absl::GetFlag(FLAGS_shared);
+    o.children = absl::GetFlag(FLAGS_children);
+    o.child_tokens = absl::GetFlag(FLAGS_child_tokens);
+    ASSIGN_OR_RETURN(std::vector<int> batch, ParseInts(absl::GetFlag(FLAGS_batch), "batch"));
+    if (!batch.empty()) o.batch = batch;
+    o.suffix = absl::GetFlag(FLAGS_suffix);
+    o.rounds = absl::GetFlag(FLAGS_rounds);
+    o.host_threads = absl::GetFlag(FLAGS_host_threads);
+    o.json = absl::GetFlag(FLAGS_json);
+    return mlaserve::bench::RunTreeCommand(o, std::cout);
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown command '", command, "'"));
 }

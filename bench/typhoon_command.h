@@ -27,7 +27,7 @@ struct TyphoonCommandOptions {
 
 // `mlaserve-bench typhoon`: one group of B head-space queries on a shared prefix, run as
 // absorb-only and as the TyphoonMLA hybrid (naive over the prefix's expanded K/V, absorb
-// over each suffix, LSE combine), both as the engine's NpuBatchLaunch sequence on an
+// over each suffix, LSE combine), both as the engine's batch steps lowered onto an
 // emulated device. Prints B_theta, the planner's choice, the modelled (and, executed, host)
 // times of both and their ratio, and how far the two answers are apart.
 absl::Status RunTyphoonCommand(const TyphoonCommandOptions& options, std::ostream& out);

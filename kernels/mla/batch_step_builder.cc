@@ -14,8 +14,10 @@ namespace {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Keys token s of a member sees (causal among the sq tokens).
-int32_t VisibleKeys(int32_t length, int sq, int s) { return std::max(0, length - sq + 1 + s); }
+// Keys token s of a member sees (causal among the sq tokens, or all of them).
+int32_t VisibleKeys(int32_t length, int sq, int s, bool causal) {
+  return causal ? std::max(0, length - sq + 1 + s) : length;
+}
 
 // An attention row group before split-KV: where it reads and writes.
 struct RowGroupSpec {
@@ -244,7 +246,7 @@ class Builder {
           const int64_t first = static_cast<int64_t>(m) * member_rows + r0;
           rg.q = {gb.q_lat, first * d_.dk()};
           for (int r = r0; r < r0 + rg.rows; ++r) {
-            rg.visible.push_back(std::clamp(VisibleKeys(member.length, group.sq, r / H) - from, 0, keys));
+            rg.visible.push_back(std::clamp(VisibleKeys(member.length, group.sq, r / H, group.causal) - from, 0, keys));
           }
           rg.keys = PagedKeysRef{{pool_, 0}, b_.page_size, d_.dk(), member.pages, from};
           if (group.head_space) {
@@ -278,7 +280,7 @@ class Builder {
         const DecodeBatch::Group& group = b_.groups[g];
         for (const DecodeBatch::Member& member : group.members) {
           for (int s = 0; s < group.sq; ++s) {
-            visible.push_back(std::clamp(VisibleKeys(member.length, group.sq, s) - pass.begin, 0, tokens));
+            visible.push_back(std::clamp(VisibleKeys(member.length, group.sq, s, group.causal) - pass.begin, 0, tokens));
           }
         }
       }
@@ -316,7 +318,7 @@ class Builder {
       ++busy;
       total_blocks += CeilDiv(s.length, kKvBlockTokens);
     }
-    AttentionStep step{name, RescaleAlgorithm::kAmla, dk, dv, d_.softmax_scale, {}};
+    AttentionStep step{name, b_.algorithm, dk, dv, d_.softmax_scale, {}};
     const std::string tag = absl::StrCat(name, " split");
     int split_out = -1, split_lse = -1;
     int64_t split_rows = 0;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/core/bfloat16.h"
+#include "kernels/mla/rescale_algorithm.h"
 
 namespace mlaserve {
 
@@ -35,7 +36,7 @@ struct DecodeBatch {
   int page_size = 0;
 
   // One query: sq tokens of one sequence, causal among themselves (token s sees keys
-  // [0, length - sq + s + 1)).
+  // [0, length - sq + s + 1)) unless its group says otherwise.
   struct Member {
     std::span<const int32_t> pages;  // the sequence's block table, token order
     int32_t length = 0;              // keys it holds
@@ -59,6 +60,7 @@ struct DecodeBatch {
     int32_t absorb_from = 0;
     std::vector<int> naive_passes;
     bool out_bf16 = false;  // the answer rounded to bf16 (nearest even) instead of fp32
+    bool causal = true;     // false: every token sees all `length` keys
   };
 
   // A naive-form pass over one prefix level's expanded K/V (keys [begin, end) of every
@@ -73,6 +75,8 @@ struct DecodeBatch {
 
   std::vector<Group> groups;
   std::vector<NaivePass> passes;
+  // The attention steps' rescaling: AMLA serves; Base exists to compare against it.
+  RescaleAlgorithm algorithm = RescaleAlgorithm::kAmla;
   // How many cores one attention launch can keep busy (an NPU's AIC blocks, the host's
   // threads). An attention step with fewer row groups splits their keys (split-KV) so each
   // core gets about the same number of KV blocks; the parts are merged by LSE.

@@ -76,6 +76,11 @@ const std::vector<Field>& Fields() {
       Member("flag_latency_cycles", &P::flag_latency_cycles, 0, 1e7),
       Member("cross_core_flag_latency_cycles", &P::cross_core_flag_latency_cycles, 0, 1e7),
       Member("launch_overhead_cycles", &P::launch_overhead_cycles, 0, 1e9),
+      Member("mix_block_start_cycles", &P::mix_block_start_cycles, 0, 1e9),
+      Member("cube_block_start_cycles", &P::cube_block_start_cycles, 0, 1e9),
+      Member("vector_launch_overhead_cycles", &P::vector_launch_overhead_cycles, 0, 1e9),
+      Member("vector_block_start_cycles", &P::vector_block_start_cycles, 0, 1e9),
+      Member("core_prologue_cycles", &P::core_prologue_cycles, 0, 1e9),
   };
   return *fields;
 }

@@ -62,7 +62,15 @@ struct DeviceProfile {
 
   int64_t flag_latency_cycles = 0;
   int64_t cross_core_flag_latency_cycles = 0;
-  int64_t launch_overhead_cycles = 0;
+  // The device-side head of a launch: a fixed part, a part per block started (growing with
+  // the cores a launch uses, counted per die since each die starts its own), by kernel
+  // type, and each core's prologue (tiling data to its stack, scalar set-up).
+  int64_t launch_overhead_cycles = 0;         // MIX (AIC + AIVs) and AIC-only launches
+  int64_t mix_block_start_cycles = 0;         // per AIC + 2 AIV group of a MIX launch
+  int64_t cube_block_start_cycles = 0;        // per AIC of an AIC-only launch
+  int64_t vector_launch_overhead_cycles = 0;  // AIV-only launches
+  int64_t vector_block_start_cycles = 0;      // per AIV of an AIV-only launch
+  int64_t core_prologue_cycles = 0;
 
   // Parameter name -> where its value comes from, as written in the profile.
   std::map<std::string, std::string> origins;

@@ -93,6 +93,7 @@ absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const Device
   timing.instructions = static_cast<int64_t>(n);
   size_t count = 0;
   double end = 0.0;
+  bool uses_cube = false, uses_vector = false;  // the kernel type, for the launch head
   while (!queue.empty()) {
     std::pop_heap(queue.begin(), queue.end(), kLater);
     const double t = std::bit_cast<double>(static_cast<uint64_t>(queue.back() >> 32));
@@ -139,6 +140,7 @@ absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const Device
     end = std::max(end, done);
     if (on_pipe) {
       pipe_done[x.pipe_slot] = std::max(pipe_done[x.pipe_slot], done);
+      (x.vector_core ? uses_vector : uses_cube) = true;
       auto& busy = x.vector_core ? timing.vector_busy : timing.cube_busy;
       busy[x.pipe] += static_cast<int64_t>(std::llround(f - s));
     }
@@ -198,9 +200,23 @@ absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const Device
     }
   }
 
-  timing.total_cycles =
-      static_cast<int64_t>(std::ceil(end)) + profile.launch_overhead_cycles;
+  timing.head_cycles = LaunchHeadCycles(profile, program.block_dim(), uses_cube, uses_vector);
+  timing.total_cycles = static_cast<int64_t>(std::ceil(end)) + timing.head_cycles;
   return timing;
+}
+
+int64_t LaunchHeadCycles(const DeviceProfile& profile, int block_dim, bool uses_cube, bool uses_vector) {
+  const int64_t blocks_per_die = (block_dim + profile.dies - 1) / profile.dies;
+  int64_t head = 0;
+  if (uses_cube && uses_vector) {
+    head = profile.launch_overhead_cycles + profile.mix_block_start_cycles * blocks_per_die;
+  } else if (uses_cube) {
+    head = profile.launch_overhead_cycles + profile.cube_block_start_cycles * blocks_per_die;
+  } else {
+    head = profile.vector_launch_overhead_cycles +
+           profile.vector_block_start_cycles * blocks_per_die * profile.vector_cores_per_cube;
+  }
+  return head + profile.core_prologue_cycles;
 }
 
 }  // namespace mlaserve::npu

@@ -15,7 +15,8 @@ namespace mlaserve::npu {
 
 // The modelled duration of a launch and where its cycles went.
 struct LaunchTiming {
-  int64_t total_cycles = 0;   // launch overhead + last completion
+  int64_t total_cycles = 0;  // head + last completion
+  int64_t head_cycles = 0;   // LaunchHeadCycles: starting the launch's cores
   // Busy (occupied) cycles summed over all cores, per pipe, separately for AIC and AIV.
   std::array<int64_t, kNumPipes> cube_busy{};
   std::array<int64_t, kNumPipes> vector_busy{};
@@ -34,6 +35,14 @@ struct LaunchTiming {
 // one intra-core flag are outstanding at once (illegal on A2/A3), or a cross-core counter
 // would exceed its 16 outstanding sets.
 absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const DeviceProfile& profile);
+
+// The device-side head of a launch, added to the simulated time: launch_overhead_cycles plus
+// mix_block_start_cycles per block for a MIX launch (AIC and AIV work), plus
+// cube_block_start_cycles per block for an AIC-only one; vector_launch_overhead_cycles plus
+// vector_block_start_cycles per AIV for an AIV-only one; blocks counted per die (each die's
+// scheduler starts its own); plus core_prologue_cycles. Huawei documents the head growing
+// linearly with the cores started (profiles/*.json cite the figures).
+int64_t LaunchHeadCycles(const DeviceProfile& profile, int block_dim, bool uses_cube, bool uses_vector);
 
 // SimulateLaunch's per-instruction working memory. A device keeps one and passes it to
 // every launch, so the arrays are neither allocated nor page-faulted again each time; they

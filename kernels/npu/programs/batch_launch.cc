@@ -169,6 +169,29 @@ absl::Status BatchLaunch::Lower(const BatchSteps& steps, const AttentionDeviceKe
   return absl::OkStatus();
 }
 
+LaunchReport Summarize(const BatchLaunchReport& report, const DeviceProfile& profile) {
+  LaunchReport sum;
+  for (const LaunchReport& l : report.launches) {
+    sum.kernel = sum.kernel.empty() ? l.kernel : absl::StrCat(sum.kernel, "+", l.kernel);
+    sum.block_dim = std::max(sum.block_dim, l.block_dim);
+    sum.modeled_cycles += l.modeled_cycles;
+    sum.modeled_us += l.modeled_us;
+    sum.flops += l.flops;
+    sum.instructions += l.instructions;
+    sum.gm_read_bytes += l.gm_read_bytes;
+    sum.hbm_read_bytes += l.hbm_read_bytes;
+    sum.gm_write_bytes += l.gm_write_bytes;
+    sum.host_record_ms += l.host_record_ms;
+    sum.host_model_ms += l.host_model_ms;
+    if (l.host_ms) sum.host_ms = sum.host_ms.value_or(0.0) + *l.host_ms;
+    for (const auto& [pipe, busy] : l.pipe_busy) sum.pipe_busy[pipe] += busy * l.modeled_us;
+    for (const auto& [shape, count] : l.mmad_shapes) sum.mmad_shapes[shape] += count;
+  }
+  for (auto& [pipe, busy] : sum.pipe_busy) busy = sum.modeled_us > 0 ? busy / sum.modeled_us : 0.0;
+  sum.fu = sum.modeled_us > 0 ? sum.flops / (sum.modeled_us * 1e-6 * profile.PeakFlops()) : 0.0;
+  return sum;
+}
+
 absl::StatusOr<BatchLaunchReport> BatchLaunch::Run(ExecutionMode mode) {
   if (mode == ExecutionMode::kExecute && !backed_) {
     return absl::FailedPreconditionError("batch launch: a model-only launch cannot execute");

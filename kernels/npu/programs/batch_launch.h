@@ -30,6 +30,10 @@ struct BatchLaunchReport {
 // then be null and nothing is staged. Owns what it allocates and mapped; releases it on
 // destruction, so it must not outlive the device. Implements BatchBuffers over the device's
 // memory after an executed Run.
+// A batch's launches as one report: modelled cycles, flops, bytes and host times summed,
+// pipe busy weighted by each launch's time, FU of the whole over the device's peak.
+LaunchReport Summarize(const BatchLaunchReport& report, const DeviceProfile& profile);
+
 class BatchLaunch final : public BatchBuffers {
  public:
   static absl::StatusOr<std::unique_ptr<BatchLaunch>> Create(Device& device, const BatchSteps& steps,
@@ -42,6 +46,8 @@ class BatchLaunch final : public BatchBuffers {
   absl::StatusOr<BatchLaunchReport> Run(ExecutionMode mode);
 
   std::span<const std::byte> Bytes(int buffer) const override;
+  // The launches, in stream order (tests record them with their own executors).
+  const std::vector<std::unique_ptr<DeviceKernel>>& kernels() const { return kernels_; }
 
  private:
   struct AttentionLaunch;

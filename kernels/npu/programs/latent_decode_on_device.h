@@ -7,9 +7,11 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/core/latent_decode.h"
+#include "kernels/mla/batch_step_builder.h"
 #include "kernels/npu/device.h"
 #include "kernels/npu/launch_report.h"
 #include "kernels/npu/programs/attention_device_kernel.h"
+#include "kernels/npu/programs/batch_launch.h"
 
 namespace mlaserve::npu {
 
@@ -24,60 +26,52 @@ struct LatentDecodeShape {
   bool causal = true;
 };
 
-// A paged latent decode batch (FlashMLA's problem) mapped into a device's global memory and
-// turned into an AttentionDeviceKernel: each request's sq x heads rows become row groups of at most
-// 256 rows over its pages. The cache pages are mapped, not copied. Owns every GM buffer of
-// the launch and returns them on destruction.
+// A paged latent decode batch (FlashMLA's problem) on one emulated device, through the same
+// path a served batch takes: one latent-space group of a DecodeBatch, its steps
+// (kernels/mla/batch_step_builder.h), lowered by BatchLaunch. Without split-KV
+// (parallel_units = 1, the AMLA paper's setup) that is one attention launch; with it, the
+// attention launch and the merge of its parts. The cache pages are mapped, not copied.
 class LatentDecodeLaunch {
  public:
-  // For execution: q is copied in, the pool mapped, outputs allocated.
+  // For execution: the queries staged, the pool mapped, outputs allocated.
   static absl::StatusOr<std::unique_ptr<LatentDecodeLaunch>> Prepare(
-      Device& device, const LatentDecodeProblem& problem, const AttentionDeviceKernelOptions& options);
+      Device& device, const LatentDecodeProblem& problem, const AttentionDeviceKernelOptions& options,
+      int parallel_units = 1);
   // For modelling only: addresses without host memory.
   static absl::StatusOr<std::unique_ptr<LatentDecodeLaunch>> PrepareModel(
-      Device& device, const LatentDecodeShape& shape, const AttentionDeviceKernelOptions& options);
+      Device& device, const LatentDecodeShape& shape, const AttentionDeviceKernelOptions& options,
+      int parallel_units = 1);
 
-  ~LatentDecodeLaunch();
-  LatentDecodeLaunch(const LatentDecodeLaunch&) = delete;
-  LatentDecodeLaunch& operator=(const LatentDecodeLaunch&) = delete;
-
-  // Null when no row sees any key (nothing to launch).
-  const AttentionDeviceKernel* kernel() const { return kernel_.get(); }
-  // The outputs after the kernel ran; rows without keys read as zeros and -inf, the answer
-  // a kernel's early exit gives.
+  BatchLaunch& launch() { return *launch_; }
+  // The attention launch (null when no row sees any key: nothing to launch).
+  const DeviceKernel* kernel() const;
+  // The outputs after the launches ran, in the host kernels' layout [batch][sq][heads][dv]:
+  // rows without keys read as zeros and -inf, the answer a kernel's early exit gives.
   AttentionOutput ReadOutput() const;
 
  private:
-  explicit LatentDecodeLaunch(GlobalMemory& gm) : gm_(gm) {}
-  absl::Status Build(int heads, int sq, std::span<const int32_t> seqlens, bool causal, int dk,
-                     int dv, float scale, int page_size, int width,
-                     const std::function<int32_t(int, int)>& page_of,
-                     const AttentionDeviceKernelOptions& options, int max_blocks, bool backed);
+  LatentDecodeLaunch() = default;
 
-  GlobalMemory& gm_;
-  std::vector<GmBuffer> owned_;  // released on destruction
-  GmBuffer q_, pool_, out_, lse_;
-  int64_t rows_ = 0;
-  int dv_ = 0;
-  AttentionWorkload workload_;
-  std::unique_ptr<AttentionWorkspace> workspace_;
-  std::unique_ptr<AttentionDeviceKernel> kernel_;
+  std::vector<std::vector<int32_t>> pages_;  // per request, viewed by the batch
+  BuiltBatch built_;
+  std::unique_ptr<BatchLaunch> launch_;
 };
 
 struct DeviceDecodeResult {
   AttentionOutput output;  // same layout as the host kernels': [batch][sq][heads][dv]
-  LaunchReport report;
+  LaunchReport report;     // every launch of the batch, summed (Summarize)
 };
 
 // Prepares, launches and reads back a latent decode batch on the emulated device.
-absl::StatusOr<DeviceDecodeResult> RunLatentDecodeOnDevice(Device& device,
-                                                           const LatentDecodeProblem& problem,
-                                                           const AttentionDeviceKernelOptions& options = {});
+absl::StatusOr<DeviceDecodeResult> RunLatentDecodeOnDevice(Device& device, const LatentDecodeProblem& problem,
+                                                           const AttentionDeviceKernelOptions& options = {},
+                                                           int parallel_units = 1);
 
-// Models the same launch with no host arithmetic and no host memory for the cache, so
+// Models the same launches with no host arithmetic and no host memory for the cache, so
 // paper-sized batches model in seconds.
 absl::StatusOr<LaunchReport> ModelLatentDecodeOnDevice(Device& device, const LatentDecodeShape& shape,
-                                                       const AttentionDeviceKernelOptions& options = {});
+                                                       const AttentionDeviceKernelOptions& options = {},
+                                                       int parallel_units = 1);
 
 }  // namespace mlaserve::npu
 

@@ -21,6 +21,7 @@
 #include "kernels/core/fp32_exponent_add.h"
 #include "common/status_macros.h"
 #include "kernels/npu/device.h"
+#include "kernels/npu/timing_model.h"
 #include "kernels/npu/l2_cache_model.h"
 #include "kernels/npu/programs/latent_decode_on_device.h"
 #include "nlohmann/json.hpp"
@@ -297,6 +298,33 @@ TEST(DeviceTest, ModelledTimeIsDeterministicForAProfileAndShape) {
   EXPECT_GT(cycles[0], 0);
   EXPECT_EQ(cycles[0], cycles[1]);
   EXPECT_EQ(cycles[0], cycles[2]);
+}
+
+// The launch head, as the profile's figures define it (Huawei's empty-kernel curve: a fixed
+// part and a part per core started, by kernel type, per die), then a core prologue.
+TEST(DeviceTest, TheLaunchHeadGrowsWithTheCoresStartedByKernelType) {
+  auto die = LoadDeviceProfile("ascend910-die");
+  auto dual = LoadDeviceProfile("ascend910");
+  ASSERT_TRUE(die.ok() && dual.ok());
+  const DeviceProfile& p = *die;
+  EXPECT_EQ(LaunchHeadCycles(p, 24, true, true), 4150 + 24 * 778 + 1800);  // MIX: 12.66 us + 1 us
+  EXPECT_EQ(LaunchHeadCycles(p, 1, true, true), 4150 + 778 + 1800);        // 2.72 us + 1 us
+  EXPECT_EQ(LaunchHeadCycles(p, 24, true, false), 4150 + 24 * 249 + 1800);  // AIC-only: 5.70 us + 1 us
+  EXPECT_EQ(LaunchHeadCycles(p, 24, false, true), 1575 + 48 * 33 + 1800);   // AIV-only, 48 AIVs
+  // Two dies start their blocks side by side: 48 blocks cost what 24 cost on one die.
+  EXPECT_EQ(LaunchHeadCycles(*dual, 48, true, true), LaunchHeadCycles(p, 24, true, true));
+  // And a real launch pays it: an AIV-only kernel of one vector op on each of 2 blocks.
+  auto device = MakeDevice();
+  ScriptedKernel kernel(2, [](Program& program) {
+    for (int block = 0; block < 2; ++block) {
+      for (int sub = 0; sub < 2; ++sub) program.Vector(block, sub).Vector({{VecClass::kUnary, 64}}, {}, "op");
+    }
+    return absl::OkStatus();
+  });
+  auto report = device->Launch(kernel, ExecutionMode::kModelOnly);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_GE(report->modeled_cycles, LaunchHeadCycles(p, 2, false, true));
+  EXPECT_LT(report->modeled_cycles, LaunchHeadCycles(p, 2, false, true) + 200);
 }
 
 TEST(DeviceTest, ThePreloadPipelineModelsFasterThanNoPreloadWhenComputeBound) {
