@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
-#include "kernels/mla/amla.h"
 #include "kernels/mla/accuracy_protocol.h"
+#include "kernels/mla/amla.h"
 #include "kernels/mla/flash_base.h"
 #include "nlohmann/json.hpp"
 

@@ -13,16 +13,19 @@ absl::StatusOr<loadgen::TargetModel> EngineLoadTarget::Model() {
                               info.model.dr,   info.model.dl,     info.max_batch};
 }
 
-absl::Status EngineLoadTarget::RegisterPrefix(const std::string& id, std::span<const Bf16> latent, int tokens) {
+absl::Status EngineLoadTarget::RegisterPrefix(const std::string& id, std::span<const Bf16> latent,
+                                              int tokens) {
   const engine::ModelConfig& m = engine_.Info().model;
-  ASSIGN_OR_RETURN(auto view, (TensorView<const Bf16, 3>::Create(latent, {m.layers, tokens, m.dk_latent()})));
+  ASSIGN_OR_RETURN(auto view,
+                   (TensorView<const Bf16, 3>::Create(latent, {m.layers, tokens, m.dk_latent()})));
   return engine_.RegisterPrefix(id, "", view);
 }
 
 absl::Status EngineLoadTarget::AppendKv(const std::string& id, int layer, int64_t position,
                                         std::span<const Bf16> rows) {
   const int dk = engine_.Info().model.dk_latent();
-  ASSIGN_OR_RETURN(auto view, (TensorView<const Bf16, 2>::Create(rows, {static_cast<int64_t>(rows.size()) / dk, dk})));
+  ASSIGN_OR_RETURN(auto view, (TensorView<const Bf16, 2>::Create(
+                                  rows, {static_cast<int64_t>(rows.size()) / dk, dk})));
   return engine_.AppendKv(id, layer, position, view);
 }
 
@@ -44,7 +47,8 @@ absl::StatusOr<std::vector<loadgen::LoadAnswer>> EngineLoadTarget::Decode(
       ASSIGN_OR_RETURN(e.q_nope, View3::Create(q.q_nope, {q.sq, m.heads, m.dn}, "q_nope"));
       ASSIGN_OR_RETURN(e.q_pe, View3::Create(q.q_pe, {q.sq, m.heads, m.dr}, "q_pe"));
     } else {
-      ASSIGN_OR_RETURN(e.q_latent, View3::Create(q.q_latent, {q.sq, m.heads, m.dk_latent()}, "q_latent"));
+      ASSIGN_OR_RETURN(e.q_latent,
+                       View3::Create(q.q_latent, {q.sq, m.heads, m.dk_latent()}, "q_latent"));
     }
     if (!q.append.empty()) {
       const int64_t rows = static_cast<int64_t>(q.append.size()) / m.dk_latent();
@@ -55,19 +59,21 @@ absl::StatusOr<std::vector<loadgen::LoadAnswer>> EngineLoadTarget::Decode(
   }
   std::promise<absl::StatusOr<std::vector<loadgen::LoadAnswer>>> promise;
   auto future = promise.get_future();
-  engine_.Decode(std::move(batch), {}, [&promise](absl::StatusOr<std::span<const engine::DecodeAnswer>> answers) {
-    if (!answers.ok()) {
-      promise.set_value(answers.status());
-      return;
-    }
-    std::vector<loadgen::LoadAnswer> out;
-    for (const engine::DecodeAnswer& a : *answers) {
-      const engine::PlanInfo& p = a.plan;
-      out.push_back({p.formulation == engine::Formulation::kHybrid, p.group_size, p.batch_size, p.queue_us,
-                     p.device_modeled_us, p.device_host_ms * 1e3});
-    }
-    promise.set_value(std::move(out));
-  });
+  engine_.Decode(
+      std::move(batch), {},
+      [&promise](absl::StatusOr<std::span<const engine::DecodeAnswer>> answers) {
+        if (!answers.ok()) {
+          promise.set_value(answers.status());
+          return;
+        }
+        std::vector<loadgen::LoadAnswer> out;
+        for (const engine::DecodeAnswer& a : *answers) {
+          const engine::PlanInfo& p = a.plan;
+          out.push_back({p.formulation == engine::Formulation::kHybrid, p.group_size, p.batch_size,
+                         p.queue_us, p.device_modeled_us, p.device_host_ms * 1e3});
+        }
+        promise.set_value(std::move(out));
+      });
   return future.get();
 }
 

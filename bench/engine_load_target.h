@@ -13,14 +13,19 @@ class EngineLoadTarget final : public loadgen::LoadTarget {
   explicit EngineLoadTarget(engine::Engine& engine) : engine_(engine) {}
 
   absl::StatusOr<loadgen::TargetModel> Model() override;
-  absl::Status RegisterPrefix(const std::string& id, std::span<const Bf16> latent, int tokens) override;
+  absl::Status RegisterPrefix(const std::string& id, std::span<const Bf16> latent,
+                              int tokens) override;
   absl::Status ReleasePrefix(const std::string& id) override { return engine_.ReleasePrefix(id); }
   absl::Status CreateSequence(const std::string& id, const std::string& prefix_id) override {
     return engine_.CreateSequence(id, prefix_id);
   }
-  absl::Status ReleaseSequence(const std::string& id) override { return engine_.ReleaseSequence(id); }
-  absl::Status AppendKv(const std::string& id, int layer, int64_t position, std::span<const Bf16> rows) override;
-  absl::StatusOr<std::vector<loadgen::LoadAnswer>> Decode(const std::vector<loadgen::LoadQuery>& queries) override;
+  absl::Status ReleaseSequence(const std::string& id) override {
+    return engine_.ReleaseSequence(id);
+  }
+  absl::Status AppendKv(const std::string& id, int layer, int64_t position,
+                        std::span<const Bf16> rows) override;
+  absl::StatusOr<std::vector<loadgen::LoadAnswer>> Decode(
+      const std::vector<loadgen::LoadQuery>& queries) override;
 
  private:
   engine::Engine& engine_;

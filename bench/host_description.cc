@@ -8,8 +8,8 @@ namespace mlaserve::bench {
 
 std::string HostDescription() {
   const CpuFeatures& cpu = HostCpu();
-  return absl::StrFormat("host: %s (%d logical cores), ISA %s, matrix unit on %s", cpu.model, cpu.logical_cores,
-                         cpu.MatrixIsa(), MatrixUnitBackend());
+  return absl::StrFormat("host: %s (%d logical cores), ISA %s, matrix unit on %s", cpu.model,
+                         cpu.logical_cores, cpu.MatrixIsa(), MatrixUnitBackend());
 }
 
 }  // namespace mlaserve::bench

@@ -8,9 +8,9 @@
 
 #include "absl/strings/str_format.h"
 #include "bench/sgemm_baseline.h"
+#include "common/status_macros.h"
 #include "kernels/core/matmul.h"
 #include "kernels/core/random_fill.h"
-#include "common/status_macros.h"
 #include "kernels/npu/device.h"
 #include "kernels/npu/programs/latent_decode_on_device.h"
 #include "nlohmann/json.hpp"
@@ -24,7 +24,8 @@ constexpr int kDv = 512;
 absl::StatusOr<RescaleAlgorithm> ParseKernel(const std::string& name) {
   if (name == "amla") return RescaleAlgorithm::kAmla;
   if (name == "base") return RescaleAlgorithm::kBase;
-  return absl::InvalidArgumentError(absl::StrCat("--kernel: unknown kernel '", name, "' (amla, base)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--kernel: unknown kernel '", name, "' (amla, base)"));
 }
 
 // A dense random batch: every request has `sk` cached tokens in its own run of pages.
@@ -59,10 +60,11 @@ absl::Status RunKernelCommand(const KernelCommandOptions& o, std::ostream& out) 
         "preload=%d%s%s\n",
         profile.name, profile.cube_cores, profile.PeakFlops() / 1e12,
         profile.HbmBytesPerSecond() / 1e12, o.batch, o.heads, o.preload,
-        o.split_kv ? ", split-KV (attention + merge launches)" : "", o.model_only ? " (model only)" : "");
+        o.split_kv ? ", split-KV (attention + merge launches)" : "",
+        o.model_only ? " (model only)" : "");
     if (!o.model_only) {
-      out << absl::StrFormat("%s; %d host threads, baseline %s\n", HostDescription(), o.host_threads,
-                             SgemmBaselineName());
+      out << absl::StrFormat("%s; %d host threads, baseline %s\n", HostDescription(),
+                             o.host_threads, SgemmBaselineName());
     }
     // rec_ms and sim_ms are the emulator's own host overhead per launch (recording plus
     // checks, and the timing model), beside host_ms, the execution of the payloads.
@@ -78,41 +80,61 @@ absl::Status RunKernelCommand(const KernelCommandOptions& o, std::ostream& out) 
       if (!o.model_only) data = MakeBatch(o.batch, sq, o.heads, sk, o.page_size);
       for (const std::string& name : o.kernels) {
         ASSIGN_OR_RETURN(RescaleAlgorithm algorithm, ParseKernel(name));
-        const npu::AttentionDeviceKernelOptions options{.algorithm = algorithm, .preload = o.preload, .amla = {}};
+        const npu::AttentionDeviceKernelOptions options{
+            .algorithm = algorithm, .preload = o.preload, .amla = {}};
         npu::LaunchReport report;
         double sgemm_gflops = 0;
         if (o.model_only) {
-          ASSIGN_OR_RETURN(report, npu::ModelLatentDecodeOnDevice(
-                                       *device,
-                                       {.heads = o.heads, .sq = sq, .seqlens = std::vector<int32_t>(o.batch, sk),
-                                        .dk = kDk, .dv = kDv, .page_size = o.page_size, .causal = true},
-                                       options, units));
+          ASSIGN_OR_RETURN(
+              report, npu::ModelLatentDecodeOnDevice(*device,
+                                                     {.heads = o.heads,
+                                                      .sq = sq,
+                                                      .seqlens = std::vector<int32_t>(o.batch, sk),
+                                                      .dk = kDk,
+                                                      .dv = kDv,
+                                                      .page_size = o.page_size,
+                                                      .causal = true},
+                                                     options, units));
         } else {
-          ASSIGN_OR_RETURN(auto q, (TensorView<const Bf16, 4>::Create(data.q, {o.batch, sq, o.heads, kDk})));
-          ASSIGN_OR_RETURN(auto pages, (TensorView<const Bf16, 3>::Create(
-                                           data.pages, {o.batch * data.pages_per_seq, o.page_size, kDk})));
+          ASSIGN_OR_RETURN(
+              auto q, (TensorView<const Bf16, 4>::Create(data.q, {o.batch, sq, o.heads, kDk})));
+          ASSIGN_OR_RETURN(auto pages,
+                           (TensorView<const Bf16, 3>::Create(
+                               data.pages, {o.batch * data.pages_per_seq, o.page_size, kDk})));
           ASSIGN_OR_RETURN(auto table, (TensorView<const int32_t, 2>::Create(
                                            data.table, {o.batch, data.pages_per_seq})));
-          const LatentDecodeProblem problem{q, PagedKvCache{pages}, PagedSequences{table, data.seqlens},
-                                            kDv, static_cast<float>(1.0 / std::sqrt(192.0)), true};
+          const LatentDecodeProblem problem{q,
+                                            PagedKvCache{pages},
+                                            PagedSequences{table, data.seqlens},
+                                            kDv,
+                                            static_cast<float>(1.0 / std::sqrt(192.0)),
+                                            true};
           // Shared machines are noisy: the kernel and the SGEMM baseline alternate, and each
           // keeps its best of `repeats` runs.
           double sgemm_best = 0;
           for (int r = 0; r < std::max(1, o.repeats); ++r) {
-            ASSIGN_OR_RETURN(auto result, npu::RunLatentDecodeOnDevice(*device, problem, options, units));
-            if (r == 0 || *result.report.host_ms < *report.host_ms) report = std::move(result.report);
-            sgemm_best = std::max(sgemm_best, MeasureSgemmBaselineGflops(report.mmad_shapes, o.host_threads));
+            ASSIGN_OR_RETURN(auto result,
+                             npu::RunLatentDecodeOnDevice(*device, problem, options, units));
+            if (r == 0 || *result.report.host_ms < *report.host_ms)
+              report = std::move(result.report);
+            sgemm_best = std::max(sgemm_best,
+                                  MeasureSgemmBaselineGflops(report.mmad_shapes, o.host_threads));
           }
           sgemm_gflops = sgemm_best;
         }
         const double host_gflops = report.host_ms ? report.flops / (*report.host_ms * 1e6) : 0.0;
         if (o.json) {
-          nlohmann::json row = {{"kernel", name},         {"profile", profile.name},
-                                {"batch", o.batch},       {"heads", o.heads},
-                                {"sq", sq},               {"sk", sk},
-                                {"preload", o.preload},   {"split_kv", o.split_kv},
+          nlohmann::json row = {{"kernel", name},
+                                {"profile", profile.name},
+                                {"batch", o.batch},
+                                {"heads", o.heads},
+                                {"sq", sq},
+                                {"sk", sk},
+                                {"preload", o.preload},
+                                {"split_kv", o.split_kv},
                                 {"modeled_us", report.modeled_us},
-                                {"fu", report.fu},        {"flops", report.flops},
+                                {"fu", report.fu},
+                                {"flops", report.flops},
                                 {"pipe_busy", report.pipe_busy},
                                 {"gm_read_bytes", report.gm_read_bytes},
                                 {"hbm_read_bytes", report.hbm_read_bytes},
@@ -131,8 +153,8 @@ absl::Status RunKernelCommand(const KernelCommandOptions& o, std::ostream& out) 
         } else {
           auto busy = [&](const char* pipe) { return 100.0 * report.pipe_busy[pipe]; };
           out << absl::StrFormat("%-6s %3d %6d %11.1f %6.1f %6.1f %8.1f %6.1f %8.1f ", name, sq, sk,
-                                 report.modeled_us, 100.0 * report.fu, busy("AIC.M"), busy("AIC.MTE2"),
-                                 busy("AIV.V"), busy("AIV.MTE2"));
+                                 report.modeled_us, 100.0 * report.fu, busy("AIC.M"),
+                                 busy("AIC.MTE2"), busy("AIV.V"), busy("AIV.MTE2"));
           if (report.host_ms) {
             out << absl::StrFormat("%9.1f %9.1f %10.1f %6.3f ", *report.host_ms, host_gflops,
                                    sgemm_gflops, host_gflops / sgemm_gflops);

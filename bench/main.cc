@@ -11,14 +11,14 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/command_line.h"
-#include "common/status_macros.h"
 #include "bench/accuracy_command.h"
 #include "bench/kernel_command.h"
 #include "bench/peers_command.h"
-#include "bench/tree_command.h"
 #include "bench/service_command.h"
+#include "bench/tree_command.h"
 #include "bench/typhoon_command.h"
+#include "common/command_line.h"
+#include "common/status_macros.h"
 
 ABSL_FLAG(bool, json, false, "print one JSON object per line instead of a table");
 ABSL_FLAG(int, seeds, 5, "accuracy: random draws per distribution");
@@ -26,18 +26,23 @@ ABSL_FLAG(std::string, profile, "",
           "device profile name or path (default: ascend910 for kernel and typhoon, the engine's "
           "ascend910-die for service)");
 ABSL_FLAG(std::vector<std::string>, kernel, {"amla"}, "kernel: amla and/or base (comma-separated)");
-ABSL_FLAG(std::vector<std::string>, batch, {},
-          "kernel: requests in the batch (default 4); typhoon: batch sizes (comma-separated, default "
-          "16,32,64,128,256,512,1024)");
+ABSL_FLAG(
+    std::vector<std::string>, batch, {},
+    "kernel: requests in the batch (default 4); typhoon: batch sizes (comma-separated, default "
+    "16,32,64,128,256,512,1024)");
 ABSL_FLAG(int, heads, 128, "kernel: query heads");
-ABSL_FLAG(std::vector<std::string>, sq, {"1"}, "kernel: query tokens per request (comma-separated)");
-ABSL_FLAG(std::vector<std::string>, sk, {"4096"}, "kernel: cached tokens per request (comma-separated)");
+ABSL_FLAG(std::vector<std::string>, sq, {"1"},
+          "kernel: query tokens per request (comma-separated)");
+ABSL_FLAG(std::vector<std::string>, sk, {"4096"},
+          "kernel: cached tokens per request (comma-separated)");
 ABSL_FLAG(int, preload, 2, "kernel: preload count of the pipeline (0, 1, 2)");
 ABSL_FLAG(int, page_size, 128, "kernel: KV cache page size");
 ABSL_FLAG(int, host_threads, 2, "kernel: host threads of the emulated device");
-ABSL_FLAG(int, repeats, 3, "kernel: executed runs, best of N (kernel and SGEMM baseline alternate)");
+ABSL_FLAG(int, repeats, 3,
+          "kernel: executed runs, best of N (kernel and SGEMM baseline alternate)");
 ABSL_FLAG(bool, model_only, false, "kernel, typhoon: model the time only, no host arithmetic");
-ABSL_FLAG(bool, split_kv, false, "kernel: split a sparse batch's keys over the AIC blocks, as the engine does");
+ABSL_FLAG(bool, split_kv, false,
+          "kernel: split a sparse batch's keys over the AIC blocks, as the engine does");
 ABSL_FLAG(std::string, model, "deepseek-v3", "typhoon: model preset (deepseek-v3, kimi-k2)");
 ABSL_FLAG(double, matrix_tflops, 0, "typhoon: matrix rate T for B_theta (0: the profile's peak)");
 ABSL_FLAG(double, hbm_tbps, 0, "typhoon: memory bandwidth M for B_theta (0: the profile's)");
@@ -54,8 +59,10 @@ ABSL_FLAG(double, duration_s, 10, "service: seconds per run");
 ABSL_FLAG(std::vector<std::string>, forms, {"absorb"}, "peers: absorb and/or naive");
 ABSL_FLAG(std::vector<std::string>, grid_batch, (std::vector<std::string>{"1", "4", "16", "64"}),
           "peers: batch sizes B");
-ABSL_FLAG(std::vector<std::string>, grid_heads, (std::vector<std::string>{"64", "128"}), "peers: head counts H");
-ABSL_FLAG(std::vector<std::string>, grid_sq, (std::vector<std::string>{"1", "2"}), "peers: query tokens Sq");
+ABSL_FLAG(std::vector<std::string>, grid_heads, (std::vector<std::string>{"64", "128"}),
+          "peers: head counts H");
+ABSL_FLAG(std::vector<std::string>, grid_sq, (std::vector<std::string>{"1", "2"}),
+          "peers: query tokens Sq");
 ABSL_FLAG(std::vector<std::string>, grid_sk, (std::vector<std::string>{"1024", "4096", "16384"}),
           "peers: cached tokens Sk");
 ABSL_FLAG(int, threads, 2, "peers: threads on each side");
@@ -73,14 +80,17 @@ constexpr char kUsage[] =
     "  typhoon    TyphoonMLA hybrid vs absorb-only on a shared prefix, per batch size\n"
     "  service    the same load direct on the engine and through gRPC: throughput ratio, overhead\n"
     "  peers      mlaserve's host kernels beside PyTorch on the CPU (fp32, bf16), alternating\n"
-    "  tree       tree-aware vs flat TyphoonMLA grouping on a two-level prefix tree, whole engine\n";
+    "  tree       tree-aware vs flat TyphoonMLA grouping on a two-level prefix tree, whole "
+    "engine\n";
 
-absl::StatusOr<std::vector<int>> ParseInts(const std::vector<std::string>& items, const char* flag) {
+absl::StatusOr<std::vector<int>> ParseInts(const std::vector<std::string>& items,
+                                           const char* flag) {
   std::vector<int> values;
   for (const std::string& item : items) {
     int v = 0;
     if (!absl::SimpleAtoi(item, &v) || v <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": '", item, "' is not a positive integer"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": '", item, "' is not a positive integer"));
     }
     values.push_back(v);
   }
@@ -103,7 +113,8 @@ absl::Status Run(const std::string& command) {
     o.kernels = absl::GetFlag(FLAGS_kernel);
     absl::StatusOr<std::vector<int>> batch = ParseInts(absl::GetFlag(FLAGS_batch), "batch");
     if (!batch.ok()) return batch.status();
-    if (batch->size() > 1) return absl::InvalidArgumentError("--batch: kernel takes one batch size");
+    if (batch->size() > 1)
+      return absl::InvalidArgumentError("--batch: kernel takes one batch size");
     if (!batch->empty()) o.batch = batch->front();
     o.heads = absl::GetFlag(FLAGS_heads);
     absl::StatusOr<std::vector<int>> sq = ParseInts(absl::GetFlag(FLAGS_sq), "sq");

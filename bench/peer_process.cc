@@ -13,10 +13,11 @@ extern char** environ;
 
 namespace mlaserve::bench {
 
-absl::StatusOr<std::unique_ptr<PeerProcess>> PeerProcess::Start(std::vector<std::string> argv,
-                                                                 std::map<std::string, std::string> env) {
+absl::StatusOr<std::unique_ptr<PeerProcess>> PeerProcess::Start(
+    std::vector<std::string> argv, std::map<std::string, std::string> env) {
   int in[2], out[2];
-  if (pipe(in) != 0 || pipe(out) != 0) return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  if (pipe(in) != 0 || pipe(out) != 0)
+    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
   // Everything exec needs is built before fork: the child only dups and execs.
   std::vector<std::string> envs;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -46,7 +47,8 @@ absl::StatusOr<std::unique_ptr<PeerProcess>> PeerProcess::Start(std::vector<std:
   }
   close(in[0]);
   close(out[1]);
-  return std::unique_ptr<PeerProcess>(new PeerProcess(pid, fdopen(in[1], "w"), fdopen(out[0], "r")));
+  return std::unique_ptr<PeerProcess>(
+      new PeerProcess(pid, fdopen(in[1], "w"), fdopen(out[0], "r")));
 }
 
 PeerProcess::~PeerProcess() {
@@ -70,8 +72,10 @@ absl::StatusOr<nlohmann::json> PeerProcess::Call(const nlohmann::json& request) 
   }
   if (reply.empty()) return absl::UnavailableError("the peer process ended without a reply");
   nlohmann::json parsed = nlohmann::json::parse(reply, nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded()) return absl::InternalError(absl::StrCat("the peer replied '", reply, "'"));
-  if (parsed.contains("error")) return absl::InternalError(absl::StrCat("peer: ", parsed["error"].dump()));
+  if (parsed.is_discarded())
+    return absl::InternalError(absl::StrCat("the peer replied '", reply, "'"));
+  if (parsed.contains("error"))
+    return absl::InternalError(absl::StrCat("peer: ", parsed["error"].dump()));
   return parsed;
 }
 

@@ -57,7 +57,8 @@ absl::StatusOr<std::unique_ptr<OurBatch>> MakeOurs(const Shape& s, int threads, 
   if (absorb) FillNormal(ours->pool, 1.0, rng);
   for (int m = 0; m < s.batch; ++m) {
     std::vector<int32_t> table(pages_per_sequence);
-    for (int p = 0; p < pages_per_sequence; ++p) table[p] = (absorb ? m : 0) * pages_per_sequence + p;
+    for (int p = 0; p < pages_per_sequence; ++p)
+      table[p] = (absorb ? m : 0) * pages_per_sequence + p;
     ours->pages.push_back(std::move(table));
   }
   DecodeBatch b;
@@ -104,7 +105,8 @@ absl::StatusOr<std::unique_ptr<OurBatch>> MakeOurs(const Shape& s, int threads, 
   if (!absorb) {  // time the shared-prefix pass alone, as the peer's naive form is
     std::vector<BatchStep> kept;
     for (BatchStep& step : ours->built.steps.steps) {
-      if (const auto* a = std::get_if<AttentionStep>(&step); a != nullptr && a->name == "naive") kept.push_back(step);
+      if (const auto* a = std::get_if<AttentionStep>(&step); a != nullptr && a->name == "naive")
+        kept.push_back(step);
     }
     ours->built.steps.steps = std::move(kept);
   }
@@ -126,45 +128,63 @@ absl::Status RunPeersCommand(const PeersCommandOptions& o, std::ostream& out) {
     // What the peer needs to be at its best here (docs/performance.md has the ablation):
     // torch's own kernels on AVX-512, OpenBLAS's own kernel choice (this VM's environment
     // forces its AVX2 ones), huge pages for the scores' fresh allocations.
-    env = {{"ATEN_CPU_CAPABILITY", "avx512"}, {"OPENBLAS_CORETYPE", ""}, {"GLIBC_TUNABLES", "glibc.malloc.hugetlb=1"}};
+    env = {{"ATEN_CPU_CAPABILITY", "avx512"},
+           {"OPENBLAS_CORETYPE", ""},
+           {"GLIBC_TUNABLES", "glibc.malloc.hugetlb=1"}};
   } else if (o.peer_env != "as-is") {
     return absl::InvalidArgumentError("--peer-env: 'tuned' or 'as-is'");
   }
-  const std::string worker = o.worker.empty() ? std::string(MLASERVE_SOURCE_DIR) + "/bench/peers/torch_mla_worker.py"
-                                              : o.worker;
+  const std::string worker =
+      o.worker.empty() ? std::string(MLASERVE_SOURCE_DIR) + "/bench/peers/torch_mla_worker.py"
+                       : o.worker;
   ASSIGN_OR_RETURN(auto peer, PeerProcess::Start({o.python, worker}, env));
   ASSIGN_OR_RETURN(nlohmann::json info, peer->Call({{"op", "info"}}));
   if (!o.json) {
     out << HostDescription() << "\n";
-    out << absl::StrFormat("peer: torch %s, cpu capability %s, %d threads each side, env %s; best of %d x %d, alternating\n",
-                           info["torch"].get<std::string>(), info["cpu_capability"].get<std::string>(), o.threads,
-                           o.peer_env, o.rounds, o.repeats);
-    out << absl::StrFormat("%-6s %4s %4s %3s %6s %12s %12s %12s %8s\n", "form", "B", "H", "sq", "sk", "mlaserve_GF/s",
-                           "torch_fp32", "torch_bf16", "x_best");
+    out << absl::StrFormat(
+        "peer: torch %s, cpu capability %s, %d threads each side, env %s; best of %d x %d, "
+        "alternating\n",
+        info["torch"].get<std::string>(), info["cpu_capability"].get<std::string>(), o.threads,
+        o.peer_env, o.rounds, o.repeats);
+    out << absl::StrFormat("%-6s %4s %4s %3s %6s %12s %12s %12s %8s\n", "form", "B", "H", "sq",
+                           "sk", "mlaserve_GF/s", "torch_fp32", "torch_bf16", "x_best");
   }
   HostBatchRunner runner(o.threads);
   Rng rng(2026);
   for (const std::string& form : o.forms) {
-    if (form != "absorb" && form != "naive") return absl::InvalidArgumentError("--forms: absorb and/or naive");
+    if (form != "absorb" && form != "naive")
+      return absl::InvalidArgumentError("--forms: absorb and/or naive");
     for (int heads : o.heads) {
       for (int batch : o.batch) {
         for (int sq : o.sq) {
           for (int sk : o.sk) {
             Result r{Shape{form, batch, heads, sq, sk}};
             ASSIGN_OR_RETURN(auto ours, MakeOurs(r.shape, o.threads, rng));
-            ASSIGN_OR_RETURN(auto warm, runner.Run(ours->built.steps));  // first-touch and JIT outside the timing
+            ASSIGN_OR_RETURN(
+                auto warm,
+                runner.Run(ours->built.steps));  // first-touch and JIT outside the timing
             warm.reset();
             for (int round = 0; round < o.rounds; ++round) {
               for (int i = 0; i < o.repeats; ++i) {
                 const auto start = std::chrono::steady_clock::now();
                 ASSIGN_OR_RETURN(auto buffers, runner.Run(ours->built.steps));
-                r.ours_s = std::min(r.ours_s, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+                r.ours_s =
+                    std::min(r.ours_s,
+                             std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+                                 .count());
               }
               for (const char* dtype : {"fp32", "bf16"}) {
-                ASSIGN_OR_RETURN(nlohmann::json reply,
-                                 peer->Call({{"op", "time"}, {"form", form}, {"dtype", dtype}, {"batch", batch},
-                                             {"heads", heads}, {"sq", sq}, {"sk", sk}, {"repeats", o.repeats},
-                                             {"warmup", 1}, {"threads", o.threads}, {"seed", round}}));
+                ASSIGN_OR_RETURN(nlohmann::json reply, peer->Call({{"op", "time"},
+                                                                   {"form", form},
+                                                                   {"dtype", dtype},
+                                                                   {"batch", batch},
+                                                                   {"heads", heads},
+                                                                   {"sq", sq},
+                                                                   {"sk", sk},
+                                                                   {"repeats", o.repeats},
+                                                                   {"warmup", 1},
+                                                                   {"threads", o.threads},
+                                                                   {"seed", round}}));
                 double& best = std::string(dtype) == "fp32" ? r.fp32_s : r.bf16_s;
                 best = std::min(best, reply["best_s"].get<double>());
               }
@@ -187,8 +207,9 @@ absl::Status RunPeersCommand(const PeersCommandOptions& o, std::ostream& out) {
                          .dump()
                   << "\n";
             } else {
-              out << absl::StrFormat("%-6s %4d %4d %3d %6d %12.1f %12.1f %12.1f %8.2f\n", form, batch, heads, sq, sk,
-                                     flops / r.ours_s / 1e9, flops / r.fp32_s / 1e9, flops / r.bf16_s / 1e9, ratio);
+              out << absl::StrFormat("%-6s %4d %4d %3d %6d %12.1f %12.1f %12.1f %8.2f\n", form,
+                                     batch, heads, sq, sk, flops / r.ours_s / 1e9,
+                                     flops / r.fp32_s / 1e9, flops / r.bf16_s / 1e9, ratio);
             }
             out.flush();
           }

@@ -15,9 +15,9 @@ struct PeersCommandOptions {
   std::vector<int> heads = {64, 128};
   std::vector<int> sq = {1, 2};
   std::vector<int> sk = {1024, 4096, 16384};
-  int threads = 2;   // both sides
-  int repeats = 2;   // timed runs per side per round
-  int rounds = 2;    // alternations between the sides; best of rounds x repeats
+  int threads = 2;  // both sides
+  int repeats = 2;  // timed runs per side per round
+  int rounds = 2;   // alternations between the sides; best of rounds x repeats
   std::string python = "/usr/bin/python3";
   std::string worker;  // the torch worker script (default: the source tree's)
   // "tuned": the peer at its best on this machine (AVX-512 dispatch, OpenBLAS's own kernel

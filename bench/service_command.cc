@@ -34,26 +34,31 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFor(const ServiceCommandOptio
   return e;
 }
 
-absl::StatusOr<loadgen::LoadSummary> RunDirect(const ServiceCommandOptions& o, const loadgen::WorkloadOptions& w) {
+absl::StatusOr<loadgen::LoadSummary> RunDirect(const ServiceCommandOptions& o,
+                                               const loadgen::WorkloadOptions& w) {
   ASSIGN_OR_RETURN(engine::EngineOptions options, EngineOptionsFor(o));
-  ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine, engine::CreateEngine(std::move(options)));
+  ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
+                   engine::CreateEngine(std::move(options)));
   EngineLoadTarget target(*engine);
   ASSIGN_OR_RETURN(loadgen::LoadResult result, loadgen::RunWorkload(target, w));
   return loadgen::Summarize(result);
 }
 
-absl::StatusOr<loadgen::LoadSummary> RunOverGrpc(const ServiceCommandOptions& o, const loadgen::WorkloadOptions& w) {
+absl::StatusOr<loadgen::LoadSummary> RunOverGrpc(const ServiceCommandOptions& o,
+                                                 const loadgen::WorkloadOptions& w) {
   ASSIGN_OR_RETURN(engine::EngineOptions options, EngineOptionsFor(o));
   service::ServerOptions server_options;
   server_options.listen_address = "127.0.0.1:0";
   server_options.metrics_address = "";
-  ASSIGN_OR_RETURN(std::unique_ptr<service::MlaServer> server,
-                   service::MlaServer::Start(engine::CreateEngine, std::move(options), server_options));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<service::MlaServer> server,
+      service::MlaServer::Start(engine::CreateEngine, std::move(options), server_options));
   RETURN_IF_ERROR(server->WarmUp());
   server->SetServing(true);
   client::ClientOptions client_options;
   client_options.timeout = absl::Seconds(120);
-  auto client = client::MlaServeClient::Connect(absl::StrCat("127.0.0.1:", server->port()), client_options);
+  auto client =
+      client::MlaServeClient::Connect(absl::StrCat("127.0.0.1:", server->port()), client_options);
   ASSIGN_OR_RETURN(auto target, loadgen::GrpcLoadTarget::Create(std::move(client)));
   ASSIGN_OR_RETURN(loadgen::LoadResult result, loadgen::RunWorkload(*target, w));
   server->Shutdown(absl::Seconds(10)).IgnoreError();
@@ -87,36 +92,39 @@ absl::Status RunServiceCommand(const ServiceCommandOptions& o, std::ostream& out
   if (o.json) {
     for (const PathResult& r : results) {
       const loadgen::LoadSummary& s = r.summary;
-      nlohmann::json row = {{"path", r.path},
-                            {"round", r.round},
-                            {"workers", w.workers},
-                            {"sequences", w.sequences},
-                            {"queries_per_s", s.queries_per_s},
-                            {"latency_ms", {{"p50", s.latency_ms.p50}, {"p99", s.latency_ms.p99}}},
-                            {"overhead_us", {{"p50", s.overhead_us.p50}, {"p99", s.overhead_us.p99}}},
-                            {"queue_us", {{"p50", s.queue_us.p50}, {"p99", s.queue_us.p99}}},
-                            {"mean_batch_size", s.mean_batch_size}};
+      nlohmann::json row = {
+          {"path", r.path},
+          {"round", r.round},
+          {"workers", w.workers},
+          {"sequences", w.sequences},
+          {"queries_per_s", s.queries_per_s},
+          {"latency_ms", {{"p50", s.latency_ms.p50}, {"p99", s.latency_ms.p99}}},
+          {"overhead_us", {{"p50", s.overhead_us.p50}, {"p99", s.overhead_us.p99}}},
+          {"queue_us", {{"p50", s.queue_us.p50}, {"p99", s.queue_us.p99}}},
+          {"mean_batch_size", s.mean_batch_size}};
       out << row.dump() << "\n";
     }
     out << nlohmann::json{{"grpc_over_direct", best_grpc / best_direct}}.dump() << "\n";
     return absl::OkStatus();
   }
   out << absl::StrFormat(
-      "service overhead: %s (%d layers) on %d x %s, %d workers x %d sequences, prefix %d + own %d tokens, "
+      "service overhead: %s (%d layers) on %d x %s, %d workers x %d sequences, prefix %d + own %d "
+      "tokens, "
       "sq %d, %.0f s per run\n",
-      o.model, o.layers, o.devices, o.profile.empty() ? "default" : o.profile, w.workers, w.sequences,
-      w.prefix_tokens, w.context_tokens, w.sq, absl::ToDoubleSeconds(w.duration));
+      o.model, o.layers, o.devices, o.profile.empty() ? "default" : o.profile, w.workers,
+      w.sequences, w.prefix_tokens, w.context_tokens, w.sq, absl::ToDoubleSeconds(w.duration));
   out << HostDescription() << "\n";
-  out << absl::StrFormat("%-7s %5s %10s %10s %10s %12s %12s %12s %8s\n", "path", "round", "queries/s",
-                         "lat_p50_ms", "lat_p99_ms", "queue_p50_us", "ovhd_p50_us", "ovhd_p99_us", "batch");
+  out << absl::StrFormat("%-7s %5s %10s %10s %10s %12s %12s %12s %8s\n", "path", "round",
+                         "queries/s", "lat_p50_ms", "lat_p99_ms", "queue_p50_us", "ovhd_p50_us",
+                         "ovhd_p99_us", "batch");
   for (const PathResult& r : results) {
     const loadgen::LoadSummary& s = r.summary;
-    out << absl::StrFormat("%-7s %5d %10.1f %10.2f %10.2f %12.1f %12.1f %12.1f %8.1f\n", r.path, r.round,
-                           s.queries_per_s, s.latency_ms.p50, s.latency_ms.p99, s.queue_us.p50, s.overhead_us.p50,
-                           s.overhead_us.p99, s.mean_batch_size);
+    out << absl::StrFormat("%-7s %5d %10.1f %10.2f %10.2f %12.1f %12.1f %12.1f %8.1f\n", r.path,
+                           r.round, s.queries_per_s, s.latency_ms.p50, s.latency_ms.p99,
+                           s.queue_us.p50, s.overhead_us.p50, s.overhead_us.p99, s.mean_batch_size);
   }
-  out << absl::StrFormat("gRPC / direct throughput (best of %d each): %.3f\n", std::max(1, o.rounds),
-                         best_grpc / best_direct);
+  out << absl::StrFormat("gRPC / direct throughput (best of %d each): %.3f\n",
+                         std::max(1, o.rounds), best_grpc / best_direct);
   return absl::OkStatus();
 }
 

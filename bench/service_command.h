@@ -14,7 +14,7 @@ struct ServiceCommandOptions {
   int layers = 2;
   std::string profile;  // empty: the engine's default
   int devices = 2;
-  int rounds = 2;       // direct and gRPC alternate this many times
+  int rounds = 2;  // direct and gRPC alternate this many times
   loadgen::WorkloadOptions workload;
   bool json = false;
 };

@@ -14,7 +14,9 @@
 
 namespace mlaserve::bench {
 
-std::string SgemmBaselineName() { return std::string("OpenBLAS ") + openblas_get_corename() + " kernels"; }
+std::string SgemmBaselineName() {
+  return std::string("OpenBLAS ") + openblas_get_corename() + " kernels";
+}
 
 double MeasureSgemmBaselineGflops(const std::map<std::tuple<int, int, int>, int64_t>& shapes,
                                   int threads, int64_t max_calls_per_shape) {
@@ -49,10 +51,11 @@ double MeasureSgemmBaselineGflops(const std::map<std::tuple<int, int, int>, int6
     std::vector<float> c(static_cast<size_t>(max_m) * max_n);
     auto run = [&](const Call& x, bool accumulate) {
       // The kernel's calls: C[m][n] (+)= A[m][k] B[k][n], row-major (kernels/core/matmul.h).
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, x.m, x.n, x.k, 1.0f, a.data(), x.k, b.data(), x.n,
-                  accumulate ? 1.0f : 0.0f, c.data(), x.n);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, x.m, x.n, x.k, 1.0f, a.data(), x.k,
+                  b.data(), x.n, accumulate ? 1.0f : 0.0f, c.data(), x.n);
     };
-    for (size_t i = id; i < calls.size() && i < static_cast<size_t>(id + 8 * threads); i += threads) {
+    for (size_t i = id; i < calls.size() && i < static_cast<size_t>(id + 8 * threads);
+         i += threads) {
       run(calls[i], true);  // OpenBLAS's per-thread buffers, page faults, caches
     }
     warm.count_down();
@@ -66,7 +69,8 @@ double MeasureSgemmBaselineGflops(const std::map<std::tuple<int, int, int>, int6
   const auto start = std::chrono::steady_clock::now();
   go.count_down();
   done.wait();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (std::thread& t : pool) t.join();
   return flops / seconds / 1e9;
 }

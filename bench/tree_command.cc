@@ -31,7 +31,8 @@ struct Run {
   int hybrid = 0;            // queries that ran hybrid
 };
 
-absl::StatusOr<Run> DecodeAll(Engine& engine, const std::vector<engine::OwnedDecodeQuery>& queries) {
+absl::StatusOr<Run> DecodeAll(Engine& engine,
+                              const std::vector<engine::OwnedDecodeQuery>& queries) {
   std::promise<absl::StatusOr<Run>> promise;
   engine.Decode(engine::Views(queries, engine.Info().model), {},
                 [&](absl::StatusOr<std::span<const engine::DecodeAnswer>> answers) {
@@ -45,7 +46,8 @@ absl::StatusOr<Run> DecodeAll(Engine& engine, const std::vector<engine::OwnedDec
                   r.host_ms = p.device_host_ms;
                   r.naive_tokens = p.naive_tokens;
                   r.root_pass_tokens = p.naive_pass_query_tokens;
-                  for (const engine::DecodeAnswer& a : *answers) r.hybrid += a.plan.formulation == engine::Formulation::kHybrid;
+                  for (const engine::DecodeAnswer& a : *answers)
+                    r.hybrid += a.plan.formulation == engine::Formulation::kHybrid;
                   promise.set_value(r);
                 });
   return promise.get_future().get();
@@ -80,17 +82,20 @@ absl::StatusOr<Loaded> Load(const TreeCommandOptions& o, int batch, bool tree_aw
     return r;
   };
   const std::vector<Bf16> root = rows(o.shared);
-  RETURN_IF_ERROR(l.engine->RegisterPrefix("root", "", *TensorView<const Bf16, 3>::Create(root, {1, o.shared, dk})));
+  RETURN_IF_ERROR(l.engine->RegisterPrefix(
+      "root", "", *TensorView<const Bf16, 3>::Create(root, {1, o.shared, dk})));
   for (int c = 0; c < o.children; ++c) {
     const std::string child = absl::StrCat("child", c);
     const std::vector<Bf16> own = rows(o.child_tokens);
-    RETURN_IF_ERROR(l.engine->RegisterPrefix(child, "root", *TensorView<const Bf16, 3>::Create(own, {1, o.child_tokens, dk})));
+    RETURN_IF_ERROR(l.engine->RegisterPrefix(
+        child, "root", *TensorView<const Bf16, 3>::Create(own, {1, o.child_tokens, dk})));
     for (int s = 0; s < batch; ++s) {
       const std::string id = absl::StrCat(child, "/", s);
       RETURN_IF_ERROR(l.engine->CreateSequence(id, child));
       const std::vector<Bf16> suffix = rows(o.suffix);
-      RETURN_IF_ERROR(l.engine->AppendKv(id, 0, o.shared + o.child_tokens,
-                                         *TensorView<const Bf16, 2>::Create(suffix, {o.suffix, dk})));
+      RETURN_IF_ERROR(
+          l.engine->AppendKv(id, 0, o.shared + o.child_tokens,
+                             *TensorView<const Bf16, 2>::Create(suffix, {o.suffix, dk})));
       engine::OwnedDecodeQuery q;
       q.sequence_id = id;
       q.q_nope.resize(static_cast<size_t>(m.heads) * m.dn);
@@ -111,11 +116,14 @@ absl::Status RunTreeCommand(const TreeCommandOptions& o, std::ostream& out) {
   if (!o.json) {
     out << HostDescription() << "\n";
     out << absl::StrFormat(
-        "TyphoonMLA over a prefix tree on one %s: %s, root %d tokens, %d children of %d tokens, B sequences on each "
-        "with %d of their own; one call of all children x B queries; tree-aware vs flat grouping, best of %d\n",
+        "TyphoonMLA over a prefix tree on one %s: %s, root %d tokens, %d children of %d tokens, B "
+        "sequences on each "
+        "with %d of their own; one call of all children x B queries; tree-aware vs flat grouping, "
+        "best of %d\n",
         o.profile, o.model, o.shared, o.children, o.child_tokens, o.suffix, o.rounds);
-    out << absl::StrFormat("%5s %6s %7s %7s %9s %11s %10s %12s %12s\n", "B", "mode", "hybrid", "naive", "root_pass",
-                           "modeled_us", "host_ms", "flat/tree_us", "flat/tree_ms");
+    out << absl::StrFormat("%5s %6s %7s %7s %9s %11s %10s %12s %12s\n", "B", "mode", "hybrid",
+                           "naive", "root_pass", "modeled_us", "host_ms", "flat/tree_us",
+                           "flat/tree_ms");
   }
   for (int batch : o.batch) {
     ASSIGN_OR_RETURN(Loaded tree, Load(o, batch, true));
@@ -147,10 +155,11 @@ absl::Status RunTreeCommand(const TreeCommandOptions& o, std::ostream& out) {
                    .dump()
             << "\n";
       } else {
-        out << absl::StrFormat("%5d %6s %7d %7d %9d %11.1f %10.1f", batch, mode, r.hybrid, r.naive_tokens,
-                               r.root_pass_tokens, r.modeled_us, r.host_ms);
+        out << absl::StrFormat("%5d %6s %7d %7d %9d %11.1f %10.1f", batch, mode, r.hybrid,
+                               r.naive_tokens, r.root_pass_tokens, r.modeled_us, r.host_ms);
         if (!tree_aware) {
-          out << absl::StrFormat(" %12.2f %12.2f", r.modeled_us / best_tree.modeled_us, r.host_ms / best_tree.host_ms);
+          out << absl::StrFormat(" %12.2f %12.2f", r.modeled_us / best_tree.modeled_us,
+                                 r.host_ms / best_tree.host_ms);
         }
         out << "\n";
       }

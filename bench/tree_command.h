@@ -12,12 +12,12 @@ namespace mlaserve::bench {
 struct TreeCommandOptions {
   std::string model = "deepseek-v3";
   std::string profile = "ascend910";
-  int shared = 2048;               // tokens of the root prefix (a system prompt)
-  int children = 4;                // prefixes extending it (few-shot templates, tools, ...)
-  int child_tokens = 1024;         // tokens each child adds
+  int shared = 2048;                      // tokens of the root prefix (a system prompt)
+  int children = 4;                       // prefixes extending it (few-shot templates, tools, ...)
+  int child_tokens = 1024;                // tokens each child adds
   std::vector<int> batch = {16, 32, 64};  // queries on each child
-  int suffix = 128;                // tokens each sequence has of its own
-  int rounds = 2;                  // tree and flat alternate; best host time of the rounds
+  int suffix = 128;                       // tokens each sequence has of its own
+  int rounds = 2;                         // tree and flat alternate; best host time of the rounds
   int host_threads = 2;
   bool json = false;
 };

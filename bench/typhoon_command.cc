@@ -8,15 +8,15 @@
 #include <optional>
 
 #include "absl/strings/str_format.h"
-#include "kernels/core/random_fill.h"
 #include "common/status_macros.h"
+#include "kernels/core/random_fill.h"
+#include "kernels/mla/batch_step_builder.h"
 #include "kernels/npu/device.h"
+#include "kernels/npu/programs/batch_launch.h"
 #include "nlohmann/json.hpp"
 #include "server/engine/kv/expanded_kv.h"
 #include "server/engine/model/model_config.h"
 #include "server/engine/model/model_weights.h"
-#include "kernels/mla/batch_step_builder.h"
-#include "kernels/npu/programs/batch_launch.h"
 #include "server/engine/plan/planner.h"
 
 namespace mlaserve::bench {
@@ -43,7 +43,8 @@ struct PageLayout {
   std::vector<int32_t> PagesOf(int member) const {
     std::vector<int32_t> pages(shared_pages + own_pages);
     for (int i = 0; i < shared_pages; ++i) pages[i] = i;
-    for (int i = 0; i < own_pages; ++i) pages[shared_pages + i] = shared_pages + member * own_pages + i;
+    for (int i = 0; i < own_pages; ++i)
+      pages[shared_pages + i] = shared_pages + member * own_pages + i;
     return pages;
   }
 };
@@ -56,7 +57,8 @@ struct HostData {
   std::optional<engine::ExpandedKvData> level;  // the prefix's expanded K/V
 };
 
-absl::StatusOr<HostData> MakeHostData(const ModelConfig& m, const PageLayout& layout, int shared, int sq) {
+absl::StatusOr<HostData> MakeHostData(const ModelConfig& m, const PageLayout& layout, int shared,
+                                      int sq) {
   HostData d;
   Rng rng(2026);
   const int dk = m.dk_latent();
@@ -65,7 +67,8 @@ absl::StatusOr<HostData> MakeHostData(const ModelConfig& m, const PageLayout& la
   const int tail = shared % layout.page_size;  // prefix rows every query copies
   const int64_t page_elems = int64_t{layout.page_size} * dk;
   for (int member = 1; member < layout.members; ++member) {
-    std::copy_n(d.pool.begin() + layout.PagesOf(0)[layout.shared_pages] * page_elems, int64_t{tail} * dk,
+    std::copy_n(d.pool.begin() + layout.PagesOf(0)[layout.shared_pages] * page_elems,
+                int64_t{tail} * dk,
                 d.pool.begin() + layout.PagesOf(member)[layout.shared_pages] * page_elems);
   }
   const int64_t rows = int64_t{layout.members} * sq * m.heads;
@@ -86,8 +89,9 @@ absl::StatusOr<HostData> MakeHostData(const ModelConfig& m, const PageLayout& la
 // The batch in the kernels' terms: one head-space group of `batch` queries on a prefix of
 // o.shared tokens, each with o.suffix of its own; hybrid runs the prefix as one naive pass.
 // Without host data every pointer is null (a model-only launch).
-DecodeBatch MakeBatch(const TyphoonCommandOptions& o, const ModelConfig& m, int sq, int batch, bool hybrid,
-                      const PageLayout& layout, const std::vector<std::vector<int32_t>>& pages, const HostData* host,
+DecodeBatch MakeBatch(const TyphoonCommandOptions& o, const ModelConfig& m, int sq, int batch,
+                      bool hybrid, const PageLayout& layout,
+                      const std::vector<std::vector<int32_t>>& pages, const HostData* host,
                       int parallel_units) {
   DecodeBatch b;
   b.dims = m.dims();
@@ -114,7 +118,10 @@ DecodeBatch MakeBatch(const TyphoonCommandOptions& o, const ModelConfig& m, int 
     g.absorb_from = o.shared;
     g.naive_passes = {0};
     b.passes.push_back({host != nullptr ? host->level->keys().data() : nullptr,
-                        host != nullptr ? host->level->values().data() : nullptr, 0, o.shared, {0}});
+                        host != nullptr ? host->level->values().data() : nullptr,
+                        0,
+                        o.shared,
+                        {0}});
   }
   b.groups.push_back(std::move(g));
   return b;
@@ -132,9 +139,11 @@ absl::StatusOr<Timed> RunOnce(npu::Device& device, const DecodeBatch& batch,
   ASSIGN_OR_RETURN(auto launch, npu::BatchLaunch::Create(device, built.steps, kernel, execute));
   Timed t;
   const auto start = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(t.report, launch->Run(execute ? npu::ExecutionMode::kExecute : npu::ExecutionMode::kModelOnly));
+  ASSIGN_OR_RETURN(t.report, launch->Run(execute ? npu::ExecutionMode::kExecute
+                                                 : npu::ExecutionMode::kModelOnly));
   if (execute) {
-    t.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    t.host_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     for (const AnswerRef& a : built.answers[0]) {
       const std::span<const float> out = launch->Elements<float>(a.out, a.out_elements);
       t.out.insert(t.out.end(), out.begin(), out.end());
@@ -156,8 +165,12 @@ double RelativeRmsDifference(const std::vector<float>& a, const std::vector<floa
 nlohmann::json LaunchTimes(const npu::BatchLaunchReport& report) {
   nlohmann::json launches = nlohmann::json::array();
   for (const npu::LaunchReport& l : report.launches) {
-    launches.push_back({{"kernel", l.kernel}, {"modeled_us", l.modeled_us}, {"fu", l.fu}, {"pipe_busy", l.pipe_busy},
-                        {"hbm_read_bytes", l.hbm_read_bytes}, {"gm_read_bytes", l.gm_read_bytes}});
+    launches.push_back({{"kernel", l.kernel},
+                        {"modeled_us", l.modeled_us},
+                        {"fu", l.fu},
+                        {"pipe_busy", l.pipe_busy},
+                        {"hbm_read_bytes", l.hbm_read_bytes},
+                        {"gm_read_bytes", l.gm_read_bytes}});
   }
   return launches;
 }
@@ -167,14 +180,16 @@ nlohmann::json LaunchTimes(const npu::BatchLaunchReport& report) {
 absl::Status RunTyphoonCommand(const TyphoonCommandOptions& o, std::ostream& out) {
   ASSIGN_OR_RETURN(ModelConfig m, engine::PresetModelConfig(o.model, {.layers = 1}));
   if (o.shared < 1 || o.suffix < 1 || o.page_size < 1 || o.batch.empty() || o.sq.empty()) {
-    return absl::InvalidArgumentError("--shared, --suffix and --page-size must be >= 1, --batch and --sq non-empty");
+    return absl::InvalidArgumentError(
+        "--shared, --suffix and --page-size must be >= 1, --batch and --sq non-empty");
   }
   ASSIGN_OR_RETURN(npu::DeviceProfile profile, npu::LoadDeviceProfile(o.profile));
   ASSIGN_OR_RETURN(auto device, npu::Device::Create(profile, {.host_threads = o.host_threads}));
   const engine::DeviceRates rates{
       (o.matrix_tflops > 0 ? o.matrix_tflops * 1e12 : profile.PeakFlops()),
       (o.hbm_tbps > 0 ? o.hbm_tbps * 1e12 : profile.HbmBytesPerSecond())};
-  const npu::AttentionDeviceKernelOptions kernel{.algorithm = RescaleAlgorithm::kAmla, .preload = o.preload, .amla = {}};
+  const npu::AttentionDeviceKernelOptions kernel{
+      .algorithm = RescaleAlgorithm::kAmla, .preload = o.preload, .amla = {}};
   const bool execute = !o.model_only;
   const int max_batch = *std::max_element(o.batch.begin(), o.batch.end());
   const int max_sq = *std::max_element(o.sq.begin(), o.sq.end());
@@ -191,23 +206,26 @@ absl::Status RunTyphoonCommand(const TyphoonCommandOptions& o, std::ostream& out
 
   if (!o.json) {
     out << absl::StrFormat(
-        "TyphoonMLA on %s: %s (H=%d), shared Ls=%d, suffix Ln=%d; rates for B_theta: %.1f TFLOPS, %.2f TB/s%s\n",
+        "TyphoonMLA on %s: %s (H=%d), shared Ls=%d, suffix Ln=%d; rates for B_theta: %.1f TFLOPS, "
+        "%.2f TB/s%s\n",
         profile.name, m.name, m.heads, o.shared, o.suffix, rates.matrix_flops / 1e12,
         rates.memory_bytes_per_second / 1e12, execute ? "" : " (model only)");
     out << HostDescription() << "\n";
-    out << absl::StrFormat("%3s %5s %7s %7s %11s %11s %7s %8s %11s %11s %7s %9s\n", "sq", "B", "B_theta", "choice",
-                           "absorb_us", "hybrid_us", "speedup", "typhoon", "host_abs_ms", "host_hyb_ms", "host_x",
-                           "rel_diff");
+    out << absl::StrFormat("%3s %5s %7s %7s %11s %11s %7s %8s %11s %11s %7s %9s\n", "sq", "B",
+                           "B_theta", "choice", "absorb_us", "hybrid_us", "speedup", "typhoon",
+                           "host_abs_ms", "host_hyb_ms", "host_x", "rel_diff");
   }
   for (int sq : o.sq) {
     const double b_theta = engine::TyphoonBatchThreshold(m, sq, rates);
     for (int batch : o.batch) {
       const char* choice = batch >= b_theta ? "hybrid" : "absorb";
       const HostData* h = host ? &*host : nullptr;
-      ASSIGN_OR_RETURN(Timed absorb, RunOnce(*device, MakeBatch(o, m, sq, batch, false, layout, pages, h, units),
-                                             kernel, execute));
-      ASSIGN_OR_RETURN(Timed hybrid, RunOnce(*device, MakeBatch(o, m, sq, batch, true, layout, pages, h, units),
-                                             kernel, execute));
+      ASSIGN_OR_RETURN(Timed absorb,
+                       RunOnce(*device, MakeBatch(o, m, sq, batch, false, layout, pages, h, units),
+                               kernel, execute));
+      ASSIGN_OR_RETURN(Timed hybrid,
+                       RunOnce(*device, MakeBatch(o, m, sq, batch, true, layout, pages, h, units),
+                               kernel, execute));
       const double speedup = absorb.report.modeled_us / hybrid.report.modeled_us;
       // What the planner's choice gains over absorb-only: the fallback makes it 1 below B_theta.
       const double typhoon = batch >= b_theta ? speedup : 1.0;
@@ -234,11 +252,13 @@ absl::Status RunTyphoonCommand(const TyphoonCommandOptions& o, std::ostream& out
         }
         out << row.dump() << "\n";
       } else {
-        out << absl::StrFormat("%3d %5d %7.1f %7s %11.1f %11.1f %7.2f %8.2f ", sq, batch, b_theta, choice,
-                               absorb.report.modeled_us, hybrid.report.modeled_us, speedup, typhoon);
+        out << absl::StrFormat("%3d %5d %7.1f %7s %11.1f %11.1f %7.2f %8.2f ", sq, batch, b_theta,
+                               choice, absorb.report.modeled_us, hybrid.report.modeled_us, speedup,
+                               typhoon);
         if (execute) {
           out << absl::StrFormat("%11.1f %11.1f %7.2f %9.2e\n", *absorb.host_ms, *hybrid.host_ms,
-                                 *absorb.host_ms / *hybrid.host_ms, RelativeRmsDifference(hybrid.out, absorb.out));
+                                 *absorb.host_ms / *hybrid.host_ms,
+                                 RelativeRmsDifference(hybrid.out, absorb.out));
         } else {
           out << absl::StrFormat("%11s %11s %7s %9s\n", "-", "-", "-", "-");
         }

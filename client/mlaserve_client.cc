@@ -8,10 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/tensor_helpers.h"
+#include "common/status_macros.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
-#include "common/status_macros.h"
 
 namespace mlaserve::client {
 namespace {
@@ -19,8 +19,7 @@ namespace {
 // Runs `attempt(context)` until it is not UNAVAILABLE, attempts run out, or the next
 // backoff would pass the call's deadline. Each attempt gets the remaining time.
 template <typename Attempt>
-absl::Status CallWithRetry(const ClientOptions& options, absl::Duration timeout,
-                           Attempt attempt) {
+absl::Status CallWithRetry(const ClientOptions& options, absl::Duration timeout, Attempt attempt) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::BitGen jitter;
   absl::Duration backoff = options.initial_backoff;
@@ -28,8 +27,7 @@ absl::Status CallWithRetry(const ClientOptions& options, absl::Duration timeout,
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(deadline));
     const grpc::Status status = attempt(context);
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE ||
-        attempts >= options.max_attempts) {
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || attempts >= options.max_attempts) {
       return FromGrpcStatus(status);
     }
     // "Full jitter" halved: clients that failed together do not retry together.
@@ -88,8 +86,7 @@ absl::StatusOr<std::vector<DecodeOutput>> ToDecodeOutputs(const v1::DecodeRespon
 
 // --- DecodeStream -------------------------------------------------------------------------
 
-DecodeStream::DecodeStream(std::unique_ptr<grpc::ClientContext> context,
-                           v1::MlaServe::Stub& stub)
+DecodeStream::DecodeStream(std::unique_ptr<grpc::ClientContext> context, v1::MlaServe::Stub& stub)
     : context_(std::move(context)), stream_(stub.DecodeStream(context_.get())) {}
 
 bool DecodeStream::Send(uint64_t request_id, const v1::DecodeRequest& request,
@@ -139,8 +136,7 @@ absl::StatusOr<v1::GetServerInfoResponse> MlaServeClient::GetServerInfo() {
 }
 
 absl::Status MlaServeClient::RegisterPrefix(absl::string_view prefix_id,
-                                            absl::string_view parent_id,
-                                            const v1::Tensor& latent) {
+                                            absl::string_view parent_id, const v1::Tensor& latent) {
   v1::RegisterPrefixRequest request;
   request.set_prefix_id(std::string(prefix_id));
   request.set_parent_id(std::string(parent_id));
@@ -208,8 +204,7 @@ absl::Status MlaServeClient::AppendKv(std::span<const KvAppend> appends) {
   std::vector<v1::AppendKvChunk> chunks;
   for (const KvAppend& append : appends) {
     const int64_t rows = append.rows.shape_size() > 0 ? append.rows.shape(0) : 0;
-    const int64_t row_bytes =
-        rows > 0 ? static_cast<int64_t>(append.rows.data().size()) / rows : 0;
+    const int64_t row_bytes = rows > 0 ? static_cast<int64_t>(append.rows.data().size()) / rows : 0;
     if (rows == 0 || row_bytes == 0 ||
         row_bytes * rows != static_cast<int64_t>(append.rows.data().size())) {
       // Not splittable: send it whole and let the server name what is wrong.

@@ -101,8 +101,7 @@ class MlaServeClient {
 
   absl::StatusOr<v1::Sequence> CreateSequence(absl::string_view sequence_id,
                                               absl::string_view prefix_id = "");
-  absl::StatusOr<v1::Sequence> ForkSequence(absl::string_view source_id,
-                                            absl::string_view new_id);
+  absl::StatusOr<v1::Sequence> ForkSequence(absl::string_view source_id, absl::string_view new_id);
   absl::Status ReleaseSequence(absl::string_view sequence_id);
   absl::StatusOr<v1::Sequence> GetSequence(absl::string_view sequence_id);
 
@@ -113,8 +112,8 @@ class MlaServeClient {
                         const v1::Tensor& rows);
 
   // One Decode call; answers as fp32 host arrays in query order.
-  absl::StatusOr<std::vector<DecodeOutput>> Decode(
-      std::vector<v1::DecodeQuery> queries, v1::DType output_dtype = v1::DTYPE_BF16);
+  absl::StatusOr<std::vector<DecodeOutput>> Decode(std::vector<v1::DecodeQuery> queries,
+                                                   v1::DType output_dtype = v1::DTYPE_BF16);
   // The call as it is on the wire, for callers that build requests themselves.
   absl::StatusOr<v1::DecodeResponse> DecodeRaw(const v1::DecodeRequest& request);
   // Same, with a deadline of its own instead of options.timeout.

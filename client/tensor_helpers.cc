@@ -13,8 +13,7 @@ static_assert(std::endian::native == std::endian::little,
               "the wire is little-endian; host bytes are sent as they are");
 
 template <typename T>
-v1::Tensor RawTensor(v1::DType dtype, std::span<const T> values,
-                     std::span<const int64_t> shape) {
+v1::Tensor RawTensor(v1::DType dtype, std::span<const T> values, std::span<const int64_t> shape) {
   v1::Tensor tensor;
   tensor.set_dtype(dtype);
   tensor.mutable_shape()->Assign(shape.begin(), shape.end());

@@ -17,8 +17,8 @@ constexpr int kMaxFlagfileDepth = 8;
 
 // A token is a flag if it starts with a dash and is not a negative number (a value).
 bool IsFlag(absl::string_view arg) {
-  return arg.size() > 1 && arg[0] == '-' && !absl::ascii_isdigit(static_cast<unsigned char>(arg[1])) &&
-         arg[1] != '.';
+  return arg.size() > 1 && arg[0] == '-' &&
+         !absl::ascii_isdigit(static_cast<unsigned char>(arg[1])) && arg[1] != '.';
 }
 
 absl::Status Expand(const std::vector<std::string>& args, size_t first, int depth,
@@ -26,8 +26,8 @@ absl::Status Expand(const std::vector<std::string>& args, size_t first, int dept
 
 absl::Status ExpandFlagfile(const std::string& path, int depth, std::vector<std::string>& out) {
   if (depth >= kMaxFlagfileDepth) {
-    return absl::InvalidArgumentError(absl::StrCat("--flagfile: ", path, ": flagfiles nest deeper than ",
-                                                   kMaxFlagfileDepth, " (a cycle?)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--flagfile: ", path, ": flagfiles nest deeper than ", kMaxFlagfileDepth, " (a cycle?)"));
   }
   std::ifstream file(path);
   if (!file) return absl::NotFoundError(absl::StrCat("--flagfile: cannot read ", path));

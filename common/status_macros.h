@@ -10,11 +10,11 @@
 #define MLASERVE_STATUS_CONCAT_INNER_(a, b) a##b
 #define MLASERVE_STATUS_CONCAT_(a, b) MLASERVE_STATUS_CONCAT_INNER_(a, b)
 
-#define RETURN_IF_ERROR(expr)                                   \
-  do {                                                          \
-    if (::absl::Status _status = (expr); !_status.ok()) {       \
-      return _status;                                           \
-    }                                                           \
+#define RETURN_IF_ERROR(expr)                             \
+  do {                                                    \
+    if (::absl::Status _status = (expr); !_status.ok()) { \
+      return _status;                                     \
+    }                                                     \
   } while (false)
 
 #define ASSIGN_OR_RETURN(lhs, expr) \

@@ -9,7 +9,7 @@ packages=(
   libabsl-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-pthread-dev libdnnl-dev libsleef-dev prometheus-cpp-dev libsystemd-dev nlohmann-json3-dev
   python3 python3-grpcio python3-protobuf python3-numpy
-  systemd strace
+  systemd strace clang-format
 )
 
 missing=()

@@ -81,7 +81,8 @@ int main(int argc, char** argv) {
       engine.model.name, engine.model.layers, engine.model.heads, engine.model.softmax_scale,
       engine.devices, engine.profile, engine.kv.budget_bytes >> 20, engine.kv.page_size,
       engine.max_batch, absl::ToInt64Microseconds(engine.max_wait), mlaserve::HostCpu().model,
-      mlaserve::HostCpu().logical_cores, mlaserve::HostCpu().MatrixIsa(), mlaserve::MatrixUnitBackend());
+      mlaserve::HostCpu().logical_cores, mlaserve::HostCpu().MatrixIsa(),
+      mlaserve::MatrixUnitBackend());
 
   const absl::Time start = absl::Now();
   absl::StatusOr<std::unique_ptr<mlaserve::service::MlaServer>> server =

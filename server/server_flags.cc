@@ -14,8 +14,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
-#include "common/status_macros.h"
 #include "common/command_line.h"
+#include "common/status_macros.h"
 #include "server/engine/model/model_config.h"
 
 // The defaults serve a small demo model on loopback: `mlaserve-server` alone starts in
@@ -74,9 +74,9 @@ absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(const std::string& text)
 absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
   const absl::string_view trimmed = absl::StripAsciiWhitespace(text);
   size_t split = 0;
-  while (split < trimmed.size() &&
-         (absl::ascii_isdigit(static_cast<unsigned char>(trimmed[split])) ||
-          trimmed[split] == '.')) {
+  while (
+      split < trimmed.size() &&
+      (absl::ascii_isdigit(static_cast<unsigned char>(trimmed[split])) || trimmed[split] == '.')) {
     ++split;
   }
   double number = 0;
@@ -85,8 +85,8 @@ absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
   }
   const std::string unit = absl::AsciiStrToLower(absl::StripAsciiWhitespace(trimmed.substr(split)));
   static constexpr std::pair<const char*, double> kUnits[] = {
-      {"", 1},          {"b", 1},         {"kib", 0x1p10}, {"mib", 0x1p20}, {"gib", 0x1p30},
-      {"tib", 0x1p40},  {"kb", 1e3},      {"mb", 1e6},     {"gb", 1e9},     {"tb", 1e12}};
+      {"", 1},         {"b", 1},    {"kib", 0x1p10}, {"mib", 0x1p20}, {"gib", 0x1p30},
+      {"tib", 0x1p40}, {"kb", 1e3}, {"mb", 1e6},     {"gb", 1e9},     {"tb", 1e12}};
   for (const auto& [name, multiplier] : kUnits) {
     if (unit != name) continue;
     const double bytes = std::floor(number * multiplier);
@@ -115,8 +115,8 @@ absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv) {
   absl::StatusOr<engine::ModelConfig> full_model = engine::PresetModelConfig(preset);
   if (!full_model.ok()) return BadFlag("model", full_model.status().message());
   if (layers > full_model->layers) {
-    return BadFlag("layers", absl::StrCat(layers, " exceeds ", preset, "'s ",
-                                          full_model->layers, " layers"));
+    return BadFlag("layers",
+                   absl::StrCat(layers, " exceeds ", preset, "'s ", full_model->layers, " layers"));
   }
   absl::StatusOr<engine::ModelConfig> model = engine::PresetModelConfig(preset, overrides);
   if (!model.ok()) return BadFlag("layers", model.status().message());

@@ -8,8 +8,8 @@
 #include <cblas.h>
 
 #include "benchmark/benchmark.h"
-#include "kernels/core/cpu_features.h"
 #include "kernels/core/bfloat16.h"
+#include "kernels/core/cpu_features.h"
 #include "kernels/core/matmul.h"
 #include "kernels/core/random_fill.h"
 #include "kernels/core/vector_ops.h"
@@ -102,8 +102,8 @@ void RunMatmulTile(benchmark::State& state, Multiply multiply) {
   const int k = static_cast<int>(state.range(0));
   for (auto _ : state) multiply(k);
   state.counters["FLOPS"] =
-      benchmark::Counter(2.0 * 128 * 128 * k * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate,
-                         benchmark::Counter::OneK::kIs1000);
+      benchmark::Counter(2.0 * 128 * 128 * k * static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate, benchmark::Counter::OneK::kIs1000);
 }
 
 void BM_MatmulTile_OneDnnBf16(benchmark::State& state) {
@@ -122,8 +122,8 @@ void BM_MatmulTile_OpenBlasSgemm(benchmark::State& state) {
   const int k = static_cast<int>(state.range(0));
   std::vector<float> a(128 * k, 0.5f), b(128 * k, 0.25f), c(128 * 128);
   RunMatmulTile(state, [&](int depth) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 128, 128, depth, 1.0f, a.data(), depth, b.data(), 128,
-                1.0f, c.data(), 128);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 128, 128, depth, 1.0f, a.data(), depth,
+                b.data(), 128, 1.0f, c.data(), 128);
     benchmark::DoNotOptimize(c.data());
   });
 }
@@ -133,7 +133,8 @@ BENCHMARK(BM_MatmulTile_OpenBlasSgemm)->Arg(96)->Arg(128);
 // over 4096 keys of a paged latent cache, read in place as bf16 rows.
 void BM_AmlaRows_Host(benchmark::State& state) {
   constexpr int kRows = 128, kKeys = 4096, kWidth = 576, kPage = 128;
-  std::vector<Bf16> pool(static_cast<size_t>(kKeys) * kWidth), q16(static_cast<size_t>(kRows) * kWidth);
+  std::vector<Bf16> pool(static_cast<size_t>(kKeys) * kWidth),
+      q16(static_cast<size_t>(kRows) * kWidth);
   Rng rng(3);
   FillNormal(pool, 1.0, rng);
   FillNormal(q16, 1.0, rng);
@@ -142,9 +143,11 @@ void BM_AmlaRows_Host(benchmark::State& state) {
   std::vector<int32_t> table(kKeys / kPage);
   for (int i = 0; i < kKeys / kPage; ++i) table[i] = i;
   const int32_t seqlen = kKeys;
-  const PagedKvCache cache{*TensorView<const Bf16, 3>::Create(std::span<const Bf16>(pool), {kKeys / kPage, kPage, kWidth})};
-  const PagedSequences seqs{*TensorView<const int32_t, 2>::Create(std::span<const int32_t>(table), {1, kKeys / kPage}),
-                            std::span<const int32_t>(&seqlen, 1)};
+  const PagedKvCache cache{*TensorView<const Bf16, 3>::Create(std::span<const Bf16>(pool),
+                                                              {kKeys / kPage, kPage, kWidth})};
+  const PagedSequences seqs{
+      *TensorView<const int32_t, 2>::Create(std::span<const int32_t>(table), {1, kKeys / kPage}),
+      std::span<const int32_t>(&seqlen, 1)};
   std::vector<int32_t> visible(kRows, kKeys);
   std::vector<float> out(static_cast<size_t>(kRows) * 512), lse(kRows);
   for (auto _ : state) {
@@ -153,8 +156,8 @@ void BM_AmlaRows_Host(benchmark::State& state) {
              RowOutputs{out.data(), 512, lse.data()});
     benchmark::DoNotOptimize(out.data());
   }
-  state.counters["FLOPS"] = benchmark::Counter(2.0 * kRows * kKeys * (kWidth + 512) * state.iterations(),
-                                               benchmark::Counter::kIsRate);
+  state.counters["FLOPS"] = benchmark::Counter(
+      2.0 * kRows * kKeys * (kWidth + 512) * state.iterations(), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_AmlaRows_Host)->Unit(benchmark::kMillisecond);
 

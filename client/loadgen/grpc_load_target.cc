@@ -17,7 +17,8 @@ absl::StatusOr<std::unique_ptr<GrpcLoadTarget>> GrpcLoadTarget::Create(
   absl::StatusOr<v1::GetServerInfoResponse> info = client->GetServerInfo();
   if (!info.ok()) return info.status();
   const v1::ModelInfo& m = info->model();
-  TargetModel model{m.name(), m.layers(), m.heads(), m.dn(), m.dr(), m.dl(), info->limits().max_batch()};
+  TargetModel model{
+      m.name(), m.layers(), m.heads(), m.dn(), m.dr(), m.dl(), info->limits().max_batch()};
   return std::unique_ptr<GrpcLoadTarget>(new GrpcLoadTarget(std::move(client), std::move(model)));
 }
 
@@ -26,13 +27,17 @@ absl::Status GrpcLoadTarget::RegisterPrefix(const std::string& id, std::span<con
   return client_->RegisterPrefix(id, "", Rows(latent, {model_.layers, tokens, model_.dk()}));
 }
 
-absl::Status GrpcLoadTarget::ReleasePrefix(const std::string& id) { return client_->ReleasePrefix(id); }
+absl::Status GrpcLoadTarget::ReleasePrefix(const std::string& id) {
+  return client_->ReleasePrefix(id);
+}
 
 absl::Status GrpcLoadTarget::CreateSequence(const std::string& id, const std::string& prefix_id) {
   return client_->CreateSequence(id, prefix_id).status();
 }
 
-absl::Status GrpcLoadTarget::ReleaseSequence(const std::string& id) { return client_->ReleaseSequence(id); }
+absl::Status GrpcLoadTarget::ReleaseSequence(const std::string& id) {
+  return client_->ReleaseSequence(id);
+}
 
 absl::Status GrpcLoadTarget::AppendKv(const std::string& id, int layer, int64_t position,
                                       std::span<const Bf16> rows) {
@@ -40,14 +45,16 @@ absl::Status GrpcLoadTarget::AppendKv(const std::string& id, int layer, int64_t 
   return client_->AppendKv(id, layer, position, Rows(rows, {n, model_.dk()}));
 }
 
-absl::StatusOr<std::vector<LoadAnswer>> GrpcLoadTarget::Decode(const std::vector<LoadQuery>& queries) {
+absl::StatusOr<std::vector<LoadAnswer>> GrpcLoadTarget::Decode(
+    const std::vector<LoadQuery>& queries) {
   v1::DecodeRequest request;
   for (const LoadQuery& q : queries) {
     v1::DecodeQuery wire =
-        q.head_space
-            ? client::HeadSpaceQuery(q.sequence_id, q.layer, q.sq, Rows(q.q_nope, {q.sq, model_.heads, model_.dn}),
-                                     Rows(q.q_pe, {q.sq, model_.heads, model_.dr}))
-            : client::LatentQuery(q.sequence_id, q.layer, q.sq, Rows(q.q_latent, {q.sq, model_.heads, model_.dk()}));
+        q.head_space ? client::HeadSpaceQuery(q.sequence_id, q.layer, q.sq,
+                                              Rows(q.q_nope, {q.sq, model_.heads, model_.dn}),
+                                              Rows(q.q_pe, {q.sq, model_.heads, model_.dr}))
+                     : client::LatentQuery(q.sequence_id, q.layer, q.sq,
+                                           Rows(q.q_latent, {q.sq, model_.heads, model_.dk()}));
     client::AppendBeforeDecode(wire, Rows(q.append, {1, model_.dk()}), q.append_position);
     *request.add_queries() = std::move(wire);
   }
@@ -57,8 +64,8 @@ absl::StatusOr<std::vector<LoadAnswer>> GrpcLoadTarget::Decode(const std::vector
   std::vector<LoadAnswer> answers;
   for (const v1::DecodeResult& r : response->results()) {
     const v1::DecodePlan& p = r.plan();
-    answers.push_back({p.formulation() == v1::FORMULATION_HYBRID, p.group_size(), p.batch_size(), p.queue_us(),
-                       p.device_modeled_us(), p.device_host_us()});
+    answers.push_back({p.formulation() == v1::FORMULATION_HYBRID, p.group_size(), p.batch_size(),
+                       p.queue_us(), p.device_modeled_us(), p.device_host_us()});
   }
   return answers;
 }

@@ -18,7 +18,8 @@ class GrpcLoadTarget final : public LoadTarget {
       std::unique_ptr<client::MlaServeClient> client);
 
   absl::StatusOr<TargetModel> Model() override { return model_; }
-  absl::Status RegisterPrefix(const std::string& id, std::span<const Bf16> latent, int tokens) override;
+  absl::Status RegisterPrefix(const std::string& id, std::span<const Bf16> latent,
+                              int tokens) override;
   absl::Status ReleasePrefix(const std::string& id) override;
   absl::Status CreateSequence(const std::string& id, const std::string& prefix_id) override;
   absl::Status ReleaseSequence(const std::string& id) override;

@@ -74,7 +74,8 @@ LoadSummary Summarize(const LoadResult& r) {
   s.overhead_us = Of(overhead);
   s.mean_batch_size = Of(batch).mean;
   s.mean_device_modeled_us = Of(modeled).mean;
-  s.hybrid_fraction = queries > 0 ? static_cast<double>(hybrid) / static_cast<double>(queries) : 0.0;
+  s.hybrid_fraction =
+      queries > 0 ? static_cast<double>(hybrid) / static_cast<double>(queries) : 0.0;
   return s;
 }
 
@@ -104,32 +105,38 @@ nlohmann::json ToJson(const LoadResult& r, const LoadSummary& s) {
           {"hybrid_fraction", s.hybrid_fraction}};
 }
 
-void PrintReport(const LoadResult& r, const LoadSummary& s, const std::string& target, std::ostream& out) {
+void PrintReport(const LoadResult& r, const LoadSummary& s, const std::string& target,
+                 std::ostream& out) {
   const WorkloadOptions& o = r.options;
   out << absl::StrFormat("mlaserve load test against %s\n", target);
   out << absl::StrFormat(
-      "  workload   %s, %d workers x %d sequences, system prompt %d + own %d tokens, sq %d, %s-space q, "
+      "  workload   %s, %d workers x %d sequences, system prompt %d + own %d tokens, sq %d, "
+      "%s-space q, "
       "%.1f s\n",
       r.model.name, o.workers, o.sequences, o.prefix_tokens, o.context_tokens, o.sq,
       o.head_space ? "head" : "latent", s.wall_s);
-  out << absl::StrFormat("  calls      %d ok, %d failed (after %d warm-up calls)", s.calls - s.failed_calls,
-                         s.failed_calls, s.warmup_calls);
+  out << absl::StrFormat("  calls      %d ok, %d failed (after %d warm-up calls)",
+                         s.calls - s.failed_calls, s.failed_calls, s.warmup_calls);
   for (const auto& [code, n] : s.errors) out << absl::StrFormat("  [%s x%d]", code, n);
   out << "\n";
-  out << absl::StrFormat("  throughput %.1f calls/s, %.1f queries/s, %.1f tokens/s (sequence steps, all layers)\n",
-                         s.calls_per_s, s.queries_per_s, s.tokens_per_s);
+  out << absl::StrFormat(
+      "  throughput %.1f calls/s, %.1f queries/s, %.1f tokens/s (sequence steps, all layers)\n",
+      s.calls_per_s, s.queries_per_s, s.tokens_per_s);
   out << absl::StrFormat("  %-22s %10s %10s %10s %10s\n", "per call", "p50", "p90", "p99", "max");
   auto row = [&out](const char* name, const Percentiles& p, const char* unit) {
-    out << absl::StrFormat("  %-22s %10.2f %10.2f %10.2f %10.2f %s\n", name, p.p50, p.p90, p.p99, p.max, unit);
+    out << absl::StrFormat("  %-22s %10.2f %10.2f %10.2f %10.2f %s\n", name, p.p50, p.p90, p.p99,
+                           p.max, unit);
   };
   row("latency", s.latency_ms, "ms");
   row("queue wait", s.queue_us, "us");
   row("device host time", s.device_host_ms, "ms");
   row("RPC overhead", s.overhead_us, "us");
-  out << absl::StrFormat("  batches    %.1f queries per device batch on average, %.1f us modelled device time each\n",
-                         s.mean_batch_size, s.mean_device_modeled_us);
-  out << absl::StrFormat("  plans      %.0f%% of queries ran hybrid (TyphoonMLA), the rest absorb-only\n",
-                         100.0 * s.hybrid_fraction);
+  out << absl::StrFormat(
+      "  batches    %.1f queries per device batch on average, %.1f us modelled device time each\n",
+      s.mean_batch_size, s.mean_device_modeled_us);
+  out << absl::StrFormat(
+      "  plans      %.0f%% of queries ran hybrid (TyphoonMLA), the rest absorb-only\n",
+      100.0 * s.hybrid_fraction);
 }
 
 }  // namespace mlaserve::loadgen

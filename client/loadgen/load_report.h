@@ -21,7 +21,7 @@ struct LoadSummary {
   int64_t calls = 0;
   int64_t failed_calls = 0;
   std::map<std::string, int64_t> errors;  // status code name -> calls
-  double wall_s = 0;  // the measured part of the run
+  double wall_s = 0;                      // the measured part of the run
   double calls_per_s = 0;
   double queries_per_s = 0;
   double tokens_per_s = 0;  // sequence-steps (all layers answered) per second

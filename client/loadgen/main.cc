@@ -17,7 +17,8 @@
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "server address, host:port");
 ABSL_FLAG(int, workers, 2, "concurrent callers (serving-framework ranks), one call in flight each");
 ABSL_FLAG(int, sequences, 72, "sequences per worker, all decoded in every call");
-ABSL_FLAG(int, prefix_tokens, 1024, "tokens of the system prompt every sequence starts on (0: none)");
+ABSL_FLAG(int, prefix_tokens, 1024,
+          "tokens of the system prompt every sequence starts on (0: none)");
 ABSL_FLAG(int, context_tokens, 128, "tokens of each sequence's own prompt");
 ABSL_FLAG(int, sq, 1, "query tokens per query (MTP)");
 ABSL_FLAG(std::string, space, "head", "query space: head (q_nope, q_pe) or latent (FlashMLA's q)");
@@ -29,12 +30,14 @@ ABSL_FLAG(std::string, run_id, "loadgen", "prefix of every id the run creates");
 ABSL_FLAG(bool, json, false, "print the summary as one JSON object");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("mlaserve-loadgen [--target host:port] [flags]: closed-loop decode load");
+  absl::SetProgramUsageMessage(
+      "mlaserve-loadgen [--target host:port] [flags]: closed-loop decode load");
   // Flag names take dashes or underscores (--duration-s = --duration_s), and --flagfile.
   absl::StatusOr<std::vector<std::string>> positional = mlaserve::ParseFlags(argc, argv);
   if (!positional.ok() || !positional->empty()) {
     std::cerr << "mlaserve-loadgen: "
-              << (positional.ok() ? "unexpected argument " + positional->front() : positional.status().ToString())
+              << (positional.ok() ? "unexpected argument " + positional->front()
+                                  : positional.status().ToString())
               << "\n";
     return 2;
   }
@@ -69,7 +72,8 @@ int main(int argc, char** argv) {
     std::cerr << "mlaserve-loadgen: " << load_target.status() << "\n";
     return 1;
   }
-  absl::StatusOr<mlaserve::loadgen::LoadResult> result = mlaserve::loadgen::RunWorkload(**load_target, o);
+  absl::StatusOr<mlaserve::loadgen::LoadResult> result =
+      mlaserve::loadgen::RunWorkload(**load_target, o);
   if (!result.ok()) {
     std::cerr << "mlaserve-loadgen: " << result.status() << "\n";
     return result.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;

@@ -7,8 +7,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/core/random_fill.h"
 #include "common/status_macros.h"
+#include "kernels/core/random_fill.h"
 
 namespace mlaserve::loadgen {
 namespace {
@@ -57,8 +57,8 @@ absl::StatusOr<LoadResult> RunWorkload(LoadTarget& target, const WorkloadOptions
   const TargetModel& m = result.model;
   const int layers = o.layers > 0 ? std::min(o.layers, m.layers) : m.layers;
   if (m.max_batch > 0 && o.sequences > m.max_batch) {
-    return absl::InvalidArgumentError(absl::StrCat("workload: --sequences ", o.sequences,
-                                                   " exceeds the server's max batch ", m.max_batch));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "workload: --sequences ", o.sequences, " exceeds the server's max batch ", m.max_batch));
   }
   const DataPool pool = MakePool(m, o.sq, o.seed);
   const std::string prefix = o.prefix_tokens > 0 ? absl::StrCat(o.run_id, "/system-prompt") : "";

@@ -21,7 +21,9 @@ struct Bf16 {
     return Bf16{static_cast<uint16_t>(u >> 16)};
   }
 
-  constexpr float ToFloat() const { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+  constexpr float ToFloat() const {
+    return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+  }
 
   // False for infinities and NaN (the exponent field all ones).
   constexpr bool IsFinite() const { return (bits & 0x7f80u) != 0x7f80u; }

@@ -37,8 +37,8 @@ CpuFeatures Detect() {
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
   const bool osxsave = (c & bit_OSXSAVE) != 0;
   const uint64_t xcr0 = osxsave ? Xcr0() : 0;
-  const bool ymm_state = (xcr0 & 0x6) == 0x6;     // SSE and AVX state
-  const bool zmm_state = (xcr0 & 0xe6) == 0xe6;   // plus opmask, ZMM_Hi256, Hi16_ZMM
+  const bool ymm_state = (xcr0 & 0x6) == 0x6;           // SSE and AVX state
+  const bool zmm_state = (xcr0 & 0xe6) == 0xe6;         // plus opmask, ZMM_Hi256, Hi16_ZMM
   const bool tile_state = (xcr0 & 0x60000) == 0x60000;  // XTILECFG, XTILEDATA
   if (__get_cpuid_max(0, nullptr) < 7) return f;
   __cpuid_count(7, 0, a, b, c, d);

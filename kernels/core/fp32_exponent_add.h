@@ -33,10 +33,10 @@ constexpr uint32_t AddToExponentField(uint32_t word, int32_t delta) {
   constexpr int64_t kInf = 0x7f800000;
   const uint32_t sign = word & kSign;
   const int64_t magnitude = word & ~kSign;
-  if (magnitude >= kInf) return word;            // inf, NaN
-  if (magnitude < kMinNormal) return sign;       // zero, subnormal
+  if (magnitude >= kInf) return word;       // inf, NaN
+  if (magnitude < kMinNormal) return sign;  // zero, subnormal
   const int64_t scaled = magnitude + delta;
-  if (scaled < kMinNormal) return sign;          // underflow
+  if (scaled < kMinNormal) return sign;                           // underflow
   if (scaled >= kInf) return sign | static_cast<uint32_t>(kInf);  // overflow
   return sign | static_cast<uint32_t>(scaled);
 }
@@ -56,8 +56,10 @@ inline void AddToExponentFieldRow(float* row, int64_t n, int32_t delta) {
   constexpr int64_t kMaxWord = 0xffffffff;
   // For a normal magnitude m: m + delta underflows iff m < underflow_below, overflows iff
   // m >= overflow_from (clamped into uint32: m < 2^31 never reaches the top).
-  const uint32_t underflow_below = static_cast<uint32_t>(std::clamp<int64_t>(kMinNormal - delta, 0, kMaxWord));
-  const uint32_t overflow_from = static_cast<uint32_t>(std::clamp<int64_t>(kInf - delta, 0, kMaxWord));
+  const uint32_t underflow_below =
+      static_cast<uint32_t>(std::clamp<int64_t>(kMinNormal - delta, 0, kMaxWord));
+  const uint32_t overflow_from =
+      static_cast<uint32_t>(std::clamp<int64_t>(kInf - delta, 0, kMaxWord));
   const uint32_t add = static_cast<uint32_t>(delta);
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t word = std::bit_cast<uint32_t>(row[i]);

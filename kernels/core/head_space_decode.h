@@ -16,7 +16,7 @@ struct HeadSpaceDecodeProblem {
   TensorView<const Bf16, 4> q_nope;  // [batch][sq][heads][dn]
   TensorView<const Bf16, 4> q_pe;    // [batch][sq][heads][dr]
   UpProjection weights;
-  PagedKvCache cache;                // token rows: c_kv (dl) then k_pe (dr)
+  PagedKvCache cache;  // token rows: c_kv (dl) then k_pe (dr)
   PagedSequences seqs;
   float softmax_scale = 0.0f;
   bool causal = true;

@@ -39,7 +39,8 @@ KvBlock PagedLatentSource::Load(int begin, int count) {
 
 void PagedLatentSource::Rows(int begin, int count, const Bf16** keys, const Bf16** values) const {
   for (int t = 0; t < count; ++t) {
-    keys[t] = values[t] = TokenRow(cache_, seqs_, request_, first_token_ + begin + t);  // V = c_kv, K's head
+    keys[t] = values[t] =
+        TokenRow(cache_, seqs_, request_, first_token_ + begin + t);  // V = c_kv, K's head
   }
 }
 

@@ -17,15 +17,14 @@ absl::Status ValidateLatentDecodeProblem(const LatentDecodeProblem& p) {
         absl::StrCat("q head dim ", p.dk(), " differs from cache width ", p.cache.width()));
   }
   if (p.dv <= 0 || p.dv > p.dk()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dv = ", p.dv, " must be in [1, ", p.dk(), "]"));
+    return absl::InvalidArgumentError(absl::StrCat("dv = ", p.dv, " must be in [1, ", p.dk(), "]"));
   }
   if (!(p.softmax_scale > 0.0f) || !std::isfinite(p.softmax_scale)) {
     return absl::InvalidArgumentError("softmax_scale must be a positive finite number");
   }
   if (p.seqs.batch() != p.batch()) {
-    return absl::InvalidArgumentError(absl::StrCat("q has batch ", p.batch(), " but seqlens has ",
-                                                   p.seqs.batch()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("q has batch ", p.batch(), " but seqlens has ", p.seqs.batch()));
   }
   return ValidatePagedSequences(p.cache, p.seqs);
 }
@@ -45,8 +44,7 @@ absl::StatusOr<AttentionOutput> RunLatentDecode(const LatentDecodeProblem& p, Ro
       for (int h = 0; h < p.heads(); ++h) {
         const int row = s * p.heads() + h;
         visible[row] = keys;
-        WidenBf16(p.q.row(b, s, h), p.dk(),
-                  q.data() + static_cast<int64_t>(row) * p.dk());
+        WidenBf16(p.q.row(b, s, h), p.dk(), q.data() + static_cast<int64_t>(row) * p.dk());
       }
     }
     PagedLatentSource source(p.cache, p.seqs, b, p.dv);

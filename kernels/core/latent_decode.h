@@ -23,9 +23,9 @@ struct LatentDecodeProblem {
   TensorView<const Bf16, 4> q;  // [batch][sq][heads][dk]; dk == cache width
   PagedKvCache cache;
   PagedSequences seqs;
-  int dv = 512;                 // V = the first dv columns of each latent key row
-  float softmax_scale = 0.0f;   // always the caller's (model config); never defaulted
-  bool causal = true;           // MTP tokens see only keys up to their own position
+  int dv = 512;                // V = the first dv columns of each latent key row
+  float softmax_scale = 0.0f;  // always the caller's (model config); never defaulted
+  bool causal = true;          // MTP tokens see only keys up to their own position
 
   int batch() const { return static_cast<int>(q.dim(0)); }
   int sq() const { return static_cast<int>(q.dim(1)); }

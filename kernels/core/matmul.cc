@@ -42,7 +42,8 @@ bool CanMapGeneratedCode() {
 // widened operands. MLASERVE_MATRIX_UNIT=openblas forces that path (to test it anywhere).
 std::string OpenBlasReason() {
   const char* forced = std::getenv("MLASERVE_MATRIX_UNIT");
-  if (forced != nullptr && std::string(forced) == "openblas") return "MLASERVE_MATRIX_UNIT=openblas";
+  if (forced != nullptr && std::string(forced) == "openblas")
+    return "MLASERVE_MATRIX_UNIT=openblas";
   if (!HostCpu().avx512) return "no AVX-512 for oneDNN's bf16 matmul";
   if (!CanMapGeneratedCode()) return "generated code may not be mapped";
   return "";
@@ -69,7 +70,8 @@ class DnnlTiles {
     shape.a.set_data_handle(const_cast<Bf16*>(a));
     shape.b.set_data_handle(const_cast<Bf16*>(b));
     shape.c.set_data_handle(c);
-    shape.matmul.execute(stream_, {{DNNL_ARG_SRC, shape.a}, {DNNL_ARG_WEIGHTS, shape.b}, {DNNL_ARG_DST, shape.c}});
+    shape.matmul.execute(
+        stream_, {{DNNL_ARG_SRC, shape.a}, {DNNL_ARG_WEIGHTS, shape.b}, {DNNL_ARG_DST, shape.c}});
   }
 
   std::string Implementation() const { return Describe(128, 128, 96, false).impl_info_str(); }
@@ -80,26 +82,33 @@ class DnnlTiles {
     dnnl::memory a, b, c;
   };
 
-  static dnnl::memory::desc ADesc(int m, int k) { return {{m, k}, dnnl::memory::data_type::bf16, {k, 1}}; }
-  static dnnl::memory::desc BDesc(int k, int n, bool transposed) {
-    return {{k, n}, dnnl::memory::data_type::bf16, transposed ? dnnl::memory::dims{1, k} : dnnl::memory::dims{n, 1}};
+  static dnnl::memory::desc ADesc(int m, int k) {
+    return {{m, k}, dnnl::memory::data_type::bf16, {k, 1}};
   }
-  static dnnl::memory::desc CDesc(int m, int n) { return {{m, n}, dnnl::memory::data_type::f32, {kMatrixTile, 1}}; }
+  static dnnl::memory::desc BDesc(int k, int n, bool transposed) {
+    return {{k, n},
+            dnnl::memory::data_type::bf16,
+            transposed ? dnnl::memory::dims{1, k} : dnnl::memory::dims{n, 1}};
+  }
+  static dnnl::memory::desc CDesc(int m, int n) {
+    return {{m, n}, dnnl::memory::data_type::f32, {kMatrixTile, 1}};
+  }
 
   dnnl::matmul::primitive_desc Describe(int m, int n, int k, bool b_transposed) const {
     dnnl::post_ops accumulate;
     accumulate.append_sum(1.0f);
     dnnl::primitive_attr attr;
     attr.set_post_ops(accumulate);
-    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(ADesc(m, k), BDesc(k, n, b_transposed), CDesc(m, n)),
-                                        attr, engine_);
+    return dnnl::matmul::primitive_desc(
+        dnnl::matmul::desc(ADesc(m, k), BDesc(k, n, b_transposed), CDesc(m, n)), attr, engine_);
   }
 
   Shape& ShapeOf(int m, int n, int k, bool b_transposed) {
     const auto key = std::tuple{m, n, k, b_transposed};
     auto it = shapes_.find(key);
     if (it == shapes_.end()) {
-      Shape shape{dnnl::matmul(Describe(m, n, k, b_transposed)), dnnl::memory(ADesc(m, k), engine_, nullptr),
+      Shape shape{dnnl::matmul(Describe(m, n, k, b_transposed)),
+                  dnnl::memory(ADesc(m, k), engine_, nullptr),
                   dnnl::memory(BDesc(k, n, b_transposed), engine_, nullptr),
                   dnnl::memory(CDesc(m, n), engine_, nullptr)};
       it = shapes_.emplace(key, std::move(shape)).first;
@@ -129,8 +138,8 @@ void TileCall(int m, int n, int k, bool b_transposed, const Bf16* a, const Bf16*
   WidenBf16(a, static_cast<int64_t>(m) * k, a32.data());
   WidenBf16(b, static_cast<int64_t>(k) * n, b32.data());
   UseOneOpenBlasThreadPerCall();
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a32.data(), k,
-              b32.data(), b_transposed ? k : n, 1.0f, c, kMatrixTile);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, m, n, k, 1.0f,
+              a32.data(), k, b32.data(), b_transposed ? k : n, 1.0f, c, kMatrixTile);
 }
 
 // Copies a [rows][cols] block into compact bf16, row r read from row_of(r): fp32 operands
@@ -151,8 +160,8 @@ void CompactRows(int rows, int cols, RowOf row_of, Bf16* dst) {
 // operands made compact and one tile call. B's rows come from b_row(i): row i of [n][k]
 // (b_transposed) or of [k][n], so B may be a strided matrix or rows scattered over pages.
 template <typename TA, typename BRow>
-void Tiled(bool b_transposed, int m, int n, int k, const TA* a, int64_t lda, BRow b_row, float* c, int64_t ldc,
-           bool accumulate, int k_chunk) {
+void Tiled(bool b_transposed, int m, int n, int k, const TA* a, int64_t lda, BRow b_row, float* c,
+           int64_t ldc, bool accumulate, int k_chunk) {
   if (m <= 0 || n <= 0) return;
   const int chunk = k_chunk > 0 ? k_chunk : std::max(k, 1);
   // A's row tile, made compact once for all column tiles, chunk by chunk: chunk k0 is the
@@ -163,8 +172,9 @@ void Tiled(bool b_transposed, int m, int n, int k, const TA* a, int64_t lda, BRo
   for (int i = 0; i < m; i += kMatrixTile) {
     const int tm = std::min(kMatrixTile, m - i);
     for (int k0 = 0; k0 < k; k0 += chunk) {
-      CompactRows(tm, std::min(chunk, k - k0), [&](int r) { return a + (i + r) * lda + k0; },
-                  a_tile.data() + static_cast<int64_t>(k0) * tm);
+      CompactRows(
+          tm, std::min(chunk, k - k0), [&](int r) { return a + (i + r) * lda + k0; },
+          a_tile.data() + static_cast<int64_t>(k0) * tm);
     }
     for (int j = 0; j < n; j += kMatrixTile) {
       const int tn = std::min(kMatrixTile, n - j);
@@ -180,11 +190,14 @@ void Tiled(bool b_transposed, int m, int n, int k, const TA* a, int64_t lda, BRo
       for (int k0 = 0; k0 < k; k0 += chunk) {
         const int kc = std::min(chunk, k - k0);
         if (b_transposed) {
-          CompactRows(tn, kc, [&](int r) { return b_row(j + r) + k0; }, b_chunk.data());
+          CompactRows(
+              tn, kc, [&](int r) { return b_row(j + r) + k0; }, b_chunk.data());
         } else {
-          CompactRows(kc, tn, [&](int r) { return b_row(k0 + r) + j; }, b_chunk.data());
+          CompactRows(
+              kc, tn, [&](int r) { return b_row(k0 + r) + j; }, b_chunk.data());
         }
-        TileCall(tm, tn, kc, b_transposed, a_tile.data() + static_cast<int64_t>(k0) * tm, b_chunk.data(), tile.data());
+        TileCall(tm, tn, kc, b_transposed, a_tile.data() + static_cast<int64_t>(k0) * tm,
+                 b_chunk.data(), tile.data());
       }
       for (int r = 0; r < tm; ++r) std::copy_n(tile.data() + r * kMatrixTile, tn, out + r * ldc);
     }
@@ -207,7 +220,8 @@ void UseOneOpenBlasThreadPerCall() {
 }
 
 std::string MatrixUnitBackend() {
-  return DnnlUsable() ? "oneDNN " + ThisThreadsTiles().Implementation() : "OpenBLAS (" + OpenBlasReason() + ")";
+  return DnnlUsable() ? "oneDNN " + ThisThreadsTiles().Implementation()
+                      : "OpenBLAS (" + OpenBlasReason() + ")";
 }
 
 void MatmulTileNN(int m, int n, int k, const Bf16* a, const Bf16* b, float* c) {
@@ -233,21 +247,24 @@ void MatmulBf16(bool b_transposed, int m, int n, int k, const Bf16* a, int64_t l
   Tiled(b_transposed, m, n, k, a, lda, StridedRows(b, ldb), c, ldc, accumulate, k_chunk);
 }
 
-void MatmulBf16Rows(bool b_transposed, int m, int n, int k, const Bf16* a, int64_t lda, const Bf16* const* b_rows,
-                    float* c, int64_t ldc, bool accumulate, int k_chunk) {
-  Tiled(b_transposed, m, n, k, a, lda, [b_rows](int i) { return b_rows[i]; }, c, ldc, accumulate, k_chunk);
+void MatmulBf16Rows(bool b_transposed, int m, int n, int k, const Bf16* a, int64_t lda,
+                    const Bf16* const* b_rows, float* c, int64_t ldc, bool accumulate,
+                    int k_chunk) {
+  Tiled(
+      b_transposed, m, n, k, a, lda, [b_rows](int i) { return b_rows[i]; }, c, ldc, accumulate,
+      k_chunk);
 }
 
-void MatmulNTDouble(int m, int n, int k, const double* a, int64_t lda, const double* b,
-                    int64_t ldb, double* c, int64_t ldc) {
+void MatmulNTDouble(int m, int n, int k, const double* a, int64_t lda, const double* b, int64_t ldb,
+                    double* c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
   UseOneOpenBlasThreadPerCall();
   cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0, a, static_cast<int>(lda), b,
               static_cast<int>(ldb), 0.0, c, static_cast<int>(ldc));
 }
 
-void MatmulNNDouble(int m, int n, int k, const double* a, int64_t lda, const double* b,
-                    int64_t ldb, double* c, int64_t ldc) {
+void MatmulNNDouble(int m, int n, int k, const double* a, int64_t lda, const double* b, int64_t ldb,
+                    double* c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
   UseOneOpenBlasThreadPerCall();
   cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0, a, static_cast<int>(lda), b,

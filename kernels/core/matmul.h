@@ -43,8 +43,8 @@ void MatmulBf16(bool b_transposed, int m, int n, int k, const Bf16* a, int64_t l
 
 // The same with B given row by row: b_rows[i] points at row i of B ([n][k] if b_transposed,
 // [k][n] otherwise), so B can be rows scattered over a paged cache, read in place.
-void MatmulBf16Rows(bool b_transposed, int m, int n, int k, const Bf16* a, int64_t lda, const Bf16* const* b_rows,
-                    float* c, int64_t ldc, bool accumulate, int k_chunk);
+void MatmulBf16Rows(bool b_transposed, int m, int n, int k, const Bf16* a, int64_t lda,
+                    const Bf16* const* b_rows, float* c, int64_t ldc, bool accumulate, int k_chunk);
 
 // One tile call: C[m][n] += A[m][k] . B with m, n <= 128, A compact [m][k], B compact [k][n]
 // (NN) or [n][k] (NT), C of leading dimension kMatrixTile. What one MMAD of the emulated
@@ -60,11 +60,11 @@ void MatmulTileNT(int m, int n, int k, const Bf16* a, const Bf16* b, float* c);
 std::string MatrixUnitBackend();
 
 // Plain fp64 GEMM, C = A * B^T, for golden references only.
-void MatmulNTDouble(int m, int n, int k, const double* a, int64_t lda, const double* b,
-                    int64_t ldb, double* c, int64_t ldc);
+void MatmulNTDouble(int m, int n, int k, const double* a, int64_t lda, const double* b, int64_t ldb,
+                    double* c, int64_t ldc);
 // C = A * B, fp64.
-void MatmulNNDouble(int m, int n, int k, const double* a, int64_t lda, const double* b,
-                    int64_t ldb, double* c, int64_t ldc);
+void MatmulNNDouble(int m, int n, int k, const double* a, int64_t lda, const double* b, int64_t ldb,
+                    double* c, int64_t ldc);
 
 // Makes every OpenBLAS call run single-threaded on its caller and stops OpenBLAS's own worker
 // pool (idle, its threads would spin in sched_yield for a while after every call, stealing

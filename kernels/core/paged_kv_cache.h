@@ -25,7 +25,7 @@ struct PagedKvCache {
 // valid. Entries past a request's last page are never read and may hold anything.
 struct PagedSequences {
   TensorView<const int32_t, 2> block_table;  // [batch][max_pages_per_sequence]
-  std::span<const int32_t> seqlens;           // [batch]
+  std::span<const int32_t> seqlens;          // [batch]
 
   int batch() const { return static_cast<int>(seqlens.size()); }
 };

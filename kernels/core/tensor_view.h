@@ -7,8 +7,8 @@
 #include <limits>
 #include <span>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <type_traits>
+#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -51,7 +51,8 @@ class TensorView {
 
   // General strided view; every addressable element must lie inside [data, data + capacity).
   static absl::StatusOr<TensorView> CreateStrided(T* data, std::size_t capacity, Index shape,
-                                                  Index strides, absl::string_view name = "tensor") {
+                                                  Index strides,
+                                                  absl::string_view name = "tensor") {
     int64_t last = 0;  // largest offset reachable
     int64_t count = 1;
     for (int i = 0; i < kRank; ++i) {
@@ -67,7 +68,8 @@ class TensorView {
       }
       count *= shape[i];
       if (shape[i] > 0) {
-        if (strides[i] > 0 && shape[i] - 1 > (std::numeric_limits<int64_t>::max() - last) / strides[i]) {
+        if (strides[i] > 0 &&
+            shape[i] - 1 > (std::numeric_limits<int64_t>::max() - last) / strides[i]) {
           return absl::InvalidArgumentError(absl::StrCat(name, ": extent overflows int64"));
         }
         last += (shape[i] - 1) * strides[i];
@@ -117,9 +119,7 @@ class TensorView {
   }
 
   // Read-only alias, so kernels can take TensorView<const T, N>.
-  operator TensorView<const T, kRank>() const
-    requires(!std::is_const_v<T>)
-  {
+  operator TensorView<const T, kRank>() const requires(!std::is_const_v<T>) {
     TensorView<const T, kRank> v;
     v.data_ = data_;
     v.shape_ = shape_;

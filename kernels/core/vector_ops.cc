@@ -51,14 +51,18 @@ namespace {
 #if defined(__AVX512F__)
 struct ExpVector {
   static constexpr int kWidth = 16;
-  static __m512 Shifted(const float* x, __m512 shift) { return Sleef_expf16_u10(_mm512_sub_ps(_mm512_loadu_ps(x), shift)); }
+  static __m512 Shifted(const float* x, __m512 shift) {
+    return Sleef_expf16_u10(_mm512_sub_ps(_mm512_loadu_ps(x), shift));
+  }
   static __m512 Splat(float v) { return _mm512_set1_ps(v); }
   static void Store(float* y, __m512 v) { _mm512_storeu_ps(y, v); }
 };
 #elif defined(__AVX2__)
 struct ExpVector {
   static constexpr int kWidth = 8;
-  static __m256 Shifted(const float* x, __m256 shift) { return Sleef_expf8_u10(_mm256_sub_ps(_mm256_loadu_ps(x), shift)); }
+  static __m256 Shifted(const float* x, __m256 shift) {
+    return Sleef_expf8_u10(_mm256_sub_ps(_mm256_loadu_ps(x), shift));
+  }
   static __m256 Splat(float v) { return _mm256_set1_ps(v); }
   static void Store(float* y, __m256 v) { _mm256_storeu_ps(y, v); }
 };

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "kernels/core/matmul.h"
 #include "common/status_macros.h"
+#include "kernels/core/matmul.h"
 #include "kernels/core/tiling.h"
 #include "kernels/core/vector_ops.h"
 #include "kernels/mla/weights_fp32.h"
@@ -23,7 +23,8 @@ std::vector<Bf16> AbsorbQueries(const TensorView<const Bf16, 4>& q_nope_view,
   std::vector<float> absorbed(static_cast<size_t>(rows) * dl);
   for (int h = 0; h < heads; ++h) {
     for (int r = 0; r < rows; ++r) {
-      WidenBf16(q_nope_view.row(r / sq, r % sq, h), dn, q_nope.data() + static_cast<int64_t>(r) * dn);
+      WidenBf16(q_nope_view.row(r / sq, r % sq, h), dn,
+                q_nope.data() + static_cast<int64_t>(r) * dn);
     }
     const std::vector<float> w_uk = WidenHead(w.w_uk, h);  // [dn][dl]
     MatmulNN(rows, dl, dn, q_nope.data(), dn, w_uk.data(), dl, absorbed.data(), dl,

@@ -11,7 +11,8 @@
 
 namespace mlaserve {
 
-// The absorb (latent MQA) formulation (docs/numerics.md, "The two MLA formulations"): fold W_UK into the query,
+// The absorb (latent MQA) formulation (docs/numerics.md, "The two MLA formulations"): fold W_UK
+// into the query,
 //   q_lat[h] = [bf16(q_nope[h] . W_UK[h]), q_pe[h]]                     (dl + dr wide)
 // attend over the latent cache (values = c_kv), then map back to head space,
 //   out[h] = bf16(o_lat[h]) . W_UV[h]^T                                  (dv wide).

@@ -3,9 +3,9 @@
 #include <cmath>
 #include <numeric>
 
+#include "common/status_macros.h"
 #include "kernels/core/bfloat16.h"
 #include "kernels/core/random_fill.h"
-#include "common/status_macros.h"
 #include "kernels/reference/golden_attention.h"
 
 namespace mlaserve {
@@ -61,17 +61,19 @@ absl::StatusOr<std::vector<double>> MeasureAccuracy(const AccuracyCase& c, int s
       FillUniform(q, -c.param, c.param, rng);
       FillUniform(kv, -c.param, c.param, rng);
     }
-    ASSIGN_OR_RETURN(auto q_view, (TensorView<const Bf16, 4>::Create(q, {1, 1, shape.rows, shape.dk}, "q")));
-    ASSIGN_OR_RETURN(auto pages_view,
-                     (TensorView<const Bf16, 3>::Create(kv, {pages, shape.page_size, shape.dk}, "kv")));
-    ASSIGN_OR_RETURN(auto table_view,
-                     (TensorView<const int32_t, 2>::Create(block_table, {1, pages}, "block_table")));
-    const LatentDecodeProblem problem{q_view,
-                                      PagedKvCache{pages_view},
-                                      PagedSequences{table_view, seqlens},
-                                      shape.dv,
-                                      static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.dk))),
-                                      /*causal=*/false};
+    ASSIGN_OR_RETURN(auto q_view,
+                     (TensorView<const Bf16, 4>::Create(q, {1, 1, shape.rows, shape.dk}, "q")));
+    ASSIGN_OR_RETURN(auto pages_view, (TensorView<const Bf16, 3>::Create(
+                                          kv, {pages, shape.page_size, shape.dk}, "kv")));
+    ASSIGN_OR_RETURN(auto table_view, (TensorView<const int32_t, 2>::Create(block_table, {1, pages},
+                                                                            "block_table")));
+    const LatentDecodeProblem problem{
+        q_view,
+        PagedKvCache{pages_view},
+        PagedSequences{table_view, seqlens},
+        shape.dv,
+        static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.dk))),
+        /*causal=*/false};
     ASSIGN_OR_RETURN(GoldenOutput golden, GoldenLatentDecode(problem));
     for (size_t k = 0; k < kernels.size(); ++k) {
       ASSIGN_OR_RETURN(AttentionOutput result, kernels[k].run(problem));

@@ -12,9 +12,9 @@
 
 namespace mlaserve {
 
-// The AMLA paper's accuracy protocol (§5.1; docs/numerics.md, "AMLA accuracy sweep"): G = 128 query rows, Dk = 576,
-// Dv = 512 (V = first 512 columns of K), context 8192, bf16 inputs, scale 1/sqrt(576);
-// Q and K drawn from N(0, sigma^2) or U(-a, a); error = relative Frobenius norm of the
+// The AMLA paper's accuracy protocol (§5.1; docs/numerics.md, "AMLA accuracy sweep"): G = 128 query
+// rows, Dk = 576, Dv = 512 (V = first 512 columns of K), context 8192, bf16 inputs, scale
+// 1/sqrt(576); Q and K drawn from N(0, sigma^2) or U(-a, a); error = relative Frobenius norm of the
 // kernel's bf16 output against the fp64 golden output.
 
 enum class InputDistribution { kNormal, kUniform };

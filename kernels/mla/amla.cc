@@ -93,7 +93,8 @@ void AmlaRows(const QueryRows& rows, KvBlockSource& kv, float softmax_scale,
   // The matrix unit's operands are bf16: q once, P per block; K and V are read in place
   // from the cache (no widening), which gives the same tile calls as the emulated cube.
   std::vector<Bf16> q(static_cast<size_t>(g) * dk);
-  for (int i = 0; i < g; ++i) NarrowToBf16(rows.q + i * rows.ldq, dk, q.data() + static_cast<int64_t>(i) * dk);
+  for (int i = 0; i < g; ++i)
+    NarrowToBf16(rows.q + i * rows.ldq, dk, q.data() + static_cast<int64_t>(i) * dk);
   // The accumulator lives in "global memory": only integer adds and fp32 adds touch it.
   std::vector<float> acc(static_cast<size_t>(g) * dv, 0.0f);
   std::vector<AmlaRowState> state(g);
@@ -106,15 +107,18 @@ void AmlaRows(const QueryRows& rows, KvBlockSource& kv, float softmax_scale,
   for (int begin = 0; begin < max_visible; begin += kKvBlockTokens) {
     const int count = std::min(kKvBlockTokens, max_visible - begin);
     kv.Rows(begin, count, k_rows.data(), v_rows.data());
-    MatmulBf16Rows(/*b_transposed=*/true, g, count, dk, q.data(), dk, k_rows.data(), p.data(), kKvBlockTokens,
+    MatmulBf16Rows(/*b_transposed=*/true, g, count, dk, q.data(), dk, k_rows.data(), p.data(),
+                   kKvBlockTokens,
                    /*accumulate=*/false, kQkDepthChunk);
     ScaleAndMaskScores(rows, begin, count, softmax_scale, p.data(), kKvBlockTokens);
     for (int i = 0; i < g; ++i) {
       float* row = p.data() + static_cast<int64_t>(i) * kKvBlockTokens;
       delta[i] = AmlaSoftmaxStep(row, count, options, state[i]);
-      NarrowToBf16(row, count, p16.data() + static_cast<int64_t>(i) * count);  // exact: already bf16
+      NarrowToBf16(row, count,
+                   p16.data() + static_cast<int64_t>(i) * count);  // exact: already bf16
     }
-    MatmulBf16Rows(/*b_transposed=*/false, g, dv, count, p16.data(), count, v_rows.data(), pv.data(), dv,
+    MatmulBf16Rows(/*b_transposed=*/false, g, dv, count, p16.data(), count, v_rows.data(),
+                   pv.data(), dv,
                    /*accumulate=*/false, kPvDepthChunk);
     const bool first_block = begin == 0;
     for (int i = 0; i < g; ++i) {
@@ -124,8 +128,8 @@ void AmlaRows(const QueryRows& rows, KvBlockSource& kv, float softmax_scale,
         std::copy_n(add, dv, dst);
         continue;
       }
-      AddToExponentFieldRow(dst, dv, delta[i]);  // int32 atomic add
-      for (int d = 0; d < dv; ++d) dst[d] += add[d];                               // fp32 atomic add
+      AddToExponentFieldRow(dst, dv, delta[i]);       // int32 atomic add
+      for (int d = 0; d < dv; ++d) dst[d] += add[d];  // fp32 atomic add
     }
   }
 

@@ -11,8 +11,8 @@
 
 namespace mlaserve {
 
-// AMLA (AMLA paper Algorithm 2 + Appendix A; docs/numerics.md, "AMLA"). The fp32 output accumulator is
-// kept as  Obar_i = O_i * S16_i  where O_i is FlashAttention's unnormalised accumulator and
+// AMLA (AMLA paper Algorithm 2 + Appendix A; docs/numerics.md, "AMLA"). The fp32 output accumulator
+// is kept as  Obar_i = O_i * S16_i  where O_i is FlashAttention's unnormalised accumulator and
 // S16_i = bf16(exp(m_i + n_i ln2)) with n_i = round(-m_i / ln 2). Between blocks it is
 // rescaled in place by an int32 add on its bits,
 //     delta = max(n_i - n_{i-1}, -30) * 2^23 + round(1.5 * 2^23 * eps_i),
@@ -22,9 +22,9 @@ namespace mlaserve {
 // Which mantissa correction the rescale carries (kept selectable so the accuracy sweep can
 // show why the derived orientation is the right one).
 enum class AmlaCompensation {
-  kDerived,             // eps = c_{i-1}/c_i - 1 (Appendix A's recurrence)
-  kAlgorithm2Listing,   // eps = c_i/c_{i-1} - 1 (as printed in Algorithm 2, line 11)
-  kNone,                // eps = 0
+  kDerived,            // eps = c_{i-1}/c_i - 1 (Appendix A's recurrence)
+  kAlgorithm2Listing,  // eps = c_i/c_{i-1} - 1 (as printed in Algorithm 2, line 11)
+  kNone,               // eps = 0
 };
 
 struct AmlaOptions {
@@ -34,10 +34,10 @@ struct AmlaOptions {
 // What the vector cores remember about one query row between KV blocks.
 struct AmlaRowState {
   float m = -std::numeric_limits<float>::infinity();  // running max of scaled scores
-  float l = 0.0f;      // running softmax denominator, relative to m
-  int32_t n = 0;       // round(-m / ln 2)
-  float s16 = 1.0f;    // bf16(S32) for the current m
-  float c = 1.0f;      // S32 / S16 for the current m
+  float l = 0.0f;                                     // running softmax denominator, relative to m
+  int32_t n = 0;                                      // round(-m / ln 2)
+  float s16 = 1.0f;                                   // bf16(S32) for the current m
+  float c = 1.0f;                                     // S32 / S16 for the current m
   bool started = false;
 };
 

@@ -60,18 +60,21 @@ class Builder {
   BatchSteps& steps() { return out_.steps; }
 
   absl::Status Check() const {
-    if (d_.heads <= 0 || d_.dn <= 0 || d_.dr <= 0 || d_.dl <= 0 || d_.dv <= 0 || !(d_.softmax_scale > 0)) {
+    if (d_.heads <= 0 || d_.dn <= 0 || d_.dr <= 0 || d_.dl <= 0 || d_.dv <= 0 ||
+        !(d_.softmax_scale > 0)) {
       return absl::InvalidArgumentError("decode batch: dims must be positive");
     }
     for (size_t g = 0; g < b_.groups.size(); ++g) {
       const DecodeBatch::Group& group = b_.groups[g];
       const std::string at = absl::StrCat("decode batch group ", g);
-      if (group.sq < 1 || group.members.empty()) return absl::InvalidArgumentError(at + ": no queries");
+      if (group.sq < 1 || group.members.empty())
+        return absl::InvalidArgumentError(at + ": no queries");
       for (const DecodeBatch::Member& m : group.members) {
-        if (m.length < 0 || (m.length > 0 && (b_.page_size <= 0 ||
-                                              CeilDiv(m.length, b_.page_size) > static_cast<int64_t>(m.pages.size())))) {
-          return absl::InvalidArgumentError(absl::StrCat(at, ": a member of length ", m.length, " has ",
-                                                         m.pages.size(), " pages"));
+        if (m.length < 0 ||
+            (m.length > 0 && (b_.page_size <= 0 || CeilDiv(m.length, b_.page_size) >
+                                                       static_cast<int64_t>(m.pages.size())))) {
+          return absl::InvalidArgumentError(absl::StrCat(at, ": a member of length ", m.length,
+                                                         " has ", m.pages.size(), " pages"));
         }
       }
       if (!group.head_space && !group.naive_passes.empty()) {
@@ -79,24 +82,28 @@ class Builder {
       }
       int32_t covered = 0;
       for (int p : group.naive_passes) {
-        if (p < 0 || p >= static_cast<int>(b_.passes.size())) return absl::InvalidArgumentError(at + ": bad pass");
+        if (p < 0 || p >= static_cast<int>(b_.passes.size()))
+          return absl::InvalidArgumentError(at + ": bad pass");
         const DecodeBatch::NaivePass& pass = b_.passes[p];
         if (pass.begin != covered || pass.end <= pass.begin ||
-            std::find(pass.groups.begin(), pass.groups.end(), static_cast<int>(g)) == pass.groups.end()) {
+            std::find(pass.groups.begin(), pass.groups.end(), static_cast<int>(g)) ==
+                pass.groups.end()) {
           return absl::InvalidArgumentError(at + ": its naive passes do not tile its prefix");
         }
         covered = pass.end;
       }
-      if (covered != (group.naive_passes.empty() ? 0 : group.absorb_from) || group.absorb_from < 0 ||
-          (group.naive_passes.empty() && group.absorb_from != 0)) {
+      if (covered != (group.naive_passes.empty() ? 0 : group.absorb_from) ||
+          group.absorb_from < 0 || (group.naive_passes.empty() && group.absorb_from != 0)) {
         return absl::InvalidArgumentError(at + ": absorb_from is not the end of its naive passes");
       }
     }
     for (size_t p = 0; p < b_.passes.size(); ++p) {
       for (int g : b_.passes[p].groups) {
         if (g < 0 || g >= static_cast<int>(b_.groups.size()) ||
-            std::count(b_.groups[g].naive_passes.begin(), b_.groups[g].naive_passes.end(), static_cast<int>(p)) != 1) {
-          return absl::InvalidArgumentError(absl::StrCat("decode batch pass ", p, ": lists a group that does not take it"));
+            std::count(b_.groups[g].naive_passes.begin(), b_.groups[g].naive_passes.end(),
+                       static_cast<int>(p)) != 1) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("decode batch pass ", p, ": lists a group that does not take it"));
         }
       }
     }
@@ -108,8 +115,8 @@ class Builder {
     const auto key = std::make_pair(memory == nullptr ? name : std::string(), memory);
     auto it = inputs_.find(key);
     if (it != inputs_.end()) return it->second;
-    const int id = steps().AddBuffer(StepBuffer{name, StepBuffer::Kind::kInput, ElementType::kBf16, elements,
-                                                StepBuffer::Fill::kNone, memory});
+    const int id = steps().AddBuffer(StepBuffer{name, StepBuffer::Kind::kInput, ElementType::kBf16,
+                                                elements, StepBuffer::Fill::kNone, memory});
     inputs_.emplace(key, id);
     return id;
   }
@@ -133,8 +140,9 @@ class Builder {
       const std::string tag = absl::StrCat(" g", g);
       gb.width = group.head_space ? d_.dv : d_.dl;
       gb.q_lat = Buffer("q_lat" + tag, K::kScratch, ElementType::kBf16, A * d_.dk());
-      gb.out = Buffer("out" + tag, K::kOutput, group.out_bf16 ? ElementType::kBf16 : ElementType::kFp32,
-                      A * gb.width, F::kZero);
+      gb.out =
+          Buffer("out" + tag, K::kOutput, group.out_bf16 ? ElementType::kBf16 : ElementType::kFp32,
+                 A * gb.width, F::kZero);
       gb.lse = Buffer("lse" + tag, K::kOutput, ElementType::kFp32, A, F::kNegInfinity);
       if (group.head_space) {
         gb.kv_b = Input(group.kv_b, w_elements, "kv_b_proj");
@@ -185,10 +193,11 @@ class Builder {
           const PassBuffers& pb = passes_[p];
           const int64_t pass_stride = int64_t{pb.rows} * d_.dqk();
           for (int s = 0; s < group.sq; ++s) {
-            const int64_t r = pb.row_of_group.at(static_cast<int>(g)) + static_cast<int64_t>(m) * group.sq + s;
+            const int64_t r =
+                pb.row_of_group.at(static_cast<int>(g)) + static_cast<int64_t>(m) * group.sq + s;
             const int64_t src_row = int64_t{s} * H;
-            Copy(member.q_nope == nullptr ? nullptr : member.q_nope + src_row * d_.dn, d_.dn, {pb.q, r * d_.dqk()},
-                 pass_stride, H, d_.dn);
+            Copy(member.q_nope == nullptr ? nullptr : member.q_nope + src_row * d_.dn, d_.dn,
+                 {pb.q, r * d_.dqk()}, pass_stride, H, d_.dn);
             Copy(member.q_pe == nullptr ? nullptr : member.q_pe + src_row * d_.dr, d_.dr,
                  {pb.q, r * d_.dqk() + d_.dn}, pass_stride, H, d_.dr);
           }
@@ -196,7 +205,8 @@ class Builder {
       }
     }
   }
-  void Copy(const Bf16* src, int64_t src_stride, BufferRef dst, int64_t dst_stride, int rows, int width) {
+  void Copy(const Bf16* src, int64_t src_stride, BufferRef dst, int64_t dst_stride, int rows,
+            int width) {
     steps().staging.push_back(StageCopy{src, src_stride, dst, dst_stride, rows, width});
   }
 
@@ -246,7 +256,8 @@ class Builder {
           const int64_t first = static_cast<int64_t>(m) * member_rows + r0;
           rg.q = {gb.q_lat, first * d_.dk()};
           for (int r = r0; r < r0 + rg.rows; ++r) {
-            rg.visible.push_back(std::clamp(VisibleKeys(member.length, group.sq, r / H, group.causal) - from, 0, keys));
+            rg.visible.push_back(std::clamp(
+                VisibleKeys(member.length, group.sq, r / H, group.causal) - from, 0, keys));
           }
           rg.keys = PagedKeysRef{{pool_, 0}, b_.page_size, d_.dk(), member.pages, from};
           if (group.head_space) {
@@ -280,13 +291,16 @@ class Builder {
         const DecodeBatch::Group& group = b_.groups[g];
         for (const DecodeBatch::Member& member : group.members) {
           for (int s = 0; s < group.sq; ++s) {
-            visible.push_back(std::clamp(VisibleKeys(member.length, group.sq, s, group.causal) - pass.begin, 0, tokens));
+            visible.push_back(std::clamp(
+                VisibleKeys(member.length, group.sq, s, group.causal) - pass.begin, 0, tokens));
           }
         }
       }
       for (int h = 0; h < H; ++h) {
-        const DenseKeysRef keys{{pb.keys, int64_t{h} * tokens * d_.dqk()}, d_.dqk(),
-                                {pb.values, int64_t{h} * tokens * d_.dv}, d_.dv};
+        const DenseKeysRef keys{{pb.keys, int64_t{h} * tokens * d_.dqk()},
+                                d_.dqk(),
+                                {pb.values, int64_t{h} * tokens * d_.dv},
+                                d_.dv};
         for (int r0 = 0; r0 < pb.rows; r0 += kMaxRowGroupRows) {
           RowGroupSpec spec;
           AttentionRowGroup& rg = spec.group;
@@ -330,7 +344,8 @@ class Builder {
         continue;
       }
       if (split_out < 0) {
-        split_out = Buffer(tag + " out", StepBuffer::Kind::kScratch, ElementType::kFp32, 0, StepBuffer::Fill::kZero);
+        split_out = Buffer(tag + " out", StepBuffer::Kind::kScratch, ElementType::kFp32, 0,
+                           StepBuffer::Fill::kZero);
         split_lse = Buffer(tag + " lse", StepBuffer::Kind::kScratch, ElementType::kFp32, 0,
                            StepBuffer::Fill::kNegInfinity);
       }
@@ -436,11 +451,12 @@ class Builder {
       const GroupBuffers& gb = groups_[g];
       const int64_t rows = int64_t{group.sq} * H;
       for (size_t m = 0; m < group.members.size(); ++m) {
-        out_.answers[g].push_back(AnswerRef{{gb.out, static_cast<int64_t>(m) * rows * gb.width},
-                                            group.out_bf16 ? ElementType::kBf16 : ElementType::kFp32,
-                                            rows * gb.width,
-                                            {gb.lse, static_cast<int64_t>(m) * rows},
-                                            rows});
+        out_.answers[g].push_back(
+            AnswerRef{{gb.out, static_cast<int64_t>(m) * rows * gb.width},
+                      group.out_bf16 ? ElementType::kBf16 : ElementType::kFp32,
+                      rows * gb.width,
+                      {gb.lse, static_cast<int64_t>(m) * rows},
+                      rows});
       }
     }
   }

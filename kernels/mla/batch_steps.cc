@@ -21,14 +21,16 @@ class RefChecker {
     }
     const StepBuffer& b = steps_.buffers[ref.buffer];
     if (b.type != type) {
-      return absl::InternalError(absl::StrCat(where, ": buffer '", b.name, "' has the wrong element type"));
+      return absl::InternalError(
+          absl::StrCat(where, ": buffer '", b.name, "' has the wrong element type"));
     }
     if (written && b.kind == StepBuffer::Kind::kInput) {
       return absl::InternalError(absl::StrCat(where, ": writes input buffer '", b.name, "'"));
     }
     if (ref.offset < 0 || extent < 0 || ref.offset + extent > b.elements) {
-      return absl::InternalError(absl::StrCat(where, ": elements [", ref.offset, ", ", ref.offset + extent,
-                                              ") outside buffer '", b.name, "' of ", b.elements));
+      return absl::InternalError(absl::StrCat(where, ": elements [", ref.offset, ", ",
+                                              ref.offset + extent, ") outside buffer '", b.name,
+                                              "' of ", b.elements));
     }
     return absl::OkStatus();
   }
@@ -42,16 +44,18 @@ int64_t Extent(int64_t rows, int64_t width, int64_t stride) {
   return rows <= 0 ? 0 : (rows - 1) * stride + width;
 }
 
-absl::Status CheckProjection(const RefChecker& c, const ProjectionStep& step, const std::string& where) {
+absl::Status CheckProjection(const RefChecker& c, const ProjectionStep& step,
+                             const std::string& where) {
   for (size_t i = 0; i < step.jobs.size(); ++i) {
     const ProjectionJob& j = step.jobs[i];
     const std::string at = absl::StrCat(where, " job ", i);
-    if (j.rows <= 0 || j.n <= 0 || j.k <= 0) return absl::InternalError(absl::StrCat(at, ": empty GEMM"));
+    if (j.rows <= 0 || j.n <= 0 || j.k <= 0)
+      return absl::InternalError(absl::StrCat(at, ": empty GEMM"));
     RETURN_IF_ERROR(c.Check(j.a, ElementType::kBf16, Extent(j.rows, j.k, j.lda), false, at + " A"));
     const int64_t b_extent = j.transpose_b ? Extent(j.n, j.k, j.ldb) : Extent(j.k, j.n, j.ldb);
     RETURN_IF_ERROR(c.Check(j.b, ElementType::kBf16, b_extent, false, at + " B"));
-    RETURN_IF_ERROR(c.Check(j.c, j.c_bf16 ? ElementType::kBf16 : ElementType::kFp32, Extent(j.rows, j.n, j.ldc),
-                            true, at + " C"));
+    RETURN_IF_ERROR(c.Check(j.c, j.c_bf16 ? ElementType::kBf16 : ElementType::kFp32,
+                            Extent(j.rows, j.n, j.ldc), true, at + " C"));
   }
   return absl::OkStatus();
 }
@@ -65,7 +69,8 @@ absl::Status CheckAttention(const RefChecker& c, const AttentionStep& step,
     const AttentionRowGroup& g = step.groups[i];
     const std::string at = absl::StrCat(where, " row group ", i);
     if (g.rows <= 0 || g.rows > kMaxRowGroupRows || static_cast<int>(g.visible.size()) != g.rows) {
-      return absl::InternalError(absl::StrCat(at, ": ", g.rows, " rows, ", g.visible.size(), " visible counts"));
+      return absl::InternalError(
+          absl::StrCat(at, ": ", g.rows, " rows, ", g.visible.size(), " visible counts"));
     }
     int64_t length = 0;
     for (int32_t v : g.visible) {
@@ -74,29 +79,34 @@ absl::Status CheckAttention(const RefChecker& c, const AttentionStep& step,
     }
     RETURN_IF_ERROR(c.Check(g.q, ElementType::kBf16, int64_t{g.rows} * step.dk, false, at + " q"));
     if (const auto* paged = std::get_if<PagedKeysRef>(&g.keys)) {
-      if (paged->page_size <= 0 || paged->width < step.dk || paged->width < step.dv || paged->first_token < 0) {
+      if (paged->page_size <= 0 || paged->width < step.dk || paged->width < step.dv ||
+          paged->first_token < 0) {
         return absl::InternalError(absl::StrCat(at, ": bad page geometry"));
       }
       if (length > 0) {
         const int64_t last_page = (paged->first_token + length - 1) / paged->page_size;
         if (last_page >= static_cast<int64_t>(paged->pages.size())) {
-          return absl::InternalError(absl::StrCat(at, ": ", length, " keys need more than ", paged->pages.size(),
-                                                  " pages"));
+          return absl::InternalError(absl::StrCat(at, ": ", length, " keys need more than ",
+                                                  paged->pages.size(), " pages"));
         }
         const int64_t page_elements = int64_t{paged->page_size} * paged->width;
         for (int64_t p = paged->first_token / paged->page_size; p <= last_page; ++p) {
-          RETURN_IF_ERROR(c.Check(BufferRef{paged->pool.buffer, paged->pool.offset + paged->pages[p] * page_elements},
-                                  ElementType::kBf16, page_elements, false, absl::StrCat(at, " page ", p)));
+          RETURN_IF_ERROR(c.Check(
+              BufferRef{paged->pool.buffer, paged->pool.offset + paged->pages[p] * page_elements},
+              ElementType::kBf16, page_elements, false, absl::StrCat(at, " page ", p)));
         }
       }
     } else {
       const auto& dense = std::get<DenseKeysRef>(g.keys);
-      RETURN_IF_ERROR(c.Check(dense.k, ElementType::kBf16, Extent(length, step.dk, dense.ldk), false, at + " K"));
-      RETURN_IF_ERROR(c.Check(dense.v, ElementType::kBf16, Extent(length, step.dv, dense.ldv), false, at + " V"));
+      RETURN_IF_ERROR(c.Check(dense.k, ElementType::kBf16, Extent(length, step.dk, dense.ldk),
+                              false, at + " K"));
+      RETURN_IF_ERROR(c.Check(dense.v, ElementType::kBf16, Extent(length, step.dv, dense.ldv),
+                              false, at + " V"));
     }
     RETURN_IF_ERROR(c.Check(g.out, g.out_bf16 ? ElementType::kBf16 : ElementType::kFp32,
                             Extent(g.rows, step.dv, g.out_stride), true, at + " out"));
-    RETURN_IF_ERROR(c.Check(g.lse, ElementType::kFp32, Extent(g.rows, 1, g.lse_stride), true, at + " lse"));
+    RETURN_IF_ERROR(
+        c.Check(g.lse, ElementType::kFp32, Extent(g.rows, 1, g.lse_stride), true, at + " lse"));
   }
   return absl::OkStatus();
 }
@@ -105,15 +115,18 @@ absl::Status CheckCombine(const RefChecker& c, const CombineStep& step, const st
   for (size_t i = 0; i < step.jobs.size(); ++i) {
     const CombineJob& j = step.jobs[i];
     const std::string at = absl::StrCat(where, " job ", i);
-    if (j.parts.empty() || j.rows <= 0 || j.dv <= 0) return absl::InternalError(absl::StrCat(at, ": empty merge"));
+    if (j.parts.empty() || j.rows <= 0 || j.dv <= 0)
+      return absl::InternalError(absl::StrCat(at, ": empty merge"));
     for (size_t p = 0; p < j.parts.size(); ++p) {
       RETURN_IF_ERROR(c.Check(j.parts[p].out, ElementType::kFp32, int64_t{j.rows} * j.dv, false,
                               absl::StrCat(at, " part ", p)));
-      RETURN_IF_ERROR(c.Check(j.parts[p].lse, ElementType::kFp32, j.rows, false, absl::StrCat(at, " part ", p, " lse")));
+      RETURN_IF_ERROR(c.Check(j.parts[p].lse, ElementType::kFp32, j.rows, false,
+                              absl::StrCat(at, " part ", p, " lse")));
     }
     RETURN_IF_ERROR(c.Check(j.out, j.out_bf16 ? ElementType::kBf16 : ElementType::kFp32,
                             Extent(j.rows, j.dv, j.out_stride), true, at + " out"));
-    RETURN_IF_ERROR(c.Check(j.lse, ElementType::kFp32, Extent(j.rows, 1, j.lse_stride), true, at + " lse"));
+    RETURN_IF_ERROR(
+        c.Check(j.lse, ElementType::kFp32, Extent(j.rows, 1, j.lse_stride), true, at + " lse"));
   }
   return absl::OkStatus();
 }
@@ -126,7 +139,8 @@ absl::Status ValidateBatchSteps(const BatchSteps& steps) {
     const StageCopy& s = steps.staging[i];
     const std::string at = absl::StrCat("staging copy ", i);
     if (s.rows <= 0 || s.width <= 0) return absl::InternalError(absl::StrCat(at, ": empty"));
-    RETURN_IF_ERROR(checker.Check(s.dst, ElementType::kBf16, Extent(s.rows, s.width, s.dst_stride), true, at));
+    RETURN_IF_ERROR(
+        checker.Check(s.dst, ElementType::kBf16, Extent(s.rows, s.width, s.dst_stride), true, at));
   }
   for (size_t i = 0; i < steps.steps.size(); ++i) {
     const BatchStep& step = steps.steps[i];

@@ -10,7 +10,8 @@
 
 namespace mlaserve {
 
-// The shapes of one MLA model's attention (docs/numerics.md, "The two MLA formulations"), as the kernels need them.
+// The shapes of one MLA model's attention (docs/numerics.md, "The two MLA formulations"), as the
+// kernels need them.
 struct MlaDims {
   int heads = 0;
   int dn = 0;  // q/k "nope" head width

@@ -10,8 +10,8 @@
 
 namespace mlaserve {
 
-// "Base": FlashAttention-2 as the AMLA paper's Algorithm 1 runs it (docs/numerics.md, "Base"). Per block
-// of 512 keys: S = Q K^T (bf16 in, fp32 accumulate), online max m, P = exp(S*scale - m) in
+// "Base": FlashAttention-2 as the AMLA paper's Algorithm 1 runs it (docs/numerics.md, "Base"). Per
+// block of 512 keys: S = Q K^T (bf16 in, fp32 accumulate), online max m, P = exp(S*scale - m) in
 // fp32, l updated in fp32 from that P, P cast to bf16 for P V (fp32 accumulate), and the
 // fp32 output accumulator rescaled by exp(m_old - m_new) before the new block is added
 // (the [V2] stage that reads and writes O). Final O / l in fp32.

@@ -21,7 +21,8 @@ namespace {
 // The batch's memory on the host: inputs in place, every other buffer owned.
 class HostBuffers final : public BatchBuffers {
  public:
-  explicit HostBuffers(const BatchSteps& steps) : buffers_(steps.buffers.size()), owned_(steps.buffers.size()) {
+  explicit HostBuffers(const BatchSteps& steps)
+      : buffers_(steps.buffers.size()), owned_(steps.buffers.size()) {
     for (size_t i = 0; i < steps.buffers.size(); ++i) {
       const StepBuffer& b = steps.buffers[i];
       const size_t bytes = static_cast<size_t>(b.elements * ElementBytes(b.type));
@@ -80,10 +81,11 @@ void RunProjection(const HostBuffers& b, const ProjectionJob& j) {
     return;
   }
   std::vector<float> c(static_cast<size_t>(j.rows) * j.n);
-  MatmulBf16(j.transpose_b, j.rows, j.n, j.k, a, j.lda, w, j.ldb, c.data(), j.n, /*accumulate=*/false,
-             kProjectionDepthChunk);
+  MatmulBf16(j.transpose_b, j.rows, j.n, j.k, a, j.lda, w, j.ldb, c.data(), j.n,
+             /*accumulate=*/false, kProjectionDepthChunk);
   for (int r = 0; r < j.rows; ++r) {
-    StoreRow(c.data() + static_cast<int64_t>(r) * j.n, j.n, RowAddress(b, j.c, r, j.ldc, true), true);
+    StoreRow(c.data() + static_cast<int64_t>(r) * j.n, j.n, RowAddress(b, j.c, r, j.ldc, true),
+             true);
   }
 }
 
@@ -97,26 +99,28 @@ void RunRowGroup(const HostBuffers& b, const AttentionStep& step, const Attentio
   const RowOutputs outputs{out.data(), step.dv, lse.data()};
   if (const auto* paged = std::get_if<PagedKeysRef>(&g.keys)) {
     const int64_t page_elements = int64_t{paged->page_size} * paged->width;
-    const int64_t pages = static_cast<int64_t>(b.Bytes(paged->pool.buffer).size() / 2 - paged->pool.offset) /
-                          page_elements;
+    const int64_t pages =
+        static_cast<int64_t>(b.Bytes(paged->pool.buffer).size() / 2 - paged->pool.offset) /
+        page_elements;
     const PagedKvCache cache{*TensorView<const Bf16, 3>::Create(
         std::span<const Bf16>(b.At<const Bf16>(paged->pool), pages * page_elements),
         {pages, paged->page_size, paged->width}, "pool")};
     const int32_t seqlen = paged->first_token + length;
-    const PagedSequences table{*TensorView<const int32_t, 2>::Create(
-                                   paged->pages, {1, static_cast<int64_t>(paged->pages.size())}, "pages"),
-                               std::span<const int32_t>(&seqlen, 1)};
+    const PagedSequences table{
+        *TensorView<const int32_t, 2>::Create(
+            paged->pages, {1, static_cast<int64_t>(paged->pages.size())}, "pages"),
+        std::span<const int32_t>(&seqlen, 1)};
     PagedLatentSource source(cache, table, 0, step.dv, paged->first_token);
     RunRowAttention(step.algorithm, rows, source, step.softmax_scale, outputs);
   } else {
     const auto& dense = std::get<DenseKeysRef>(g.keys);
-    DenseKvSource source(b.At<const Bf16>(dense.k), dense.ldk, step.dk, b.At<const Bf16>(dense.v), dense.ldv,
-                         step.dv, length);
+    DenseKvSource source(b.At<const Bf16>(dense.k), dense.ldk, step.dk, b.At<const Bf16>(dense.v),
+                         dense.ldv, step.dv, length);
     RunRowAttention(step.algorithm, rows, source, step.softmax_scale, outputs);
   }
   for (int r = 0; r < g.rows; ++r) {
-    StoreRow(out.data() + static_cast<int64_t>(r) * step.dv, step.dv, RowAddress(b, g.out, r, g.out_stride, g.out_bf16),
-             g.out_bf16);
+    StoreRow(out.data() + static_cast<int64_t>(r) * step.dv, step.dv,
+             RowAddress(b, g.out, r, g.out_stride, g.out_bf16), g.out_bf16);
     b.At<float>(g.lse)[r * g.lse_stride] = lse[r];
   }
 }
@@ -144,11 +148,13 @@ absl::StatusOr<std::unique_ptr<BatchBuffers>> HostBatchRunner::Run(const BatchSt
   RETURN_IF_ERROR(ValidateBatchSteps(steps));
   for (const StepBuffer& b : steps.buffers) {
     if (b.kind == StepBuffer::Kind::kInput && b.input == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("host batch: input '", b.name, "' has no memory"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("host batch: input '", b.name, "' has no memory"));
     }
   }
   for (const StageCopy& copy : steps.staging) {
-    if (copy.src == nullptr) return absl::InvalidArgumentError("host batch: a query to stage has no memory");
+    if (copy.src == nullptr)
+      return absl::InvalidArgumentError("host batch: a query to stage has no memory");
   }
   auto buffers = std::make_unique<HostBuffers>(steps);
   const HostBuffers& b = *buffers;
@@ -160,7 +166,8 @@ absl::StatusOr<std::unique_ptr<BatchBuffers>> HostBatchRunner::Run(const BatchSt
   }
   for (const BatchStep& step : steps.steps) {
     if (const auto* p = std::get_if<ProjectionStep>(&step)) {
-      pool_.Run(static_cast<int64_t>(p->jobs.size()), [&](int64_t i) { RunProjection(b, p->jobs[i]); });
+      pool_.Run(static_cast<int64_t>(p->jobs.size()),
+                [&](int64_t i) { RunProjection(b, p->jobs[i]); });
     } else if (const auto* a = std::get_if<AttentionStep>(&step)) {
       pool_.Run(static_cast<int64_t>(a->groups.size()), [&](int64_t i) {
         if (*std::max_element(a->groups[i].visible.begin(), a->groups[i].visible.end()) > 0) {
@@ -170,7 +177,8 @@ absl::StatusOr<std::unique_ptr<BatchBuffers>> HostBatchRunner::Run(const BatchSt
           const AttentionRowGroup& g = a->groups[i];
           std::vector<float> zeros(a->dv, 0.0f);
           for (int r = 0; r < g.rows; ++r) {
-            StoreRow(zeros.data(), a->dv, RowAddress(b, g.out, r, g.out_stride, g.out_bf16), g.out_bf16);
+            StoreRow(zeros.data(), a->dv, RowAddress(b, g.out, r, g.out_stride, g.out_bf16),
+                     g.out_bf16);
             b.At<float>(g.lse)[r * g.lse_stride] = -std::numeric_limits<float>::infinity();
           }
         }

@@ -5,7 +5,8 @@
 
 namespace mlaserve {
 
-// Merges two partial attention results over disjoint key sets (docs/numerics.md, "LSE combine"), all natural log:
+// Merges two partial attention results over disjoint key sets (docs/numerics.md, "LSE combine"),
+// all natural log:
 //   m = max(lse_a, lse_b),  w = exp(lse - m),
 //   out = (w_a out_a + w_b out_b) / (w_a + w_b),   lse = m + ln(w_a + w_b).
 // A part with lse = -inf (no keys) has weight 0; two empty parts give out = 0, lse = -inf.

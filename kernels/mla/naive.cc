@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "common/status_macros.h"
 #include "kernels/core/kv_block_source.h"
 #include "kernels/core/matmul.h"
-#include "common/status_macros.h"
 #include "kernels/core/tiling.h"
 #include "kernels/core/vector_ops.h"
 #include "kernels/mla/weights_fp32.h"
@@ -27,11 +27,13 @@ void ExpandHeadKv(const float* latent, int64_t ld, int n, int dr, const UpProjec
            kProjectionDepthChunk);
   for (int t = 0; t < n; ++t) {
     Bf16* k_row = k + static_cast<int64_t>(t) * dk;
-    for (int d = 0; d < dn; ++d) k_row[d] = Bf16::FromFloat(k_nope[static_cast<size_t>(t) * dn + d]);
+    for (int d = 0; d < dn; ++d)
+      k_row[d] = Bf16::FromFloat(k_nope[static_cast<size_t>(t) * dn + d]);
     // k_pe is already bf16: widening and narrowing again is exact.
     for (int d = 0; d < dr; ++d) k_row[dn + d] = Bf16::FromFloat(latent[t * ld + dl + d]);
     Bf16* v_row = v + static_cast<int64_t>(t) * w.dv();
-    for (int d = 0; d < w.dv(); ++d) v_row[d] = Bf16::FromFloat(values[static_cast<size_t>(t) * w.dv() + d]);
+    for (int d = 0; d < w.dv(); ++d)
+      v_row[d] = Bf16::FromFloat(values[static_cast<size_t>(t) * w.dv() + d]);
   }
 }
 
@@ -52,7 +54,8 @@ absl::StatusOr<AttentionOutput> NaiveDecode(const HeadSpaceDecodeProblem& p,
     const int n = p.seqs.seqlens[b];
     std::vector<float> latent(static_cast<size_t>(n) * width);
     for (int t = 0; t < n; ++t) {
-      WidenBf16(TokenRow(p.cache, p.seqs, b, t), width, latent.data() + static_cast<int64_t>(t) * width);
+      WidenBf16(TokenRow(p.cache, p.seqs, b, t), width,
+                latent.data() + static_cast<int64_t>(t) * width);
     }
     std::vector<Bf16> k(static_cast<size_t>(n) * dk), v(static_cast<size_t>(n) * p.dv());
     for (int s = 0; s < p.sq(); ++s) visible[s] = VisibleKeys(n, p.sq(), s, p.causal);
@@ -64,7 +67,7 @@ absl::StatusOr<AttentionOutput> NaiveDecode(const HeadSpaceDecodeProblem& p,
       }
       DenseKvSource source(k.data(), dk, dk, v.data(), p.dv(), p.dv(), n);
       RunRowAttention(algorithm, QueryRows{q.data(), dk, p.sq(), dk, visible}, source,
-                       p.softmax_scale, RowOutputs{out.data(), p.dv(), lse.data()});
+                      p.softmax_scale, RowOutputs{out.data(), p.dv(), lse.data()});
       for (int s = 0; s < p.sq(); ++s) {
         const int64_t row = (static_cast<int64_t>(b) * p.sq() + s) * p.heads() + h;
         std::copy_n(out.data() + static_cast<int64_t>(s) * p.dv(), p.dv(),

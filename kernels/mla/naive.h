@@ -12,7 +12,8 @@
 
 namespace mlaserve {
 
-// The naive formulation (docs/numerics.md, "The two MLA formulations"): expand the latent cache per head,
+// The naive formulation (docs/numerics.md, "The two MLA formulations"): expand the latent cache per
+// head,
 //   K[h] = [bf16(c_kv . W_UK[h]^T), k_pe]   (dn + dr = 192 wide)
 //   V[h] =  bf16(c_kv . W_UV[h]^T)          (dv = 128 wide)
 // and run ordinary multi-head attention with q[h] = [q_nope[h], q_pe[h]].

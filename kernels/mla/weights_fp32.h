@@ -16,8 +16,7 @@ inline std::vector<float> WidenHead(const TensorView<const Bf16, 3>& w, int head
   const int cols = static_cast<int>(w.dim(2));
   std::vector<float> out(static_cast<size_t>(rows) * cols);
   for (int r = 0; r < rows; ++r) {
-    WidenBf16(w.row(head, r), cols,
-              out.data() + static_cast<int64_t>(r) * cols);
+    WidenBf16(w.row(head, r), cols, out.data() + static_cast<int64_t>(r) * cols);
   }
   return out;
 }

@@ -8,7 +8,8 @@
 
 namespace mlaserve::npu {
 
-absl::StatusOr<std::unique_ptr<Device>> Device::Create(DeviceProfile profile, DeviceOptions options) {
+absl::StatusOr<std::unique_ptr<Device>> Device::Create(DeviceProfile profile,
+                                                       DeviceOptions options) {
   if (options.host_threads < 1 || options.host_threads > 256) {
     return absl::InvalidArgumentError(
         absl::StrCat("host_threads = ", options.host_threads, " must be in 1..256"));

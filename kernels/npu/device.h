@@ -45,9 +45,9 @@ class Device {
 
   const DeviceProfile profile_;
   GlobalMemory gm_;
-  std::mutex launch_mu_;  // one launch at a time; std::mutex for TSan (see GlobalMemory)
-  LocalMemoryStorage local_;  // guarded by launch_mu_
-  TimingScratch timing_scratch_;  // guarded by launch_mu_
+  std::mutex launch_mu_;            // one launch at a time; std::mutex for TSan (see GlobalMemory)
+  LocalMemoryStorage local_;        // guarded by launch_mu_
+  TimingScratch timing_scratch_;    // guarded by launch_mu_
   ProgramBuffers program_buffers_;  // guarded by launch_mu_
   HostExecutor executor_;
 };

@@ -108,8 +108,8 @@ std::vector<std::filesystem::path> SearchPath() {
 }  // namespace
 
 absl::StatusOr<DeviceProfile> ParseDeviceProfile(absl::string_view json_text) {
-  const nlohmann::json doc =
-      nlohmann::json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json doc = nlohmann::json::parse(json_text.begin(), json_text.end(), nullptr,
+                                                   /*allow_exceptions=*/false);
   if (doc.is_discarded() || !doc.is_object()) {
     return absl::InvalidArgumentError("profile: not a JSON object");
   }
@@ -122,7 +122,8 @@ absl::StatusOr<DeviceProfile> ParseDeviceProfile(absl::string_view json_text) {
     profile.description = doc["description"].get<std::string>();
   }
   if (!doc.contains("parameters") || !doc["parameters"].is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat("profile ", profile.name, ": 'parameters' missing"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("profile ", profile.name, ": 'parameters' missing"));
   }
   const nlohmann::json& params = doc["parameters"];
   std::set<std::string> known;

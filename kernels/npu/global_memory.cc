@@ -32,7 +32,8 @@ absl::StatusOr<uint64_t> GlobalMemory::Reserve(int64_t bytes, absl::string_view 
                                                    capacity_));
 }
 
-absl::StatusOr<GmBuffer> GlobalMemory::Allocate(int64_t bytes, bool backed, absl::string_view what) {
+absl::StatusOr<GmBuffer> GlobalMemory::Allocate(int64_t bytes, bool backed,
+                                                absl::string_view what) {
   std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<uint64_t> addr = Reserve(bytes, what);
   if (!addr.ok()) return addr.status();
@@ -121,8 +122,8 @@ absl::Status GlobalMemory::CheckAccessLocked(uint64_t addr, int64_t span, uint64
       *end_out = end;
       if (addr + static_cast<uint64_t>(span) <= end) return absl::OkStatus();
       return absl::OutOfRangeError(absl::StrCat(
-          "access of ", span, " B at offset ", addr - begin, " overruns GM buffer '", it->second.what,
-          "' (", it->second.bytes, " B) by ", addr + span - end, " B"));
+          "access of ", span, " B at offset ", addr - begin, " overruns GM buffer '",
+          it->second.what, "' (", it->second.bytes, " B) by ", addr + span - end, " B"));
     }
   }
   return absl::OutOfRangeError(

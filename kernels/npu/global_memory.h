@@ -141,8 +141,8 @@ class GlobalMemory {
     int64_t bytes = 0;  // may exceed the buffer's size when reused
   };
   absl::flat_hash_map<uint64_t, Backing> owned_;  // by device address
-  int64_t owned_bytes_ = 0;       // host bytes of the live allocations
-  int64_t peak_owned_bytes_ = 0;  // the most that were ever live at once
+  int64_t owned_bytes_ = 0;                       // host bytes of the live allocations
+  int64_t peak_owned_bytes_ = 0;                  // the most that were ever live at once
   struct Spare {
     uint64_t released = 0;  // release order: the oldest spare goes first
     std::unique_ptr<std::byte[]> host;

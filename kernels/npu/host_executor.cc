@@ -15,14 +15,14 @@ extern "C" void __tsan_acquire(void* addr);
 extern "C" void __tsan_release(void* addr);
 // The executor's own bookkeeping (queue, counters), which is correctly locked, is hidden
 // from TSan together with its lock.
-#define MLASERVE_TSAN_BOOKKEEPING_BEGIN()        \
-  do {                                           \
+#define MLASERVE_TSAN_BOOKKEEPING_BEGIN()          \
+  do {                                             \
     AnnotateIgnoreReadsBegin(__FILE__, __LINE__);  \
     AnnotateIgnoreWritesBegin(__FILE__, __LINE__); \
     AnnotateIgnoreSyncBegin(__FILE__, __LINE__);   \
   } while (false)
-#define MLASERVE_TSAN_BOOKKEEPING_END()        \
-  do {                                         \
+#define MLASERVE_TSAN_BOOKKEEPING_END()          \
+  do {                                           \
     AnnotateIgnoreSyncEnd(__FILE__, __LINE__);   \
     AnnotateIgnoreWritesEnd(__FILE__, __LINE__); \
     AnnotateIgnoreReadsEnd(__FILE__, __LINE__);  \

@@ -59,7 +59,7 @@ class HostExecutor {
   char tsan_all_done_ = 0;
   char tsan_launch_ = 0;
 #endif
-  std::vector<char> sync_;         // per instruction: ThreadSanitizer's view of its inputs
+  std::vector<char> sync_;  // per instruction: ThreadSanitizer's view of its inputs
   int64_t remaining_ = 0;
   bool stopping_ = false;
 

@@ -8,15 +8,15 @@
 namespace mlaserve::npu {
 
 enum class OpKind : uint8_t {
-  kSetFlag,         // intra-core: fires when all earlier work of its pipe is done
-  kWaitFlag,        // intra-core: blocks its pipe until the matching set fired
-  kCrossCoreSet,    // AIC <-> AIV counter increment, issued on a pipe
-  kCrossCoreWait,   // blocks the core's instruction issue until the counter is positive
-  kGmRead,          // MTE2: GM -> L1 / UB
-  kGmWrite,         // FIX (L0C -> GM) or MTE3 (UB -> GM), plain or atomic
-  kLoadL0,          // MTE1: L1 -> L0A / L0B
-  kMmad,            // M: one fractal-tiled multiply-accumulate into L0C
-  kVector,          // V: one or more vector API calls
+  kSetFlag,        // intra-core: fires when all earlier work of its pipe is done
+  kWaitFlag,       // intra-core: blocks its pipe until the matching set fired
+  kCrossCoreSet,   // AIC <-> AIV counter increment, issued on a pipe
+  kCrossCoreWait,  // blocks the core's instruction issue until the counter is positive
+  kGmRead,         // MTE2: GM -> L1 / UB
+  kGmWrite,        // FIX (L0C -> GM) or MTE3 (UB -> GM), plain or atomic
+  kLoadL0,         // MTE1: L1 -> L0A / L0B
+  kMmad,           // M: one fractal-tiled multiply-accumulate into L0C
+  kVector,         // V: one or more vector API calls
 };
 
 // How a GM write combines with what is there (Ascend C's SetAtomicAdd<T>).
@@ -47,12 +47,12 @@ struct Instruction {
   // Completion latency on top of the occupancy: when the result is visible to flags
   // (DMA latency, MMAD pipeline head; for sets, the flag's propagation time).
   int64_t latency = 0;
-  int64_t gm_bytes = 0;   // bytes through the L2 / HBM path
-  uint64_t gm_addr = 0;    // footprint: gm_rows runs of gm_row_bytes, gm_stride apart
+  int64_t gm_bytes = 0;  // bytes through the L2 / HBM path
+  uint64_t gm_addr = 0;  // footprint: gm_rows runs of gm_row_bytes, gm_stride apart
   int64_t gm_rows = 0;
   int64_t gm_row_bytes = 0;
   int64_t gm_stride = 0;
-  int32_t payload = -1;        // index of the host work, -1 for none
+  int32_t payload = -1;  // index of the host work, -1 for none
   const char* label = "";
 };
 

@@ -54,9 +54,9 @@ class L2CacheModel {
   // A stamp no touch can have produced: the clock minus it is at least `capacity_` for
   // every clock value, so a never-touched line needs no separate check to miss.
   uint64_t never_;
-  uint64_t traffic_ = 0;  // bytes accessed so far: the model's clock
+  uint64_t traffic_ = 0;                               // bytes accessed so far: the model's clock
   absl::flat_hash_map<uint64_t, uint32_t> directory_;  // block -> its index in stamps_
-  std::vector<uint64_t> stamps_;  // kLinesPerBlock last-touch stamps per block
+  std::vector<uint64_t> stamps_;                       // kLinesPerBlock last-touch stamps per block
   // The most recent block, which a DMA's next line is almost always in.
   uint64_t cached_block_ = UINT64_MAX;
   size_t cached_offset_ = 0;  // of its stamps in stamps_

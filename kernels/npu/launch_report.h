@@ -27,8 +27,8 @@ struct LaunchReport {
   int64_t gm_write_bytes = 0;
   // Host wall time of the launch's phases. The emulator's own bookkeeping is split out so
   // a caller can see where host time goes besides the arithmetic:
-  double host_record_ms = 0;     // recording, finalizing and checking the GM accesses
-  double host_model_ms = 0;      // the timing model (SimulateLaunch)
+  double host_record_ms = 0;      // recording, finalizing and checking the GM accesses
+  double host_model_ms = 0;       // the timing model (SimulateLaunch)
   std::optional<double> host_ms;  // executing the payloads; absent for model-only launches
   // Every MMAD shape the cube issued and how often: what a fair host SGEMM baseline runs.
   std::map<std::tuple<int, int, int>, int64_t> mmad_shapes;

@@ -31,18 +31,19 @@ absl::StatusOr<LocalTensor> LocalArena::Allocate(int64_t bytes, absl::string_vie
   const int64_t offset = (used_ + alignment_ - 1) / alignment_ * alignment_;
   const int64_t size = (bytes + alignment_ - 1) / alignment_ * alignment_;
   if (offset + size > capacity_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        SpaceName(space_), " overflow: buffer '", what, "' needs ", bytes, " B (", size,
-        " B aligned to ", alignment_, ") at offset ", offset, " but the space holds ", capacity_,
-        " B"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(SpaceName(space_), " overflow: buffer '", what, "' needs ", bytes, " B (",
+                     size, " B aligned to ", alignment_, ") at offset ", offset,
+                     " but the space holds ", capacity_, " B"));
   }
   used_ = offset + size;
   LocalTensor t;
   t.space = space_;
   t.offset = offset;
   t.bytes = bytes;
-  t.host = host_base_ == nullptr || HostScale(space_) == 0 ? nullptr
-                                                          : host_base_ + offset * HostScale(space_);
+  t.host = host_base_ == nullptr || HostScale(space_) == 0
+               ? nullptr
+               : host_base_ + offset * HostScale(space_);
   return t;
 }
 

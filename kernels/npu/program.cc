@@ -36,11 +36,10 @@ CoreRecorder::CoreRecorder(Program* program, CoreKind kind, int block, int sub_b
   pipe_barrier_.fill(-1);
   const DeviceProfile& p = program->profile();
   // Host storage is indexed by the device-wide core number: AICs first, then AIVs.
-  const int storage_core =
-      kind == CoreKind::kCube ? block : p.cube_cores + 2 * block + sub_block;
+  const int storage_core = kind == CoreKind::kCube ? block : p.cube_cores + 2 * block + sub_block;
   auto make = [&](Space space, int64_t capacity, int64_t alignment) {
-    std::byte* base = program->storage_ == nullptr ? nullptr
-                                                   : program->storage_->Base(storage_core, space);
+    std::byte* base =
+        program->storage_ == nullptr ? nullptr : program->storage_->Base(storage_core, space);
     arenas_[static_cast<int>(space)].emplace(space, capacity, alignment, base);
   };
   if (kind == CoreKind::kCube) {
@@ -55,11 +54,12 @@ CoreRecorder::CoreRecorder(Program* program, CoreKind kind, int block, int sub_b
 
 bool CoreRecorder::executes() const { return program_->executes(); }
 
-absl::StatusOr<LocalTensor> CoreRecorder::Alloc(Space space, int64_t bytes, absl::string_view what) {
+absl::StatusOr<LocalTensor> CoreRecorder::Alloc(Space space, int64_t bytes,
+                                                absl::string_view what) {
   std::optional<LocalArena>& arena = arenas_[static_cast<int>(space)];
   if (!arena) {
-    return absl::InvalidArgumentError(absl::StrCat(CoreKindName(kind_), " has no ",
-                                                   SpaceName(space), " (buffer '", what, "')"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(CoreKindName(kind_), " has no ", SpaceName(space), " (buffer '", what, "')"));
   }
   absl::StatusOr<LocalTensor> t = arena->Allocate(bytes, what);
   if (!t.ok()) {
@@ -72,9 +72,8 @@ absl::StatusOr<LocalTensor> CoreRecorder::Alloc(Space space, int64_t bytes, absl
 bool CoreRecorder::CheckPipe(Pipe pipe, absl::string_view what) {
   if (PipeExistsOn(kind_, pipe)) return true;
   program_->Fail(absl::InvalidArgumentError(absl::StrCat(CoreName(*program_, core_id_), ": ", what,
-                                                         " on pipe ", PipeName(pipe),
-                                                         ", which an ", CoreKindName(kind_),
-                                                         " does not have")));
+                                                         " on pipe ", PipeName(pipe), ", which an ",
+                                                         CoreKindName(kind_), " does not have")));
   return false;
 }
 
@@ -135,14 +134,14 @@ void CoreRecorder::WaitFlag(Pipe src, Pipe dst, int event) {
 void CoreRecorder::CrossCoreSetFlag(int flag, Pipe pipe) {
   if (!CheckPipe(pipe, "CrossCoreSetFlag")) return;
   if (flag < 0 || flag > kMaxCrossCoreFlagId) {
-    program_->Fail(absl::InvalidArgumentError(absl::StrCat(
-        CoreName(*program_, core_id_), ": cross-core flag id ", flag, " is outside 0..",
-        kMaxCrossCoreFlagId)));
+    program_->Fail(absl::InvalidArgumentError(
+        absl::StrCat(CoreName(*program_, core_id_), ": cross-core flag id ", flag,
+                     " is outside 0..", kMaxCrossCoreFlagId)));
     return;
   }
-  const uint32_t id = Record(pipe, OpKind::kCrossCoreSet, 0,
-                             program_->profile().cross_core_flag_latency_cycles, nullptr,
-                             "cross_core_set");
+  const uint32_t id =
+      Record(pipe, OpKind::kCrossCoreSet, 0, program_->profile().cross_core_flag_latency_cycles,
+             nullptr, "cross_core_set");
   // Each receiver's senders in core order: an AIV hears only its AIC, an AIC its two AIVs.
   if (kind_ == CoreKind::kCube) {
     for (int s = 0; s < 2; ++s) {
@@ -155,9 +154,9 @@ void CoreRecorder::CrossCoreSetFlag(int flag, Pipe pipe) {
 
 void CoreRecorder::CrossCoreWaitFlag(int flag) {
   if (flag < 0 || flag > kMaxCrossCoreFlagId) {
-    program_->Fail(absl::InvalidArgumentError(absl::StrCat(
-        CoreName(*program_, core_id_), ": cross-core flag id ", flag, " is outside 0..",
-        kMaxCrossCoreFlagId)));
+    program_->Fail(absl::InvalidArgumentError(
+        absl::StrCat(CoreName(*program_, core_id_), ": cross-core flag id ", flag,
+                     " is outside 0..", kMaxCrossCoreFlagId)));
     return;
   }
   Instruction ins;
@@ -178,13 +177,15 @@ void CoreRecorder::CrossCoreWaitFlag(int flag) {
 void CoreRecorder::ReadGm(const GmRegion& src, Payload payload, const char* label) {
   if (!CheckPipe(Pipe::kMte2, "ReadGm")) return;
   const DeviceProfile& p = program_->profile();
-  const double rate = kind_ == CoreKind::kCube ? p.cube_mte2_bytes_per_cycle : p.vector_mte2_bytes_per_cycle;
+  const double rate =
+      kind_ == CoreKind::kCube ? p.cube_mte2_bytes_per_cycle : p.vector_mte2_bytes_per_cycle;
   const uint32_t id = Record(Pipe::kMte2, OpKind::kGmRead, TransferCycles(src.bytes(), rate),
                              p.gm_read_head_cycles, std::move(payload), label);
   SetRegion(program_->b_.instructions[id], src);
 }
 
-void CoreRecorder::WriteGm(const GmRegion& dst, AtomicMode atomic, Payload payload, const char* label) {
+void CoreRecorder::WriteGm(const GmRegion& dst, AtomicMode atomic, Payload payload,
+                           const char* label) {
   const DeviceProfile& p = program_->profile();
   const bool cube = kind_ == CoreKind::kCube;
   const Pipe pipe = cube ? Pipe::kFix : Pipe::kMte3;
@@ -249,7 +250,6 @@ void CoreRecorder::Vector(std::initializer_list<VecOp> ops, Payload payload, con
   Record(Pipe::kV, OpKind::kVector, cycles, 0, std::move(payload), label);
 }
 
-
 void ProgramBuffers::Clear() {
   instructions.clear();
   has_payload.clear();
@@ -306,7 +306,8 @@ Program::Program(const DeviceProfile& profile, int block_dim, const LocalMemoryS
   const int cores = 3 * block_dim_;
   cores_.reserve(cores);
   for (int b = 0; b < block_dim_; ++b) {
-    cores_.push_back(std::unique_ptr<CoreRecorder>(new CoreRecorder(this, CoreKind::kCube, b, 0, b)));
+    cores_.push_back(
+        std::unique_ptr<CoreRecorder>(new CoreRecorder(this, CoreKind::kCube, b, 0, b)));
   }
   for (int b = 0; b < block_dim_; ++b) {
     for (int s = 0; s < 2; ++s) {
@@ -455,10 +456,10 @@ absl::Status Program::Finalize() {
     for (int j = 0; j < senders; ++j) {
       const std::vector<uint32_t>& sets = q.sets[j];
       if (!sets.empty() && sets.size() != q.waits.size()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "flag protocol: ", CoreName(*this, first_sender + j), " sets cross-core flag ", flag,
-            " of ", CoreName(*this, receiver), " ", sets.size(), " times but it is waited for ",
-            q.waits.size(), " times"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("flag protocol: ", CoreName(*this, first_sender + j),
+                         " sets cross-core flag ", flag, " of ", CoreName(*this, receiver), " ",
+                         sets.size(), " times but it is waited for ", q.waits.size(), " times"));
       }
     }
   }

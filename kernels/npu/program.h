@@ -42,11 +42,10 @@ class Payload {
   Payload() noexcept = default;
   Payload(std::nullptr_t) noexcept {}  // NOLINT: converts like std::function's
   template <typename F>
-    requires(!std::is_same_v<std::remove_cvref_t<F>, Payload> &&
-             !std::is_same_v<std::remove_cvref_t<F>, std::nullptr_t> &&
-             std::is_invocable_v<std::decay_t<F>&> &&
-             std::is_copy_constructible_v<std::decay_t<F>>)
-  Payload(F&& f) {  // NOLINT: converts like std::function's
+  requires(!std::is_same_v<std::remove_cvref_t<F>, Payload> &&
+           !std::is_same_v<std::remove_cvref_t<F>, std::nullptr_t> &&
+           std::is_invocable_v<std::decay_t<F>&> && std::is_copy_constructible_v<std::decay_t<F>>)
+      Payload(F&& f) {  // NOLINT: converts like std::function's
     using T = std::decay_t<F>;
     if constexpr (kFitsInline<T>) {
       new (storage_) T(std::forward<F>(f));
@@ -94,9 +93,9 @@ class Payload {
     void (*destroy)(void* target) noexcept;
   };
   template <typename T>
-  static constexpr bool kFitsInline = sizeof(T) <= kInlineBytes &&
-                                      alignof(T) <= alignof(std::max_align_t) &&
-                                      std::is_nothrow_move_constructible_v<T>;
+  static constexpr bool kFitsInline =
+      sizeof(T) <= kInlineBytes &&
+      alignof(T) <= alignof(std::max_align_t) && std::is_nothrow_move_constructible_v<T>;
   template <typename T>
   static T& Target(void* storage) {
     if constexpr (kFitsInline<T>) {
@@ -151,7 +150,7 @@ struct VecOp {
 };
 
 // Flag ids and limits of the A2/A3 generation.
-inline constexpr int kMaxEventId = 7;          // SetFlag/WaitFlag event ids 0..7
+inline constexpr int kMaxEventId = 7;           // SetFlag/WaitFlag event ids 0..7
 inline constexpr int kMaxCrossCoreFlagId = 10;  // CrossCoreSetFlag ids 0..10
 inline constexpr int kMaxOutstandingCrossCoreSets = 16;
 
@@ -283,7 +282,9 @@ class Program {
   bool executes() const { return storage_ != nullptr; }
 
   CoreRecorder& Cube(int block) { return *cores_[block]; }
-  CoreRecorder& Vector(int block, int sub_block) { return *cores_[block_dim_ + 2 * block + sub_block]; }
+  CoreRecorder& Vector(int block, int sub_block) {
+    return *cores_[block_dim_ + 2 * block + sub_block];
+  }
   int num_cores() const { return static_cast<int>(cores_.size()); }
 
   // The first recording error (bad pipe, bad flag id, ...), or OK.

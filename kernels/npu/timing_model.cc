@@ -178,9 +178,11 @@ absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const Device
     for (size_t k = 0; k + 1 < size; ++k) {
       const uint32_t wait = pairs[k].second, next_set = pairs[k + 1].first;
       if (nodes[next_set].time < nodes[wait].time) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "flag protocol: ", program.Describe(next_set), " fires while the previous set is "
-            "still outstanding (not yet consumed by ", program.Describe(wait), ")"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("flag protocol: ", program.Describe(next_set),
+                         " fires while the previous set is "
+                         "still outstanding (not yet consumed by ",
+                         program.Describe(wait), ")"));
       }
     }
   }
@@ -193,9 +195,10 @@ absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const Device
       const uint32_t wait = pairs[k].second;
       const uint32_t set = pairs[k + kMaxOutstandingCrossCoreSets].first;
       if (nodes[set].time < nodes[wait].time) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "flag protocol: ", program.Describe(set), " would be the 17th outstanding set of its "
-            "cross-core counter"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("flag protocol: ", program.Describe(set),
+                         " would be the 17th outstanding set of its "
+                         "cross-core counter"));
       }
     }
   }
@@ -205,7 +208,8 @@ absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const Device
   return timing;
 }
 
-int64_t LaunchHeadCycles(const DeviceProfile& profile, int block_dim, bool uses_cube, bool uses_vector) {
+int64_t LaunchHeadCycles(const DeviceProfile& profile, int block_dim, bool uses_cube,
+                         bool uses_vector) {
   const int64_t blocks_per_die = (block_dim + profile.dies - 1) / profile.dies;
   int64_t head = 0;
   if (uses_cube && uses_vector) {

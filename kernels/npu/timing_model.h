@@ -42,7 +42,8 @@ absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const Device
 // vector_block_start_cycles per AIV for an AIV-only one; blocks counted per die (each die's
 // scheduler starts its own); plus core_prologue_cycles. Huawei documents the head growing
 // linearly with the cores started (profiles/*.json cite the figures).
-int64_t LaunchHeadCycles(const DeviceProfile& profile, int block_dim, bool uses_cube, bool uses_vector);
+int64_t LaunchHeadCycles(const DeviceProfile& profile, int block_dim, bool uses_cube,
+                         bool uses_vector);
 
 // SimulateLaunch's per-instruction working memory. A device keeps one and passes it to
 // every launch, so the arrays are neither allocated nor page-faulted again each time; they
@@ -64,8 +65,8 @@ class TimingScratch {
     uint32_t pending;     // predecessors not yet simulated
     uint32_t first_edge;  // its out-edges: edges()[first_edge, first_edge + edges)
     uint32_t edges;
-    uint32_t footprint;   // GM reads and writes: index into footprints_
-    uint32_t pipe_slot;   // core * kNumPipes + pipe, for instructions on a pipe
+    uint32_t footprint;  // GM reads and writes: index into footprints_
+    uint32_t pipe_slot;  // core * kNumPipes + pipe, for instructions on a pipe
     OpKind kind;
     int8_t pipe;
     bool is_set;

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <limits>
 
-#include "kernels/core/matmul.h"
 #include "common/status_macros.h"
+#include "kernels/core/matmul.h"
 
 namespace mlaserve {
 
@@ -89,9 +89,11 @@ absl::StatusOr<GoldenOutput> GoldenHeadSpaceDecode(const HeadSpaceDecodeProblem&
     w_uk[h].resize(static_cast<size_t>(dn) * dl);
     w_uv[h].resize(static_cast<size_t>(dv) * dl);
     for (int r = 0; r < dn; ++r)
-      for (int c = 0; c < dl; ++c) w_uk[h][static_cast<size_t>(r) * dl + c] = p.weights.w_uk(h, r, c).ToFloat();
+      for (int c = 0; c < dl; ++c)
+        w_uk[h][static_cast<size_t>(r) * dl + c] = p.weights.w_uk(h, r, c).ToFloat();
     for (int r = 0; r < dv; ++r)
-      for (int c = 0; c < dl; ++c) w_uv[h][static_cast<size_t>(r) * dl + c] = p.weights.w_uv(h, r, c).ToFloat();
+      for (int c = 0; c < dl; ++c)
+        w_uv[h][static_cast<size_t>(r) * dl + c] = p.weights.w_uv(h, r, c).ToFloat();
   }
 
   for (int b = 0; b < p.batch(); ++b) {
@@ -114,17 +116,22 @@ absl::StatusOr<GoldenOutput> GoldenHeadSpaceDecode(const HeadSpaceDecodeProblem&
       MatmulNTDouble(n, dn, dl, c_kv.data(), dl, w_uk[h].data(), dl, k_nope.data(), dn);
       MatmulNTDouble(n, dv, dl, c_kv.data(), dl, w_uv[h].data(), dl, v.data(), dv);
       for (int t = 0; t < n; ++t) {
-        std::copy_n(k_nope.data() + static_cast<size_t>(t) * dn, dn, k.data() + static_cast<size_t>(t) * dk);
-        std::copy_n(k_pe.data() + static_cast<size_t>(t) * dr, dr, k.data() + static_cast<size_t>(t) * dk + dn);
+        std::copy_n(k_nope.data() + static_cast<size_t>(t) * dn, dn,
+                    k.data() + static_cast<size_t>(t) * dk);
+        std::copy_n(k_pe.data() + static_cast<size_t>(t) * dr, dr,
+                    k.data() + static_cast<size_t>(t) * dk + dn);
       }
       for (int s = 0; s < p.sq(); ++s) {
-        for (int d = 0; d < dn; ++d) q[static_cast<size_t>(s) * dk + d] = p.q_nope(b, s, h, d).ToFloat();
-        for (int d = 0; d < dr; ++d) q[static_cast<size_t>(s) * dk + dn + d] = p.q_pe(b, s, h, d).ToFloat();
+        for (int d = 0; d < dn; ++d)
+          q[static_cast<size_t>(s) * dk + d] = p.q_nope(b, s, h, d).ToFloat();
+        for (int d = 0; d < dr; ++d)
+          q[static_cast<size_t>(s) * dk + dn + d] = p.q_pe(b, s, h, d).ToFloat();
       }
       GoldenOutput part = GoldenAttentionRows(q, p.sq(), dk, k, v, n, dv, visible, p.softmax_scale);
       for (int s = 0; s < p.sq(); ++s) {
         const size_t row = (static_cast<size_t>(b) * p.sq() + s) * heads + h;
-        std::copy_n(part.out.data() + static_cast<size_t>(s) * dv, dv, result.out.data() + row * dv);
+        std::copy_n(part.out.data() + static_cast<size_t>(s) * dv, dv,
+                    result.out.data() + row * dv);
         result.lse[row] = part.lse[s];
       }
     }

@@ -27,8 +27,11 @@ absl::Status ApplyAppends(const PendingCall& call, KvStore& store) {
   for (size_t i = 0; i < call.queries.size(); ++i) {
     const DecodeQuery& q = call.queries[i];
     if (q.append_rows.empty()) continue;
-    const absl::Status status = store.Append(q.sequence_id, q.layer, q.append_position, q.append_rows);
-    if (!status.ok()) return absl::Status(status.code(), absl::StrCat("queries[", i, "] append: ", status.message()));
+    const absl::Status status =
+        store.Append(q.sequence_id, q.layer, q.append_position, q.append_rows);
+    if (!status.ok())
+      return absl::Status(status.code(),
+                          absl::StrCat("queries[", i, "] append: ", status.message()));
   }
   return absl::OkStatus();
 }
@@ -40,11 +43,15 @@ double Microseconds(std::chrono::steady_clock::duration d) {
 }  // namespace
 
 BatchRun::BatchRun(std::vector<PendingCall> calls, BatchContext& context)
-    : context_(context), calls_(std::move(calls)), call_status_(calls_.size()), answered_(calls_.size(), 0) {}
+    : context_(context),
+      calls_(std::move(calls)),
+      call_status_(calls_.size()),
+      answered_(calls_.size(), 0) {}
 
 BatchRun::~BatchRun() {
   for (size_t c = 0; c < calls_.size(); ++c) {
-    if (!answered_[c]) Answer(c, absl::UnavailableError("the engine stopped before running the batch"));
+    if (!answered_[c])
+      Answer(c, absl::UnavailableError("the engine stopped before running the batch"));
   }
 }
 
@@ -76,7 +83,8 @@ void BatchRun::Plan() {
   Planner::Result planned = context_.planner.Plan(context_.store, queries_);
   for (const auto& [index, status] : planned.failed) {
     const auto [c, i] = origin_[index];
-    call_status_[c] = absl::Status(status.code(), absl::StrCat("queries[", i, "]: ", status.message()));
+    call_status_[c] =
+        absl::Status(status.code(), absl::StrCat("queries[", i, "]: ", status.message()));
   }
   plan_ = std::make_unique<BatchPlan>(std::move(planned.plan));
   context_.counters.batches.fetch_add(1);
@@ -101,11 +109,13 @@ void BatchRun::Execute(AttentionDevice& device, int device_index) {
   const auto prepared = std::chrono::steady_clock::now();
 
   // Run.
-  absl::StatusOr<DeviceRun> run = built.ok() ? device.Run(built->steps) : absl::StatusOr<DeviceRun>(built.status());
+  absl::StatusOr<DeviceRun> run =
+      built.ok() ? device.Run(built->steps) : absl::StatusOr<DeviceRun>(built.status());
 
   // Complete.
   int hybrid = 0, absorb = 0;
-  for (const GroupPlan& group : plan_->groups) (group.formulation == Formulation::kHybrid ? hybrid : absorb) += 1;
+  for (const GroupPlan& group : plan_->groups)
+    (group.formulation == Formulation::kHybrid ? hybrid : absorb) += 1;
   BatchReport report;
   report.device = device_index;
   report.queries = queries();
@@ -126,13 +136,15 @@ void BatchRun::Execute(AttentionDevice& device, int device_index) {
     const double prepare_us = Microseconds(prepared - start);
     for (size_t g = 0; g < plan_->groups.size(); ++g) {
       const GroupPlan& group = plan_->groups[g];
-      const int root_tokens = group.naive_passes.empty() ? 0 : plan_->passes[group.naive_passes.front()].query_tokens;
+      const int root_tokens =
+          group.naive_passes.empty() ? 0 : plan_->passes[group.naive_passes.front()].query_tokens;
       for (size_t m = 0; m < group.members.size(); ++m) {
         const auto [c, i] = origin_[group.members[m]];
         const AnswerRef& ref = built->answers[g][m];
         DecodeAnswer& answer = answers[c][i];
         answer.out_type = ref.out_type;
-        answer.out = run->buffers->Bytes(ref.out.buffer).data() + ref.out.offset * ElementBytes(ref.out_type);
+        answer.out = run->buffers->Bytes(ref.out.buffer).data() +
+                     ref.out.offset * ElementBytes(ref.out_type);
         answer.out_elements = ref.out_elements;
         answer.lse = run->buffers->Elements<float>(ref.lse, ref.lse_elements);
         answer.plan = PlanInfo{group.formulation,

@@ -68,7 +68,7 @@ class BatchRun {
 
   BatchContext& context_;
   std::vector<PendingCall> calls_;
-  std::vector<absl::Status> call_status_;    // a planning failure of one of its queries
+  std::vector<absl::Status> call_status_;  // a planning failure of one of its queries
   std::vector<char> answered_;
   std::vector<std::pair<int, int>> origin_;  // batch index -> (call, query)
   std::vector<const DecodeQuery*> queries_;  // by batch index

@@ -19,33 +19,41 @@ absl::Status Invalid(absl::string_view field, absl::string_view problem) {
 }
 
 std::string ShapeString(std::span<const int64_t> shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ",", [](std::string* out, int64_t d) {
-                        absl::StrAppend(out, d == kAnyRows ? std::string("n") : absl::StrCat(d));
-                      }), "]");
+  return absl::StrCat("[",
+                      absl::StrJoin(shape, ",",
+                                    [](std::string* out, int64_t d) {
+                                      absl::StrAppend(
+                                          out, d == kAnyRows ? std::string("n") : absl::StrCat(d));
+                                    }),
+                      "]");
 }
 
 // Shape, layout and finiteness of one tensor against the shape its field requires.
 template <int kRank>
-absl::Status CheckTensor(const TensorView<const Bf16, kRank>& view, const std::array<int64_t, kRank>& expected,
-                         const std::string& field) {
+absl::Status CheckTensor(const TensorView<const Bf16, kRank>& view,
+                         const std::array<int64_t, kRank>& expected, const std::string& field) {
   bool shape_ok = true;
   for (int i = 0; i < kRank; ++i) {
     shape_ok &= expected[i] == kAnyRows ? view.dim(i) >= 1 : view.dim(i) == expected[i];
   }
   if (!shape_ok) {
-    return Invalid(field, absl::StrCat("shape ", ShapeString(view.shape()), " != ", ShapeString(expected)));
+    return Invalid(
+        field, absl::StrCat("shape ", ShapeString(view.shape()), " != ", ShapeString(expected)));
   }
   int64_t stride = 1;
   for (int i = kRank - 1; i >= 0; --i) {
-    if (view.dim(i) > 1 && view.stride(i) != stride) return Invalid(field, "not row-major and contiguous");
+    if (view.dim(i) > 1 && view.stride(i) != stride)
+      return Invalid(field, "not row-major and contiguous");
     stride *= view.dim(i);
   }
   const Bf16* data = view.data();
   const int64_t n = view.size();
   for (int64_t i = 0; i < n; ++i) {
     if (!data[i].IsFinite()) {
-      return Invalid(field, absl::StrCat("element ", i, " is ", data[i].ToFloat() != data[i].ToFloat() ? "NaN" : "infinite",
-                                         "; inputs must be finite (and, from fp32, within bf16's range)"));
+      return Invalid(field,
+                     absl::StrCat("element ", i, " is ",
+                                  data[i].ToFloat() != data[i].ToFloat() ? "NaN" : "infinite",
+                                  "; inputs must be finite (and, from fp32, within bf16's range)"));
     }
   }
   return absl::OkStatus();
@@ -58,7 +66,8 @@ absl::Status CheckQuery(const DecodeQuery& q, const EngineInfo& info, const std:
     return Invalid(at + ".layer", absl::StrCat(q.layer, " is outside [0, ", m.layers, ")"));
   }
   if (q.sq < 1 || q.sq > info.max_sq) {
-    return Invalid(at + ".sq", absl::StrCat(q.sq, " is outside [1, ", info.max_sq, "] (limits.max_sq)"));
+    return Invalid(at + ".sq",
+                   absl::StrCat(q.sq, " is outside [1, ", info.max_sq, "] (limits.max_sq)"));
   }
   if (q.space == QuerySpace::kHead) {
     RETURN_IF_ERROR(CheckTensor<3>(q.q_nope, {q.sq, m.heads, m.dn}, at + ".head.q_nope"));
@@ -68,35 +77,39 @@ absl::Status CheckQuery(const DecodeQuery& q, const EngineInfo& info, const std:
   }
   const bool rows = !q.append_rows.empty();
   if (rows && q.append_position < 0) {
-    return Invalid(at + ".append_position", q.append_position == -1 ? "missing; append_rows needs a position"
-                                                                       : absl::StrCat(q.append_position, " is negative"));
+    return Invalid(at + ".append_position", q.append_position == -1
+                                                ? "missing; append_rows needs a position"
+                                                : absl::StrCat(q.append_position, " is negative"));
   }
-  if (!rows && q.append_position != -1) return Invalid(at + ".append_rows", "missing; append_position is set");
-  if (rows) RETURN_IF_ERROR(CheckTensor<2>(q.append_rows, {kAnyRows, m.dk_latent()}, at + ".append_rows"));
+  if (!rows && q.append_position != -1)
+    return Invalid(at + ".append_rows", "missing; append_position is set");
+  if (rows)
+    RETURN_IF_ERROR(CheckTensor<2>(q.append_rows, {kAnyRows, m.dk_latent()}, at + ".append_rows"));
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::Status ValidateDecodeCall(std::span<const DecodeQuery> queries, const EngineInfo& info, const KvStore& store) {
+absl::Status ValidateDecodeCall(std::span<const DecodeQuery> queries, const EngineInfo& info,
+                                const KvStore& store) {
   if (queries.empty()) return Invalid("queries", "empty; a Decode needs at least one query");
   if (static_cast<int>(queries.size()) > info.max_batch) {
-    return Invalid("queries", absl::StrCat(queries.size(), " queries exceed limits.max_batch = ", info.max_batch,
-                                           "; split them over several calls"));
+    return Invalid("queries", absl::StrCat(queries.size(), " queries exceed limits.max_batch = ",
+                                           info.max_batch, "; split them over several calls"));
   }
   std::set<std::pair<std::string, int>> seen;
   for (size_t i = 0; i < queries.size(); ++i) {
     const std::string at = absl::StrCat("queries[", i, "]");
     RETURN_IF_ERROR(CheckQuery(queries[i], info, at));
     if (!seen.emplace(queries[i].sequence_id, queries[i].layer).second) {
-      return Invalid(at, absl::StrCat("sequence '", queries[i].sequence_id, "' layer ", queries[i].layer,
-                                      " appears twice in one call"));
+      return Invalid(at, absl::StrCat("sequence '", queries[i].sequence_id, "' layer ",
+                                      queries[i].layer, " appears twice in one call"));
     }
   }
   for (size_t i = 0; i < queries.size(); ++i) {
     if (!store.GetSequence(queries[i].sequence_id).ok()) {
-      return absl::NotFoundError(absl::StrCat("queries[", i, "].sequence_id: '", queries[i].sequence_id,
-                                              "' is not a sequence"));
+      return absl::NotFoundError(absl::StrCat("queries[", i, "].sequence_id: '",
+                                              queries[i].sequence_id, "' is not a sequence"));
     }
   }
   return absl::OkStatus();

@@ -25,7 +25,8 @@ absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
         absl::StrCat("engine options: preload = ", options.preload, " is not 0, 1 or 2"));
   }
   if (devices.empty()) {
-    if (options.devices < 1) return absl::InvalidArgumentError("engine options: devices must be >= 1");
+    if (options.devices < 1)
+      return absl::InvalidArgumentError("engine options: devices must be >= 1");
     if (options.host_threads_per_device < 1) {
       return absl::InvalidArgumentError("engine options: host_threads_per_device must be >= 1");
     }
@@ -40,9 +41,10 @@ absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
                                                        "': ", profile.status().message()));
       }
       for (int i = 0; i < options.devices; ++i) {
-        ASSIGN_OR_RETURN(auto device,
-                         NpuAttentionDevice::Create(*profile, {.host_threads = options.host_threads_per_device},
-                                                    {.preload = options.preload}));
+        ASSIGN_OR_RETURN(
+            auto device,
+            NpuAttentionDevice::Create(*profile, {.host_threads = options.host_threads_per_device},
+                                       {.preload = options.preload}));
         devices.push_back(std::move(device));
       }
     }
@@ -51,7 +53,8 @@ absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
   // practice; with mixed devices the planner would need per-device thresholds).
   DeviceRates rates;
   const DeviceInfo& first = devices.front()->info();
-  rates.matrix_flops = (options.matrix_tflops > 0 ? options.matrix_tflops : first.matrix_tflops) * 1e12;
+  rates.matrix_flops =
+      (options.matrix_tflops > 0 ? options.matrix_tflops : first.matrix_tflops) * 1e12;
   rates.memory_bytes_per_second = (options.hbm_tbps > 0 ? options.hbm_tbps : first.hbm_tbps) * 1e12;
   if (!(rates.matrix_flops > 0) || !(rates.memory_bytes_per_second > 0)) {
     // A device without a roofline (the host) gives no threshold: B_theta is infinite, every
@@ -73,11 +76,18 @@ EngineImpl::EngineImpl(EngineOptions options, ModelWeights weights, std::unique_
     : options_(std::move(options)),
       weights_(std::move(weights)),
       store_(std::move(store)),
-      planner_(options_.model, rates, options_.max_sq, {.tree_aware = options_.tree_aware_grouping}),
-      context_{*store_, weights_, planner_, devices.front()->info().parallel_units, options_.on_batch, counters_,
+      planner_(options_.model, rates, options_.max_sq,
+               {.tree_aware = options_.tree_aware_grouping}),
+      context_{*store_,
+               weights_,
+               planner_,
+               devices.front()->info().parallel_units,
+               options_.on_batch,
+               counters_,
                [this] { CallAnswered(); }} {
   info_.model = options_.model;
-  info_.host = HostInfo{HostCpu().model, HostCpu().logical_cores, HostCpu().MatrixIsa(), MatrixUnitBackend()};
+  info_.host = HostInfo{HostCpu().model, HostCpu().logical_cores, HostCpu().MatrixIsa(),
+                        MatrixUnitBackend()};
   info_.page_size = store_->page_size();
   for (const auto& device : devices) info_.devices.push_back(device->info());
   info_.b_theta_by_sq = planner_.BThetaBySq();
@@ -90,7 +100,9 @@ EngineImpl::EngineImpl(EngineOptions options, ModelWeights weights, std::unique_
   batcher_ = std::make_unique<Batcher>(
       Batcher::Options{{options_.max_batch, options_.max_wait}, options_.max_queue},
       [this](std::vector<PendingCall> calls) { CutBatch(std::move(calls)); },
-      [this] { return BatchPolicy::Devices{pool_->idle(), pool_->HasCapacity()}; });
+      [this] {
+        return BatchPolicy::Devices{pool_->idle(), pool_->HasCapacity()};
+      });
   pool_->SetOnCapacity([this] { batcher_->DevicesChanged(); });
 }
 
@@ -103,8 +115,11 @@ absl::Status EngineImpl::RegisterPrefix(absl::string_view prefix_id, absl::strin
                                         TensorView<const Bf16, 3> latent) {
   return store_->RegisterPrefix(prefix_id, parent_id, latent);
 }
-absl::Status EngineImpl::ReleasePrefix(absl::string_view prefix_id) { return store_->ReleasePrefix(prefix_id); }
-absl::Status EngineImpl::CreateSequence(absl::string_view sequence_id, absl::string_view prefix_id) {
+absl::Status EngineImpl::ReleasePrefix(absl::string_view prefix_id) {
+  return store_->ReleasePrefix(prefix_id);
+}
+absl::Status EngineImpl::CreateSequence(absl::string_view sequence_id,
+                                        absl::string_view prefix_id) {
   return store_->CreateSequence(sequence_id, prefix_id);
 }
 absl::Status EngineImpl::ForkSequence(absl::string_view source_id, absl::string_view new_id) {
@@ -121,7 +136,8 @@ absl::StatusOr<SequenceInfo> EngineImpl::GetSequence(absl::string_view sequence_
   return store_->GetSequence(sequence_id);
 }
 
-void EngineImpl::Decode(std::vector<DecodeQuery> queries, DecodeOptions options, DecodeCallback done) {
+void EngineImpl::Decode(std::vector<DecodeQuery> queries, DecodeOptions options,
+                        DecodeCallback done) {
   if (absl::Status status = ValidateDecodeCall(queries, info_, *store_); !status.ok()) {
     std::move(done)(status);
     return;
@@ -145,7 +161,9 @@ void EngineImpl::CallAnswered() {
 void EngineImpl::CutBatch(std::vector<PendingCall> calls) {
   std::unique_ptr<BatchRun> run = BatchRun::Start(std::move(calls), context_);
   if (run == nullptr) return;
-  pool_->Submit([run = std::move(run)](AttentionDevice& device, int index) mutable { run->Execute(device, index); });
+  pool_->Submit([run = std::move(run)](AttentionDevice& device, int index) mutable {
+    run->Execute(device, index);
+  });
 }
 
 EngineStats EngineImpl::Stats() const {
@@ -162,7 +180,8 @@ EngineStats EngineImpl::Stats() const {
 absl::Status EngineImpl::Drain(absl::Time deadline) {
   batcher_->Stop();
   std::unique_lock<std::mutex> lock(calls_mu_);
-  if (!calls_done_.wait_until(lock, absl::ToChronoTime(deadline), [&] { return calls_in_flight_ == 0; })) {
+  if (!calls_done_.wait_until(lock, absl::ToChronoTime(deadline),
+                              [&] { return calls_in_flight_ == 0; })) {
     return absl::DeadlineExceededError(
         absl::StrCat("drain: ", calls_in_flight_, " decode calls still in flight at the deadline"));
   }

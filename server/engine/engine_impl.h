@@ -39,7 +39,8 @@ class EngineImpl final : public Engine {
   absl::Status AppendKv(absl::string_view sequence_id, int layer, int64_t start_position,
                         TensorView<const Bf16, 2> rows) override;
   absl::StatusOr<SequenceInfo> GetSequence(absl::string_view sequence_id) const override;
-  void Decode(std::vector<DecodeQuery> queries, DecodeOptions options, DecodeCallback done) override;
+  void Decode(std::vector<DecodeQuery> queries, DecodeOptions options,
+              DecodeCallback done) override;
   EngineStats Stats() const override;
   absl::Status Drain(absl::Time deadline) override;
 

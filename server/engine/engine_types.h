@@ -62,18 +62,18 @@ enum class Formulation {
 // How one query was run, for responses, metrics and tests.
 struct PlanInfo {
   Formulation formulation = Formulation::kAbsorb;
-  std::string prefix_id;      // the shared prefix its group formed on, "" if none
-  int group_size = 0;         // queries in that group
-  double b_theta = 0;         // the threshold applied (for the group's sq)
+  std::string prefix_id;  // the shared prefix its group formed on, "" if none
+  int group_size = 0;     // queries in that group
+  double b_theta = 0;     // the threshold applied (for the group's sq)
   // Hybrid: the keys run in naive form (the prefix levels whose passes ran), and the query
   // tokens (queries x sq) that shared the first of those passes: the B Sq that cleared
   // B_theta(1) Sq; with tree-aware grouping it counts every group under that prefix.
   int32_t naive_tokens = 0;
   int naive_pass_query_tokens = 0;
-  int device = -1;            // pool index of the device that ran the batch
-  int batch_size = 0;         // queries in the device batch
-  double queue_us = 0;        // submit -> device start: batching, planning, device queue
-  double prepare_us = 0;      // on the device's thread before it ran: expansions, steps
+  int device = -1;               // pool index of the device that ran the batch
+  int batch_size = 0;            // queries in the device batch
+  double queue_us = 0;           // submit -> device start: batching, planning, device queue
+  double prepare_us = 0;         // on the device's thread before it ran: expansions, steps
   double device_modeled_us = 0;  // modelled device time of the batch
   double device_host_ms = 0;     // host wall time of the batch's device work
 };
@@ -90,10 +90,12 @@ struct DecodeAnswer {
   PlanInfo plan;
 
   std::span<const float> out_fp32() const {
-    return {static_cast<const float*>(out), static_cast<size_t>(out_type == ElementType::kFp32 ? out_elements : 0)};
+    return {static_cast<const float*>(out),
+            static_cast<size_t>(out_type == ElementType::kFp32 ? out_elements : 0)};
   }
   std::span<const Bf16> out_bf16() const {
-    return {static_cast<const Bf16*>(out), static_cast<size_t>(out_type == ElementType::kBf16 ? out_elements : 0)};
+    return {static_cast<const Bf16*>(out),
+            static_cast<size_t>(out_type == ElementType::kBf16 ? out_elements : 0)};
   }
 };
 
@@ -146,8 +148,8 @@ struct EngineInfo {
   std::vector<double> b_theta_by_sq;  // [sq - 1] for sq = 1..max_sq
   int max_batch = 0;                  // queries per device batch
   int max_sq = 0;
-  int max_queue = 0;                  // queries waiting; beyond it Decode is refused
-  absl::Duration max_wait;            // how long a batch waits to fill
+  int max_queue = 0;        // queries waiting; beyond it Decode is refused
+  absl::Duration max_wait;  // how long a batch waits to fill
   int64_t kv_budget_bytes = 0;
 };
 

@@ -22,9 +22,9 @@ struct OwnedDecodeQuery {
   int layer = 0;
   int sq = 1;
   QuerySpace space = QuerySpace::kHead;
-  std::vector<Bf16> q_nope;    // [sq][heads][dn]
-  std::vector<Bf16> q_pe;      // [sq][heads][dr]
-  std::vector<Bf16> q_latent;  // [sq][heads][dl + dr]
+  std::vector<Bf16> q_nope;       // [sq][heads][dn]
+  std::vector<Bf16> q_pe;         // [sq][heads][dr]
+  std::vector<Bf16> q_latent;     // [sq][heads][dl + dr]
   std::vector<Bf16> append_rows;  // [n][dl + dr]
   int64_t append_position = -1;
   ElementType output = ElementType::kBf16;
@@ -44,7 +44,8 @@ struct OwnedDecodeQuery {
       const int64_t width = model.dk_latent();
       const int64_t n = static_cast<int64_t>(append_rows.size());
       const TensorView<const Bf16, 2>::Index shape =
-          n % width == 0 ? TensorView<const Bf16, 2>::Index{n / width, width} : TensorView<const Bf16, 2>::Index{1, n};
+          n % width == 0 ? TensorView<const Bf16, 2>::Index{n / width, width}
+                         : TensorView<const Bf16, 2>::Index{1, n};
       q.append_rows = *TensorView<const Bf16, 2>::Create(std::span<const Bf16>(append_rows), shape);
     }
     q.append_position = append_position;
@@ -53,19 +54,21 @@ struct OwnedDecodeQuery {
   }
 
  private:
-  TensorView<const Bf16, 3> Shaped(const std::vector<Bf16>& values, const ModelConfig& model) const {
+  TensorView<const Bf16, 3> Shaped(const std::vector<Bf16>& values,
+                                   const ModelConfig& model) const {
     if (values.empty()) return {};
     const int64_t n = static_cast<int64_t>(values.size());
     const int64_t outer = int64_t{sq > 0 ? sq : 1} * model.heads;
-    const TensorView<const Bf16, 3>::Index shape = n % outer == 0 && sq > 0
-                                                       ? TensorView<const Bf16, 3>::Index{sq, model.heads, n / outer}
-                                                       : TensorView<const Bf16, 3>::Index{1, 1, n};
+    const TensorView<const Bf16, 3>::Index shape =
+        n % outer == 0 && sq > 0 ? TensorView<const Bf16, 3>::Index{sq, model.heads, n / outer}
+                                 : TensorView<const Bf16, 3>::Index{1, 1, n};
     return *TensorView<const Bf16, 3>::Create(std::span<const Bf16>(values), shape);
   }
 };
 
 // Views of several owned queries, in order.
-inline std::vector<DecodeQuery> Views(std::span<const OwnedDecodeQuery> queries, const ModelConfig& model) {
+inline std::vector<DecodeQuery> Views(std::span<const OwnedDecodeQuery> queries,
+                                      const ModelConfig& model) {
   std::vector<DecodeQuery> views;
   views.reserve(queries.size());
   for (const OwnedDecodeQuery& q : queries) views.push_back(q.View(model));

@@ -17,8 +17,7 @@ namespace mlaserve::service {
 // naming it. Deletes itself when the call is done.
 class AppendKvReactor : public grpc::ServerReadReactor<v1::AppendKvChunk> {
  public:
-  AppendKvReactor(engine::Engine& engine, ServiceMetrics& metrics,
-                  v1::AppendKvResponse* response);
+  AppendKvReactor(engine::Engine& engine, ServiceMetrics& metrics, v1::AppendKvResponse* response);
 
   void OnReadDone(bool ok) override;
   void OnDone() override { delete this; }

@@ -26,12 +26,14 @@ absl::StatusOr<v1::DType> ParseOutputDType(v1::DType dtype) {
       return dtype;
     default:
       return Invalid("output_dtype",
-                     absl::StrCat(static_cast<int>(dtype), " is not one of DTYPE_BF16, DTYPE_FP16, DTYPE_FP32"));
+                     absl::StrCat(static_cast<int>(dtype),
+                                  " is not one of DTYPE_BF16, DTYPE_FP16, DTYPE_FP32"));
   }
 }
 
 template <int kRank>
-absl::StatusOr<TensorView<const Bf16, kRank>> View(const v1::Tensor& tensor, bool present, const std::string& field,
+absl::StatusOr<TensorView<const Bf16, kRank>> View(const v1::Tensor& tensor, bool present,
+                                                   const std::string& field,
                                                    std::vector<std::vector<Bf16>>& storage) {
   if (!present) return Invalid(field, "missing");
   ASSIGN_OR_RETURN(Bf16Data decoded, ViewAsBf16(tensor, kRank, field, storage));
@@ -41,13 +43,14 @@ absl::StatusOr<TensorView<const Bf16, kRank>> View(const v1::Tensor& tensor, boo
     shape[i] = decoded.shape[i];
     elements *= shape[i];
   }
-  return TensorView<const Bf16, kRank>::Create(std::span<const Bf16>(decoded.data, static_cast<size_t>(elements)),
-                                               shape, field);
+  return TensorView<const Bf16, kRank>::Create(
+      std::span<const Bf16>(decoded.data, static_cast<size_t>(elements)), shape, field);
 }
 
 // One query; `field` is "queries[i]".
-absl::Status ParseQuery(const v1::DecodeQuery& wire, const std::string& field, v1::DType output_dtype,
-                        engine::DecodeQuery& query, std::vector<std::vector<Bf16>>& storage) {
+absl::Status ParseQuery(const v1::DecodeQuery& wire, const std::string& field,
+                        v1::DType output_dtype, engine::DecodeQuery& query,
+                        std::vector<std::vector<Bf16>>& storage) {
   query.sequence_id = wire.sequence_id();
   query.layer = wire.layer();
   query.sq = wire.sq();
@@ -56,9 +59,10 @@ absl::Status ParseQuery(const v1::DecodeQuery& wire, const std::string& field, v
   switch (wire.q_case()) {
     case v1::DecodeQuery::kHead: {
       query.space = engine::QuerySpace::kHead;
-      ASSIGN_OR_RETURN(query.q_nope,
-                       View<3>(wire.head().q_nope(), wire.head().has_q_nope(), field + ".head.q_nope", storage));
-      ASSIGN_OR_RETURN(query.q_pe, View<3>(wire.head().q_pe(), wire.head().has_q_pe(), field + ".head.q_pe", storage));
+      ASSIGN_OR_RETURN(query.q_nope, View<3>(wire.head().q_nope(), wire.head().has_q_nope(),
+                                             field + ".head.q_nope", storage));
+      ASSIGN_OR_RETURN(query.q_pe, View<3>(wire.head().q_pe(), wire.head().has_q_pe(),
+                                           field + ".head.q_pe", storage));
       break;
     }
     case v1::DecodeQuery::kLatent: {
@@ -70,7 +74,8 @@ absl::Status ParseQuery(const v1::DecodeQuery& wire, const std::string& field, v
       return Invalid(field + ".q", "neither head nor latent is set");
   }
   if (wire.has_append_rows()) {
-    ASSIGN_OR_RETURN(query.append_rows, View<2>(wire.append_rows(), true, field + ".append_rows", storage));
+    ASSIGN_OR_RETURN(query.append_rows,
+                     View<2>(wire.append_rows(), true, field + ".append_rows", storage));
   }
   if (wire.has_append_position()) query.append_position = wire.append_position();
   return absl::OkStatus();
@@ -83,17 +88,19 @@ absl::StatusOr<std::unique_ptr<ParsedDecode>> ParseDecodeRequest(const v1::Decod
   ASSIGN_OR_RETURN(parsed->output_dtype, ParseOutputDType(request.output_dtype()));
   parsed->queries.resize(request.queries_size());
   for (int i = 0; i < request.queries_size(); ++i) {
-    RETURN_IF_ERROR(ParseQuery(request.queries(i), absl::StrCat("queries[", i, "]"), parsed->output_dtype,
-                               parsed->queries[i], parsed->converted));
+    RETURN_IF_ERROR(ParseQuery(request.queries(i), absl::StrCat("queries[", i, "]"),
+                               parsed->output_dtype, parsed->queries[i], parsed->converted));
   }
   return parsed;
 }
 
-absl::Status FillDecodeResponse(std::span<const engine::DecodeQuery> queries, const engine::ModelConfig& model,
-                                v1::DType output_dtype, std::span<const engine::DecodeAnswer> answers,
+absl::Status FillDecodeResponse(std::span<const engine::DecodeQuery> queries,
+                                const engine::ModelConfig& model, v1::DType output_dtype,
+                                std::span<const engine::DecodeAnswer> answers,
                                 v1::DecodeResponse* response) {
   if (answers.size() != queries.size()) {
-    return absl::InternalError(absl::StrCat("the engine answered ", answers.size(), " of ", queries.size(), " queries"));
+    return absl::InternalError(
+        absl::StrCat("the engine answered ", answers.size(), " of ", queries.size(), " queries"));
   }
   response->mutable_results()->Reserve(static_cast<int>(answers.size()));
   for (size_t i = 0; i < answers.size(); ++i) {
@@ -103,18 +110,21 @@ absl::Status FillDecodeResponse(std::span<const engine::DecodeQuery> queries, co
     const std::array<int64_t, 3> out_shape{query.sq, model.heads, width};
     const std::array<int64_t, 2> lse_shape{query.sq, model.heads};
     const int64_t rows = int64_t{query.sq} * model.heads;
-    if (answer.out == nullptr || answer.out_elements != rows * width || static_cast<int64_t>(answer.lse.size()) != rows) {
-      return absl::InternalError(absl::StrCat("the engine answered queries[", i, "] with ", answer.out_elements,
-                                              " outputs and ", answer.lse.size(), " LSEs; expected ", rows * width,
-                                              " and ", rows));
+    if (answer.out == nullptr || answer.out_elements != rows * width ||
+        static_cast<int64_t>(answer.lse.size()) != rows) {
+      return absl::InternalError(absl::StrCat(
+          "the engine answered queries[", i, "] with ", answer.out_elements, " outputs and ",
+          answer.lse.size(), " LSEs; expected ", rows * width, " and ", rows));
     }
     v1::DecodeResult* result = response->add_results();
-    EncodeValues(answer.out, answer.out_type, answer.out_elements, out_shape, output_dtype, result->mutable_out());
+    EncodeValues(answer.out, answer.out_type, answer.out_elements, out_shape, output_dtype,
+                 result->mutable_out());
     EncodeFloats(answer.lse, lse_shape, v1::DTYPE_FP32, result->mutable_lse());
     const engine::PlanInfo& plan = answer.plan;
     v1::DecodePlan* wire_plan = result->mutable_plan();
-    wire_plan->set_formulation(plan.formulation == engine::Formulation::kHybrid ? v1::FORMULATION_HYBRID
-                                                                                : v1::FORMULATION_ABSORB);
+    wire_plan->set_formulation(plan.formulation == engine::Formulation::kHybrid
+                                   ? v1::FORMULATION_HYBRID
+                                   : v1::FORMULATION_ABSORB);
     wire_plan->set_prefix_id(plan.prefix_id);
     wire_plan->set_group_size(plan.group_size);
     wire_plan->set_b_theta(plan.b_theta);

@@ -33,8 +33,9 @@ absl::StatusOr<std::unique_ptr<ParsedDecode>> ParseDecodeRequest(const v1::Decod
 // Fills `response` with one result per answer, encoded as `output_dtype` straight from the
 // engine's buffers. INTERNAL if an answer's size does not fit its query (an engine bug must
 // not reach the wire as garbage).
-absl::Status FillDecodeResponse(std::span<const engine::DecodeQuery> queries, const engine::ModelConfig& model,
-                                v1::DType output_dtype, std::span<const engine::DecodeAnswer> answers,
+absl::Status FillDecodeResponse(std::span<const engine::DecodeQuery> queries,
+                                const engine::ModelConfig& model, v1::DType output_dtype,
+                                std::span<const engine::DecodeAnswer> answers,
                                 v1::DecodeResponse* response);
 
 }  // namespace mlaserve::service

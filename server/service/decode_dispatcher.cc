@@ -9,7 +9,8 @@
 namespace mlaserve::service {
 
 void DecodeDispatcher::Dispatch(const v1::DecodeRequest& request, absl::Time deadline,
-                                std::function<bool()> cancelled, v1::DecodeResponse* response, Done done) {
+                                std::function<bool()> cancelled, v1::DecodeResponse* response,
+                                Done done) {
   absl::StatusOr<std::unique_ptr<ParsedDecode>> parsed = ParseDecodeRequest(request);
   if (!parsed.ok()) {
     std::move(done)(parsed.status());
@@ -28,8 +29,8 @@ void DecodeDispatcher::Dispatch(const v1::DecodeRequest& request, absl::Time dea
                      std::move(done)(answers.status());
                      return;
                    }
-                   absl::Status filled =
-                       FillDecodeResponse(call->queries, engine_.Info().model, call->output_dtype, *answers, response);
+                   absl::Status filled = FillDecodeResponse(call->queries, engine_.Info().model,
+                                                            call->output_dtype, *answers, response);
                    if (filled.ok()) {
                      for (size_t i = 0; i < answers->size(); ++i) {
                        metrics_.RecordDecodeAnswer((*answers)[i].plan, call->queries[i].space);

@@ -81,15 +81,16 @@ void DecodeStreamReactor::Dispatch(std::unique_ptr<v1::DecodeStreamRequest> requ
   }
   absl::Time deadline = CallDeadline(*context_);
   if (request->timeout_us() > 0) {
-    deadline = std::min(deadline,
-                        arrival + absl::Microseconds(static_cast<int64_t>(std::min<uint64_t>(
-                                      request->timeout_us(), INT64_MAX))));
+    deadline =
+        std::min(deadline, arrival + absl::Microseconds(static_cast<int64_t>(
+                                         std::min<uint64_t>(request->timeout_us(), INT64_MAX))));
   }
   v1::DecodeResponse* body = response->mutable_response();
   const v1::DecodeRequest& decode = request->request();
   dispatcher_.Dispatch(
       decode, deadline, [context = context_] { return context->IsCancelled(); }, body,
-      [this, arrival, request = std::move(request), response = std::move(response)](absl::Status status) mutable {
+      [this, arrival, request = std::move(request),
+       response = std::move(response)](absl::Status status) mutable {
         request.reset();  // the engine is done with its bytes
         if (!status.ok()) response->clear_response();
         SetStatus(status, response->mutable_status());

@@ -56,9 +56,9 @@ class DecodeStreamReactor
   const bool registered_;
 
   std::mutex mu_;
-  v1::DecodeStreamRequest request_;           // the read buffer
+  v1::DecodeStreamRequest request_;               // the read buffer
   std::deque<std::unique_ptr<Response>> writes_;  // front() is being written when writing_
-  int in_flight_ = 0;                         // dispatched, not yet answered
+  int in_flight_ = 0;                             // dispatched, not yet answered
   bool reading_ = false;
   bool writing_ = false;
   bool reads_done_ = false;    // the client half-closed (or the call broke)

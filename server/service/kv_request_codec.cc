@@ -25,8 +25,8 @@ absl::StatusOr<Bf16Tensor> ParseAppendChunk(const v1::AppendKvChunk& chunk,
     return absl::InvalidArgumentError(absl::StrCat(field, ".sequence_id: empty"));
   }
   if (chunk.layer() < 0 || chunk.layer() >= model.layers) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ".layer: ", chunk.layer(),
-                                                   " is outside [0, ", model.layers, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".layer: ", chunk.layer(), " is outside [0, ", model.layers, ")"));
   }
   if (chunk.start_position() < 0) {
     return absl::InvalidArgumentError(

@@ -43,9 +43,9 @@ grpc::ServerUnaryReactor* MlaServeService::GetServerInfo(grpc::CallbackServerCon
   return Answer(context, "GetServerInfo", start, absl::OkStatus());
 }
 
-grpc::ServerUnaryReactor* MlaServeService::RegisterPrefix(
-    grpc::CallbackServerContext* context, const v1::RegisterPrefixRequest* request,
-    v1::RegisterPrefixResponse*) {
+grpc::ServerUnaryReactor* MlaServeService::RegisterPrefix(grpc::CallbackServerContext* context,
+                                                          const v1::RegisterPrefixRequest* request,
+                                                          v1::RegisterPrefixResponse*) {
   const absl::Time start = absl::Now();
   const absl::Status status = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(Bf16Tensor latent, ParsePrefixLatent(*request, engine_.Info().model));
@@ -64,9 +64,9 @@ grpc::ServerUnaryReactor* MlaServeService::ReleasePrefix(grpc::CallbackServerCon
   return Answer(context, "ReleasePrefix", start, engine_.ReleasePrefix(request->prefix_id()));
 }
 
-grpc::ServerUnaryReactor* MlaServeService::CreateSequence(
-    grpc::CallbackServerContext* context, const v1::CreateSequenceRequest* request,
-    v1::CreateSequenceResponse* response) {
+grpc::ServerUnaryReactor* MlaServeService::CreateSequence(grpc::CallbackServerContext* context,
+                                                          const v1::CreateSequenceRequest* request,
+                                                          v1::CreateSequenceResponse* response) {
   const absl::Time start = absl::Now();
   absl::Status status = engine_.CreateSequence(request->sequence_id(), request->prefix_id());
   if (status.ok()) status = DescribeSequence(request->sequence_id(), response->mutable_sequence());
@@ -89,8 +89,7 @@ grpc::ServerUnaryReactor* MlaServeService::ReleaseSequence(
     grpc::CallbackServerContext* context, const v1::ReleaseSequenceRequest* request,
     v1::ReleaseSequenceResponse*) {
   const absl::Time start = absl::Now();
-  return Answer(context, "ReleaseSequence", start,
-                engine_.ReleaseSequence(request->sequence_id()));
+  return Answer(context, "ReleaseSequence", start, engine_.ReleaseSequence(request->sequence_id()));
 }
 
 grpc::ServerUnaryReactor* MlaServeService::GetSequence(grpc::CallbackServerContext* context,
@@ -111,12 +110,12 @@ grpc::ServerUnaryReactor* MlaServeService::Decode(grpc::CallbackServerContext* c
                                                   v1::DecodeResponse* response) {
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  dispatcher_.Dispatch(*request, CallDeadline(*context),
-                       [context] { return context->IsCancelled(); }, response,
-                       [this, reactor, start](absl::Status status) {
-                         metrics_.RecordRpc("Decode", status.code(), absl::Now() - start);
-                         reactor->Finish(ToGrpcStatus(status));
-                       });
+  dispatcher_.Dispatch(
+      *request, CallDeadline(*context), [context] { return context->IsCancelled(); }, response,
+      [this, reactor, start](absl::Status status) {
+        metrics_.RecordRpc("Decode", status.code(), absl::Now() - start);
+        reactor->Finish(ToGrpcStatus(status));
+      });
   return reactor;
 }
 

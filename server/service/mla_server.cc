@@ -8,13 +8,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "server/engine/owned_decode_query.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
-#include "common/status_macros.h"
 #include "kernels/core/tensor_view.h"
+#include "server/engine/owned_decode_query.h"
 
 namespace mlaserve::service {
 namespace {
@@ -40,18 +40,17 @@ absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factor
   std::unique_ptr<MlaServer> server(new MlaServer());
   server->metrics_ = std::make_unique<ServiceMetrics>();
   ServiceMetrics* metrics = server->metrics_.get();
-  engine_options.on_batch = [metrics, chained = std::move(engine_options.on_batch)](
-                                const engine::BatchReport& report) {
-    metrics->RecordBatch(report);
-    if (chained) chained(report);
-  };
+  engine_options.on_batch =
+      [metrics, chained = std::move(engine_options.on_batch)](const engine::BatchReport& report) {
+        metrics->RecordBatch(report);
+        if (chained) chained(report);
+      };
   ASSIGN_OR_RETURN(server->engine_, factory(std::move(engine_options)));
 
   ServiceOptions service_options;
   service_options.max_message_bytes = options.max_message_bytes;
   service_options.stream_max_in_flight = options.stream_max_in_flight;
-  server->service_ =
-      std::make_unique<MlaServeService>(*server->engine_, *metrics, service_options);
+  server->service_ = std::make_unique<MlaServeService>(*server->engine_, *metrics, service_options);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -111,7 +110,8 @@ absl::Status MlaServer::WarmUp() {
       query.q_nope.assign(static_cast<size_t>(model.heads) * model.dn, Bf16::FromFloat(0.25f));
       query.q_pe.assign(static_cast<size_t>(model.heads) * model.dr, Bf16::FromFloat(0.25f));
     } else {
-      query.q_latent.assign(static_cast<size_t>(model.heads) * model.dk_latent(), Bf16::FromFloat(0.25f));
+      query.q_latent.assign(static_cast<size_t>(model.heads) * model.dk_latent(),
+                            Bf16::FromFloat(0.25f));
     }
     std::promise<absl::Status> answered;
     engine_->Decode({query.View(model)}, engine::DecodeOptions{},

@@ -34,8 +34,8 @@ struct ServerOptions {
 // and the Prometheus endpoint. Health stays NOT_SERVING until SetServing(true).
 class MlaServer {
  public:
-  using EngineFactory = absl::AnyInvocable<absl::StatusOr<std::unique_ptr<engine::Engine>>(
-      engine::EngineOptions)>;
+  using EngineFactory =
+      absl::AnyInvocable<absl::StatusOr<std::unique_ptr<engine::Engine>>(engine::EngineOptions)>;
 
   // Creates the engine with `factory` (CreateEngine, or a test's) and starts listening.
   // UNAVAILABLE if an address cannot be bound; the factory's error otherwise.

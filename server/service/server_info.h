@@ -10,8 +10,7 @@ namespace mlaserve::service {
 
 // GetServerInfo's answer: the engine's model, devices, thresholds and limits, plus the
 // edge's own message size limit.
-v1::GetServerInfoResponse MakeServerInfo(const engine::EngineInfo& info,
-                                         int64_t max_message_bytes);
+v1::GetServerInfoResponse MakeServerInfo(const engine::EngineInfo& info, int64_t max_message_bytes);
 
 }  // namespace mlaserve::service
 

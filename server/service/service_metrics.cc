@@ -10,8 +10,8 @@ namespace {
 // 10 us to 10 s: a decode's queue wait is bounded by max_wait (500 us by default), device
 // time by the batch, and a whole RPC by the client's deadline.
 prometheus::Histogram::BucketBoundaries LatencyBuckets() {
-  return {1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
-          1e-2, 2.5e-2, 5e-2, 0.1,    0.25,   0.5,  1.0,  2.5,    5.0,  10.0};
+  return {1e-5,   2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
+          2.5e-2, 5e-2,   0.1,  0.25, 0.5,    1.0,  2.5,  5.0,    10.0};
 }
 
 prometheus::Histogram::BucketBoundaries BatchSizeBuckets() {
@@ -45,9 +45,8 @@ ServiceMetrics::ServiceMetrics()
       device_modeled_seconds_(
           LatencyHistogram(*registry_, "mlaserve_decode_device_modeled_seconds",
                            "Modelled device time of the batch that ran a decode query")),
-      device_host_seconds_(
-          LatencyHistogram(*registry_, "mlaserve_decode_device_host_seconds",
-                           "Host wall time of the batch that ran a decode query")),
+      device_host_seconds_(LatencyHistogram(*registry_, "mlaserve_decode_device_host_seconds",
+                                            "Host wall time of the batch that ran a decode query")),
       batch_queries_(prometheus::BuildHistogram()
                          .Name("mlaserve_batch_queries")
                          .Help("Queries per device batch")
@@ -58,9 +57,9 @@ ServiceMetrics::ServiceMetrics()
                    .Help("Device batches by device and outcome")
                    .Register(*registry_)),
       groups_(prometheus::BuildCounter()
-                   .Name("mlaserve_batch_groups_total")
-                   .Help("Prefix groups planned, by formulation (the TyphoonMLA decision)")
-                   .Register(*registry_)),
+                  .Name("mlaserve_batch_groups_total")
+                  .Help("Prefix groups planned, by formulation (the TyphoonMLA decision)")
+                  .Register(*registry_)),
       hybrid_groups_(groups_.Add({{"formulation", "hybrid"}})),
       absorb_groups_(groups_.Add({{"formulation", "absorb"}})),
       device_modeled_busy_(prometheus::BuildCounter()
@@ -71,18 +70,16 @@ ServiceMetrics::ServiceMetrics()
 
 void ServiceMetrics::RecordRpc(absl::string_view rpc, absl::StatusCode code,
                                absl::Duration elapsed) {
-  requests_.Add({{"rpc", std::string(rpc)}, {"code", absl::StatusCodeToString(code)}})
-      .Increment();
+  requests_.Add({{"rpc", std::string(rpc)}, {"code", absl::StatusCodeToString(code)}}).Increment();
   request_seconds_.Add({{"rpc", std::string(rpc)}}, LatencyBuckets())
       .Observe(absl::ToDoubleSeconds(elapsed));
 }
 
-void ServiceMetrics::RecordDecodeAnswer(const engine::PlanInfo& plan,
-                                        engine::QuerySpace space) {
+void ServiceMetrics::RecordDecodeAnswer(const engine::PlanInfo& plan, engine::QuerySpace space) {
   decode_queries_
-      .Add({{"space", space == engine::QuerySpace::kHead ? "head" : "latent"},
-            {"formulation",
-             plan.formulation == engine::Formulation::kHybrid ? "hybrid" : "absorb"}})
+      .Add(
+          {{"space", space == engine::QuerySpace::kHead ? "head" : "latent"},
+           {"formulation", plan.formulation == engine::Formulation::kHybrid ? "hybrid" : "absorb"}})
       .Increment();
   queue_seconds_.Observe(plan.queue_us * 1e-6);
   device_modeled_seconds_.Observe(plan.device_modeled_us * 1e-6);
@@ -91,8 +88,7 @@ void ServiceMetrics::RecordDecodeAnswer(const engine::PlanInfo& plan,
 
 void ServiceMetrics::RecordBatch(const engine::BatchReport& report) {
   const std::string device = absl::StrCat(report.device);
-  batches_.Add({{"device", device}, {"outcome", report.status.ok() ? "ok" : "error"}})
-      .Increment();
+  batches_.Add({{"device", device}, {"outcome", report.status.ok() ? "ok" : "error"}}).Increment();
   batch_queries_.Observe(report.queries);
   hybrid_groups_.Increment(report.hybrid_groups);
   absorb_groups_.Increment(report.absorb_groups);

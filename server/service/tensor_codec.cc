@@ -22,9 +22,9 @@ static_assert(std::endian::native == std::endian::little);
 bool Fp16IsFinite(uint16_t bits) { return (bits & 0x7c00u) != 0x7c00u; }
 
 absl::Status NonFinite(absl::string_view field, int64_t index, float value) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      field, ": element ", index, " is ", std::isnan(value) ? "NaN" : "infinite",
-      "; inputs must be finite"));
+  return absl::InvalidArgumentError(absl::StrCat(field, ": element ", index, " is ",
+                                                 std::isnan(value) ? "NaN" : "infinite",
+                                                 "; inputs must be finite"));
 }
 
 template <typename Wire>
@@ -61,8 +61,8 @@ absl::StatusOr<std::vector<Bf16>> ToBf16(v1::DType dtype, const std::string& dat
         if (!std::isfinite(floats[i])) return NonFinite(field, i, floats[i]);
         values[i] = Bf16::FromFloat(floats[i]);
         if (!values[i].IsFinite()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              field, ": element ", i, " (", floats[i], ") overflows bf16"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(field, ": element ", i, " (", floats[i], ") overflows bf16"));
         }
       }
       return values;
@@ -97,15 +97,14 @@ std::string ShapeToString(std::span<const int64_t> shape) {
       "]");
 }
 
-absl::StatusOr<Bf16Tensor> DecodeToBf16(const v1::Tensor& tensor,
-                                        std::span<const int64_t> expected,
+absl::StatusOr<Bf16Tensor> DecodeToBf16(const v1::Tensor& tensor, std::span<const int64_t> expected,
                                         absl::string_view field) {
   const std::size_t element_size = DTypeSize(tensor.dtype());
   if (element_size == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, ": dtype ", v1::DType_Name(tensor.dtype()).empty()
-                               ? absl::StrCat(static_cast<int>(tensor.dtype()))
-                               : v1::DType_Name(tensor.dtype()),
+        field, ": dtype ",
+        v1::DType_Name(tensor.dtype()).empty() ? absl::StrCat(static_cast<int>(tensor.dtype()))
+                                               : v1::DType_Name(tensor.dtype()),
         " is not one of DTYPE_BF16, DTYPE_FP16, DTYPE_FP32"));
   }
   const std::span<const int64_t> shape(tensor.shape().data(), tensor.shape().size());
@@ -114,11 +113,12 @@ absl::StatusOr<Bf16Tensor> DecodeToBf16(const v1::Tensor& tensor,
     shape_ok = expected[i] == kAnyExtent ? shape[i] >= 1 : shape[i] == expected[i];
   }
   if (!shape_ok) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeToString(shape),
-                                                   " != ", ShapeToString(expected)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": shape ", ShapeToString(shape), " != ", ShapeToString(expected)));
   }
   // Every extent is now >= 1; the product must not overflow before it is compared.
-  const int64_t max_elements = std::numeric_limits<int64_t>::max() / static_cast<int64_t>(element_size);
+  const int64_t max_elements =
+      std::numeric_limits<int64_t>::max() / static_cast<int64_t>(element_size);
   int64_t elements = 1;
   for (int64_t extent : shape) {
     if (extent > max_elements / elements) {
@@ -128,9 +128,9 @@ absl::StatusOr<Bf16Tensor> DecodeToBf16(const v1::Tensor& tensor,
     elements *= extent;
   }
   if (static_cast<uint64_t>(elements) * element_size != tensor.data().size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": ", tensor.data().size(), " bytes != ", elements, " elements of ",
-        v1::DType_Name(tensor.dtype()), " (", elements * element_size, " bytes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", tensor.data().size(), " bytes != ", elements, " elements of ",
+                     v1::DType_Name(tensor.dtype()), " (", elements * element_size, " bytes)"));
   }
   absl::StatusOr<std::vector<Bf16>> values = ToBf16(tensor.dtype(), tensor.data(), field);
   if (!values.ok()) return values.status();
@@ -142,32 +142,38 @@ absl::StatusOr<Bf16Data> ViewAsBf16(const v1::Tensor& tensor, int rank, absl::st
   const std::size_t element_size = DTypeSize(tensor.dtype());
   if (element_size == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, ": dtype ", v1::DType_Name(tensor.dtype()).empty() ? absl::StrCat(static_cast<int>(tensor.dtype()))
-                                                                  : v1::DType_Name(tensor.dtype()),
+        field, ": dtype ",
+        v1::DType_Name(tensor.dtype()).empty() ? absl::StrCat(static_cast<int>(tensor.dtype()))
+                                               : v1::DType_Name(tensor.dtype()),
         " is not one of DTYPE_BF16, DTYPE_FP16, DTYPE_FP32"));
   }
   const std::span<const int64_t> shape(tensor.shape().data(), tensor.shape().size());
   if (static_cast<int>(shape.size()) != rank) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": shape ", ShapeToString(shape), " has ", shape.size(), " dimensions, not ", rank));
+    return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeToString(shape), " has ",
+                                                   shape.size(), " dimensions, not ", rank));
   }
-  const int64_t max_elements = std::numeric_limits<int64_t>::max() / static_cast<int64_t>(element_size);
+  const int64_t max_elements =
+      std::numeric_limits<int64_t>::max() / static_cast<int64_t>(element_size);
   int64_t elements = 1;
   for (int64_t extent : shape) {
-    if (extent < 0) return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeToString(shape), " is negative"));
+    if (extent < 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": shape ", ShapeToString(shape), " is negative"));
     if (extent > 0 && elements > max_elements / extent) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeToString(shape), " overflows int64"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": shape ", ShapeToString(shape), " overflows int64"));
     }
     elements *= extent;
   }
   if (static_cast<uint64_t>(elements) * element_size != tensor.data().size()) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": ", tensor.data().size(), " bytes != ", elements,
-                                                   " elements of ", v1::DType_Name(tensor.dtype()), " (",
-                                                   elements * element_size, " bytes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", tensor.data().size(), " bytes != ", elements, " elements of ",
+                     v1::DType_Name(tensor.dtype()), " (", elements * element_size, " bytes)"));
   }
   Bf16Data out{nullptr, std::vector<int64_t>(shape.begin(), shape.end())};
   const std::string& data = tensor.data();
-  if (tensor.dtype() == v1::DTYPE_BF16 && reinterpret_cast<uintptr_t>(data.data()) % alignof(Bf16) == 0) {
+  if (tensor.dtype() == v1::DTYPE_BF16 &&
+      reinterpret_cast<uintptr_t>(data.data()) % alignof(Bf16) == 0) {
     out.data = reinterpret_cast<const Bf16*>(data.data());  // the request's own bytes
     return out;
   }
@@ -194,12 +200,13 @@ absl::StatusOr<Bf16Data> ViewAsBf16(const v1::Tensor& tensor, int rank, absl::st
   return out;
 }
 
-void EncodeValues(const void* values, ElementType type, int64_t count, std::span<const int64_t> shape,
-                  v1::DType dtype, v1::Tensor* out) {
+void EncodeValues(const void* values, ElementType type, int64_t count,
+                  std::span<const int64_t> shape, v1::DType dtype, v1::Tensor* out) {
   if (DTypeSize(dtype) == 0) dtype = v1::DTYPE_FP32;
   if (type == ElementType::kFp32) {
-    EncodeFloats(std::span<const float>(static_cast<const float*>(values), static_cast<size_t>(count)), shape, dtype,
-                 out);
+    EncodeFloats(
+        std::span<const float>(static_cast<const float*>(values), static_cast<size_t>(count)),
+        shape, dtype, out);
     return;
   }
   const auto* bf16 = static_cast<const Bf16*>(values);
@@ -214,8 +221,8 @@ void EncodeValues(const void* values, ElementType type, int64_t count, std::span
   EncodeFloats(wide, shape, dtype, out);
 }
 
-void EncodeFloats(std::span<const float> values, std::span<const int64_t> shape,
-                  v1::DType dtype, v1::Tensor* out) {
+void EncodeFloats(std::span<const float> values, std::span<const int64_t> shape, v1::DType dtype,
+                  v1::Tensor* out) {
   // Callers pass a validated output dtype; anything else is encoded losslessly.
   if (DTypeSize(dtype) == 0) dtype = v1::DTYPE_FP32;
   out->set_dtype(dtype);
@@ -224,7 +231,8 @@ void EncodeFloats(std::span<const float> values, std::span<const int64_t> shape,
   data->resize(values.size() * DTypeSize(dtype));
   switch (dtype) {
     case v1::DTYPE_BF16:
-      NarrowToBf16(values.data(), static_cast<int64_t>(values.size()), reinterpret_cast<Bf16*>(data->data()));
+      NarrowToBf16(values.data(), static_cast<int64_t>(values.size()),
+                   reinterpret_cast<Bf16*>(data->data()));
       return;
     case v1::DTYPE_FP16:
       for (std::size_t i = 0; i < values.size(); ++i) {

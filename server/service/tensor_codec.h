@@ -35,8 +35,7 @@ struct Bf16Tensor {
 // (round to nearest even) and refuses NaN and infinities, including fp32 values too large
 // for bf16. Every error is INVALID_ARGUMENT and starts with `field`, e.g.
 //   queries[3].head.q_nope: shape [1,128,64] != [1,128,128]
-absl::StatusOr<Bf16Tensor> DecodeToBf16(const v1::Tensor& tensor,
-                                        std::span<const int64_t> expected,
+absl::StatusOr<Bf16Tensor> DecodeToBf16(const v1::Tensor& tensor, std::span<const int64_t> expected,
                                         absl::string_view field);
 
 // A wire tensor's dtype and byte length checked against its own shape, and its values as
@@ -54,13 +53,13 @@ absl::StatusOr<Bf16Data> ViewAsBf16(const v1::Tensor& tensor, int rank, absl::st
 
 // Writes `count` values, bf16 or fp32, into `out` as `dtype` (BF16, FP16 or FP32; narrowing
 // rounds to nearest even; bf16 to BF16 and fp32 to FP32 are plain copies) with `shape`.
-void EncodeValues(const void* values, ElementType type, int64_t count, std::span<const int64_t> shape,
-                  v1::DType dtype, v1::Tensor* out);
+void EncodeValues(const void* values, ElementType type, int64_t count,
+                  std::span<const int64_t> shape, v1::DType dtype, v1::Tensor* out);
 
 // Writes fp32 values into `out` as `dtype` (BF16, FP16 or FP32; bf16 and fp16 round to
 // nearest even) with the given shape, whose product must be values.size().
-void EncodeFloats(std::span<const float> values, std::span<const int64_t> shape,
-                  v1::DType dtype, v1::Tensor* out);
+void EncodeFloats(std::span<const float> values, std::span<const int64_t> shape, v1::DType dtype,
+                  v1::Tensor* out);
 
 // "[1,128,64]"; kAnyExtent prints as "n".
 std::string ShapeToString(std::span<const int64_t> shape);

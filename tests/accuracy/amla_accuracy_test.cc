@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "kernels/mla/amla.h"
 #include "kernels/mla/accuracy_protocol.h"
+#include "kernels/mla/amla.h"
 #include "kernels/mla/flash_base.h"
 
 namespace mlaserve {
@@ -20,7 +20,8 @@ TEST_P(AmlaAccuracyTest, AmlaErrorWithinFivePercentOfBase) {
       {"amla", [](const LatentDecodeProblem& p) { return AmlaDecode(p); }},
   };
   // Two fresh seeds per case (the benchmark runs the full five).
-  auto errors = MeasureAccuracy(GetParam(), /*seeds=*/2, kernels, AccuracyShape{}, /*base_seed=*/77);
+  auto errors =
+      MeasureAccuracy(GetParam(), /*seeds=*/2, kernels, AccuracyShape{}, /*base_seed=*/77);
   ASSERT_TRUE(errors.ok()) << errors.status();
   const double base = (*errors)[0], amla = (*errors)[1];
   EXPECT_GT(base, 0.0);

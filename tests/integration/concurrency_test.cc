@@ -29,7 +29,9 @@ TEST(ConcurrencyTest, ClientsInterleavingAppendsAndDecodesEachGetTheirOwnAnswers
       std::unique_ptr<client::MlaServeClient> client = server.NewClient();
       Rng rng(seed + c);
       const std::string id = absl::StrCat("client-", c);
-      auto fail = [&](const std::string& what) { if (failures[c].empty()) failures[c] = what; };
+      auto fail = [&](const std::string& what) {
+        if (failures[c].empty()) failures[c] = what;
+      };
       if (!client->CreateSequence(id).ok()) return fail("create");
       std::vector<Bf16> rows = RandomBf16(static_cast<size_t>(3 + c) * width, 1.0, rng);
       if (!client->AppendKv(id, 1, 0, Tensor2(rows, 3 + c, width)).ok()) return fail("prompt");
@@ -40,7 +42,8 @@ TEST(ConcurrencyTest, ClientsInterleavingAppendsAndDecodesEachGetTheirOwnAnswers
         const int64_t position = static_cast<int64_t>(rows.size() / width);
         // Even steps append through AppendKv, odd ones through the Decode itself.
         if (step % 2 == 0) {
-          if (!client->AppendKv(id, 1, position, Tensor2(token, 1, width)).ok()) return fail("append");
+          if (!client->AppendKv(id, 1, position, Tensor2(token, 1, width)).ok())
+            return fail("append");
         } else {
           client::AppendBeforeDecode(query, Tensor2(token, 1, width), position);
         }
@@ -49,8 +52,10 @@ TEST(ConcurrencyTest, ClientsInterleavingAppendsAndDecodesEachGetTheirOwnAnswers
         if (!answer.ok()) return fail(absl::StrCat("decode: ", answer.status().ToString()));
         const GoldenOutput golden = GoldenLatent(model, rows, q, 1);
         const auto out = testing::AllClose((*answer)[0].out, golden.out, kLatentOutTolerance, true);
-        const auto lse = testing::AllClose((*answer)[0].lse, golden.lse, kLatentLseTolerance, false);
-        if (!out || !lse) return fail(absl::StrCat("step ", step, ": ", out.message(), lse.message()));
+        const auto lse =
+            testing::AllClose((*answer)[0].lse, golden.lse, kLatentLseTolerance, false);
+        if (!out || !lse)
+          return fail(absl::StrCat("step ", step, ": ", out.message(), lse.message()));
       }
       auto sequence = client->GetSequence(id);
       if (!sequence.ok() || sequence->layer_lengths(1) != 3 + c + kSteps) return fail("length");

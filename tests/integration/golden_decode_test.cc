@@ -35,13 +35,14 @@ std::vector<v1::DecodePlan> DecodeAndCheck(IntegrationServer& server, const std:
   if (prefix_tokens > 0) {
     const std::vector<Bf16> latent =
         RandomBf16(static_cast<size_t>(model.layers) * prefix_tokens * width, 1.0, rng);
-    EXPECT_TRUE(client.RegisterPrefix(prefix_id, "",
-                                      Tensor3(latent, model.layers, prefix_tokens, width))
-                    .ok());
+    EXPECT_TRUE(
+        client.RegisterPrefix(prefix_id, "", Tensor3(latent, model.layers, prefix_tokens, width))
+            .ok());
     prefix_rows.assign(latent.begin() + static_cast<ptrdiff_t>(layer) * prefix_tokens * width,
                        latent.begin() + static_cast<ptrdiff_t>(layer + 1) * prefix_tokens * width);
   }
-  absl::StatusOr<engine::ModelWeights> weights = engine::ModelWeights::FromSeed(model, kWeightsSeed);
+  absl::StatusOr<engine::ModelWeights> weights =
+      engine::ModelWeights::FromSeed(model, kWeightsSeed);
   EXPECT_TRUE(weights.ok()) << weights.status();
 
   std::vector<v1::DecodeQuery> queries;
@@ -49,14 +50,17 @@ std::vector<v1::DecodePlan> DecodeAndCheck(IntegrationServer& server, const std:
   for (const SequenceSpec& spec : specs) {
     const std::string id = absl::StrCat(tag, "/", spec.id);
     EXPECT_TRUE(client.CreateSequence(id, prefix_id).ok());
-    const std::vector<Bf16> suffix = RandomBf16(static_cast<size_t>(spec.suffix_tokens) * width, 1.0, rng);
-    EXPECT_TRUE(client.AppendKv(id, layer, prefix_tokens, Tensor2(suffix, spec.suffix_tokens, width)).ok());
+    const std::vector<Bf16> suffix =
+        RandomBf16(static_cast<size_t>(spec.suffix_tokens) * width, 1.0, rng);
+    EXPECT_TRUE(
+        client.AppendKv(id, layer, prefix_tokens, Tensor2(suffix, spec.suffix_tokens, width)).ok());
     std::vector<Bf16> rows = prefix_rows;
     rows.insert(rows.end(), suffix.begin(), suffix.end());
     const size_t token_heads = static_cast<size_t>(spec.sq) * model.heads;
     if (space == engine::QuerySpace::kLatent) {
       const std::vector<Bf16> q = RandomBf16(token_heads * width, 1.0, rng);
-      queries.push_back(client::LatentQuery(id, layer, spec.sq, Tensor3(q, spec.sq, model.heads, width)));
+      queries.push_back(
+          client::LatentQuery(id, layer, spec.sq, Tensor3(q, spec.sq, model.heads, width)));
       goldens.push_back(GoldenLatent(model, rows, q, spec.sq));
     } else {
       const std::vector<Bf16> q_nope = RandomBf16(token_heads * model.dn, 1.0, rng);
@@ -107,9 +111,9 @@ TEST(GoldenDecodeTest, ASharedPrefixBelowTheThresholdRunsAbsorbOnly) {
   Rng rng(std::random_device{}());
   const std::vector<SequenceSpec> specs{{"x", 5, 1}, {"y", 40, 1}, {"z", 1, 2}};
   for (engine::QuerySpace space : {engine::QuerySpace::kHead, engine::QuerySpace::kLatent}) {
-    const std::vector<v1::DecodePlan> plans = DecodeAndCheck(
-        server, space == engine::QuerySpace::kHead ? "below/head" : "below/latent", 70, specs,
-        space, 1, rng);
+    const std::vector<v1::DecodePlan> plans =
+        DecodeAndCheck(server, space == engine::QuerySpace::kHead ? "below/head" : "below/latent",
+                       70, specs, space, 1, rng);
     for (const v1::DecodePlan& plan : plans) {
       EXPECT_EQ(plan.formulation(), v1::FORMULATION_ABSORB);
       if (space == engine::QuerySpace::kHead) {

@@ -29,8 +29,7 @@ engine::EngineOptions SmallEngineOptions(const engine::ModelConfig& model);
 // and SERVING, with a client connected to it.
 class IntegrationServer {
  public:
-  explicit IntegrationServer(engine::EngineOptions options,
-                             std::string metrics_address = "");
+  explicit IntegrationServer(engine::EngineOptions options, std::string metrics_address = "");
   ~IntegrationServer();
 
   service::MlaServer& server() { return *server_; }

@@ -57,9 +57,8 @@ TEST(LifecycleTest, ServingHealthAndMetricsAfterWarmUp) {
   EXPECT_EQ(*testing::CheckHealth(channel, ""), testing::ServingStatus::kServing);
   Rng rng(std::random_device{}());
   ASSERT_TRUE(server.client().CreateSequence("s").ok());
-  ASSERT_TRUE(server.client()
-                  .AppendKv("s", 0, 0, Tensor2(RandomBf16(40 * 576, 1.0, rng), 40, 576))
-                  .ok());
+  ASSERT_TRUE(
+      server.client().AppendKv("s", 0, 0, Tensor2(RandomBf16(40 * 576, 1.0, rng), 40, 576)).ok());
   ASSERT_TRUE(server.client().Decode({LatentOn("s", server.model(), rng)}).ok());
   ASSERT_GT(server.server().metrics_port(), 0);
   const std::string metrics = Scrape(server.server().metrics_port());
@@ -105,9 +104,8 @@ TEST(LifecycleTest, ACancelledStreamIsAbandonedAndTheServerGoesOn) {
   IntegrationServer server(options);
   Rng rng(std::random_device{}());
   ASSERT_TRUE(server.client().CreateSequence("s").ok());
-  ASSERT_TRUE(server.client()
-                  .AppendKv("s", 0, 0, Tensor2(RandomBf16(8 * 576, 1.0, rng), 8, 576))
-                  .ok());
+  ASSERT_TRUE(
+      server.client().AppendKv("s", 0, 0, Tensor2(RandomBf16(8 * 576, 1.0, rng), 8, 576)).ok());
   auto stream = server.client().OpenDecodeStream(absl::Seconds(10));
   v1::DecodeRequest request;
   *request.add_queries() = LatentOn("s", server.model(), rng);
@@ -132,9 +130,8 @@ TEST(LifecycleTest, ShutdownLetsInFlightCallsFinishThenRefusesNewOnes) {
   IntegrationServer server(options);
   Rng rng(std::random_device{}());
   ASSERT_TRUE(server.client().CreateSequence("s").ok());
-  ASSERT_TRUE(server.client()
-                  .AppendKv("s", 0, 0, Tensor2(RandomBf16(8 * 576, 1.0, rng), 8, 576))
-                  .ok());
+  ASSERT_TRUE(
+      server.client().AppendKv("s", 0, 0, Tensor2(RandomBf16(8 * 576, 1.0, rng), 8, 576)).ok());
   const v1::DecodeQuery query = LatentOn("s", server.model(), rng);
   auto in_flight = std::async(std::launch::async, [&] { return server.client().Decode({query}); });
   absl::SleepFor(absl::Milliseconds(50));  // queued, waiting for its batch to fill

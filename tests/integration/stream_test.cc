@@ -42,9 +42,10 @@ TEST(StreamTest, ManyRequestsOnOneStreamEachAnsweredByIdWithErrorsInBand) {
     }
     if (round == 1) {
       v1::DecodeRequest bad;
-      *bad.add_queries() = client::LatentQuery("no-such-sequence", 1, 1,
-                                               Tensor3(RandomBf16(static_cast<size_t>(model.heads) * width, 1.0, rng),
-                                                       1, model.heads, width));
+      *bad.add_queries() = client::LatentQuery(
+          "no-such-sequence", 1, 1,
+          Tensor3(RandomBf16(static_cast<size_t>(model.heads) * width, 1.0, rng), 1, model.heads,
+                  width));
       ASSERT_TRUE(stream->Send(kBadId, bad));
     }
   }

@@ -36,7 +36,8 @@ class WireErrorsTest : public ::testing::Test {
                          : std::vector<int32_t>{};
   }
   v1::DecodeQuery Latent(const std::string& id) {
-    return client::LatentQuery(id, 0, 1, Tensor3(RandomBf16(16 * kWidth, 1.0, rng_), 1, 16, kWidth));
+    return client::LatentQuery(id, 0, 1,
+                               Tensor3(RandomBf16(16 * kWidth, 1.0, rng_), 1, 16, kWidth));
   }
 
   static constexpr int kWidth = 576;
@@ -59,7 +60,9 @@ TEST_F(WireErrorsTest, MalformedDecodesAreInvalidAndAppendNothing) {
        },
        "queries: 65 queries exceed limits.max_batch = 64"},
       {"wrong dtype",
-       [](v1::DecodeRequest& r) { r.mutable_queries(0)->mutable_latent()->set_dtype(static_cast<v1::DType>(4)); },
+       [](v1::DecodeRequest& r) {
+         r.mutable_queries(0)->mutable_latent()->set_dtype(static_cast<v1::DType>(4));
+       },
        "queries[0].latent: dtype"},
       {"wrong shape",
        [](v1::DecodeRequest& r) {
@@ -67,7 +70,10 @@ TEST_F(WireErrorsTest, MalformedDecodesAreInvalidAndAppendNothing) {
          r.mutable_queries(0)->mutable_latent()->set_shape(1, 8);
        },
        "queries[0].latent: shape [2,8,576] != [1,16,576]"},
-      {"wrong rank", [](v1::DecodeRequest& r) { r.mutable_queries(0)->mutable_latent()->mutable_shape()->RemoveLast(); },
+      {"wrong rank",
+       [](v1::DecodeRequest& r) {
+         r.mutable_queries(0)->mutable_latent()->mutable_shape()->RemoveLast();
+       },
        "queries[0].latent: shape [1,16] has 2 dimensions, not 3"},
       {"NaN in q",
        [](v1::DecodeRequest& r) {
@@ -76,13 +82,18 @@ TEST_F(WireErrorsTest, MalformedDecodesAreInvalidAndAppendNothing) {
          data[11] = static_cast<char>(0xff);
        },
        "queries[0].latent: element 5 is NaN"},
-      {"append without position", [](v1::DecodeRequest& r) { r.mutable_queries(0)->clear_append_position(); },
+      {"append without position",
+       [](v1::DecodeRequest& r) { r.mutable_queries(0)->clear_append_position(); },
        "queries[0].append_position: missing"},
-      {"position without append", [](v1::DecodeRequest& r) { r.mutable_queries(0)->clear_append_rows(); },
+      {"position without append",
+       [](v1::DecodeRequest& r) { r.mutable_queries(0)->clear_append_rows(); },
        "queries[0].append_rows: missing"},
       {"duplicate", [this](v1::DecodeRequest& r) { *r.add_queries() = Latent("s"); },
        "queries[1]: sequence 's' layer 0 appears twice"},
-      {"byte length", [](v1::DecodeRequest& r) { r.mutable_queries(0)->mutable_latent()->mutable_data()->resize(100); },
+      {"byte length",
+       [](v1::DecodeRequest& r) {
+         r.mutable_queries(0)->mutable_latent()->mutable_data()->resize(100);
+       },
        "queries[0].latent: 100 bytes != 9216 elements"},
       {"infinity in q",
        [](v1::DecodeRequest& r) {

@@ -45,8 +45,7 @@ namespace mlaserve::testing {
   if (tol.cos_tol > 0.0 && norms > 0.0) {
     const double cos_diff = 1.0 - 2.0 * dot / norms;
     if (cos_diff > tol.cos_tol) {
-      return ::testing::AssertionFailure()
-             << "cos_diff " << cos_diff << " exceeds " << tol.cos_tol;
+      return ::testing::AssertionFailure() << "cos_diff " << cos_diff << " exceeds " << tol.cos_tol;
     }
   }
   return ::testing::AssertionSuccess();

@@ -23,9 +23,10 @@ UpProjection BatchScenario::Weights() const {
   const std::array<int64_t, 3> strides = {int64_t{kDn + kDv} * kDl, kDl, 1};
   const auto capacity = static_cast<size_t>(kv_b_.size());
   return UpProjection{
-      *TensorView<const Bf16, 3>::CreateStrided(kv_b_.data(), capacity, {H, kDn, kDl}, strides, "w_uk"),
-      *TensorView<const Bf16, 3>::CreateStrided(kv_b_.data() + int64_t{kDn} * kDl, capacity - kDn * kDl,
-                                                {H, kDv, kDl}, strides, "w_uv")};
+      *TensorView<const Bf16, 3>::CreateStrided(kv_b_.data(), capacity, {H, kDn, kDl}, strides,
+                                                "w_uk"),
+      *TensorView<const Bf16, 3>::CreateStrided(
+          kv_b_.data() + int64_t{kDn} * kDl, capacity - kDn * kDl, {H, kDv, kDl}, strides, "w_uv")};
 }
 
 std::unique_ptr<BatchScenario> BatchScenario::Make(const BatchScenarioSpec& spec, uint64_t seed) {
@@ -107,7 +108,8 @@ std::unique_ptr<BatchScenario> BatchScenario::Make(const BatchScenarioSpec& spec
         const int32_t page = order[next_page++];
         table.push_back(page);
         const int64_t n = std::min<int64_t>(spec.page_size, tokens - t0);
-        std::copy_n(seq.begin() + t0 * dk, n * dk, s->pool_.begin() + int64_t{page} * spec.page_size * dk);
+        std::copy_n(seq.begin() + t0 * dk, n * dk,
+                    s->pool_.begin() + int64_t{page} * spec.page_size * dk);
       }
       s->pages_[g].push_back(std::move(table));
       const int64_t q_rows = int64_t{group.sq} * H;
@@ -148,7 +150,8 @@ std::unique_ptr<BatchScenario> BatchScenario::Make(const BatchScenarioSpec& spec
       for (int p : chain(group.prefix)) {
         auto it = spec.shared_passes ? shared_pass.find(p) : shared_pass.end();
         if (it == shared_pass.end()) {
-          b.passes.push_back({s->level_keys_[p].data(), s->level_values_[p].data(), begin[p], end[p], {}});
+          b.passes.push_back(
+              {s->level_keys_[p].data(), s->level_values_[p].data(), begin[p], end[p], {}});
           it = shared_pass.insert_or_assign(p, static_cast<int>(b.passes.size()) - 1).first;
         }
         b.passes[it->second].groups.push_back(static_cast<int>(g));
@@ -170,17 +173,21 @@ GoldenOutput BatchScenario::Golden(int g, int m) const {
       std::span<const Bf16>(pool_), {batch_.pool_pages, spec_.page_size, dk}, "pool")};
   const std::vector<int32_t>& table = pages_[g][m];
   const int32_t seqlen = member.length;
-  const PagedSequences seqs{*TensorView<const int32_t, 2>::Create(
-                                std::span<const int32_t>(table), {1, static_cast<int64_t>(table.size())}),
-                            std::span<const int32_t>(&seqlen, 1)};
+  const PagedSequences seqs{
+      *TensorView<const int32_t, 2>::Create(std::span<const int32_t>(table),
+                                            {1, static_cast<int64_t>(table.size())}),
+      std::span<const int32_t>(&seqlen, 1)};
   const float scale = batch_.dims.softmax_scale;
   if (!group.head_space) {
-    auto q = *TensorView<const Bf16, 4>::Create(std::span<const Bf16>(queries_[g][m]), {1, group.sq, H, dk});
+    auto q = *TensorView<const Bf16, 4>::Create(std::span<const Bf16>(queries_[g][m]),
+                                                {1, group.sq, H, dk});
     return *GoldenLatentDecode({q, cache, seqs, kDl, scale, true});
   }
   const HeadSpaceDecodeProblem p{
-      *TensorView<const Bf16, 4>::Create(std::span<const Bf16>(queries_[g][m]), {1, group.sq, H, kDn}),
-      *TensorView<const Bf16, 4>::Create(std::span<const Bf16>(rope_queries_[g][m]), {1, group.sq, H, kDr}),
+      *TensorView<const Bf16, 4>::Create(std::span<const Bf16>(queries_[g][m]),
+                                         {1, group.sq, H, kDn}),
+      *TensorView<const Bf16, 4>::Create(std::span<const Bf16>(rope_queries_[g][m]),
+                                         {1, group.sq, H, kDr}),
       Weights(),
       cache,
       seqs,
@@ -199,7 +206,8 @@ std::vector<NamedScenario> StandardBatchScenarios() {
   }
   {
     Spec s;
-    s.groups = {{.head_space = true, .sq = 2, .prefix = -1, .own_tokens = {2, 513, 64}, .out_bf16 = true}};
+    s.groups = {
+        {.head_space = true, .sq = 2, .prefix = -1, .own_tokens = {2, 513, 64}, .out_bf16 = true}};
     all.push_back({"AbsorbHeadMtpBf16", s});
   }
   {
@@ -211,14 +219,20 @@ std::vector<NamedScenario> StandardBatchScenarios() {
   {
     Spec s;
     s.prefixes = {{-1, 700}};
-    s.groups = {{.head_space = true, .sq = 1, .prefix = 0, .own_tokens = {3, 129, 40}, .hybrid = true}};
+    s.groups = {
+        {.head_space = true, .sq = 1, .prefix = 0, .own_tokens = {3, 129, 40}, .hybrid = true}};
     all.push_back({"HybridOneLevel", s});
   }
   Spec tree;
   tree.prefixes = {{-1, 600}, {0, 200}, {0, 300}};
   tree.groups = {{.head_space = true, .sq = 1, .prefix = 1, .own_tokens = {5, 60}, .hybrid = true},
                  {.head_space = true, .sq = 1, .prefix = 2, .own_tokens = {1, 300}, .hybrid = true},
-                 {.head_space = true, .sq = 1, .prefix = 0, .own_tokens = {20}, .hybrid = true, .out_bf16 = true}};
+                 {.head_space = true,
+                  .sq = 1,
+                  .prefix = 0,
+                  .own_tokens = {20},
+                  .hybrid = true,
+                  .out_bf16 = true}};
   all.push_back({"HybridTreeShared", tree});
   tree.shared_passes = false;
   all.push_back({"HybridTreeFlat", tree});
@@ -233,16 +247,22 @@ std::vector<NamedScenario> StandardBatchScenarios() {
     s.parallel_units = 24;
     s.heads = 4;
     s.prefixes = {{-1, 2600}};
-    s.groups = {{.head_space = true, .sq = 2, .prefix = 0, .own_tokens = {700}, .hybrid = true, .out_bf16 = true}};
+    s.groups = {{.head_space = true,
+                 .sq = 2,
+                 .prefix = 0,
+                 .own_tokens = {700},
+                 .hybrid = true,
+                 .out_bf16 = true}};
     all.push_back({"SplitNaiveAndLatentMtp", s});
   }
   {
     Spec s;
     s.parallel_units = 4;
     s.prefixes = {{-1, 300}};
-    s.groups = {{.head_space = false, .sq = 1, .prefix = 0, .own_tokens = {9, 1100}},
-                {.head_space = true, .sq = 1, .prefix = 0, .own_tokens = {4, 77}, .hybrid = true},
-                {.head_space = true, .sq = 2, .prefix = -1, .own_tokens = {1500}, .out_bf16 = true}};
+    s.groups = {
+        {.head_space = false, .sq = 1, .prefix = 0, .own_tokens = {9, 1100}},
+        {.head_space = true, .sq = 1, .prefix = 0, .own_tokens = {4, 77}, .hybrid = true},
+        {.head_space = true, .sq = 2, .prefix = -1, .own_tokens = {1500}, .out_bf16 = true}};
     all.push_back({"Mixed", s});
   }
   return all;

@@ -57,8 +57,8 @@ class BatchScenario {
 
   BatchScenarioSpec spec_;
   DecodeBatch batch_;
-  std::vector<Bf16> kv_b_;  // [heads][dn + dv][dl]
-  std::vector<Bf16> pool_;  // [pages][page_size][dk]
+  std::vector<Bf16> kv_b_;                                    // [heads][dn + dv][dl]
+  std::vector<Bf16> pool_;                                    // [pages][page_size][dk]
   std::vector<std::vector<std::vector<int32_t>>> pages_;      // [group][member]
   std::vector<std::vector<std::vector<Bf16>>> queries_;       // [group][member]: q_nope | q_latent
   std::vector<std::vector<std::vector<Bf16>>> rope_queries_;  // [group][member]: q_pe

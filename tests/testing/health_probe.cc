@@ -27,21 +27,22 @@ absl::StatusOr<ServingStatus> CheckHealth(const std::shared_ptr<grpc::Channel>& 
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   grpc::GenericStub stub(channel);
   std::promise<grpc::Status> done;
-  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
-                 &response, [&done](grpc::Status status) { done.set_value(status); });
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&done](grpc::Status status) { done.set_value(status); });
   const grpc::Status status = done.get_future().get();
   if (!status.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                        status.error_message());
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
   }
   std::vector<grpc::Slice> slices;
   if (!response.Dump(&slices).ok()) return absl::InternalError("unreadable health response");
   std::string bytes;
-  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   // HealthCheckResponse { ServingStatus status = 1; }: tag 0x08, a one-byte varint; an
   // absent field is UNKNOWN (0).
   if (bytes.empty()) return ServingStatus::kUnknown;
-  if (bytes.size() != 2 || bytes[0] != 0x08) return absl::InternalError("unexpected health response");
+  if (bytes.size() != 2 || bytes[0] != 0x08)
+    return absl::InternalError("unexpected health response");
   return static_cast<ServingStatus>(bytes[1]);
 }
 

@@ -63,8 +63,8 @@ LatentDecodeProblem RandomPagedBatch::Latent(int dv, float scale, bool causal) c
       causal};
 }
 
-RandomHeadSpaceBatch MakeRandomHeadSpaceBatch(const PagedBatchSpec& spec, Rng& rng, int dn,
-                                              int dr, int dv) {
+RandomHeadSpaceBatch MakeRandomHeadSpaceBatch(const PagedBatchSpec& spec, Rng& rng, int dn, int dr,
+                                              int dv) {
   RandomHeadSpaceBatch b;
   b.dn = dn;
   b.dr = dr;

@@ -29,9 +29,9 @@ struct RandomPagedBatch {
   PagedBatchSpec spec;
   int max_pages = 0;
   int num_pages = 0;
-  std::vector<Bf16> q;                 // [batch][sq][heads][dk]
-  std::vector<Bf16> pages;             // [num_pages][page_size][dk]
-  std::vector<int32_t> block_table;    // [batch][max_pages]
+  std::vector<Bf16> q;               // [batch][sq][heads][dk]
+  std::vector<Bf16> pages;           // [num_pages][page_size][dk]
+  std::vector<int32_t> block_table;  // [batch][max_pages]
 
   int batch() const { return static_cast<int>(spec.seqlens.size()); }
   LatentDecodeProblem Latent(int dv, float scale, bool causal = true) const;

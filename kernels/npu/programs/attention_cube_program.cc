@@ -5,8 +5,8 @@
 #include <memory>
 #include <variant>
 
-#include "kernels/core/bfloat16.h"
 #include "common/status_macros.h"
+#include "kernels/core/bfloat16.h"
 #include "kernels/core/tiling.h"
 #include "kernels/npu/programs/attention_device_kernel.h"
 #include "kernels/npu/programs/cube_l0_stage.h"
@@ -22,8 +22,8 @@ constexpr int kQStripeDepth = 288;   // an L1 stripe of Q: 128 rows x 288 dims b
 constexpr int kPStripeTokens = 256;  // an L1 stripe of P: 128 rows x 256 keys bf16 = 64 KiB
 constexpr int kKChunkTokens = 128;   // an L1 chunk of K: 128 keys x 288 dims = 72 KiB
 constexpr int64_t kL1SlotBytes = 72 * 1024;
-constexpr int kStripeSlots = 4;      // L1: four buffers for Q/P stripes ...
-constexpr int kChunkSlots = 3;       // ... and three for K/V chunks: 7 x 72 KiB of 512 KiB
+constexpr int kStripeSlots = 4;  // L1: four buffers for Q/P stripes ...
+constexpr int kChunkSlots = 3;   // ... and three for K/V chunks: 7 x 72 KiB of 512 KiB
 
 struct Tile {
   int begin;
@@ -48,7 +48,8 @@ void ReadKeyRows(CoreRecorder& aic, const RowGroup& group, bool values, int toke
       const int page = paged->pages[token / paged->page_size];
       const int row = token % paged->page_size;
       const int run = std::min(paged->page_size - row, count - done);
-      const int64_t first = (static_cast<int64_t>(page) * paged->page_size + row) * paged->width + col0;
+      const int64_t first =
+          (static_cast<int64_t>(page) * paged->page_size + row) * paged->width + col0;
       Payload copy;
       if (execute) {
         const Bf16* base = paged->pool.as<Bf16>() + first;
@@ -70,7 +71,9 @@ void ReadKeyRows(CoreRecorder& aic, const RowGroup& group, bool values, int toke
   Payload copy;
   if (execute) {
     const Bf16* base = matrix.as<Bf16>() + first;
-    copy = [base, ld, count, width, block, dst] { CopyRowsToL1(base, ld, count, width, block, dst, count, 0); };
+    copy = [base, ld, count, width, block, dst] {
+      CopyRowsToL1(base, ld, count, width, block, dst, count, 0);
+    };
   }
   aic.ReadGm(GmRegion::Rows(matrix, first * 2, count, width * 2, ld * 2), std::move(copy), label);
 }
@@ -95,12 +98,15 @@ class CubeProgram {
     const GmBuffer s_slot = ws_.SlotRows(ws_.scores, aic_.block(), slot, kKvBlockTokens * 4);
     const std::vector<Tile> m_tiles = Tiles(g.rows, kTileRows);
     const std::vector<Tile> depth = Tiles(w_.dk, kQStripeDepth);
-    const auto q_slot = LoadStripes(depth, m_tiles, [&](Tile d, Tile m) {
-      const int64_t first = static_cast<int64_t>(m.begin) * w_.dk + d.begin;
-      return std::pair{GmRegion::Rows(g.q, first * 2, m.size, d.size * 2, w_.dk * 2),
-                       std::pair{g.q.as<Bf16>() == nullptr ? nullptr : g.q.as<Bf16>() + first,
-                                 static_cast<int64_t>(w_.dk)}};
-    }, kQkDepthChunk, "Q stripe");
+    const auto q_slot = LoadStripes(
+        depth, m_tiles,
+        [&](Tile d, Tile m) {
+          const int64_t first = static_cast<int64_t>(m.begin) * w_.dk + d.begin;
+          return std::pair{GmRegion::Rows(g.q, first * 2, m.size, d.size * 2, w_.dk * 2),
+                           std::pair{g.q.as<Bf16>() == nullptr ? nullptr : g.q.as<Bf16>() + first,
+                                     static_cast<int64_t>(w_.dk)}};
+        },
+        kQkDepthChunk, "Q stripe");
 
     const std::vector<Tile> n_tiles = Tiles(t.tokens, kKChunkTokens);
     for (size_t nt = 0; nt < n_tiles.size(); ++nt) {
@@ -110,7 +116,8 @@ class CubeProgram {
         const auto [d0, width] = depth[d];
         const int k = l1_.chunks.Acquire();
         Bf16* chunk = l1_.chunks.slot(k).as<Bf16>();
-        ReadKeyRows(aic_, g, /*values=*/false, t.begin + n0, n, d0, width, kQkDepthChunk, chunk, "K chunk");
+        ReadKeyRows(aic_, g, /*values=*/false, t.begin + n0, n, d0, width, kQkDepthChunk, chunk,
+                    "K chunk");
         l1_.chunks.Publish(k);
         l1_.chunks.Consume(k);
         for (size_t mt = 0; mt < m_tiles.size(); ++mt) {
@@ -122,8 +129,8 @@ class CubeProgram {
             const int kk = std::min(kQkDepthChunk, width - k0);
             const int b = k0 / kQkDepthChunk;
             l0_.Multiply(m, n, kk, {L1Block(q, m, kQkDepthChunk, b), m, kk}, "Q tile",
-                         {L1Block(chunk, n, kQkDepthChunk, b), n, kk}, "K tile", /*b_transposed=*/true, c[mt],
-                         d > 0 || k0 > 0, "QK^T");
+                         {L1Block(chunk, n, kQkDepthChunk, b), n, kk}, "K tile",
+                         /*b_transposed=*/true, c[mt], d > 0 || k0 > 0, "QK^T");
           }
           // The last depth half of a row tile: hand its S tile to FIX while the cube goes on.
           if (d + 1 == depth.size()) FlushScores(s_slot, m_tiles[mt], n0, n, c[mt]);
@@ -144,16 +151,21 @@ class CubeProgram {
     const RowGroup& g = w_.groups[t.group];
     const GmBuffer p_slot = ws_.SlotRows(ws_.probs, aic_.block(), slot, kKvBlockTokens * 2);
     const bool amla = options_.algorithm == RescaleAlgorithm::kAmla;
-    const GmBuffer target = amla ? ws_.acc[t.group] : ws_.SlotRows(ws_.partial, aic_.block(), slot, w_.dv * 4);
+    const GmBuffer target =
+        amla ? ws_.acc[t.group] : ws_.SlotRows(ws_.partial, aic_.block(), slot, w_.dv * 4);
     const std::vector<Tile> m_tiles = Tiles(g.rows, kTileRows);
     const std::vector<Tile> halves = Tiles(t.tokens, kPStripeTokens);
     aic_.CrossCoreWaitFlag(AttentionDeviceKernel::kFlagProbsReady);
-    const auto p_slot_of = LoadStripes(halves, m_tiles, [&](Tile h, Tile m) {
-      const int64_t first = static_cast<int64_t>(m.begin) * kKvBlockTokens + h.begin;
-      return std::pair{GmRegion::Rows(p_slot, first * 2, m.size, h.size * 2, kKvBlockTokens * 2),
-                       std::pair{p_slot.as<Bf16>() == nullptr ? nullptr : p_slot.as<Bf16>() + first,
-                                 static_cast<int64_t>(kKvBlockTokens)}};
-    }, kPvDepthChunk, "P stripe");
+    const auto p_slot_of = LoadStripes(
+        halves, m_tiles,
+        [&](Tile h, Tile m) {
+          const int64_t first = static_cast<int64_t>(m.begin) * kKvBlockTokens + h.begin;
+          return std::pair{
+              GmRegion::Rows(p_slot, first * 2, m.size, h.size * 2, kKvBlockTokens * 2),
+              std::pair{p_slot.as<Bf16>() == nullptr ? nullptr : p_slot.as<Bf16>() + first,
+                        static_cast<int64_t>(kKvBlockTokens)}};
+        },
+        kPvDepthChunk, "P stripe");
 
     bool first_write = true;
     const std::vector<Tile> n_tiles = Tiles(w_.dv, kTileCols);
@@ -174,15 +186,16 @@ class CubeProgram {
           const Bf16* p = l1_.stripes.slot(p_slot_of[h][mt]).as<Bf16>();
           for (int j = 0; j < width; j += kPvDepthChunk) {
             const int kk = std::min(kPvDepthChunk, width - j);
-            l0_.Multiply(m, n, kk, {L1Block(p, m, kPvDepthChunk, j / kPvDepthChunk), m, kk}, "P tile",
-                         {chunk + static_cast<int64_t>(j) * n, kk, n}, "V tile", /*b_transposed=*/false, c[mt],
-                         h > 0 || j > 0, "PV");
+            l0_.Multiply(m, n, kk, {L1Block(p, m, kPvDepthChunk, j / kPvDepthChunk), m, kk},
+                         "P tile", {chunk + static_cast<int64_t>(j) * n, kk, n}, "V tile",
+                         /*b_transposed=*/false, c[mt], h > 0 || j > 0, "PV");
           }
           if (h + 1 == halves.size()) {
             if (first_write) {
               // AMLA adds into O only after the AIVs rescaled it for this block; Base reuses
               // a P V slot only after [V2] of the task that last used it.
-              if (amla || index >= ws_.slots) aic_.CrossCoreWaitFlag(AttentionDeviceKernel::kFlagRescaleDone);
+              if (amla || index >= ws_.slots)
+                aic_.CrossCoreWaitFlag(AttentionDeviceKernel::kFlagRescaleDone);
               first_write = false;
             }
             FlushValues(target, m_tiles[mt], n0, n, c[mt], /*add=*/amla && !t.first);
@@ -202,8 +215,9 @@ class CubeProgram {
   // first outer half is the first to be released. `source` gives each stripe's GM region and
   // (host pointer, row stride); a stripe is stored in depth blocks of `block` (CopyRowsToL1).
   template <typename Source>
-  std::vector<std::vector<int>> LoadStripes(const std::vector<Tile>& outer, const std::vector<Tile>& m_tiles,
-                                            Source source, int block, const char* label) {
+  std::vector<std::vector<int>> LoadStripes(const std::vector<Tile>& outer,
+                                            const std::vector<Tile>& m_tiles, Source source,
+                                            int block, const char* label) {
     std::vector<std::vector<int>> slots(outer.size(), std::vector<int>(m_tiles.size()));
     for (size_t o = 0; o < outer.size(); ++o) {
       for (size_t mt = 0; mt < m_tiles.size(); ++mt) {
@@ -212,7 +226,8 @@ class CubeProgram {
         Bf16* dst = l1_.stripes.slot(s).as<Bf16>();
         Payload copy;
         if (aic_.executes()) {
-          copy = [src = host.first, stride = host.second, dst, rows = m_tiles[mt].size, width = outer[o].size,
+          copy = [src = host.first, stride = host.second, dst, rows = m_tiles[mt].size,
+                  width = outer[o].size,
                   block] { CopyRowsToL1(src, stride, rows, width, block, dst, rows, 0); };
         }
         aic_.ReadGm(region, std::move(copy), label);
@@ -228,18 +243,20 @@ class CubeProgram {
     Payload write;
     if (aic_.executes()) {
       write = [acc = l0_.tile(c), dst = s_slot.as<float>() + first, rows = m.size, n] {
-        for (int r = 0; r < rows; ++r) std::memcpy(dst + r * kKvBlockTokens, acc + r * kTileCols, n * sizeof(float));
+        for (int r = 0; r < rows; ++r)
+          std::memcpy(dst + r * kKvBlockTokens, acc + r * kTileCols, n * sizeof(float));
       };
     }
-    l0_.Flush(c, GmRegion::Rows(s_slot, first * 4, m.size, n * 4, kKvBlockTokens * 4), AtomicMode::kNone,
-              std::move(write), "S tile");
+    l0_.Flush(c, GmRegion::Rows(s_slot, first * 4, m.size, n * 4, kKvBlockTokens * 4),
+              AtomicMode::kNone, std::move(write), "S tile");
   }
 
   void FlushValues(const GmBuffer& target, Tile m, int n0, int n, int c, bool add) {
     const int64_t first = static_cast<int64_t>(m.begin) * w_.dv + n0;
     Payload write;
     if (aic_.executes()) {
-      write = [acc = l0_.tile(c), dst = target.as<float>() + first, rows = m.size, n, dv = w_.dv, add] {
+      write = [acc = l0_.tile(c), dst = target.as<float>() + first, rows = m.size, n, dv = w_.dv,
+               add] {
         for (int r = 0; r < rows; ++r) {
           float* row = dst + static_cast<int64_t>(r) * dv;
           const float* src = acc + r * kTileCols;

@@ -6,11 +6,9 @@
 
 namespace mlaserve::npu {
 
-absl::StatusOr<AttentionWorkspace> AllocateAttentionWorkspace(GlobalMemory& gm,
-                                                              const AttentionWorkload& workload,
-                                                              int blocks,
-                                                              const AttentionDeviceKernelOptions& options,
-                                                              bool backed) {
+absl::StatusOr<AttentionWorkspace> AllocateAttentionWorkspace(
+    GlobalMemory& gm, const AttentionWorkload& workload, int blocks,
+    const AttentionDeviceKernelOptions& options, bool backed) {
   AttentionWorkspace ws;
   ws.slots = options.preload + 1;
   const int64_t slot_rows = static_cast<int64_t>(blocks) * ws.slots * kMaxGroupRows;
@@ -33,8 +31,8 @@ absl::StatusOr<AttentionWorkspace> AllocateAttentionWorkspace(GlobalMemory& gm,
     ws.partial = *partial;
   }
   for (const RowGroup& group : workload.groups) {
-    absl::StatusOr<GmBuffer> acc =
-        allocate(static_cast<int64_t>(std::max(group.rows, 1)) * workload.dv * 4, "output accumulator");
+    absl::StatusOr<GmBuffer> acc = allocate(
+        static_cast<int64_t>(std::max(group.rows, 1)) * workload.dv * 4, "output accumulator");
     if (!acc.ok()) return release_on_error(acc.status());
     ws.acc.push_back(*acc);
   }
@@ -49,9 +47,9 @@ void ReleaseAttentionWorkspace(GlobalMemory& gm, const AttentionWorkspace& ws) {
 }
 
 AttentionDeviceKernel::AttentionDeviceKernel(const AttentionWorkload& workload,
-                                 std::vector<std::vector<AttentionTask>> schedule,
-                                 const AttentionWorkspace& workspace,
-                                 AttentionDeviceKernelOptions options)
+                                             std::vector<std::vector<AttentionTask>> schedule,
+                                             const AttentionWorkspace& workspace,
+                                             AttentionDeviceKernelOptions options)
     : workload_(workload),
       schedule_(std::move(schedule)),
       workspace_(workspace),
@@ -75,8 +73,9 @@ absl::Status AttentionDeviceKernel::Record(Program& program) const {
         absl::StrCat("preload = ", options_.preload, " must be 0, 1 or 2"));
   }
   if (workload_.dv > kKvBlockTokens || workload_.dk > 2 * 288) {
-    return absl::InvalidArgumentError(absl::StrCat("dk = ", workload_.dk, ", dv = ", workload_.dv,
-                                                   " exceed the kernel's tiling (dk <= 576, dv <= 512)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("dk = ", workload_.dk, ", dv = ", workload_.dv,
+                     " exceed the kernel's tiling (dk <= 576, dv <= 512)"));
   }
   for (int b = 0; b < BlockDim(); ++b) {
     RETURN_IF_ERROR(RecordCube(program.Cube(b)));

@@ -42,11 +42,9 @@ struct AttentionWorkspace {
   }
 };
 
-absl::StatusOr<AttentionWorkspace> AllocateAttentionWorkspace(GlobalMemory& gm,
-                                                              const AttentionWorkload& workload,
-                                                              int blocks,
-                                                              const AttentionDeviceKernelOptions& options,
-                                                              bool backed);
+absl::StatusOr<AttentionWorkspace> AllocateAttentionWorkspace(
+    GlobalMemory& gm, const AttentionWorkload& workload, int blocks,
+    const AttentionDeviceKernelOptions& options, bool backed);
 void ReleaseAttentionWorkspace(GlobalMemory& gm, const AttentionWorkspace& workspace);
 
 // Decode attention on the emulated NPU, structured as the AMLA paper runs it: tasks of up to
@@ -69,8 +67,8 @@ class AttentionDeviceKernel final : public DeviceKernel {
   static constexpr int kFlagRescaleDone = 4;
 
   AttentionDeviceKernel(const AttentionWorkload& workload,
-                  std::vector<std::vector<AttentionTask>> schedule,
-                  const AttentionWorkspace& workspace, AttentionDeviceKernelOptions options);
+                        std::vector<std::vector<AttentionTask>> schedule,
+                        const AttentionWorkspace& workspace, AttentionDeviceKernelOptions options);
 
   std::string Name() const override;
   int BlockDim() const override { return static_cast<int>(schedule_.size()); }

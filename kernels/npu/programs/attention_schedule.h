@@ -10,11 +10,11 @@ namespace mlaserve::npu {
 // One pass of a row group over one block of up to 512 keys.
 struct AttentionTask {
   int group = 0;
-  int begin = 0;        // first key of the block
-  int tokens = 0;       // keys in the block
-  bool first = false;   // first block of its group
-  bool last = false;    // last block of its group
-  int group_slot = 0;   // alternates between consecutive groups of a core (double buffers)
+  int begin = 0;       // first key of the block
+  int tokens = 0;      // keys in the block
+  bool first = false;  // first block of its group
+  bool last = false;   // last block of its group
+  int group_slot = 0;  // alternates between consecutive groups of a core (double buffers)
 };
 
 // Assigns whole row groups to AIC blocks, longest first onto the least-loaded block (LPT),

@@ -6,25 +6,25 @@
 #include <cstring>
 #include <span>
 
+#include "common/status_macros.h"
 #include "kernels/core/attention_rows.h"
 #include "kernels/core/bfloat16.h"
 #include "kernels/core/block_scores.h"
 #include "kernels/core/fp32_exponent_add.h"
-#include "common/status_macros.h"
 #include "kernels/core/tiling.h"
 #include "kernels/mla/amla.h"
+#include "kernels/mla/flash_base.h"
 #include "kernels/npu/programs/attention_device_kernel.h"
 #include "kernels/npu/programs/slot_ring.h"
-#include "kernels/mla/flash_base.h"
 
 namespace mlaserve::npu {
 namespace {
 
-constexpr int kChunkRows = 16;        // rows per UB pass of [V1], rescale and final
-constexpr int kBaseUpdateRows = 8;    // rows per UB pass of Base's [V2] (O and P V together)
+constexpr int kChunkRows = 16;      // rows per UB pass of [V1], rescale and final
+constexpr int kBaseUpdateRows = 8;  // rows per UB pass of Base's [V2] (O and P V together)
 constexpr int kRowsPerCore = kMaxGroupRows / 2;
 constexpr int kBroadcastLanes = 128;  // AMLA broadcasts each row's delta over 128 int32 lanes
-constexpr int64_t kInSlotBytes = kChunkRows * kKvBlockTokens * 4;               // 32 KiB
+constexpr int64_t kInSlotBytes = kChunkRows * kKvBlockTokens * 4;                    // 32 KiB
 constexpr int64_t kOutSlotBytes = kChunkRows * kKvBlockTokens * 4 + kChunkRows * 4;  // + LSEs
 
 struct VectorBuffers {
@@ -32,10 +32,10 @@ struct VectorBuffers {
   SlotRing out;  // UB -> GM: V -> MTE3, events 0..1
   // Per-row state that lives in UB across a group's tasks, double-buffered by group so a
   // group's final stage can run after the next group's first softmax.
-  AmlaRowState* amla_state;        // [2][kRowsPerCore]
-  FlashBaseRowState* base_state;   // [2][kRowsPerCore]
-  int32_t* delta;                  // [2][kRowsPerCore]: AMLA rescale, by group slot
-  float* alpha;                    // [2][kRowsPerCore]: Base rescale, by task parity
+  AmlaRowState* amla_state;       // [2][kRowsPerCore]
+  FlashBaseRowState* base_state;  // [2][kRowsPerCore]
+  int32_t* delta;                 // [2][kRowsPerCore]: AMLA rescale, by group slot
+  float* alpha;                   // [2][kRowsPerCore]: Base rescale, by task parity
 };
 
 class VectorProgram {
@@ -57,10 +57,12 @@ class VectorProgram {
       const int n = t.tokens;
       const int i = b_.in.Acquire();
       float* scores = b_.in.slot(i).as<float>();
-      aiv_.ReadGm(GmRegion::Rows(s_slot, static_cast<int64_t>(r0) * kKvBlockTokens * 4, rc, n * 4, kKvBlockTokens * 4),
+      aiv_.ReadGm(GmRegion::Rows(s_slot, static_cast<int64_t>(r0) * kKvBlockTokens * 4, rc, n * 4,
+                                 kKvBlockTokens * 4),
                   Maybe([=, src = s_slot.as<float>()] {
                     for (int r = 0; r < rc; ++r) {
-                      std::memcpy(scores + r * kKvBlockTokens, src + static_cast<int64_t>(r0 + r) * kKvBlockTokens,
+                      std::memcpy(scores + r * kKvBlockTokens,
+                                  src + static_cast<int64_t>(r0 + r) * kKvBlockTokens,
                                   n * sizeof(float));
                     }
                   }),
@@ -75,38 +77,45 @@ class VectorProgram {
       const AmlaOptions amla_options = options_.amla;
       const float scale = w_.softmax_scale;
       const int32_t* visible = g.visible.data() + r0;
-      aiv_.Vector({{VecClass::kUnary, e},    // scale
-                   {VecClass::kUnary, e},    // mask (select against -inf)
-                   {VecClass::kReduce, e},   // row max
-                   {VecClass::kBinary, e},   // subtract the max
-                   {VecClass::kExp, e},      // exp
-                   {VecClass::kReduce, e},   // row sum
-                   {VecClass::kBinary, e},   // AMLA: * S16 / Base: identity
-                   {VecClass::kUnary, e},    // cast to bf16
-                   {VecClass::kUnary, rc}, {VecClass::kUnary, rc}, {VecClass::kExp, rc},
-                   {VecClass::kUnary, rc}, {VecClass::kDiv, rc}, {VecClass::kUnary, rc}},
-                  Maybe([=, st = b_.amla_state, bs = b_.base_state, delta = b_.delta, alpha = b_.alpha,
-                         first = t.first, begin = t.begin] {
+      aiv_.Vector({{VecClass::kUnary, e},   // scale
+                   {VecClass::kUnary, e},   // mask (select against -inf)
+                   {VecClass::kReduce, e},  // row max
+                   {VecClass::kBinary, e},  // subtract the max
+                   {VecClass::kExp, e},     // exp
+                   {VecClass::kReduce, e},  // row sum
+                   {VecClass::kBinary, e},  // AMLA: * S16 / Base: identity
+                   {VecClass::kUnary, e},   // cast to bf16
+                   {VecClass::kUnary, rc},
+                   {VecClass::kUnary, rc},
+                   {VecClass::kExp, rc},
+                   {VecClass::kUnary, rc},
+                   {VecClass::kDiv, rc},
+                   {VecClass::kUnary, rc}},
+                  Maybe([=, st = b_.amla_state, bs = b_.base_state, delta = b_.delta,
+                         alpha = b_.alpha, first = t.first, begin = t.begin] {
                     const QueryRows rows{nullptr, 0, rc, 0, std::span<const int32_t>(visible, rc)};
                     ScaleAndMaskScores(rows, begin, n, scale, scores, kKvBlockTokens);
                     for (int r = 0; r < rc; ++r) {
                       float* row = scores + r * kKvBlockTokens;
                       if (amla) {
                         if (first) st[state_base + r] = AmlaRowState{};
-                        delta[state_base + r] = AmlaSoftmaxStep(row, n, amla_options, st[state_base + r]);
+                        delta[state_base + r] =
+                            AmlaSoftmaxStep(row, n, amla_options, st[state_base + r]);
                       } else {
                         if (first) bs[state_base + r] = FlashBaseRowState{};
                         alpha[alpha_base + r] = FlashBaseSoftmaxStep(row, n, bs[state_base + r]);
                       }
-                      for (int j = 0; j < n; ++j) probs[r * kKvBlockTokens + j] = Bf16::FromFloat(row[j]);
+                      for (int j = 0; j < n; ++j)
+                        probs[r * kKvBlockTokens + j] = Bf16::FromFloat(row[j]);
                     }
                   }),
                   "softmax");
       b_.in.Release(i);
       b_.out.Publish(o);
       b_.out.Consume(o);
-      aiv_.WriteGm(GmRegion::Rows(p_slot, static_cast<int64_t>(r0) * kKvBlockTokens * 2, rc, n * 2, kKvBlockTokens * 2), AtomicMode::kNone,
-                   Maybe([=, dst = p_slot.as<Bf16>()] {
+      aiv_.WriteGm(GmRegion::Rows(p_slot, static_cast<int64_t>(r0) * kKvBlockTokens * 2, rc, n * 2,
+                                  kKvBlockTokens * 2),
+                   AtomicMode::kNone, Maybe([=, dst = p_slot.as<Bf16>()] {
                      for (int r = 0; r < rc; ++r) {
                        std::memcpy(dst + static_cast<int64_t>(r0 + r) * kKvBlockTokens,
                                    probs + r * kKvBlockTokens, n * sizeof(Bf16));
@@ -130,15 +139,17 @@ class VectorProgram {
       const int state_base = t.group_slot * kRowsPerCore + (r0 - lo);
       aiv_.Vector({{VecClass::kUnary, static_cast<int64_t>(rc) * kBroadcastLanes}},  // Brcb
                   Maybe([=, delta = b_.delta] {
-                    for (int r = 0; r < rc; ++r) std::fill_n(lanes + r * kBroadcastLanes, kBroadcastLanes, delta[state_base + r]);
+                    for (int r = 0; r < rc; ++r)
+                      std::fill_n(lanes + r * kBroadcastLanes, kBroadcastLanes,
+                                  delta[state_base + r]);
                   }),
                   "broadcast delta");
       b_.out.Publish(o);
       b_.out.Consume(o);
       const int dv = w_.dv;
-      aiv_.WriteGm(GmRegion::Whole(acc.Slice(static_cast<int64_t>(r0) * dv * 4, static_cast<int64_t>(rc) * dv * 4)),
-                   AtomicMode::kAddExponentI32,
-                   Maybe([=, dst = acc.as<float>()] {
+      aiv_.WriteGm(GmRegion::Whole(acc.Slice(static_cast<int64_t>(r0) * dv * 4,
+                                             static_cast<int64_t>(rc) * dv * 4)),
+                   AtomicMode::kAddExponentI32, Maybe([=, dst = acc.as<float>()] {
                      for (int r = 0; r < rc; ++r) {
                        float* row = dst + static_cast<int64_t>(r0 + r) * dv;
                        const int32_t d = lanes[r * kBroadcastLanes];
@@ -180,20 +191,24 @@ class VectorProgram {
       const int o = b_.out.Acquire();
       float* result = b_.out.slot(o).as<float>();
       const int alpha_base = (index % 2) * kRowsPerCore + (r0 - lo);
-      aiv_.Vector({{VecClass::kBinary, static_cast<int64_t>(rc) * dv}, {VecClass::kBinary, static_cast<int64_t>(rc) * dv}},
+      aiv_.Vector({{VecClass::kBinary, static_cast<int64_t>(rc) * dv},
+                   {VecClass::kBinary, static_cast<int64_t>(rc) * dv}},
                   Maybe([=, alpha = b_.alpha, first = t.first] {
                     for (int r = 0; r < rc; ++r) {
                       float* row = result + static_cast<int64_t>(r) * dv;
-                      if (!first) std::memcpy(row, old_rows + static_cast<int64_t>(r) * dv, dv * sizeof(float));
-                      FlashBaseRescaleAdd(row, new_rows + static_cast<int64_t>(r) * dv, dv, alpha[alpha_base + r], first);
+                      if (!first)
+                        std::memcpy(row, old_rows + static_cast<int64_t>(r) * dv,
+                                    dv * sizeof(float));
+                      FlashBaseRescaleAdd(row, new_rows + static_cast<int64_t>(r) * dv, dv,
+                                          alpha[alpha_base + r], first);
                     }
                   }),
                   "O * alpha + PV");
       b_.in.Release(i);
       b_.out.Publish(o);
       b_.out.Consume(o);
-      aiv_.WriteGm(GmRegion::Whole(acc.Slice(static_cast<int64_t>(r0) * dv * 4, bytes)), AtomicMode::kNone,
-                   Maybe([=, dst = acc.as<float>()] {
+      aiv_.WriteGm(GmRegion::Whole(acc.Slice(static_cast<int64_t>(r0) * dv * 4, bytes)),
+                   AtomicMode::kNone, Maybe([=, dst = acc.as<float>()] {
                      std::memcpy(dst + static_cast<int64_t>(r0) * dv, result, bytes);
                    }),
                    "O rows");
@@ -218,7 +233,9 @@ class VectorProgram {
       const int i = b_.in.Acquire();
       float* rows = b_.in.slot(i).as<float>();
       aiv_.ReadGm(GmRegion::Whole(acc.Slice(static_cast<int64_t>(r0) * dv * 4, bytes)),
-                  Maybe([=, src = acc.as<float>()] { std::memcpy(rows, src + static_cast<int64_t>(r0) * dv, bytes); }),
+                  Maybe([=, src = acc.as<float>()] {
+                    std::memcpy(rows, src + static_cast<int64_t>(r0) * dv, bytes);
+                  }),
                   "O rows");
       b_.in.Publish(i);
       b_.in.Consume(i);
@@ -226,7 +243,9 @@ class VectorProgram {
       float* out = b_.out.slot(o).as<float>();
       float* lse = out + static_cast<int64_t>(kChunkRows) * kKvBlockTokens;
       const int state_base = t.group_slot * kRowsPerCore + (r0 - lo);
-      aiv_.Vector({{VecClass::kDiv, rc}, {VecClass::kBinary, static_cast<int64_t>(rc) * dv}, {VecClass::kExp, rc},
+      aiv_.Vector({{VecClass::kDiv, rc},
+                   {VecClass::kBinary, static_cast<int64_t>(rc) * dv},
+                   {VecClass::kExp, rc},
                    {VecClass::kUnary, rc}},
                   Maybe([=, st = b_.amla_state, bs = b_.base_state] {
                     for (int r = 0; r < rc; ++r) {
@@ -246,10 +265,9 @@ class VectorProgram {
       const int64_t out_stride = g.out_stride > 0 ? g.out_stride : dv;
       const int elem = g.out_bf16 ? 2 : 4;
       const bool to_bf16 = g.out_bf16;
-      aiv_.WriteGm(GmRegion::Rows(g.out, static_cast<int64_t>(r0) * out_stride * elem, rc, dv * elem,
-                                  out_stride * elem),
-                   AtomicMode::kNone,
-                   Maybe([=, dst = g.out.host] {
+      aiv_.WriteGm(GmRegion::Rows(g.out, static_cast<int64_t>(r0) * out_stride * elem, rc,
+                                  dv * elem, out_stride * elem),
+                   AtomicMode::kNone, Maybe([=, dst = g.out.host] {
                      for (int r = 0; r < rc; ++r) {
                        const float* row = out + static_cast<int64_t>(r) * dv;
                        const int64_t at = static_cast<int64_t>(r0 + r) * out_stride;
@@ -263,12 +281,12 @@ class VectorProgram {
                    }),
                    "output rows");
       const int64_t lse_stride = g.lse_stride;
-      aiv_.WriteGm(GmRegion::Rows(g.lse, static_cast<int64_t>(r0) * lse_stride * 4, rc, 4, lse_stride * 4),
-                   AtomicMode::kNone,
-                   Maybe([=, dst = g.lse.as<float>()] {
-                     for (int r = 0; r < rc; ++r) dst[static_cast<int64_t>(r0 + r) * lse_stride] = lse[r];
-                   }),
-                   "lse rows");
+      aiv_.WriteGm(
+          GmRegion::Rows(g.lse, static_cast<int64_t>(r0) * lse_stride * 4, rc, 4, lse_stride * 4),
+          AtomicMode::kNone, Maybe([=, dst = g.lse.as<float>()] {
+            for (int r = 0; r < rc; ++r) dst[static_cast<int64_t>(r0 + r) * lse_stride] = lse[r];
+          }),
+          "lse rows");
       b_.out.Release(o);
     }
   }
@@ -300,16 +318,19 @@ absl::Status AttentionDeviceKernel::RecordVector(CoreRecorder& aiv) const {
     out.push_back(b);
   }
   const bool amla = options_.algorithm == RescaleAlgorithm::kAmla;
-  ASSIGN_OR_RETURN(LocalTensor state,
-                   aiv.Alloc(Space::kUb,
-                             2 * kRowsPerCore * (amla ? sizeof(AmlaRowState) : sizeof(FlashBaseRowState)),
-                             "row state"));
-  ASSIGN_OR_RETURN(LocalTensor factors, aiv.Alloc(Space::kUb, 2 * kRowsPerCore * 4, "rescale factors"));
+  ASSIGN_OR_RETURN(
+      LocalTensor state,
+      aiv.Alloc(Space::kUb,
+                2 * kRowsPerCore * (amla ? sizeof(AmlaRowState) : sizeof(FlashBaseRowState)),
+                "row state"));
+  ASSIGN_OR_RETURN(LocalTensor factors,
+                   aiv.Alloc(Space::kUb, 2 * kRowsPerCore * 4, "rescale factors"));
   VectorBuffers buffers{SlotRing(aiv, Pipe::kMte2, Pipe::kV, 0, in),
                         SlotRing(aiv, Pipe::kV, Pipe::kMte3, 0, out),
                         amla ? state.as<AmlaRowState>() : nullptr,
                         amla ? nullptr : state.as<FlashBaseRowState>(),
-                        factors.as<int32_t>(), factors.as<float>()};
+                        factors.as<int32_t>(),
+                        factors.as<float>()};
   VectorProgram program(aiv, workload_, workspace_, options_, buffers);
 
   const std::vector<AttentionTask>& tasks = schedule_[aiv.block()];

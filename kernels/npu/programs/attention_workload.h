@@ -16,7 +16,7 @@ inline constexpr int kMaxGroupRows = 256;
 // Keys of a latent (absorb-form) group: one request's pages of the paged latent cache.
 // Values are the first dv columns of each key row (MLA's c_kv).
 struct PagedKeys {
-  GmBuffer pool;               // [num_pages][page_size][width] bf16
+  GmBuffer pool;  // [num_pages][page_size][width] bf16
   int page_size = 0;
   int width = 0;               // = dk
   std::vector<int32_t> pages;  // the group's pages in token order
@@ -33,15 +33,15 @@ struct DenseKeys {
 
 // Up to kMaxGroupRows query rows that attend over the same keys.
 struct RowGroup {
-  GmBuffer q;                    // [rows][dk] bf16
+  GmBuffer q;  // [rows][dk] bf16
   int rows = 0;
   std::vector<int32_t> visible;  // row i sees keys [0, visible[i])
   std::variant<PagedKeys, DenseKeys> keys;
-  GmBuffer out;                  // normalised rows, `out_stride` elements apart
-  GmBuffer lse;                  // fp32, natural log, `lse_stride` elements apart
-  int64_t out_stride = 0;        // 0: dv (dense rows)
+  GmBuffer out;            // normalised rows, `out_stride` elements apart
+  GmBuffer lse;            // fp32, natural log, `lse_stride` elements apart
+  int64_t out_stride = 0;  // 0: dv (dense rows)
   int64_t lse_stride = 1;
-  bool out_bf16 = false;         // rows rounded to bf16 (the input of an up-projection)
+  bool out_bf16 = false;  // rows rounded to bf16 (the input of an up-projection)
 
   int length() const {
     return visible.empty() ? 0 : *std::max_element(visible.begin(), visible.end());

@@ -27,15 +27,16 @@ BatchLaunch::~BatchLaunch() {
   for (const GmBuffer& b : owned_) device_.gm().Release(b);
 }
 
-absl::StatusOr<std::unique_ptr<BatchLaunch>> BatchLaunch::Create(Device& device, const BatchSteps& steps,
-                                                                 const AttentionDeviceKernelOptions& options,
-                                                                 bool backed) {
+absl::StatusOr<std::unique_ptr<BatchLaunch>> BatchLaunch::Create(
+    Device& device, const BatchSteps& steps, const AttentionDeviceKernelOptions& options,
+    bool backed) {
   RETURN_IF_ERROR(ValidateBatchSteps(steps));
   std::unique_ptr<BatchLaunch> launch(new BatchLaunch(device, backed));
   RETURN_IF_ERROR(launch->Place(steps));
   if (backed) {
     for (const StageCopy& copy : steps.staging) {
-      if (copy.src == nullptr) return absl::InvalidArgumentError("batch launch: a query to stage has no memory");
+      if (copy.src == nullptr)
+        return absl::InvalidArgumentError("batch launch: a query to stage has no memory");
     }
     launch->Stage(steps);
   }
@@ -53,7 +54,8 @@ absl::Status BatchLaunch::Place(const BatchSteps& steps) {
       ASSIGN_OR_RETURN(placed, gm.Map(const_cast<void*>(b.input), bytes, b.name));
     } else {
       if (b.kind == StepBuffer::Kind::kInput && backed_) {
-        return absl::InvalidArgumentError(absl::StrCat("batch launch: input '", b.name, "' has no memory to execute on"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("batch launch: input '", b.name, "' has no memory to execute on"));
       }
       ASSIGN_OR_RETURN(placed, gm.Allocate(bytes, backed_, b.name));
     }
@@ -95,7 +97,8 @@ std::span<const std::byte> BatchLaunch::Bytes(int buffer) const {
   return {b.host, static_cast<size_t>(b.host == nullptr ? 0 : b.bytes)};
 }
 
-absl::Status BatchLaunch::Lower(const BatchSteps& steps, const AttentionDeviceKernelOptions& options) {
+absl::Status BatchLaunch::Lower(const BatchSteps& steps,
+                                const AttentionDeviceKernelOptions& options) {
   const int max_blocks = device_.profile().cube_cores;
   for (const BatchStep& step : steps.steps) {
     if (const auto* projection = std::get_if<ProjectionStep>(&step)) {
@@ -127,7 +130,8 @@ absl::Status BatchLaunch::Lower(const BatchSteps& steps, const AttentionDeviceKe
         rg.visible = g.visible;
         if (const auto* paged = std::get_if<PagedKeysRef>(&g.keys)) {
           rg.keys = PagedKeys{At(paged->pool), paged->page_size, paged->width,
-                              std::vector<int32_t>(paged->pages.begin(), paged->pages.end()), paged->first_token};
+                              std::vector<int32_t>(paged->pages.begin(), paged->pages.end()),
+                              paged->first_token};
         } else {
           const auto& dense = std::get<DenseKeysRef>(g.keys);
           rg.keys = DenseKeys{At(dense.k), dense.ldk, At(dense.v), dense.ldv};
@@ -143,10 +147,11 @@ absl::Status BatchLaunch::Lower(const BatchSteps& steps, const AttentionDeviceKe
       if (schedule.empty()) continue;  // no row sees a key: the destinations' fill stands
       AttentionDeviceKernelOptions kernel_options = options;
       kernel_options.algorithm = attention->algorithm;
-      ASSIGN_OR_RETURN(launch->workspace, AllocateAttentionWorkspace(device_.gm(), w, static_cast<int>(schedule.size()),
-                                                                     kernel_options, backed_));
-      kernels_.push_back(
-          std::make_unique<AttentionDeviceKernel>(w, std::move(schedule), launch->workspace, kernel_options));
+      ASSIGN_OR_RETURN(launch->workspace, AllocateAttentionWorkspace(
+                                              device_.gm(), w, static_cast<int>(schedule.size()),
+                                              kernel_options, backed_));
+      kernels_.push_back(std::make_unique<AttentionDeviceKernel>(
+          w, std::move(schedule), launch->workspace, kernel_options));
       attention_.push_back(std::move(launch));
     } else {
       const auto& combine = std::get<CombineStep>(step);

@@ -36,9 +36,9 @@ LaunchReport Summarize(const BatchLaunchReport& report, const DeviceProfile& pro
 
 class BatchLaunch final : public BatchBuffers {
  public:
-  static absl::StatusOr<std::unique_ptr<BatchLaunch>> Create(Device& device, const BatchSteps& steps,
-                                                             const AttentionDeviceKernelOptions& options,
-                                                             bool backed);
+  static absl::StatusOr<std::unique_ptr<BatchLaunch>> Create(
+      Device& device, const BatchSteps& steps, const AttentionDeviceKernelOptions& options,
+      bool backed);
   ~BatchLaunch() override;
   BatchLaunch(const BatchLaunch&) = delete;
   BatchLaunch& operator=(const BatchLaunch&) = delete;
@@ -60,7 +60,7 @@ class BatchLaunch final : public BatchBuffers {
 
   Device& device_;
   const bool backed_;
-  std::vector<GmBuffer> buffers_;      // by step buffer id
+  std::vector<GmBuffer> buffers_;       // by step buffer id
   std::vector<int64_t> element_bytes_;  // by step buffer id
   std::vector<GmBuffer> owned_;         // allocated or mapped here, released on destruction
   std::vector<std::unique_ptr<AttentionLaunch>> attention_;

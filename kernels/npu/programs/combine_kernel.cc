@@ -4,8 +4,8 @@
 #include <cstring>
 #include <vector>
 
-#include "common/status_macros.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/core/vector_ops.h"
 #include "kernels/mla/lse_combine.h"
 #include "kernels/npu/programs/slot_ring.h"
@@ -22,14 +22,17 @@ constexpr int64_t kOutBytes = kMaxChunkRows * kMaxDv * 4 + kMaxChunkRows * 4;
 
 int CombineKernel::ChunkRows(const CombineJob& job) {
   const int64_t per_row = static_cast<int64_t>(job.parts.size()) * (job.dv * 4 + 4);
-  return static_cast<int>(std::clamp<int64_t>(kInBytes / std::max<int64_t>(per_row, 1), 1, kMaxChunkRows));
+  return static_cast<int>(
+      std::clamp<int64_t>(kInBytes / std::max<int64_t>(per_row, 1), 1, kMaxChunkRows));
 }
 
-CombineKernel::CombineKernel(std::vector<CombineJob> jobs, int max_blocks) : jobs_(std::move(jobs)) {
+CombineKernel::CombineKernel(std::vector<CombineJob> jobs, int max_blocks)
+    : jobs_(std::move(jobs)) {
   std::vector<Chunk> all;
   for (int j = 0; j < static_cast<int>(jobs_.size()); ++j) {
     const int chunk = ChunkRows(jobs_[j]);
-    for (int r = 0; r < jobs_[j].rows; r += chunk) all.push_back({j, r, std::min(chunk, jobs_[j].rows - r)});
+    for (int r = 0; r < jobs_[j].rows; r += chunk)
+      all.push_back({j, r, std::min(chunk, jobs_[j].rows - r)});
   }
   blocks_ = std::max(1, std::min<int>(max_blocks, static_cast<int>((all.size() + 1) / 2)));
   chunks_.resize(2 * blocks_);
@@ -38,10 +41,11 @@ CombineKernel::CombineKernel(std::vector<CombineJob> jobs, int max_blocks) : job
 
 absl::Status CombineKernel::Record(Program& program) const {
   for (const CombineJob& j : jobs_) {
-    if (j.dv <= 0 || j.dv > kMaxDv) return absl::InvalidArgumentError("combine: dv must be in 1..512");
+    if (j.dv <= 0 || j.dv > kMaxDv)
+      return absl::InvalidArgumentError("combine: dv must be in 1..512");
     if (j.parts.empty() || static_cast<int>(j.parts.size()) > kMaxCombineParts) {
-      return absl::InvalidArgumentError(absl::StrCat("combine: ", j.parts.size(), " parts; 1..", kMaxCombineParts,
-                                                     " are supported"));
+      return absl::InvalidArgumentError(absl::StrCat("combine: ", j.parts.size(), " parts; 1..",
+                                                     kMaxCombineParts, " are supported"));
     }
   }
   for (int block = 0; block < blocks_; ++block) {
@@ -69,18 +73,22 @@ absl::Status CombineKernel::Record(Program& program) const {
         // UB layout of the in slot: every part's rows, then every part's LSEs.
         const int i = in_ring.Acquire();
         float* u_rows = in_ring.slot(i).as<float>();
-        float* u_lse = u_rows == nullptr ? nullptr : u_rows + static_cast<int64_t>(parts) * rc * j.dv;
+        float* u_lse =
+            u_rows == nullptr ? nullptr : u_rows + static_cast<int64_t>(parts) * rc * j.dv;
         for (int p = 0; p < parts; ++p) {
           Payload copy_rows, copy_lse;
           if (execute) {
-            copy_rows = [from = j.parts[p].out.host + part_off, to = u_rows + static_cast<int64_t>(p) * rc * j.dv,
+            copy_rows = [from = j.parts[p].out.host + part_off,
+                         to = u_rows + static_cast<int64_t>(p) * rc * j.dv,
                          rows_bytes] { std::memcpy(to, from, rows_bytes); };
-            copy_lse = [from = j.parts[p].lse.host + part_lse_off, to = u_lse + static_cast<int64_t>(p) * rc, rc] {
-              std::memcpy(to, from, rc * 4);
-            };
+            copy_lse = [from = j.parts[p].lse.host + part_lse_off,
+                        to = u_lse + static_cast<int64_t>(p) * rc,
+                        rc] { std::memcpy(to, from, rc * 4); };
           }
-          aiv.ReadGm(GmRegion::Whole(j.parts[p].out.Slice(part_off, rows_bytes)), std::move(copy_rows), "part rows");
-          aiv.ReadGm(GmRegion::Whole(j.parts[p].lse.Slice(part_lse_off, rc * 4)), std::move(copy_lse), "part lse");
+          aiv.ReadGm(GmRegion::Whole(j.parts[p].out.Slice(part_off, rows_bytes)),
+                     std::move(copy_rows), "part rows");
+          aiv.ReadGm(GmRegion::Whole(j.parts[p].lse.Slice(part_lse_off, rc * 4)),
+                     std::move(copy_lse), "part lse");
         }
         in_ring.Publish(i);
         in_ring.Consume(i);
@@ -132,9 +140,11 @@ absl::Status CombineKernel::Record(Program& program) const {
         const int64_t lse_first = static_cast<int64_t>(chunk.row0) * j.lse_stride * 4;
         Payload write_rows, write_lse;
         if (execute) {
-          write_rows = [to = j.out.host + out_first, uo, rc, dv = j.dv, elem, stride = j.out_stride * elem] {
+          write_rows = [to = j.out.host + out_first, uo, rc, dv = j.dv, elem,
+                        stride = j.out_stride * elem] {
             for (int r = 0; r < rc; ++r) {
-              std::memcpy(to + r * stride, reinterpret_cast<const std::byte*>(uo + static_cast<int64_t>(r) * dv),
+              std::memcpy(to + r * stride,
+                          reinterpret_cast<const std::byte*>(uo + static_cast<int64_t>(r) * dv),
                           static_cast<size_t>(dv) * elem);
             }
           };
@@ -142,10 +152,11 @@ absl::Status CombineKernel::Record(Program& program) const {
             for (int r = 0; r < rc; ++r) std::memcpy(to + r * stride, uo_lse + r, 4);
           };
         }
-        aiv.WriteGm(GmRegion::Rows(j.out, out_first, rc, int64_t{j.dv} * elem, j.out_stride * elem), AtomicMode::kNone,
-                    std::move(write_rows), j.out_bf16 ? "merged rows (bf16)" : "merged rows");
-        aiv.WriteGm(GmRegion::Rows(j.lse, lse_first, rc, 4, j.lse_stride * 4), AtomicMode::kNone, std::move(write_lse),
-                    "merged lse");
+        aiv.WriteGm(GmRegion::Rows(j.out, out_first, rc, int64_t{j.dv} * elem, j.out_stride * elem),
+                    AtomicMode::kNone, std::move(write_rows),
+                    j.out_bf16 ? "merged rows (bf16)" : "merged rows");
+        aiv.WriteGm(GmRegion::Rows(j.lse, lse_first, rc, 4, j.lse_stride * 4), AtomicMode::kNone,
+                    std::move(write_lse), "merged lse");
         out_ring.Release(o);
       }
       in_ring.Drain();

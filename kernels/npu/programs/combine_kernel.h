@@ -30,8 +30,9 @@ struct CombineJob {
 // At most this many parts per job (what one row of each fits in a UB slot).
 inline constexpr int kMaxCombineParts = 32;
 
-// The LSE merge (docs/numerics.md, "LSE combine") generalised to n parts (CombineLseParts, as on the host) on
-// the vector cores: rows are dealt in chunks of up to 8 to every AIV of the grid. AIV-only.
+// The LSE merge (docs/numerics.md, "LSE combine") generalised to n parts (CombineLseParts, as on
+// the host) on the vector cores: rows are dealt in chunks of up to 8 to every AIV of the grid.
+// AIV-only.
 class CombineKernel final : public DeviceKernel {
  public:
   CombineKernel(std::vector<CombineJob> jobs, int max_blocks);

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "kernels/core/matmul.h"
 #include "common/status_macros.h"
+#include "kernels/core/matmul.h"
 
 namespace mlaserve::npu {
 namespace {
@@ -73,7 +73,8 @@ void CopyRowsToL1(const Bf16* src, int64_t stride, int rows, int width, int bloc
   for (int c0 = 0; c0 < width; c0 += block) {
     const int bw = std::min(block, width - c0);
     Bf16* out = dst + static_cast<int64_t>(c0) * buffer_rows + static_cast<int64_t>(row0) * bw;
-    for (int r = 0; r < rows; ++r) std::copy_n(src + r * stride + c0, bw, out + static_cast<int64_t>(r) * bw);
+    for (int r = 0; r < rows; ++r)
+      std::copy_n(src + r * stride + c0, bw, out + static_cast<int64_t>(r) * bw);
   }
 }
 

@@ -41,7 +41,8 @@ class CubeL0Stage {
 
   // C(tile) (+)= A . B, A given [m][k] and B [k][n], or A . B^T with B given [n][k].
   void Multiply(int m, int n, int k, const Operand& a, const char* a_label, const Operand& b,
-                const char* b_label, bool b_transposed, int tile, bool accumulate, const char* label);
+                const char* b_label, bool b_transposed, int tile, bool accumulate,
+                const char* label);
 
   // Hands a finished tile to FIX, which writes it with `write` into `dst`, then frees it.
   void Flush(int tile, const GmRegion& dst, AtomicMode atomic, Payload write, const char* label);

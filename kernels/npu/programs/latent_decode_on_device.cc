@@ -18,12 +18,15 @@ MlaDims LatentDims(int heads, int dk, int dv, float scale) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LatentDecodeLaunch>> LatentDecodeLaunch::Prepare(
-    Device& device, const LatentDecodeProblem& p, const AttentionDeviceKernelOptions& options, int parallel_units) {
+    Device& device, const LatentDecodeProblem& p, const AttentionDeviceKernelOptions& options,
+    int parallel_units) {
   RETURN_IF_ERROR(ValidateLatentDecodeProblem(p));
   const auto& pages = p.cache.pages;
-  if (pages.stride(1) != p.dk() || pages.stride(0) != static_cast<int64_t>(p.cache.page_size()) * p.dk() ||
+  if (pages.stride(1) != p.dk() ||
+      pages.stride(0) != static_cast<int64_t>(p.cache.page_size()) * p.dk() ||
       p.q.stride(2) != p.dk() || p.q.stride(1) != int64_t{p.heads()} * p.dk()) {
-    return absl::InvalidArgumentError("the device maps the cache as dense [pages][page_size][width], q as [b][sq][h][dk]");
+    return absl::InvalidArgumentError(
+        "the device maps the cache as dense [pages][page_size][width], q as [b][sq][h][dk]");
   }
   DecodeBatch batch;
   batch.dims = LatentDims(p.heads(), p.dk(), p.dv, p.softmax_scale);
@@ -39,7 +42,8 @@ absl::StatusOr<std::unique_ptr<LatentDecodeLaunch>> LatentDecodeLaunch::Prepare(
   for (int b = 0; b < p.batch(); ++b) {
     const int32_t length = p.seqs.seqlens[b];
     std::vector<int32_t> table((length + p.cache.page_size() - 1) / p.cache.page_size());
-    for (size_t j = 0; j < table.size(); ++j) table[j] = p.seqs.block_table(b, static_cast<int64_t>(j));
+    for (size_t j = 0; j < table.size(); ++j)
+      table[j] = p.seqs.block_table(b, static_cast<int64_t>(j));
     tables.push_back(std::move(table));
     group.members.push_back(DecodeBatch::Member{{}, length, nullptr, nullptr, p.q.row(b, 0, 0)});
   }
@@ -50,14 +54,18 @@ absl::StatusOr<std::unique_ptr<LatentDecodeLaunch>> LatentDecodeLaunch::Prepare(
   for (size_t m = 0; m < l->pages_.size(); ++m) batch.groups[0].members[m].pages = l->pages_[m];
   batch.algorithm = options.algorithm;
   ASSIGN_OR_RETURN(l->built_, BuildBatchSteps(batch));
-  ASSIGN_OR_RETURN(l->launch_, BatchLaunch::Create(device, l->built_.steps, options, /*backed=*/true));
+  ASSIGN_OR_RETURN(l->launch_,
+                   BatchLaunch::Create(device, l->built_.steps, options, /*backed=*/true));
   return l;
 }
 
 absl::StatusOr<std::unique_ptr<LatentDecodeLaunch>> LatentDecodeLaunch::PrepareModel(
-    Device& device, const LatentDecodeShape& shape, const AttentionDeviceKernelOptions& options, int parallel_units) {
-  if (shape.heads <= 0 || shape.sq <= 0 || shape.page_size <= 0 || shape.seqlens.empty() || shape.dv >= shape.dk) {
-    return absl::InvalidArgumentError("shape needs heads, sq, page_size, dk > dv and at least one sequence");
+    Device& device, const LatentDecodeShape& shape, const AttentionDeviceKernelOptions& options,
+    int parallel_units) {
+  if (shape.heads <= 0 || shape.sq <= 0 || shape.page_size <= 0 || shape.seqlens.empty() ||
+      shape.dv >= shape.dk) {
+    return absl::InvalidArgumentError(
+        "shape needs heads, sq, page_size, dk > dv and at least one sequence");
   }
   DecodeBatch batch;
   batch.dims = LatentDims(shape.heads, shape.dk, shape.dv, 1.0f);
@@ -80,7 +88,8 @@ absl::StatusOr<std::unique_ptr<LatentDecodeLaunch>> LatentDecodeLaunch::PrepareM
   batch.groups.push_back(std::move(group));
   batch.algorithm = options.algorithm;
   ASSIGN_OR_RETURN(l->built_, BuildBatchSteps(batch));
-  ASSIGN_OR_RETURN(l->launch_, BatchLaunch::Create(device, l->built_.steps, options, /*backed=*/false));
+  ASSIGN_OR_RETURN(l->launch_,
+                   BatchLaunch::Create(device, l->built_.steps, options, /*backed=*/false));
   return l;
 }
 
@@ -102,18 +111,21 @@ AttentionOutput LatentDecodeLaunch::ReadOutput() const {
   return output;
 }
 
-absl::StatusOr<DeviceDecodeResult> RunLatentDecodeOnDevice(Device& device, const LatentDecodeProblem& problem,
-                                                           const AttentionDeviceKernelOptions& options,
-                                                           int parallel_units) {
-  ASSIGN_OR_RETURN(auto launch, LatentDecodeLaunch::Prepare(device, problem, options, parallel_units));
+absl::StatusOr<DeviceDecodeResult> RunLatentDecodeOnDevice(
+    Device& device, const LatentDecodeProblem& problem, const AttentionDeviceKernelOptions& options,
+    int parallel_units) {
+  ASSIGN_OR_RETURN(auto launch,
+                   LatentDecodeLaunch::Prepare(device, problem, options, parallel_units));
   ASSIGN_OR_RETURN(BatchLaunchReport report, launch->launch().Run(ExecutionMode::kExecute));
   return DeviceDecodeResult{launch->ReadOutput(), Summarize(report, device.profile())};
 }
 
-absl::StatusOr<LaunchReport> ModelLatentDecodeOnDevice(Device& device, const LatentDecodeShape& shape,
+absl::StatusOr<LaunchReport> ModelLatentDecodeOnDevice(Device& device,
+                                                       const LatentDecodeShape& shape,
                                                        const AttentionDeviceKernelOptions& options,
                                                        int parallel_units) {
-  ASSIGN_OR_RETURN(auto launch, LatentDecodeLaunch::PrepareModel(device, shape, options, parallel_units));
+  ASSIGN_OR_RETURN(auto launch,
+                   LatentDecodeLaunch::PrepareModel(device, shape, options, parallel_units));
   ASSIGN_OR_RETURN(BatchLaunchReport report, launch->launch().Run(ExecutionMode::kModelOnly));
   return Summarize(report, device.profile());
 }

@@ -35,8 +35,8 @@ class LatentDecodeLaunch {
  public:
   // For execution: the queries staged, the pool mapped, outputs allocated.
   static absl::StatusOr<std::unique_ptr<LatentDecodeLaunch>> Prepare(
-      Device& device, const LatentDecodeProblem& problem, const AttentionDeviceKernelOptions& options,
-      int parallel_units = 1);
+      Device& device, const LatentDecodeProblem& problem,
+      const AttentionDeviceKernelOptions& options, int parallel_units = 1);
   // For modelling only: addresses without host memory.
   static absl::StatusOr<std::unique_ptr<LatentDecodeLaunch>> PrepareModel(
       Device& device, const LatentDecodeShape& shape, const AttentionDeviceKernelOptions& options,
@@ -63,15 +63,15 @@ struct DeviceDecodeResult {
 };
 
 // Prepares, launches and reads back a latent decode batch on the emulated device.
-absl::StatusOr<DeviceDecodeResult> RunLatentDecodeOnDevice(Device& device, const LatentDecodeProblem& problem,
-                                                           const AttentionDeviceKernelOptions& options = {},
-                                                           int parallel_units = 1);
+absl::StatusOr<DeviceDecodeResult> RunLatentDecodeOnDevice(
+    Device& device, const LatentDecodeProblem& problem,
+    const AttentionDeviceKernelOptions& options = {}, int parallel_units = 1);
 
 // Models the same launches with no host arithmetic and no host memory for the cache, so
 // paper-sized batches model in seconds.
-absl::StatusOr<LaunchReport> ModelLatentDecodeOnDevice(Device& device, const LatentDecodeShape& shape,
-                                                       const AttentionDeviceKernelOptions& options = {},
-                                                       int parallel_units = 1);
+absl::StatusOr<LaunchReport> ModelLatentDecodeOnDevice(
+    Device& device, const LatentDecodeShape& shape,
+    const AttentionDeviceKernelOptions& options = {}, int parallel_units = 1);
 
 }  // namespace mlaserve::npu
 

@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/core/bfloat16.h"
 #include "common/status_macros.h"
+#include "kernels/core/bfloat16.h"
 #include "kernels/core/tiling.h"
 #include "kernels/npu/programs/cube_l0_stage.h"
 #include "kernels/npu/programs/slot_ring.h"
@@ -39,7 +39,8 @@ double ProjectionKernel::Flops() const {
 absl::Status ProjectionKernel::Record(Program& program) const {
   for (const ProjectionJob& j : jobs_) {
     if (j.rows <= 0 || j.n <= 0 || j.k <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("projection job of ", j.rows, " x ", j.n, " x ", j.k));
+      return absl::InvalidArgumentError(
+          absl::StrCat("projection job of ", j.rows, " x ", j.n, " x ", j.k));
     }
   }
   for (int block = 0; block < BlockDim(); ++block) {
@@ -69,7 +70,8 @@ absl::Status ProjectionKernel::Record(Program& program) const {
             CopyRowsToL1(src, lda, m, kc, kc, a, m, 0);
           };
         }
-        aic.ReadGm(GmRegion::Rows(j.a, a_first * 2, m, kc * 2, j.lda * 2), std::move(copy_a), "A chunk");
+        aic.ReadGm(GmRegion::Rows(j.a, a_first * 2, m, kc * 2, j.lda * 2), std::move(copy_a),
+                   "A chunk");
         l1.Publish(a_slot);
         // B chunk: [kc][n] from [k][n], or [n][kc] from [n][k].
         const int b_slot = l1.Acquire();
@@ -84,13 +86,13 @@ absl::Status ProjectionKernel::Record(Program& program) const {
             CopyRowsToL1(src, ldb, b_rows, b_cols, b_cols, b, b_rows, 0);
           };
         }
-        aic.ReadGm(GmRegion::Rows(j.b, b_first * 2, b_rows, b_cols * 2, j.ldb * 2), std::move(copy_b),
-                   "B chunk");
+        aic.ReadGm(GmRegion::Rows(j.b, b_first * 2, b_rows, b_cols * 2, j.ldb * 2),
+                   std::move(copy_b), "B chunk");
         l1.Publish(b_slot);
         l1.Consume(a_slot);
         l1.Consume(b_slot);
-        l0->Multiply(m, n, kc, {a, m, kc}, "A tile", {b, b_rows, b_cols}, "B tile", j.transpose_b, c, k0 > 0,
-                     "projection");
+        l0->Multiply(m, n, kc, {a, m, kc}, "A tile", {b, b_rows, b_cols}, "B tile", j.transpose_b,
+                     c, k0 > 0, "projection");
         l1.Release(a_slot);
         l1.Release(b_slot);
       }
@@ -98,20 +100,22 @@ absl::Status ProjectionKernel::Record(Program& program) const {
       const int64_t c_first = static_cast<int64_t>(tile.m0) * j.ldc + tile.n0;
       Payload write;
       if (execute) {
-        write = [acc = l0->tile(c), dst = j.c.host + c_first * elem, ldc = j.ldc, m, n, to_bf16 = j.c_bf16] {
+        write = [acc = l0->tile(c), dst = j.c.host + c_first * elem, ldc = j.ldc, m, n,
+                 to_bf16 = j.c_bf16] {
           for (int r = 0; r < m; ++r) {
             const float* row = acc + r * kTile;
             if (to_bf16) {
               Bf16* d = reinterpret_cast<Bf16*>(dst) + static_cast<int64_t>(r) * ldc;
               for (int x = 0; x < n; ++x) d[x] = Bf16::FromFloat(row[x]);
             } else {
-              std::memcpy(reinterpret_cast<float*>(dst) + static_cast<int64_t>(r) * ldc, row, n * sizeof(float));
+              std::memcpy(reinterpret_cast<float*>(dst) + static_cast<int64_t>(r) * ldc, row,
+                          n * sizeof(float));
             }
           }
         };
       }
-      l0->Flush(c, GmRegion::Rows(j.c, c_first * elem, m, n * elem, j.ldc * elem), AtomicMode::kNone,
-                std::move(write), j.c_bf16 ? "C tile (cast bf16)" : "C tile");
+      l0->Flush(c, GmRegion::Rows(j.c, c_first * elem, m, n * elem, j.ldc * elem),
+                AtomicMode::kNone, std::move(write), j.c_bf16 ? "C tile (cast bf16)" : "C tile");
     }
     l1.Drain();
     l0->Drain();

@@ -19,7 +19,7 @@ struct BatchPolicy {
   absl::Duration max_wait = absl::Microseconds(500);
 
   struct Devices {
-    int idle = 0;          // devices with nothing queued or running
+    int idle = 0;           // devices with nothing queued or running
     bool has_room = false;  // some device can take another batch
   };
   struct Decision {

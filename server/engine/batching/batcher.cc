@@ -6,7 +6,8 @@
 
 namespace mlaserve::engine {
 
-Batcher::Batcher(Options options, RunBatch run, Devices devices) : Batcher(options, std::move(run), std::move(devices), true) {}
+Batcher::Batcher(Options options, RunBatch run, Devices devices)
+    : Batcher(options, std::move(run), std::move(devices), true) {}
 
 Batcher::Batcher(Options options, RunBatch run, Devices devices, bool threaded)
     : options_(options), run_(std::move(run)), devices_(std::move(devices)) {
@@ -34,8 +35,9 @@ absl::Status Batcher::Enqueue(PendingCall& call) {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopped_) return absl::UnavailableError("the engine is draining");
     if (queued_queries_ + n > options_.max_queue) {
-      return absl::UnavailableError(absl::StrCat("decode queue full: ", queued_queries_, " queries waiting, limit ",
-                                                 options_.max_queue, "; retry with backoff"));
+      return absl::UnavailableError(absl::StrCat("decode queue full: ", queued_queries_,
+                                                 " queries waiting, limit ", options_.max_queue,
+                                                 "; retry with backoff"));
     }
     queued_queries_ += n;
     queue_.push_back(std::move(call));

@@ -22,7 +22,9 @@ DevicePool::~DevicePool() {
   for (auto& slot : slots_) slot->worker.join();
 }
 
-void DevicePool::SetOnCapacity(absl::AnyInvocable<void()> on_capacity) { on_capacity_ = std::move(on_capacity); }
+void DevicePool::SetOnCapacity(absl::AnyInvocable<void()> on_capacity) {
+  on_capacity_ = std::move(on_capacity);
+}
 
 int DevicePool::idle() const {
   std::lock_guard<std::mutex> lock(mu_);

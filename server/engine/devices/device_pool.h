@@ -55,7 +55,7 @@ class DevicePool {
 
   mutable std::mutex mu_;
   std::condition_variable work_;
-  bool stopping_ = false;  // guarded by mu_
+  bool stopping_ = false;                   // guarded by mu_
   absl::AnyInvocable<void()> on_capacity_;  // set before the first Submit
   std::vector<std::unique_ptr<Slot>> slots_;
 };

@@ -16,7 +16,8 @@ absl::StatusOr<DeviceRun> HostAttentionDevice::Run(const BatchSteps& steps) {
   const auto start = std::chrono::steady_clock::now();
   DeviceRun run;
   ASSIGN_OR_RETURN(run.buffers, runner_.Run(steps));
-  run.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  run.host_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   return run;
 }
 

@@ -15,8 +15,10 @@ absl::StatusOr<std::unique_ptr<NpuAttentionDevice>> NpuAttentionDevice::Create(
     // The pool's devices must agree with the host's AMLA arithmetic bit for bit.
     return absl::InvalidArgumentError("npu attention device: only the AMLA kernel serves");
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<npu::Device> device, npu::Device::Create(std::move(profile), device_options));
-  return std::unique_ptr<NpuAttentionDevice>(new NpuAttentionDevice(std::move(device), kernel_options));
+  ASSIGN_OR_RETURN(std::unique_ptr<npu::Device> device,
+                   npu::Device::Create(std::move(profile), device_options));
+  return std::unique_ptr<NpuAttentionDevice>(
+      new NpuAttentionDevice(std::move(device), kernel_options));
 }
 
 NpuAttentionDevice::NpuAttentionDevice(std::unique_ptr<npu::Device> device,
@@ -38,7 +40,8 @@ absl::StatusOr<DeviceRun> NpuAttentionDevice::Run(const BatchSteps& steps) {
   DeviceRun run;
   run.modeled_us = report.modeled_us;
   run.buffers = std::move(launch);
-  run.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  run.host_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   return run;
 }
 

@@ -25,7 +25,8 @@ class NpuAttentionDevice final : public AttentionDevice {
   absl::StatusOr<DeviceRun> Run(const BatchSteps& steps) override;
 
  private:
-  NpuAttentionDevice(std::unique_ptr<npu::Device> device, npu::AttentionDeviceKernelOptions options);
+  NpuAttentionDevice(std::unique_ptr<npu::Device> device,
+                     npu::AttentionDeviceKernelOptions options);
 
   std::unique_ptr<npu::Device> device_;
   npu::AttentionDeviceKernelOptions options_;

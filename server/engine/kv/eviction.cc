@@ -20,7 +20,8 @@ std::optional<EvictionPlan> PlanEviction(const PrefixTree& tree, const ExpandedK
   };
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> candidates;
   for (const auto& [key, node] : tree.nodes()) {
-    if (node->ready && node->registered && node->references == 0) candidates.push({node->last_use, node.get(), -1});
+    if (node->ready && node->registered && node->references == 0)
+      candidates.push({node->last_use, node.get(), -1});
   }
   expanded.ForEachReady([&](PrefixKey key, int layer, const ExpandedKvCache::Entry& entry) {
     if (entry.pins == 0) candidates.push({entry.last_use, tree.nodes().at(key).get(), layer});
@@ -41,7 +42,8 @@ std::optional<EvictionPlan> PlanEviction(const PrefixTree& tree, const ExpandedK
     freed_nodes.insert(node);
     for (const std::vector<int32_t>& layer_pages : node->pages) {
       for (int32_t page : layer_pages) {
-        if (pages.owners(page) - ++dropped_owners[page] == 0 && pages.pins(page) == 0) freed += page_bytes;
+        if (pages.owners(page) - ++dropped_owners[page] == 0 && pages.pins(page) == 0)
+          freed += page_bytes;
       }
     }
     for (int layer = 0; layer < layers; ++layer) {

@@ -24,7 +24,8 @@ struct HeadKv {
   int length = 0;
 };
 
-// The naive-form K/V of a run of latent tokens, for every head of one layer (docs/numerics.md, "The two MLA formulations"):
+// The naive-form K/V of a run of latent tokens, for every head of one layer (docs/numerics.md, "The
+// two MLA formulations"):
 //   K[h] = [bf16(c_kv . W_UK[h]^T), k_pe]   [tokens][dn + dr]
 //   V[h] =  bf16(c_kv . W_UV[h]^T)          [tokens][dv]
 // built with ExpandHeadKv, so it holds exactly the bits the naive kernel would compute. It

@@ -38,7 +38,8 @@ void ExpandedKvCache::Free(PrefixKey prefix, int layer) {
 
 void ExpandedKvCache::FreeAll(PrefixKey prefix, int layers) {
   for (int layer = 0; layer < layers; ++layer) {
-    if (const Entry* entry = Find(prefix, layer); entry != nullptr && entry->ready) Free(prefix, layer);
+    if (const Entry* entry = Find(prefix, layer); entry != nullptr && entry->ready)
+      Free(prefix, layer);
   }
 }
 

@@ -21,12 +21,12 @@
 #include "server/engine/kv/expanded_kv_cache.h"
 #include "server/engine/kv/kv_snapshot.h"
 #include "server/engine/kv/kv_types.h"
-#include "server/engine/model/model_config.h"
-#include "server/engine/model/model_weights.h"
 #include "server/engine/kv/page_allocator.h"
 #include "server/engine/kv/page_pool.h"
 #include "server/engine/kv/prefix_key.h"
 #include "server/engine/kv/prefix_tree.h"
+#include "server/engine/model/model_config.h"
+#include "server/engine/model/model_weights.h"
 
 namespace mlaserve::engine {
 

@@ -59,7 +59,9 @@ class PrefixTree {
 
   int registered() const { return static_cast<int>(ids_.size()); }
   int retained() const { return static_cast<int>(nodes_.size() - ids_.size()); }
-  const absl::flat_hash_map<PrefixKey, std::unique_ptr<PrefixNode>>& nodes() const { return nodes_; }
+  const absl::flat_hash_map<PrefixKey, std::unique_ptr<PrefixNode>>& nodes() const {
+    return nodes_;
+  }
 
  private:
   absl::flat_hash_map<PrefixKey, std::unique_ptr<PrefixNode>> nodes_;  // every live node

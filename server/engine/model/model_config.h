@@ -7,8 +7,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/mla/decode_batch.h"
 #include "absl/strings/string_view.h"
+#include "kernels/mla/decode_batch.h"
 
 namespace mlaserve::engine {
 
@@ -26,9 +26,9 @@ struct YarnScaling {
 //   mscale = 0.1 * mscale_all_dim * ln(factor) + 1      (1 when factor <= 1)
 double YarnSoftmaxScale(int dqk, const YarnScaling& yarn);
 
-// The shapes and constants of one MLA model (docs/numerics.md, "The two MLA formulations"). The softmax scale is part of the
-// model, never implied by the dims: a kernel given 1/sqrt(576) or 1/sqrt(192) for DeepSeek-V3
-// computes the wrong attention.
+// The shapes and constants of one MLA model (docs/numerics.md, "The two MLA formulations"). The
+// softmax scale is part of the model, never implied by the dims: a kernel given 1/sqrt(576) or
+// 1/sqrt(192) for DeepSeek-V3 computes the wrong attention.
 struct ModelConfig {
   std::string name;
   int heads = 0;  // query heads (one latent KV head)

@@ -10,7 +10,8 @@ DecodeBatch ToDecodeBatch(const BatchPlan& plan, const ModelWeights& weights, in
   batch.dims = m.dims();
   batch.parallel_units = parallel_units;
   if (!plan.snapshots.empty()) {
-    const PagedKvCache& pool = plan.snapshots.front().cache();  // every snapshot views the same pool
+    const PagedKvCache& pool =
+        plan.snapshots.front().cache();  // every snapshot views the same pool
     batch.pool = pool.pages.data();
     batch.pool_pages = pool.num_pages();
     batch.page_size = pool.page_size();
@@ -20,8 +21,9 @@ DecodeBatch ToDecodeBatch(const BatchPlan& plan, const ModelWeights& weights, in
     const NaivePassPlan& pass = plan.passes[p];
     if (pass.groups.empty() || !pass.expanded.has_value()) continue;
     pass_index[p] = static_cast<int>(batch.passes.size());
-    batch.passes.push_back(DecodeBatch::NaivePass{pass.expanded->keys().data(), pass.expanded->values().data(),
-                                                  pass.expanded->begin(), pass.expanded->end(), pass.groups});
+    batch.passes.push_back(
+        DecodeBatch::NaivePass{pass.expanded->keys().data(), pass.expanded->values().data(),
+                               pass.expanded->begin(), pass.expanded->end(), pass.groups});
   }
   for (const GroupPlan& group : plan.groups) {
     DecodeBatch::Group g;

@@ -21,11 +21,14 @@ Planner::Planner(const ModelConfig& model, DeviceRates rates, int max_sq, Planne
 namespace {
 
 // The query tokens a group contributes to each pass it takes.
-int QueryTokens(const GroupPlan& group) { return static_cast<int>(group.members.size()) * group.sq; }
+int QueryTokens(const GroupPlan& group) {
+  return static_cast<int>(group.members.size()) * group.sq;
+}
 
 }  // namespace
 
-Planner::Result Planner::Plan(KvStore& store, const std::vector<const DecodeQuery*>& queries) const {
+Planner::Result Planner::Plan(KvStore& store,
+                              const std::vector<const DecodeQuery*>& queries) const {
   Result result;
   BatchPlan& plan = result.plan;
   plan.queries.resize(queries.size());
@@ -33,7 +36,8 @@ Planner::Result Planner::Plan(KvStore& store, const std::vector<const DecodeQuer
   // One snapshot per layer. If a sequence vanished since validation, snapshot the layer's
   // queries one by one so only the affected ones fail.
   std::map<int, std::vector<int>> by_layer;
-  for (int i = 0; i < static_cast<int>(queries.size()); ++i) by_layer[queries[i]->layer].push_back(i);
+  for (int i = 0; i < static_cast<int>(queries.size()); ++i)
+    by_layer[queries[i]->layer].push_back(i);
   std::vector<char> usable(queries.size(), 0);
   for (const auto& [layer, members] : by_layer) {
     std::vector<std::string> ids;
@@ -92,7 +96,8 @@ Planner::Result Planner::Plan(KvStore& store, const std::vector<const DecodeQuer
   for (size_t g = 0; g < plan.groups.size(); ++g) {
     const GroupPlan& group = plan.groups[g];
     if (group.space != QuerySpace::kHead) continue;
-    for (const PrefixSpan& level : *chains[g]) readers[{group.layer, level.key}] += QueryTokens(group);
+    for (const PrefixSpan& level : *chains[g])
+      readers[{group.layer, level.key}] += QueryTokens(group);
   }
   std::map<std::pair<int, PrefixKey>, int> pass_of;
   for (size_t g = 0; g < plan.groups.size(); ++g) {
@@ -120,11 +125,13 @@ Planner::Result Planner::Plan(KvStore& store, const std::vector<const DecodeQuer
   return result;
 }
 
-void Planner::PrepareExpansions(BatchPlan& plan, KvStore& store, const ModelWeights& weights) const {
+void Planner::PrepareExpansions(BatchPlan& plan, KvStore& store,
+                                const ModelWeights& weights) const {
   std::vector<char> dropped(plan.passes.size(), 0);
   for (size_t p = 0; p < plan.passes.size(); ++p) {
     NaivePassPlan& pass = plan.passes[p];
-    absl::StatusOr<ExpandedKv> expanded = store.GetOrBuildExpanded(pass.level.key, pass.layer, weights);
+    absl::StatusOr<ExpandedKv> expanded =
+        store.GetOrBuildExpanded(pass.level.key, pass.layer, weights);
     if (expanded.ok()) {
       pass.expanded.emplace(*std::move(expanded));
     } else {
@@ -138,11 +145,12 @@ void Planner::PrepareExpansions(BatchPlan& plan, KvStore& store, const ModelWeig
   }
   for (size_t g = 0; g < plan.groups.size(); ++g) {
     GroupPlan& group = plan.groups[g];
-    const auto first_dropped =
-        std::find_if(group.naive_passes.begin(), group.naive_passes.end(), [&](int p) { return dropped[p] != 0; });
+    const auto first_dropped = std::find_if(group.naive_passes.begin(), group.naive_passes.end(),
+                                            [&](int p) { return dropped[p] != 0; });
     group.naive_passes.erase(first_dropped, group.naive_passes.end());
     group.formulation = group.naive_passes.empty() ? Formulation::kAbsorb : Formulation::kHybrid;
-    group.absorb_from = group.naive_passes.empty() ? 0 : plan.passes[group.naive_passes.back()].level.end;
+    group.absorb_from =
+        group.naive_passes.empty() ? 0 : plan.passes[group.naive_passes.back()].level.end;
     for (int p : group.naive_passes) {
       plan.passes[p].groups.push_back(static_cast<int>(g));
       plan.passes[p].query_tokens += QueryTokens(group);

@@ -21,8 +21,8 @@ struct DeviceRates {
   double memory_bytes_per_second = 0;
 };
 
-// TyphoonMLA's break-even batch size (paper eq. 1; docs/engine.md, "Planner"): reading a prefix's expanded
-// K/V once (naive) costs as much time as computing its absorb form for B queries when
+// TyphoonMLA's break-even batch size (paper eq. 1; docs/engine.md, "Planner"): reading a prefix's
+// expanded K/V once (naive) costs as much time as computing its absorb form for B queries when
 //   B_theta = (Dqk + Dv) / (Sq (2 Dl + Dr)) * T / M.
 // (The MAC-to-FLOP and element-to-byte factors of two cancel.) B Sq, the query tokens, is
 // what the balance is about: B_theta(sq) = B_theta(1) / sq.

@@ -27,7 +27,8 @@ uint16_t ReferenceRne(float f) {
 
 TEST(Bf16Test, RoundsToNearestEvenOnRandomFloats) {
   std::mt19937 rng(7);
-  std::uniform_int_distribution<uint32_t> bits(0, 0x7f7effffu);  // finite, below the top binade edge
+  std::uniform_int_distribution<uint32_t> bits(0,
+                                               0x7f7effffu);  // finite, below the top binade edge
   for (int i = 0; i < 200000; ++i) {
     float f = std::bit_cast<float>(bits(rng));
     if (i % 2) f = -f;
@@ -40,7 +41,8 @@ TEST(Bf16Test, TiesGoToEven) {
   // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: even is 1.0.
   EXPECT_EQ(Bf16::FromFloat(1.0f + std::ldexp(1.0f, -8)).ToFloat(), 1.0f);
   // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 (odd) and 1 + 2^-6 (even).
-  EXPECT_EQ(Bf16::FromFloat(1.0f + 3 * std::ldexp(1.0f, -8)).ToFloat(), 1.0f + std::ldexp(1.0f, -6));
+  EXPECT_EQ(Bf16::FromFloat(1.0f + 3 * std::ldexp(1.0f, -8)).ToFloat(),
+            1.0f + std::ldexp(1.0f, -6));
 }
 
 TEST(Bf16Test, SpecialValues) {

@@ -33,7 +33,8 @@ ProcCpuInfo ReadProcCpuInfo() {
     const std::string value(absl::StripAsciiWhitespace(kv[1]));
     if (key == "model name" && info.model.empty()) info.model = value;
     if (key == "flags") {
-      for (absl::string_view f : absl::StrSplit(value, ' ', absl::SkipEmpty())) info.flags.insert(std::string(f));
+      for (absl::string_view f : absl::StrSplit(value, ' ', absl::SkipEmpty()))
+        info.flags.insert(std::string(f));
     }
   }
   return info;

@@ -17,7 +17,8 @@ TEST(Fp16Test, EveryValueRoundTrips) {
 
 TEST(Fp16Test, RoundsHalfToEvenAndOverflowsToInfinity) {
   EXPECT_EQ(Fp16::FromFloat(1.0f + std::ldexp(1.0f, -11)).ToFloat(), 1.0f);
-  EXPECT_EQ(Fp16::FromFloat(1.0f + 3 * std::ldexp(1.0f, -11)).ToFloat(), 1.0f + std::ldexp(1.0f, -9));
+  EXPECT_EQ(Fp16::FromFloat(1.0f + 3 * std::ldexp(1.0f, -11)).ToFloat(),
+            1.0f + std::ldexp(1.0f, -9));
   EXPECT_EQ(Fp16::FromFloat(65504.0f).ToFloat(), 65504.0f);
   EXPECT_TRUE(std::isinf(Fp16::FromFloat(70000.0f).ToFloat()));
   EXPECT_EQ(Fp16::FromFloat(std::ldexp(1.0f, -24)).ToFloat(), std::ldexp(1.0f, -24));  // subnormal

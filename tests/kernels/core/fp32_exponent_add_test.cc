@@ -28,7 +28,8 @@ TEST(Fp32ExponentAddTest, IntegerAddEqualsPowerOfTwoMultiplyInsideTheLemmaDomain
     const float expected = std::ldexp(f, n);
     const int32_t delta = n * (1 << 23);
     ASSERT_EQ(std::bit_cast<uint32_t>(expected), RawInt32Add(word, delta)) << f << " * 2^" << n;
-    ASSERT_EQ(std::bit_cast<uint32_t>(expected), std::bit_cast<uint32_t>(AddToExponentField(f, delta)));
+    ASSERT_EQ(std::bit_cast<uint32_t>(expected),
+              std::bit_cast<uint32_t>(AddToExponentField(f, delta)));
     ++checked;
   }
   EXPECT_GT(checked, 100000);
@@ -52,7 +53,7 @@ TEST(Fp32ExponentAddTest, ZerosStaySignedZeroWhereTheRawAddWouldCorruptThem) {
 TEST(Fp32ExponentAddTest, SubnormalsFlushAndUnderflowGoesToZero) {
   const float subnormal = std::numeric_limits<float>::denorm_min() * 1000;
   EXPECT_EQ(AddToExponentField(subnormal, 3 << 23), 0.0f);
-  const float tiny = std::ldexp(1.0f, -120);  // E = 7
+  const float tiny = std::ldexp(1.0f, -120);                              // E = 7
   EXPECT_EQ(AddToExponentField(tiny, -6 << 23), std::ldexp(1.0f, -126));  // E = 1: still normal
   EXPECT_EQ(std::bit_cast<uint32_t>(AddToExponentField(tiny, -7 << 23)), 0u);
   EXPECT_EQ(std::bit_cast<uint32_t>(AddToExponentField(-tiny, -30 << 23)), 0x80000000u);
@@ -85,10 +86,12 @@ TEST(Fp32ExponentAddTest, RowFormEqualsTheScalarFormOnEveryKindOfWordAndDelta) {
   // tiny mantissa corrections to shifts past the whole exponent range and int32's ends.
   std::mt19937 rng(12);
   std::uniform_int_distribution<uint32_t> any_word;
-  const uint32_t edges[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x007fffffu, 0x00800000u, 0x7f7fffffu,
-                            0x7f800000u, 0xff800000u, 0x7fc00001u, 0xffc00000u, 0x3f800000u, 0xbf800000u};
-  const int32_t deltas[] = {0,         1,          -1,          1 << 23,       -(1 << 23), 37 << 23,
-                            -37 << 23, 254 << 23,  -254 << 23,  (5 << 23) + 77, INT32_MAX,  INT32_MIN};
+  const uint32_t edges[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x007fffffu,
+                            0x00800000u, 0x7f7fffffu, 0x7f800000u, 0xff800000u,
+                            0x7fc00001u, 0xffc00000u, 0x3f800000u, 0xbf800000u};
+  const int32_t deltas[] = {0,         1,         -1,        1 << 23,    -(1 << 23),
+                            37 << 23,  -37 << 23, 254 << 23, -254 << 23, (5 << 23) + 77,
+                            INT32_MAX, INT32_MIN};
   std::vector<float> row(4096);
   for (size_t i = 0; i < row.size(); ++i) {
     row[i] = std::bit_cast<float>(i < std::size(edges) ? edges[i] : any_word(rng));
@@ -97,8 +100,10 @@ TEST(Fp32ExponentAddTest, RowFormEqualsTheScalarFormOnEveryKindOfWordAndDelta) {
     std::vector<float> got = row;
     AddToExponentFieldRow(got.data(), static_cast<int64_t>(got.size()), delta);
     for (size_t i = 0; i < row.size(); ++i) {
-      ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(AddToExponentField(row[i], delta)))
-          << "word 0x" << std::hex << std::bit_cast<uint32_t>(row[i]) << " delta " << std::dec << delta;
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[i]),
+                std::bit_cast<uint32_t>(AddToExponentField(row[i], delta)))
+          << "word 0x" << std::hex << std::bit_cast<uint32_t>(row[i]) << " delta " << std::dec
+          << delta;
     }
   }
 }

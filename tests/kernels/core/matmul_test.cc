@@ -50,10 +50,12 @@ TEST(MatmulTest, AccumulateAddsToExistingValuesAndNNMatches) {
   }
 }
 
-std::vector<Bf16> Narrowed(const std::vector<float>& v, int rows, int cols, int ld, int row0, int col0) {
+std::vector<Bf16> Narrowed(const std::vector<float>& v, int rows, int cols, int ld, int row0,
+                           int col0) {
   std::vector<Bf16> out(static_cast<size_t>(rows) * cols);
   for (int r = 0; r < rows; ++r) {
-    for (int c = 0; c < cols; ++c) out[r * cols + c] = Bf16::FromFloat(v[(row0 + r) * ld + col0 + c]);
+    for (int c = 0; c < cols; ++c)
+      out[r * cols + c] = Bf16::FromFloat(v[(row0 + r) * ld + col0 + c]);
   }
   return out;
 }
@@ -71,9 +73,11 @@ TEST(MatmulTest, ChunkOrderIsTheDefinedOne) {
     const int tm = std::min(kMatrixTile, m - i);
     std::vector<float> tile(kMatrixTile * kMatrixTile, 0.0f);
     for (int k0 = 0; k0 < k; k0 += 96) {
-      MatmulTileNN(tm, n, 96, Narrowed(a, tm, 96, k, i, k0).data(), Narrowed(b, 96, n, n, k0, 0).data(), tile.data());
+      MatmulTileNN(tm, n, 96, Narrowed(a, tm, 96, k, i, k0).data(),
+                   Narrowed(b, 96, n, n, k0, 0).data(), tile.data());
     }
-    for (int r = 0; r < tm; ++r) std::copy_n(tile.data() + r * kMatrixTile, n, by_hand.data() + (i + r) * n);
+    for (int r = 0; r < tm; ++r)
+      std::copy_n(tile.data() + r * kMatrixTile, n, by_hand.data() + (i + r) * n);
   }
   EXPECT_EQ(whole, by_hand);
 }
@@ -91,7 +95,8 @@ TEST(MatmulTest, NTIsTheSameCallsWithBGivenRowByRow) {
   std::vector<float> tile(kMatrixTile * kMatrixTile), by_hand(m * n);
   for (int r = 0; r < m; ++r) std::copy_n(c0.data() + r * n, n, tile.data() + r * kMatrixTile);
   for (int k0 = 0; k0 < k; k0 += 96) {
-    MatmulTileNT(m, n, 96, Narrowed(a, m, 96, k, 0, k0).data(), Narrowed(b, n, 96, k, 0, k0).data(), tile.data());
+    MatmulTileNT(m, n, 96, Narrowed(a, m, 96, k, 0, k0).data(), Narrowed(b, n, 96, k, 0, k0).data(),
+                 tile.data());
   }
   for (int r = 0; r < m; ++r) std::copy_n(tile.data() + r * kMatrixTile, n, by_hand.data() + r * n);
   EXPECT_EQ(nt, by_hand);

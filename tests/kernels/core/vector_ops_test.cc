@@ -49,16 +49,24 @@ TEST(VectorOpsTest, NarrowToBf16IsFromFloatOnEveryKindOfWord) {
   // Exact bf16 values, ties to even, values between, infinities, zeros, subnormals, NaNs.
   std::mt19937 rng(21);
   std::uniform_int_distribution<uint32_t> any_word;
-  std::vector<float> in = {0.0f, -0.0f, 1.0f, -2.5f, std::numeric_limits<float>::infinity(),
-                           -std::numeric_limits<float>::infinity(), std::nanf(""),
-                           std::bit_cast<float>(0x3f808000u), std::bit_cast<float>(0x3f818000u),
-                           std::bit_cast<float>(0x7f7fffffu), std::bit_cast<float>(0x00000001u),
+  std::vector<float> in = {0.0f,
+                           -0.0f,
+                           1.0f,
+                           -2.5f,
+                           std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::infinity(),
+                           std::nanf(""),
+                           std::bit_cast<float>(0x3f808000u),
+                           std::bit_cast<float>(0x3f818000u),
+                           std::bit_cast<float>(0x7f7fffffu),
+                           std::bit_cast<float>(0x00000001u),
                            std::bit_cast<float>(0xffc00001u)};
   while (in.size() < 5000) in.push_back(std::bit_cast<float>(any_word(rng)));
   std::vector<Bf16> out(in.size());
   NarrowToBf16(in.data(), static_cast<int64_t>(in.size()), out.data());
   for (size_t i = 0; i < in.size(); ++i) {
-    ASSERT_EQ(out[i].bits, Bf16::FromFloat(in[i]).bits) << "word 0x" << std::hex << std::bit_cast<uint32_t>(in[i]);
+    ASSERT_EQ(out[i].bits, Bf16::FromFloat(in[i]).bits)
+        << "word 0x" << std::hex << std::bit_cast<uint32_t>(in[i]);
   }
 }
 

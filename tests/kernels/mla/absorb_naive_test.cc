@@ -33,10 +33,12 @@ class HeadSpaceFormsTest : public ::testing::TestWithParam<Case> {
  protected:
   testing::RandomHeadSpaceBatch MakeBatch() const {
     Rng rng(300 + GetParam().heads + GetParam().sq);
-    return testing::MakeRandomHeadSpaceBatch(
-        {.sq = GetParam().sq, .heads = GetParam().heads, .dk = 576, .page_size = 64,
-         .seqlens = {0, 1, 65, 600, 1100}},
-        rng);
+    return testing::MakeRandomHeadSpaceBatch({.sq = GetParam().sq,
+                                              .heads = GetParam().heads,
+                                              .dk = 576,
+                                              .page_size = 64,
+                                              .seqlens = {0, 1, 65, 600, 1100}},
+                                             rng);
   }
   const float scale_ = 1.0f / std::sqrt(192.0f);
 };
@@ -69,14 +71,16 @@ TEST_P(HeadSpaceFormsTest, NaiveAndAbsorbAgreeWithEachOther) {
   auto naive = NaiveDecode(problem, RescaleAlgorithm::kBase);
   ASSERT_TRUE(absorb.ok() && naive.ok());
   // Both carry their own roundings, so allow the sum of both error budgets.
-  constexpr testing::Tolerance kPairTolerance{2 * kHeadSpaceOutTolerance.abs_tol, 2 * 2.01 / 128, 4e-5};
+  constexpr testing::Tolerance kPairTolerance{2 * kHeadSpaceOutTolerance.abs_tol, 2 * 2.01 / 128,
+                                              4e-5};
   EXPECT_TRUE(testing::AllCloseF(naive->out, absorb->out, kPairTolerance));
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, HeadSpaceFormsTest,
                          ::testing::Values(Case{1, 1}, Case{16, 2}, Case{64, 1}, Case{128, 2}),
                          [](const ::testing::TestParamInfo<Case>& param_info) {
-                           return absl::StrCat("h", param_info.param.heads, "_sq", param_info.param.sq);
+                           return absl::StrCat("h", param_info.param.heads, "_sq",
+                                               param_info.param.sq);
                          });
 
 TEST(HeadSpaceValidationTest, RejectsMismatchedWeights) {

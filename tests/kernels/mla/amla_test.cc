@@ -20,16 +20,21 @@ class AmlaSweepTest : public ::testing::TestWithParam<SweepPoint> {};
 TEST_P(AmlaSweepTest, MatchesGoldenWithinFlashMlaTolerances) {
   const SweepPoint p = GetParam();
   Rng rng(200 + p.heads * 7 + p.sq * 3 + p.page_size);
-  const auto batch = testing::MakeRandomPagedBatch(
-      {.sq = p.sq, .heads = p.heads, .dk = 576, .page_size = p.page_size,
-       .seqlens = testing::SweepLengths(p.page_size), .q_sigma = p.sigma, .kv_sigma = p.sigma},
-      rng);
+  const auto batch = testing::MakeRandomPagedBatch({.sq = p.sq,
+                                                    .heads = p.heads,
+                                                    .dk = 576,
+                                                    .page_size = p.page_size,
+                                                    .seqlens = testing::SweepLengths(p.page_size),
+                                                    .q_sigma = p.sigma,
+                                                    .kv_sigma = p.sigma},
+                                                   rng);
   const LatentDecodeProblem problem = batch.Latent(512, 1.0f / std::sqrt(576.0f));
   auto golden = GoldenLatentDecode(problem);
   auto amla = AmlaDecode(problem);
   ASSERT_TRUE(golden.ok()) << golden.status();
   ASSERT_TRUE(amla.ok()) << amla.status();
-  EXPECT_TRUE(testing::AllClose(amla->out, golden->out, testing::FlashMlaOutTolerance(p.sigma), true));
+  EXPECT_TRUE(
+      testing::AllClose(amla->out, golden->out, testing::FlashMlaOutTolerance(p.sigma), true));
   EXPECT_TRUE(testing::AllClose(amla->lse, golden->lse, testing::kFlashMlaLseTolerance, false));
 }
 
@@ -39,10 +44,14 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AmlaSweepTest, ::testing::ValuesIn(testing::Ker
 TEST(AmlaTest, FlashMlaTestDataRecipe) {
   // FlashMLA's own test data: q and k ~ randn / 10, DeepSeek's scale 1/sqrt(192).
   Rng rng(31);
-  const auto batch = testing::MakeRandomPagedBatch(
-      {.sq = 2, .heads = 128, .dk = 576, .page_size = 64, .seqlens = {20, 140, 4096},
-       .q_sigma = 0.1, .kv_sigma = 0.1},
-      rng);
+  const auto batch = testing::MakeRandomPagedBatch({.sq = 2,
+                                                    .heads = 128,
+                                                    .dk = 576,
+                                                    .page_size = 64,
+                                                    .seqlens = {20, 140, 4096},
+                                                    .q_sigma = 0.1,
+                                                    .kv_sigma = 0.1},
+                                                   rng);
   const LatentDecodeProblem problem = batch.Latent(512, 1.0f / std::sqrt(192.0f));
   auto golden = GoldenLatentDecode(problem);
   auto amla = AmlaDecode(problem);
@@ -55,10 +64,14 @@ TEST(AmlaTest, LargeScoresForceBigExponentShiftsAndStayAccurate) {
   // sigma = 10 makes the running max jump by many powers of two between blocks, so the
   // int32 rescale and its -30 clamp are exercised, not just the mantissa correction.
   Rng rng(32);
-  const auto batch = testing::MakeRandomPagedBatch(
-      {.sq = 1, .heads = 16, .dk = 576, .page_size = 128, .seqlens = {3000},
-       .q_sigma = 10.0, .kv_sigma = 10.0},
-      rng);
+  const auto batch = testing::MakeRandomPagedBatch({.sq = 1,
+                                                    .heads = 16,
+                                                    .dk = 576,
+                                                    .page_size = 128,
+                                                    .seqlens = {3000},
+                                                    .q_sigma = 10.0,
+                                                    .kv_sigma = 10.0},
+                                                   rng);
   const LatentDecodeProblem problem = batch.Latent(512, 1.0f / std::sqrt(576.0f));
   auto golden = GoldenLatentDecode(problem);
   auto amla = AmlaDecode(problem);
@@ -72,12 +85,17 @@ TEST(AmlaTest, ZeroValueColumnsStayZeroAcrossRescales) {
   // The raw int32 add would turn it into -inf/NaN at the first rescale; the guarded add
   // must leave it alone while the other columns still match golden.
   Rng rng(33);
-  auto batch = testing::MakeRandomPagedBatch(
-      {.sq = 1, .heads = 8, .dk = 576, .page_size = 128, .seqlens = {1500}, .q_sigma = 3,
-       .kv_sigma = 3},
-      rng);
+  auto batch = testing::MakeRandomPagedBatch({.sq = 1,
+                                              .heads = 8,
+                                              .dk = 576,
+                                              .page_size = 128,
+                                              .seqlens = {1500},
+                                              .q_sigma = 3,
+                                              .kv_sigma = 3},
+                                             rng);
   for (size_t t = 0; t < batch.pages.size() / 576; ++t) {
-    if (!std::isnan(batch.pages[t * 576].ToFloat())) batch.pages[t * 576 + 17] = Bf16::FromFloat(0.0f);
+    if (!std::isnan(batch.pages[t * 576].ToFloat()))
+      batch.pages[t * 576 + 17] = Bf16::FromFloat(0.0f);
   }
   const LatentDecodeProblem problem = batch.Latent(512, 1.0f / std::sqrt(576.0f));
   auto golden = GoldenLatentDecode(problem);
@@ -106,10 +124,13 @@ TEST(AmlaTest, RejectsInvalidProblems) {
   Rng rng(35);
   auto batch = testing::MakeRandomPagedBatch(
       {.sq = 1, .heads = 4, .dk = 576, .page_size = 64, .seqlens = {10}}, rng);
-  EXPECT_EQ(AmlaDecode(batch.Latent(512, 0.0f)).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(AmlaDecode(batch.Latent(600, 0.1f)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AmlaDecode(batch.Latent(512, 0.0f)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AmlaDecode(batch.Latent(600, 0.1f)).status().code(),
+            absl::StatusCode::kInvalidArgument);
   batch.block_table[0] = batch.num_pages;
-  EXPECT_EQ(AmlaDecode(batch.Latent(512, 0.1f)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AmlaDecode(batch.Latent(512, 0.1f)).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -15,9 +15,9 @@
 namespace mlaserve {
 namespace {
 
-using ::testing::ElementsAre;
 using mlaserve::testing::BatchScenario;
 using mlaserve::testing::BatchScenarioSpec;
+using ::testing::ElementsAre;
 
 // Head-space answers carry the absorb form's bf16 casts (q_lat, o_lat) or the expanded K/V's;
 // the bounds of tests/kernels/mla/absorb_naive_test.cc.
@@ -35,7 +35,8 @@ std::vector<std::string> StepNames(const BatchSteps& steps) {
 
 const AttentionStep& Attention(const BatchSteps& steps, const std::string& name) {
   for (const BatchStep& step : steps.steps) {
-    if (const auto* a = std::get_if<AttentionStep>(&step); a != nullptr && a->name == name) return *a;
+    if (const auto* a = std::get_if<AttentionStep>(&step); a != nullptr && a->name == name)
+      return *a;
   }
   ADD_FAILURE() << "no attention step " << name;
   static const AttentionStep none;
@@ -43,7 +44,7 @@ const AttentionStep& Attention(const BatchSteps& steps, const std::string& name)
 }
 
 TEST(SplitCountTest, SplitsOnlyWhenRowGroupsLeaveCoresIdleAndBalancesBlocks) {
-  EXPECT_EQ(SplitCount(32, 4, 128, 24), 6);  // 128 blocks over 24 cores: 6 per core
+  EXPECT_EQ(SplitCount(32, 4, 128, 24), 6);   // 128 blocks over 24 cores: 6 per core
   EXPECT_EQ(SplitCount(32, 24, 768, 24), 1);  // as many row groups as cores: no split
   EXPECT_EQ(SplitCount(1, 1, 1, 24), 1);      // one block cannot be cut
   EXPECT_EQ(SplitCount(3, 1, 3, 24), 3);      // never more parts than blocks
@@ -85,7 +86,8 @@ TEST(BatchStepBuilderTest, HybridAddsNaivePassesAndAMergeAfterTheProjection) {
   auto s = BatchScenario::Make(spec, 3);
   auto built = BuildBatchSteps(s->batch());
   ASSERT_TRUE(built.ok()) << built.status();
-  EXPECT_THAT(StepNames(built->steps), ElementsAre("absorb_q", "latent", "naive", "project_out", "prefix_merge"));
+  EXPECT_THAT(StepNames(built->steps),
+              ElementsAre("absorb_q", "latent", "naive", "project_out", "prefix_merge"));
   // The absorb part starts after the prefix: 5 keys of its own.
   EXPECT_THAT(Attention(built->steps, "latent").groups[0].visible, ::testing::Each(5));
   // One naive row group per head over the prefix's 100 keys.
@@ -97,8 +99,9 @@ TEST(BatchStepBuilderTest, HybridAddsNaivePassesAndAMergeAfterTheProjection) {
 TEST(BatchStepBuilderTest, TreeAwarePassesReadASharedLevelOnceForAllItsGroups) {
   BatchScenarioSpec spec;
   spec.prefixes = {{-1, 300}, {0, 100}, {0, 100}};
-  spec.groups = {{.head_space = true, .sq = 1, .prefix = 1, .own_tokens = {1, 2, 3}, .hybrid = true},
-                 {.head_space = true, .sq = 1, .prefix = 2, .own_tokens = {4, 5}, .hybrid = true}};
+  spec.groups = {
+      {.head_space = true, .sq = 1, .prefix = 1, .own_tokens = {1, 2, 3}, .hybrid = true},
+      {.head_space = true, .sq = 1, .prefix = 2, .own_tokens = {4, 5}, .hybrid = true}};
   auto shared = BatchScenario::Make(spec, 4);
   spec.shared_passes = false;
   auto flat = BatchScenario::Make(spec, 4);
@@ -123,7 +126,8 @@ TEST(BatchStepBuilderTest, SparseStepsSplitTheirKeysAndMergeThemBack) {
   auto s = BatchScenario::Make(spec, 5);
   auto built = BuildBatchSteps(s->batch());
   ASSERT_TRUE(built.ok()) << built.status();
-  EXPECT_THAT(StepNames(built->steps), ElementsAre("absorb_q", "latent", "split_merge", "project_out"));
+  EXPECT_THAT(StepNames(built->steps),
+              ElementsAre("absorb_q", "latent", "split_merge", "project_out"));
   // 8 + 4 blocks over 24 cores: one block per part.
   EXPECT_EQ(Attention(built->steps, "latent").groups.size(), 12u);
   const auto& merge = std::get<CombineStep>(built->steps.steps[2]);
@@ -177,7 +181,8 @@ TEST(CombineLsePartsTest, MatchesTheFp64FormulaAndTheTwoPartMerge) {
     std::vector<const float*> ptrs;
     for (int p = 0; p < parts; ++p) {
       for (float& x : outs[p]) x = static_cast<float>(normal(rng));
-      lses[p] = p == 1 ? -std::numeric_limits<float>::infinity() : static_cast<float>(5 * normal(rng));
+      lses[p] =
+          p == 1 ? -std::numeric_limits<float>::infinity() : static_cast<float>(5 * normal(rng));
       ptrs.push_back(outs[p].data());
     }
     std::vector<float> out(kDv);
@@ -190,8 +195,10 @@ TEST(CombineLsePartsTest, MatchesTheFp64FormulaAndTheTwoPartMerge) {
     EXPECT_NEAR(lse, m + std::log(total), 1e-5 * std::max(1.0, std::abs(m))) << parts;
     for (int d = 0; d < kDv; ++d) {
       double expected = 0;
-      for (int p = 0; p < parts; ++p) expected += std::exp(double{lses[p]} - m) / total * outs[p][d];
-      EXPECT_NEAR(out[d], expected, 1e-6 * parts * (1 + std::abs(expected))) << parts << " parts, element " << d;
+      for (int p = 0; p < parts; ++p)
+        expected += std::exp(double{lses[p]} - m) / total * outs[p][d];
+      EXPECT_NEAR(out[d], expected, 1e-6 * parts * (1 + std::abs(expected)))
+          << parts << " parts, element " << d;
     }
     if (parts == 2) {
       std::vector<float> pair(kDv);
@@ -226,7 +233,8 @@ TEST_P(StandardBatchTest, HostRunnerMatchesTheGolden) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Batches, StandardBatchTest, ::testing::ValuesIn(mlaserve::testing::StandardBatchScenarios()),
+INSTANTIATE_TEST_SUITE_P(Batches, StandardBatchTest,
+                         ::testing::ValuesIn(mlaserve::testing::StandardBatchScenarios()),
                          [](const auto& param_info) { return param_info.param.name; });
 
 // Split-KV changes where each part's softmax starts, and so the bf16 rounding of P, but not
@@ -240,7 +248,8 @@ TEST(SplitKvTest, SplitAnswersAgreeWithUnsplitOnes) {
   auto a = BuildBatchSteps(whole->batch());
   auto b = BuildBatchSteps(split->batch());
   ASSERT_TRUE(a.ok() && b.ok());
-  ASSERT_GT(Attention(b->steps, "latent").groups.size(), Attention(a->steps, "latent").groups.size());
+  ASSERT_GT(Attention(b->steps, "latent").groups.size(),
+            Attention(a->steps, "latent").groups.size());
   HostBatchRunner runner;
   auto ra = runner.Run(a->steps);
   auto rb = runner.Run(b->steps);
@@ -248,8 +257,10 @@ TEST(SplitKvTest, SplitAnswersAgreeWithUnsplitOnes) {
   for (int m = 0; m < 2; ++m) {
     const auto x = mlaserve::testing::ReadAnswer(**ra, a->answers[0][m]);
     const auto y = mlaserve::testing::ReadAnswer(**rb, b->answers[0][m]);
-    EXPECT_TRUE(mlaserve::testing::AllCloseF(y.out, x.out, mlaserve::testing::FlashMlaOutTolerance(1.0)));
-    for (size_t i = 0; i < x.lse.size(); ++i) EXPECT_NEAR(y.lse[i], x.lse[i], 1e-5 * std::abs(x.lse[i]) + 1e-5);
+    EXPECT_TRUE(
+        mlaserve::testing::AllCloseF(y.out, x.out, mlaserve::testing::FlashMlaOutTolerance(1.0)));
+    for (size_t i = 0; i < x.lse.size(); ++i)
+      EXPECT_NEAR(y.lse[i], x.lse[i], 1e-5 * std::abs(x.lse[i]) + 1e-5);
   }
 }
 

@@ -27,7 +27,8 @@ Partial AttendRange(const testing::RandomPagedBatch& batch, int begin, int end, 
   const int rows = p.heads();
   std::vector<float> q(static_cast<size_t>(rows) * p.dk());
   for (int h = 0; h < rows; ++h)
-    for (int d = 0; d < p.dk(); ++d) q[static_cast<size_t>(h) * p.dk() + d] = p.q(0, 0, h, d).ToFloat();
+    for (int d = 0; d < p.dk(); ++d)
+      q[static_cast<size_t>(h) * p.dk() + d] = p.q(0, 0, h, d).ToFloat();
   std::vector<float> k(static_cast<size_t>(end - begin) * p.dk());
   for (int t = begin; t < end; ++t)
     for (int d = 0; d < p.dk(); ++d)
@@ -63,7 +64,8 @@ class LseCombineTest : public ::testing::Test {
 };
 
 TEST_F(LseCombineTest, SplitAttentionMergedEqualsWholeAttention) {
-  const Partial merged = Combine(AttendRange(batch_, 0, 700, scale_), AttendRange(batch_, 700, 1500, scale_));
+  const Partial merged =
+      Combine(AttendRange(batch_, 0, 700, scale_), AttendRange(batch_, 700, 1500, scale_));
   EXPECT_TRUE(testing::AllClose(merged.out, golden_.out, testing::FlashMlaOutTolerance(1.0), true));
   EXPECT_TRUE(testing::AllClose(merged.lse, golden_.lse, testing::kFlashMlaLseTolerance, false));
 }

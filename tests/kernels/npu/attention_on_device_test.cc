@@ -5,9 +5,9 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/mla/amla.h"
+#include "kernels/mla/flash_base.h"
 #include "kernels/npu/device.h"
 #include "kernels/npu/programs/latent_decode_on_device.h"
-#include "kernels/mla/flash_base.h"
 #include "kernels/reference/golden_attention.h"
 #include "tests/testing/attention_checks.h"
 #include "tests/testing/random_batch.h"
@@ -53,13 +53,17 @@ struct Case {
 class AmlaOnDeviceTest : public ::testing::TestWithParam<Case> {};
 
 // Each rescale algorithm on the device against its host kernel, on the same kind of batch.
-void ExpectDeviceEqualsHost(const Case& c, RescaleAlgorithm algorithm, uint64_t seed,
-                            absl::StatusOr<AttentionOutput> (*host_kernel)(const LatentDecodeProblem&)) {
+void ExpectDeviceEqualsHost(
+    const Case& c, RescaleAlgorithm algorithm, uint64_t seed,
+    absl::StatusOr<AttentionOutput> (*host_kernel)(const LatentDecodeProblem&)) {
   Rng rng(seed + c.heads + c.sq * 7 + c.page_size);
-  const auto batch = testing::MakeRandomPagedBatch(
-      {.sq = c.sq, .heads = c.heads, .dk = 576, .page_size = c.page_size,
-       .seqlens = {0, 1, c.page_size + 1, 511, 513, 1300}},
-      rng);
+  const auto batch =
+      testing::MakeRandomPagedBatch({.sq = c.sq,
+                                     .heads = c.heads,
+                                     .dk = 576,
+                                     .page_size = c.page_size,
+                                     .seqlens = {0, 1, c.page_size + 1, 511, 513, 1300}},
+                                    rng);
   const LatentDecodeProblem problem = batch.Latent(512, 1.0f / std::sqrt(576.0f));
   auto device = MakeDevice();
   auto on_device = RunLatentDecodeOnDevice(*device, problem, {.algorithm = algorithm});
@@ -68,8 +72,8 @@ void ExpectDeviceEqualsHost(const Case& c, RescaleAlgorithm algorithm, uint64_t 
   ASSERT_TRUE(host.ok()) << host.status();
   const BitwiseDiff out = Compare(on_device->output.out, host->out);
   const BitwiseDiff lse = Compare(on_device->output.lse, host->lse);
-  EXPECT_EQ(out.differing_bits, 0) << "max bf16 ulps " << out.max_bf16_ulps << ", first at "
-                                   << out.first;
+  EXPECT_EQ(out.differing_bits, 0)
+      << "max bf16 ulps " << out.max_bf16_ulps << ", first at " << out.first;
   EXPECT_EQ(lse.differing_bits, 0);
   EXPECT_GT(on_device->report.modeled_us, 0.0);
   ASSERT_TRUE(on_device->report.host_ms.has_value());
@@ -98,7 +102,8 @@ TEST(AmlaOnDeviceReuseTest, BatchesOnRecycledMemoryEqualTheHostBitForBit) {
     const auto batch = testing::MakeRandomPagedBatch(
         {.sq = 2, .heads = 64, .dk = 576, .page_size = 64, .seqlens = {300, 1, 700, 129}}, rng);
     const LatentDecodeProblem problem = batch.Latent(512, 1.0f / std::sqrt(576.0f));
-    auto on_device = RunLatentDecodeOnDevice(*device, problem, {.algorithm = RescaleAlgorithm::kAmla});
+    auto on_device =
+        RunLatentDecodeOnDevice(*device, problem, {.algorithm = RescaleAlgorithm::kAmla});
     auto host = AmlaDecode(problem);
     ASSERT_TRUE(on_device.ok()) << on_device.status();
     ASSERT_TRUE(host.ok()) << host.status();
@@ -113,8 +118,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AmlaOnDeviceTest,
                          ::testing::Values(Case{1, 1, 64}, Case{16, 2, 128}, Case{128, 1, 128},
                                            Case{128, 2, 64}, Case{64, 4, 128}),
                          [](const ::testing::TestParamInfo<Case>& param_info) {
-                           return absl::StrCat("h", param_info.param.heads, "_sq", param_info.param.sq,
-                                               "_page", param_info.param.page_size);
+                           return absl::StrCat("h", param_info.param.heads, "_sq",
+                                               param_info.param.sq, "_page",
+                                               param_info.param.page_size);
                          });
 
 }  // namespace

@@ -41,14 +41,17 @@ std::unique_ptr<Device> MakeDevice(int threads) {
 }
 
 // The bytes of every answer of a run.
-std::vector<std::vector<std::byte>> AnswerBytes(const BatchBuffers& buffers, const BuiltBatch& built) {
+std::vector<std::vector<std::byte>> AnswerBytes(const BatchBuffers& buffers,
+                                                const BuiltBatch& built) {
   std::vector<std::vector<std::byte>> bytes;
   for (const auto& group : built.answers) {
     for (const AnswerRef& a : group) {
-      const std::span<const std::byte> out = buffers.Bytes(a.out.buffer)
-                                                 .subspan(a.out.offset * ElementBytes(a.out_type),
-                                                          a.out_elements * ElementBytes(a.out_type));
-      const std::span<const std::byte> lse = buffers.Bytes(a.lse.buffer).subspan(a.lse.offset * 4, a.lse_elements * 4);
+      const std::span<const std::byte> out =
+          buffers.Bytes(a.out.buffer)
+              .subspan(a.out.offset * ElementBytes(a.out_type),
+                       a.out_elements * ElementBytes(a.out_type));
+      const std::span<const std::byte> lse =
+          buffers.Bytes(a.lse.buffer).subspan(a.lse.offset * 4, a.lse_elements * 4);
       bytes.emplace_back(out.begin(), out.end());
       bytes.back().insert(bytes.back().end(), lse.begin(), lse.end());
     }
@@ -96,7 +99,8 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(DeviceKind::kHostTwoThreads, DeviceKind::kNpuOneThread,
                                          DeviceKind::kNpuTwoThreads)),
     [](const auto& param_info) {
-      return absl::StrCat(std::get<0>(param_info.param).name, "_", DeviceName(std::get<1>(param_info.param)));
+      return absl::StrCat(std::get<0>(param_info.param).name, "_",
+                          DeviceName(std::get<1>(param_info.param)));
     });
 
 // A model-only launch needs no memory: the planner's shapes with null pointers.
@@ -119,7 +123,8 @@ TEST(BatchLaunchTest, ModelsABatchWithoutMemoryAndRefusesToExecuteOne) {
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_EQ(report->launches.size(), 5u);  // absorb_q, latent, naive, project_out, prefix_merge
   EXPECT_GT(report->modeled_us, 0);
-  EXPECT_EQ((*model)->Run(ExecutionMode::kExecute).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*model)->Run(ExecutionMode::kExecute).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(BatchLaunch::Create(*device, built->steps, {}, /*backed=*/true).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
@@ -144,7 +149,8 @@ TEST(BatchLaunchTest, SplitKvShortensASmallBatchsModelledTime) {
     ASSERT_TRUE(report.ok()) << report.status();
     modeled[i++] = report->modeled_us;
   }
-  EXPECT_LT(modeled[1], modeled[0] / 3) << "split " << modeled[1] << " us, whole " << modeled[0] << " us";
+  EXPECT_LT(modeled[1], modeled[0] / 3)
+      << "split " << modeled[1] << " us, whole " << modeled[0] << " us";
 }
 
 }  // namespace

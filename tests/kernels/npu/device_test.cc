@@ -16,14 +16,14 @@
 #include <unordered_map>
 #include <utility>
 
+#include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/core/fp32_exponent_add.h"
-#include "common/status_macros.h"
 #include "kernels/npu/device.h"
-#include "kernels/npu/timing_model.h"
 #include "kernels/npu/l2_cache_model.h"
 #include "kernels/npu/programs/latent_decode_on_device.h"
+#include "kernels/npu/timing_model.h"
 #include "nlohmann/json.hpp"
 
 namespace mlaserve::npu {
@@ -86,7 +86,8 @@ TEST(DeviceTest, LocalAllocationsAreAlignedToTheProfile) {
   auto device = MakeDevice();
   const DeviceProfile& p = device->profile();
   ScriptedKernel kernel(1, [&p](Program& program) -> absl::Status {
-    for (const auto& [space, alignment] : {std::pair{Space::kL1, p.l1_alignment}, std::pair{Space::kL0C, p.l0c_alignment}}) {
+    for (const auto& [space, alignment] :
+         {std::pair{Space::kL1, p.l1_alignment}, std::pair{Space::kL0C, p.l0c_alignment}}) {
       ASSIGN_OR_RETURN(LocalTensor a, program.Cube(0).Alloc(space, 1, "a"));
       ASSIGN_OR_RETURN(LocalTensor b, program.Cube(0).Alloc(space, 3, "b"));
       EXPECT_EQ(a.offset % alignment, 0);
@@ -107,12 +108,15 @@ TEST(DeviceTest, GmAccessOutsideItsBufferIsRefusedBeforeAnythingRuns) {
   std::atomic<bool> ran{false};
   ScriptedKernel overrun(1, [&](Program& program) -> absl::Status {
     CoreRecorder& aiv = program.Vector(0, 0);
-    aiv.WriteGm(GmRegion::Rows(*buffer, 900, 2, 64, 64), AtomicMode::kNone, [&ran] { ran = true; }, "lse rows");
+    aiv.WriteGm(
+        GmRegion::Rows(*buffer, 900, 2, 64, 64), AtomicMode::kNone, [&ran] { ran = true; },
+        "lse rows");
     return absl::OkStatus();
   });
   auto report = device->Launch(overrun, ExecutionMode::kExecute);
   EXPECT_EQ(report.status().code(), absl::StatusCode::kOutOfRange);
-  EXPECT_THAT(report.status().message(), HasSubstr("overruns GM buffer 'lse out' (1000 B) by 28 B"));
+  EXPECT_THAT(report.status().message(),
+              HasSubstr("overruns GM buffer 'lse out' (1000 B) by 28 B"));
   EXPECT_THAT(report.status().message(), HasSubstr("lse rows"));
   EXPECT_FALSE(ran);
 
@@ -215,7 +219,8 @@ TEST(DeviceTest, ASeventeenthOutstandingCrossCoreSetIsAProtocolViolation) {
     });
   };
   EXPECT_TRUE(device->Launch(kernel(kMaxOutstandingCrossCoreSets), ExecutionMode::kModelOnly).ok());
-  const auto report = device->Launch(kernel(kMaxOutstandingCrossCoreSets + 1), ExecutionMode::kModelOnly);
+  const auto report =
+      device->Launch(kernel(kMaxOutstandingCrossCoreSets + 1), ExecutionMode::kModelOnly);
   EXPECT_EQ(report.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(report.status().message(), HasSubstr("17th outstanding set"));
 }
@@ -254,18 +259,20 @@ TEST(DeviceTest, AtomicAddsIntoSharedRowsAreExact) {
         CoreRecorder& aiv = program.Vector(b, s);
         const float value = static_cast<float>(1 + 2 * b + s);
         for (int k = 0; k < kAdds; ++k) {
-          aiv.WriteGm(GmRegion::Whole(*sum), AtomicMode::kAddF32,
-                      [dst = sum->as<float>(), value] {
-                        for (int r = 0; r < kRows; ++r) dst[r] += value;
-                      },
-                      "add");
+          aiv.WriteGm(
+              GmRegion::Whole(*sum), AtomicMode::kAddF32,
+              [dst = sum->as<float>(), value] {
+                for (int r = 0; r < kRows; ++r) dst[r] += value;
+              },
+              "add");
         }
         // One exponent add of +1 per core: x 2 each.
-        aiv.WriteGm(GmRegion::Whole(*scaled), AtomicMode::kAddExponentI32,
-                    [dst = scaled->as<float>()] {
-                      for (int r = 0; r < kRows; ++r) dst[r] = AddToExponentField(dst[r], int32_t{1} << 23);
-                    },
-                    "rescale");
+        aiv.WriteGm(
+            GmRegion::Whole(*scaled), AtomicMode::kAddExponentI32,
+            [dst = scaled->as<float>()] {
+              for (int r = 0; r < kRows; ++r) dst[r] = AddToExponentField(dst[r], int32_t{1} << 23);
+            },
+            "rescale");
       }
     }
     return absl::OkStatus();
@@ -280,8 +287,13 @@ TEST(DeviceTest, AtomicAddsIntoSharedRowsAreExact) {
 }
 
 LatentDecodeShape PaperShape(int batch, int sq, int sk) {
-  return {.heads = 128, .sq = sq, .seqlens = std::vector<int32_t>(batch, sk), .dk = 576, .dv = 512,
-          .page_size = 128, .causal = true};
+  return {.heads = 128,
+          .sq = sq,
+          .seqlens = std::vector<int32_t>(batch, sk),
+          .dk = 576,
+          .dv = 512,
+          .page_size = 128,
+          .causal = true};
 }
 
 TEST(DeviceTest, ModelledTimeIsDeterministicForAProfileAndShape) {
@@ -309,15 +321,17 @@ TEST(DeviceTest, TheLaunchHeadGrowsWithTheCoresStartedByKernelType) {
   const DeviceProfile& p = *die;
   EXPECT_EQ(LaunchHeadCycles(p, 24, true, true), 4150 + 24 * 778 + 1800);  // MIX: 12.66 us + 1 us
   EXPECT_EQ(LaunchHeadCycles(p, 1, true, true), 4150 + 778 + 1800);        // 2.72 us + 1 us
-  EXPECT_EQ(LaunchHeadCycles(p, 24, true, false), 4150 + 24 * 249 + 1800);  // AIC-only: 5.70 us + 1 us
-  EXPECT_EQ(LaunchHeadCycles(p, 24, false, true), 1575 + 48 * 33 + 1800);   // AIV-only, 48 AIVs
+  EXPECT_EQ(LaunchHeadCycles(p, 24, true, false),
+            4150 + 24 * 249 + 1800);  // AIC-only: 5.70 us + 1 us
+  EXPECT_EQ(LaunchHeadCycles(p, 24, false, true), 1575 + 48 * 33 + 1800);  // AIV-only, 48 AIVs
   // Two dies start their blocks side by side: 48 blocks cost what 24 cost on one die.
   EXPECT_EQ(LaunchHeadCycles(*dual, 48, true, true), LaunchHeadCycles(p, 24, true, true));
   // And a real launch pays it: an AIV-only kernel of one vector op on each of 2 blocks.
   auto device = MakeDevice();
   ScriptedKernel kernel(2, [](Program& program) {
     for (int block = 0; block < 2; ++block) {
-      for (int sub = 0; sub < 2; ++sub) program.Vector(block, sub).Vector({{VecClass::kUnary, 64}}, {}, "op");
+      for (int sub = 0; sub < 2; ++sub)
+        program.Vector(block, sub).Vector({{VecClass::kUnary, 64}}, {}, "op");
     }
     return absl::OkStatus();
   });
@@ -460,12 +474,15 @@ TEST(GlobalMemoryTest, ReuseNeverHandsOutALiveBuffersMemoryAndKeepsAtMostThePeak
     if (live.empty() || rng() % 5 < 3) {
       // A handful of recurring sizes and some odd ones, as batches allocate.
       const int64_t sizes[] = {4096, 65536, 200000, 1 << 20};
-      const int64_t bytes = rng() % 4 == 0 ? static_cast<int64_t>(1 + rng() % 300000) : sizes[rng() % 4];
+      const int64_t bytes =
+          rng() % 4 == 0 ? static_cast<int64_t>(1 + rng() % 300000) : sizes[rng() % 4];
       auto b = gm.Allocate(bytes, true, "buffer");
       ASSERT_TRUE(b.ok()) << b.status();
       for (const Held& h : live) {
-        const bool disjoint = b->host + b->bytes <= h.buffer.host || h.buffer.host + h.buffer.bytes <= b->host;
-        ASSERT_TRUE(disjoint) << "step " << step << ": a live buffer's host memory handed out again";
+        const bool disjoint =
+            b->host + b->bytes <= h.buffer.host || h.buffer.host + h.buffer.bytes <= b->host;
+        ASSERT_TRUE(disjoint) << "step " << step
+                              << ": a live buffer's host memory handed out again";
       }
       const auto pattern = static_cast<uint8_t>(step);
       std::memset(b->host, pattern, static_cast<size_t>(bytes));
@@ -555,12 +572,12 @@ TEST(L2CacheModelTest, ReuseDistanceIsCountedInBytesMoved) {
     const L2CacheModel::Outcome o = l2.Access({addr, 1, bytes, bytes});
     return HitFetched{o.hit_bytes, o.fetched_bytes};
   };
-  EXPECT_EQ(access(512, 512), HitFetched(0, 512));     // cold
-  EXPECT_EQ(access(512, 100), HitFetched(100, 0));     // 512 B since: resident
-  EXPECT_EQ(access(600, 1000), HitFetched(424, 1024)); // line 1 hits, lines 2 and 3 miss
-  EXPECT_EQ(access(1024, 1), HitFetched(1, 0));        // touched 576 B ago
-  EXPECT_EQ(access(1536, 30), HitFetched(30, 0));      // touched 65 B ago
-  EXPECT_EQ(access(512, 1), HitFetched(0, 512));       // 1031 B since: evicted
+  EXPECT_EQ(access(512, 512), HitFetched(0, 512));      // cold
+  EXPECT_EQ(access(512, 100), HitFetched(100, 0));      // 512 B since: resident
+  EXPECT_EQ(access(600, 1000), HitFetched(424, 1024));  // line 1 hits, lines 2 and 3 miss
+  EXPECT_EQ(access(1024, 1), HitFetched(1, 0));         // touched 576 B ago
+  EXPECT_EQ(access(1536, 30), HitFetched(30, 0));       // touched 65 B ago
+  EXPECT_EQ(access(512, 1), HitFetched(0, 512));        // 1031 B since: evicted
 }
 
 TEST(L2CacheModelTest, MatchesTheDocumentedSemanticsOnRandomStreams) {
@@ -589,7 +606,8 @@ TEST(L2CacheModelTest, MatchesTheDocumentedSemanticsOnRandomStreams) {
         }
         const L2CacheModel::Outcome got = model.Access(region);
         const L2CacheModel::Outcome want = reference.Access(region);
-        ASSERT_EQ(got.hit_bytes, want.hit_bytes) << "line " << line << " capacity " << capacity << " #" << i;
+        ASSERT_EQ(got.hit_bytes, want.hit_bytes)
+            << "line " << line << " capacity " << capacity << " #" << i;
         ASSERT_EQ(got.fetched_bytes, want.fetched_bytes)
             << "line " << line << " capacity " << capacity << " #" << i;
         hits += got.hit_bytes;
@@ -634,9 +652,13 @@ TEST(DeviceProfileTest, LoadingValidatesEveryParameter) {
   const std::vector<Case> cases = {
       {[&](nlohmann::json& d) { d["parameters"].erase(some_key); }, "is missing"},
       {[&](nlohmann::json& d) { d["parameters"][some_key].erase("origin"); }, "needs an 'origin'"},
-      {[&](nlohmann::json& d) { d["parameters"][some_key]["value"] = "fast"; }, "needs a numeric 'value'"},
+      {[&](nlohmann::json& d) { d["parameters"][some_key]["value"] = "fast"; },
+       "needs a numeric 'value'"},
       {[](nlohmann::json& d) { d["parameters"]["cube_cores"]["value"] = 0; }, "is outside"},
-      {[](nlohmann::json& d) { d["parameters"]["warp_size"] = {{"value", 32}, {"origin", "x"}}; }, "unknown parameter 'warp_size'"},
+      {[](nlohmann::json& d) {
+         d["parameters"]["warp_size"] = {{"value", 32}, {"origin", "x"}};
+       },
+       "unknown parameter 'warp_size'"},
       {[](nlohmann::json& d) { d["parameters"]["ub_alignment"]["value"] = 48; }, "powers of two"},
       {[](nlohmann::json& d) { d.erase("name"); }, "'name'"},
   };

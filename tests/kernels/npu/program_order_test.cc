@@ -4,19 +4,19 @@
 // a missing flag shows up here deterministically (for a seed) instead of as a rare race.
 #include <algorithm>
 #include <bit>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/mla/amla.h"
+#include "kernels/mla/flash_base.h"
 #include "kernels/npu/device.h"
 #include "kernels/npu/local_memory.h"
 #include "kernels/npu/program.h"
 #include "kernels/npu/programs/latent_decode_on_device.h"
-#include "kernels/mla/flash_base.h"
 #include "tests/testing/random_batch.h"
 
 namespace mlaserve::npu {
@@ -68,7 +68,8 @@ TEST_P(ProgramOrderTest, EveryDependencyRespectingOrderGivesTheHostResult) {
       {.sq = c.sq, .heads = c.heads, .dk = 576, .page_size = 64, .seqlens = {0, 1, 65, 511, 1300}},
       rng);
   const LatentDecodeProblem problem = batch.Latent(512, 1.0f / std::sqrt(576.0f));
-  auto host = c.algorithm == RescaleAlgorithm::kAmla ? AmlaDecode(problem) : FlashBaseDecode(problem);
+  auto host =
+      c.algorithm == RescaleAlgorithm::kAmla ? AmlaDecode(problem) : FlashBaseDecode(problem);
   ASSERT_TRUE(host.ok());
 
   auto profile = LoadDeviceProfile("ascend910-die");
@@ -77,8 +78,8 @@ TEST_P(ProgramOrderTest, EveryDependencyRespectingOrderGivesTheHostResult) {
   ASSERT_TRUE(device.ok());
   const LocalMemoryStorage storage(*profile);
   for (uint64_t seed = 0; seed < kOrders; ++seed) {
-    auto launch = LatentDecodeLaunch::Prepare(**device, problem,
-                                              {.algorithm = c.algorithm, .preload = c.preload, .amla = {}});
+    auto launch = LatentDecodeLaunch::Prepare(
+        **device, problem, {.algorithm = c.algorithm, .preload = c.preload, .amla = {}});
     ASSERT_TRUE(launch.ok()) << launch.status();
     Program program(*profile, (*launch)->kernel()->BlockDim(), &storage);
     ASSERT_TRUE((*launch)->kernel()->Record(program).ok());
@@ -96,16 +97,19 @@ TEST_P(ProgramOrderTest, EveryDependencyRespectingOrderGivesTheHostResult) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Programs, ProgramOrderTest,
-    ::testing::Values(Case{RescaleAlgorithm::kAmla, 2, 16, 2}, Case{RescaleAlgorithm::kAmla, 1, 128, 2},
-                      Case{RescaleAlgorithm::kAmla, 0, 32, 1}, Case{RescaleAlgorithm::kBase, 2, 16, 2},
-                      Case{RescaleAlgorithm::kBase, 1, 128, 1}),
-    [](const ::testing::TestParamInfo<Case>& param_info) {
-      return absl::StrCat(param_info.param.algorithm == RescaleAlgorithm::kAmla ? "amla" : "base",
-                          "_preload", param_info.param.preload, "_h", param_info.param.heads, "_sq",
-                          param_info.param.sq);
-    });
+INSTANTIATE_TEST_SUITE_P(Programs, ProgramOrderTest,
+                         ::testing::Values(Case{RescaleAlgorithm::kAmla, 2, 16, 2},
+                                           Case{RescaleAlgorithm::kAmla, 1, 128, 2},
+                                           Case{RescaleAlgorithm::kAmla, 0, 32, 1},
+                                           Case{RescaleAlgorithm::kBase, 2, 16, 2},
+                                           Case{RescaleAlgorithm::kBase, 1, 128, 1}),
+                         [](const ::testing::TestParamInfo<Case>& param_info) {
+                           return absl::StrCat(param_info.param.algorithm == RescaleAlgorithm::kAmla
+                                                   ? "amla"
+                                                   : "base",
+                                               "_preload", param_info.param.preload, "_h",
+                                               param_info.param.heads, "_sq", param_info.param.sq);
+                         });
 
 }  // namespace
 }  // namespace mlaserve::npu

@@ -45,7 +45,8 @@ TEST(GoldenAttentionTest, MatchesTextbookSoftmaxOnSmallCase) {
 
 TEST(GoldenAttentionTest, LatentDecodeAppliesTheBottomRightCausalMask) {
   Rng rng(9);
-  auto batch = testing::MakeRandomPagedBatch({.sq = 3, .heads = 2, .dk = 8, .page_size = 4, .seqlens = {5}}, rng);
+  auto batch = testing::MakeRandomPagedBatch(
+      {.sq = 3, .heads = 2, .dk = 8, .page_size = 4, .seqlens = {5}}, rng);
   const auto causal = GoldenLatentDecode(batch.Latent(8, 0.5f, /*causal=*/true));
   const auto full = GoldenLatentDecode(batch.Latent(8, 0.5f, /*causal=*/false));
   ASSERT_TRUE(causal.ok() && full.ok());

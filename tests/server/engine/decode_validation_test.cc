@@ -74,7 +74,8 @@ TEST_F(DecodeValidationTest, TheBatchMustHoldOneToMaxBatchQueries) {
   EXPECT_THAT(std::string(empty.message()), StartsWith("queries: empty"));
   std::vector<OwnedDecodeQuery> many;
   for (int i = 0; i <= info_.max_batch; ++i) many.push_back(Head(1, absl::StrCat("x", i)));
-  EXPECT_THAT(std::string(Validate(many).message()), StartsWith("queries: 9 queries exceed limits.max_batch = 8"));
+  EXPECT_THAT(std::string(Validate(many).message()),
+              StartsWith("queries: 9 queries exceed limits.max_batch = 8"));
 }
 
 TEST_F(DecodeValidationTest, AnEmptySequenceIdIsInvalid) {
@@ -99,7 +100,8 @@ TEST_F(DecodeValidationTest, AnSqOutOfRangeIsInvalid) {
     q.sq = sq;
     const absl::Status status = Second(q);
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(status.message()), StartsWith(absl::StrCat("queries[1].sq: ", sq, " is outside [1, 2]")));
+    EXPECT_THAT(std::string(status.message()),
+                StartsWith(absl::StrCat("queries[1].sq: ", sq, " is outside [1, 2]")));
   }
 }
 
@@ -109,33 +111,39 @@ TEST_F(DecodeValidationTest, WrongShapesNameTheTensor) {
   DecodeQuery nope = Head().View(m);
   nope.q_nope = *TensorView<const Bf16, 3>::Create(std::span<const Bf16>(wrong), {1, 4, 64});
   const std::vector<DecodeQuery> a = {nope};
-  EXPECT_EQ(ValidateDecodeCall(a, info_, *store_).message(), "queries[0].head.q_nope: shape [1,4,64] != [1,4,128]");
+  EXPECT_EQ(ValidateDecodeCall(a, info_, *store_).message(),
+            "queries[0].head.q_nope: shape [1,4,64] != [1,4,128]");
   std::vector<Bf16> pe(8 * 64);
   DecodeQuery heads = Head().View(m);
   heads.q_pe = *TensorView<const Bf16, 3>::Create(std::span<const Bf16>(pe), {1, 8, 64});
   const std::vector<DecodeQuery> b = {heads};
-  EXPECT_EQ(ValidateDecodeCall(b, info_, *store_).message(), "queries[0].head.q_pe: shape [1,8,64] != [1,4,64]");
+  EXPECT_EQ(ValidateDecodeCall(b, info_, *store_).message(),
+            "queries[0].head.q_pe: shape [1,8,64] != [1,4,64]");
   OwnedDecodeQuery sq = Latent(1);
   sq.q_latent.resize(2 * 4 * 576);  // two tokens' worth for sq 1
   sq.sq = 2;
   DecodeQuery sq_view = sq.View(m);
   sq_view.sq = 1;
   const std::vector<DecodeQuery> c = {sq_view};
-  EXPECT_EQ(ValidateDecodeCall(c, info_, *store_).message(), "queries[0].latent: shape [2,4,576] != [1,4,576]");
+  EXPECT_EQ(ValidateDecodeCall(c, info_, *store_).message(),
+            "queries[0].latent: shape [2,4,576] != [1,4,576]");
   std::vector<Bf16> rows(2 * 512);
   DecodeQuery append = Latent().View(m);
   append.append_rows = *TensorView<const Bf16, 2>::Create(std::span<const Bf16>(rows), {2, 512});
   append.append_position = 0;
   const std::vector<DecodeQuery> d = {append};
-  EXPECT_EQ(ValidateDecodeCall(d, info_, *store_).message(), "queries[0].append_rows: shape [2,512] != [n,576]");
+  EXPECT_EQ(ValidateDecodeCall(d, info_, *store_).message(),
+            "queries[0].append_rows: shape [2,512] != [n,576]");
 }
 
 TEST_F(DecodeValidationTest, AStridedTensorIsInvalid) {
   std::vector<Bf16> wide(4 * 2 * 128);
   DecodeQuery q = Head().View(info_.model);
-  q.q_nope = *TensorView<const Bf16, 3>::CreateStrided(wide.data(), wide.size(), {1, 4, 128}, {1024, 256, 1});
+  q.q_nope = *TensorView<const Bf16, 3>::CreateStrided(wide.data(), wide.size(), {1, 4, 128},
+                                                       {1024, 256, 1});
   const std::vector<DecodeQuery> views = {q};
-  EXPECT_EQ(ValidateDecodeCall(views, info_, *store_).message(), "queries[0].head.q_nope: not row-major and contiguous");
+  EXPECT_EQ(ValidateDecodeCall(views, info_, *store_).message(),
+            "queries[0].head.q_nope: not row-major and contiguous");
 }
 
 TEST_F(DecodeValidationTest, NanAndInfinityInAnyInputAreInvalid) {
@@ -147,16 +155,19 @@ TEST_F(DecodeValidationTest, NanAndInfinityInAnyInputAreInvalid) {
   r.append_rows.assign(576, Bf16::FromFloat(1.0f));
   r.append_rows[5] = Bf16::FromBits(0xff80);  // -inf
   r.append_position = 0;
-  EXPECT_THAT(std::string(Second(r).message()), StartsWith("queries[1].append_rows: element 5 is infinite"));
+  EXPECT_THAT(std::string(Second(r).message()),
+              StartsWith("queries[1].append_rows: element 5 is infinite"));
 }
 
 TEST_F(DecodeValidationTest, AppendRowsAndPositionGoTogether) {
   OwnedDecodeQuery rows_only = Latent();
   rows_only.append_rows.assign(576, Bf16::FromFloat(1.0f));
-  EXPECT_THAT(std::string(Second(rows_only).message()), StartsWith("queries[1].append_position: missing"));
+  EXPECT_THAT(std::string(Second(rows_only).message()),
+              StartsWith("queries[1].append_position: missing"));
   OwnedDecodeQuery position_only = Latent();
   position_only.append_position = 3;
-  EXPECT_THAT(std::string(Second(position_only).message()), StartsWith("queries[1].append_rows: missing"));
+  EXPECT_THAT(std::string(Second(position_only).message()),
+              StartsWith("queries[1].append_rows: missing"));
   OwnedDecodeQuery negative = Latent();
   negative.append_rows.assign(576, Bf16::FromFloat(1.0f));
   negative.append_position = -4;
@@ -166,7 +177,8 @@ TEST_F(DecodeValidationTest, AppendRowsAndPositionGoTogether) {
 TEST_F(DecodeValidationTest, ASequenceLayerTwiceInOneCallIsInvalid) {
   const absl::Status status = Validate({Head(1, "s"), Head(1, "s")});
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(status.message()), StartsWith("queries[1]: sequence 's' layer 2 appears twice"));
+  EXPECT_THAT(std::string(status.message()),
+              StartsWith("queries[1]: sequence 's' layer 2 appears twice"));
 }
 
 TEST_F(DecodeValidationTest, AnUnknownSequenceIsNotFound) {

@@ -12,9 +12,9 @@
 #include "gtest/gtest.h"
 #include "kernels/core/random_fill.h"
 #include "kernels/reference/golden_attention.h"
+#include "server/engine/devices/host_attention_device.h"
 #include "server/engine/engine_impl.h"
 #include "server/engine/owned_decode_query.h"
-#include "server/engine/devices/host_attention_device.h"
 #include "tests/testing/attention_checks.h"
 
 namespace mlaserve::engine::testing {
@@ -47,7 +47,8 @@ struct OwnedAnswer {
 };
 
 inline OwnedAnswer Own(const DecodeAnswer& a) {
-  OwnedAnswer owned{a.out_type, std::vector<float>(a.out_elements), {a.lse.begin(), a.lse.end()}, a.plan};
+  OwnedAnswer owned{
+      a.out_type, std::vector<float>(a.out_elements), {a.lse.begin(), a.lse.end()}, a.plan};
   if (a.out_type == ElementType::kBf16) {
     for (int64_t i = 0; i < a.out_elements; ++i) owned.out[i] = a.out_bf16()[i].ToFloat();
   } else {
@@ -56,8 +57,8 @@ inline OwnedAnswer Own(const DecodeAnswer& a) {
   return owned;
 }
 
-inline absl::StatusOr<std::vector<OwnedAnswer>> DecodeSync(Engine& engine, const std::vector<OwnedDecodeQuery>& queries,
-                                                           DecodeOptions options = {}) {
+inline absl::StatusOr<std::vector<OwnedAnswer>> DecodeSync(
+    Engine& engine, const std::vector<OwnedDecodeQuery>& queries, DecodeOptions options = {}) {
   std::promise<absl::StatusOr<std::vector<OwnedAnswer>>> promise;
   auto future = promise.get_future();
   engine.Decode(Views(queries, engine.Info().model), std::move(options),
@@ -83,8 +84,8 @@ inline GoldenOutput GoldenAnswer(const ModelWeights& weights, const std::vector<
   EXPECT_GT(n, 0) << "scenarios give every sequence at least one token";
   const PagedKvCache cache{*TensorView<const Bf16, 3>::Create(std::span<const Bf16>(rows),
                                                               {1, n, m.dk_latent()}, "rows")};
-  const PagedSequences seqs{*TensorView<const int32_t, 2>::Create(std::span<const int32_t>(table), {1, 1}),
-                            seqlens};
+  const PagedSequences seqs{
+      *TensorView<const int32_t, 2>::Create(std::span<const int32_t>(table), {1, 1}), seqlens};
   if (q.space == QuerySpace::kLatent) {
     auto qv = *TensorView<const Bf16, 4>::Create(std::span<const Bf16>(q.q_latent),
                                                  {1, q.sq, m.heads, m.dk_latent()});
@@ -151,7 +152,8 @@ class Scenario {
     std::vector<Bf16> rows = RandomRows(n);
     auto& all = rows_[id][layer];
     const int64_t position = static_cast<int64_t>(all.size()) / model_.dk_latent();
-    auto view = TensorView<const Bf16, 2>::Create(std::span<const Bf16>(rows), {n, model_.dk_latent()});
+    auto view =
+        TensorView<const Bf16, 2>::Create(std::span<const Bf16>(rows), {n, model_.dk_latent()});
     ASSERT_TRUE(engine_->AppendKv(id, layer, position, *view).ok());
     all.insert(all.end(), rows.begin(), rows.end());
   }

@@ -62,8 +62,8 @@ class EngineStress {
   const ModelConfig& model() const { return model_; }
   const ModelWeights& weights() const { return *weights_; }
 
-  LayerRows RegisterPrefix(const std::string& id, const std::string& parent, const LayerRows& parent_rows,
-                           int tokens, Rng& rng) {
+  LayerRows RegisterPrefix(const std::string& id, const std::string& parent,
+                           const LayerRows& parent_rows, int tokens, Rng& rng) {
     LayerRows rows = parent_rows;
     std::vector<Bf16> latent;
     for (int l = 0; l < kLayers; ++l) {
@@ -167,7 +167,8 @@ class Client {
     std::vector<Bf16> rows = RandomRows(n);
     auto& all = sequences_[id][layer];
     const int64_t position = static_cast<int64_t>(all.size()) / s_.model().dk_latent();
-    auto view = TensorView<const Bf16, 2>::Create(std::span<const Bf16>(rows), {n, s_.model().dk_latent()});
+    auto view =
+        TensorView<const Bf16, 2>::Create(std::span<const Bf16>(rows), {n, s_.model().dk_latent()});
     if (!s_.engine().AppendKv(id, layer, position, *view).ok()) {
       ++report_.failures;
       return;
@@ -222,8 +223,9 @@ class Client {
       if ((*answers)[i].plan.formulation == Formulation::kHybrid) ++report_.hybrid;
       if (rng_() % 4 != 0) continue;  // golden spot checks: one answer in four
       const GoldenOutput golden = GoldenAnswer(s_.weights(), expected_rows[i], queries[i]);
-      const bool ok = mlaserve::testing::AllClose((*answers)[i].out, golden.out, kOutTolerance, true) &&
-                      mlaserve::testing::AllClose((*answers)[i].lse, golden.lse, kLseTolerance, false);
+      const bool ok =
+          mlaserve::testing::AllClose((*answers)[i].out, golden.out, kOutTolerance, true) &&
+          mlaserve::testing::AllClose((*answers)[i].lse, golden.lse, kLseTolerance, false);
       EXPECT_TRUE(ok) << "client " << index_ << " query " << queries[i].sequence_id;
       report_.failures += ok ? 0 : 1;
       ++report_.checked;
@@ -253,16 +255,19 @@ TEST(EngineStressTest, ConcurrentClientsGetGoldenAnswersWhileStateChurns) {
     Rng churn_rng(99);
     for (int k = 0; !clients_done.load(); ++k) {
       const std::string id = absl::StrCat("dyn", k % 3);
-      stress.RegisterPrefix(id, k % 2 ? "sys" : "", k % 2 ? prefixes["sys"] : LayerRows{}, 5 + k % 7, churn_rng);
+      stress.RegisterPrefix(id, k % 2 ? "sys" : "", k % 2 ? prefixes["sys"] : LayerRows{},
+                            5 + k % 7, churn_rng);
       EXPECT_TRUE(stress.engine().ReleasePrefix(id).ok());
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
   });
   std::vector<std::future<ClientReport>> clients;
   std::vector<std::unique_ptr<Client>> owners;
-  for (int c = 0; c < kClients; ++c) owners.push_back(std::make_unique<Client>(stress, c, prefixes));
+  for (int c = 0; c < kClients; ++c)
+    owners.push_back(std::make_unique<Client>(stress, c, prefixes));
   for (int c = 0; c < kClients; ++c) {
-    clients.push_back(std::async(std::launch::async, [&owners, c, stop] { return owners[c]->Run(stop); }));
+    clients.push_back(
+        std::async(std::launch::async, [&owners, c, stop] { return owners[c]->Run(stop); }));
   }
   ClientReport total;
   for (auto& f : clients) {

@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/engine/engine_impl.h"
 #include "server/engine/devices/host_attention_device.h"
+#include "server/engine/engine_impl.h"
 #include "tests/server/engine/engine_scenario.h"
 #include "tests/testing/attention_checks.h"
 
@@ -87,7 +87,8 @@ TEST(EngineTest, MixedBatchMatchesGoldenWithGroupsAboveAndBelowTheThreshold) {
   Scenario s(MakeEngine(options));
   BuildMixedScenario(s);
   std::vector<OwnedDecodeQuery> queries;
-  for (const char* id : {"a1", "a2", "a3", "b1", "b2", "c1"}) queries.push_back(s.HeadQuery(id, 1, 2));
+  for (const char* id : {"a1", "a2", "a3", "b1", "b2", "c1"})
+    queries.push_back(s.HeadQuery(id, 1, 2));
   queries.push_back(s.LatentQuery("c2", 1, 2));
   queries.push_back(s.LatentQuery("a1", 0, 2));
   auto answers = DecodeSync(s.engine(), queries);
@@ -126,7 +127,8 @@ TEST(EngineTest, FlatGroupingDecidesPerGroup) {
   Scenario s(MakeEngine(options));
   BuildMixedScenario(s);
   std::vector<OwnedDecodeQuery> queries;
-  for (const char* id : {"a1", "a2", "a3", "b1", "b2", "c1"}) queries.push_back(s.HeadQuery(id, 1, 2));
+  for (const char* id : {"a1", "a2", "a3", "b1", "b2", "c1"})
+    queries.push_back(s.HeadQuery(id, 1, 2));
   auto answers = DecodeSync(s.engine(), queries);
   ASSERT_TRUE(answers.ok()) << answers.status();
   ExpectMatchesGolden(s, queries, *answers);
@@ -205,7 +207,7 @@ TEST(EngineTest, HybridOverAPrefixChainMatchesGolden) {
   Scenario s(MakeEngine(options));
   BuildMixedScenario(s);
   std::vector<OwnedDecodeQuery> queries = {s.HeadQuery("b1", 0, 1), s.HeadQuery("b2", 0, 1),
-                                      s.HeadQuery("a2", 0, 1)};
+                                           s.HeadQuery("a2", 0, 1)};
   auto answers = DecodeSync(s.engine(), queries);
   ASSERT_TRUE(answers.ok()) << answers.status();
   EXPECT_EQ((*answers)[0].plan.formulation, Formulation::kHybrid);
@@ -222,7 +224,7 @@ TEST(EngineTest, HybridAgreesWithAbsorbOnlyToBf16Rounding) {
     Scenario s(MakeEngine(options), /*seed=*/42);  // same data both times
     BuildMixedScenario(s);
     std::vector<OwnedDecodeQuery> queries = {s.HeadQuery("a1", 1, 2), s.HeadQuery("a2", 1, 2),
-                                        s.HeadQuery("a3", 1, 2)};
+                                             s.HeadQuery("a3", 1, 2)};
     auto answers = DecodeSync(s.engine(), queries);
     ASSERT_TRUE(answers.ok()) << answers.status();
     EXPECT_EQ((*answers)[0].plan.formulation,
@@ -270,7 +272,8 @@ TEST(EngineTest, QueriesFromConcurrentCallsShareABatchAndAGroup) {
   s.CreateSequence("u", "P", 3);
   s.CreateSequence("v", "P", 4);
   s.CreateSequence("w", "", 4);
-  const OwnedDecodeQuery qu = s.HeadQuery("u", 0, 1), qv = s.HeadQuery("v", 0, 1), qw = s.HeadQuery("w", 0, 1);
+  const OwnedDecodeQuery qu = s.HeadQuery("u", 0, 1), qv = s.HeadQuery("v", 0, 1),
+                         qw = s.HeadQuery("w", 0, 1);
   auto fw = std::async(std::launch::async, [&] { return DecodeSync(s.engine(), {qw}); });
   while (s.engine().Stats().batches < 1) std::this_thread::yield();  // w holds the device
   auto fu = std::async(std::launch::async, [&] { return DecodeSync(s.engine(), {qu}); });
@@ -289,14 +292,16 @@ TEST(EngineTest, BadQueriesAreRejectedNamingTheFieldAndChangeNothing) {
   options.max_batch = 4;
   Scenario s(MakeEngine(options));
   s.CreateSequence("x", "", 10);
-  auto expect = [&](std::vector<OwnedDecodeQuery> queries, absl::StatusCode code, const char* text) {
+  auto expect = [&](std::vector<OwnedDecodeQuery> queries, absl::StatusCode code,
+                    const char* text) {
     auto r = DecodeSync(s.engine(), std::move(queries));
     ASSERT_FALSE(r.ok()) << text;
     EXPECT_EQ(r.status().code(), code) << r.status();
     EXPECT_THAT(r.status().message(), HasSubstr(text));
   };
   expect({}, absl::StatusCode::kInvalidArgument, "queries: empty");
-  expect(std::vector<OwnedDecodeQuery>(5, s.HeadQuery("x", 0, 1)), absl::StatusCode::kInvalidArgument, "max_batch");
+  expect(std::vector<OwnedDecodeQuery>(5, s.HeadQuery("x", 0, 1)),
+         absl::StatusCode::kInvalidArgument, "max_batch");
   OwnedDecodeQuery q = s.HeadQuery("x", 0, 1);
   q.layer = 2;
   expect({q}, absl::StatusCode::kInvalidArgument, "queries[0].layer");
@@ -309,7 +314,8 @@ TEST(EngineTest, BadQueriesAreRejectedNamingTheFieldAndChangeNothing) {
   q = s.HeadQuery("x", 0, 1);
   q.q_nope[3] = Bf16::FromBits(0x7fc0);
   expect({q}, absl::StatusCode::kInvalidArgument, "NaN");
-  expect({s.HeadQuery("x", 0, 1), s.HeadQuery("x", 0, 1)}, absl::StatusCode::kInvalidArgument, "twice");
+  expect({s.HeadQuery("x", 0, 1), s.HeadQuery("x", 0, 1)}, absl::StatusCode::kInvalidArgument,
+         "twice");
   expect({s.HeadQuery("nope", 0, 1)}, absl::StatusCode::kNotFound, "queries[0].sequence_id");
   q = s.HeadQuery("x", 0, 1);
   q.append_rows = s.RandomRows(1);
@@ -375,7 +381,8 @@ TEST(EngineTest, AFullQueueRefusesAtOnceAndDrainWaitsForWorkInFlight) {
   };
   // The device holds two batches (one running, one waiting); the third call waits in the
   // batcher's queue, which then is full.
-  const OwnedDecodeQuery x = s.HeadQuery("x", 0, 1), y = s.HeadQuery("y", 0, 1), z = s.HeadQuery("z", 0, 1);
+  const OwnedDecodeQuery x = s.HeadQuery("x", 0, 1), y = s.HeadQuery("y", 0, 1),
+                         z = s.HeadQuery("z", 0, 1);
   const ModelConfig& m = s.model();
   s.engine().Decode({x.View(m)}, {}, count);
   while (s.engine().Stats().batches < 1) std::this_thread::yield();

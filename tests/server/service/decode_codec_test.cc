@@ -7,17 +7,17 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "absl/strings/str_cat.h"
 #include "tests/server/service/mock_engine.h"
 
 namespace mlaserve::service {
 namespace {
 
 using ::testing::HasSubstr;
-using ::testing::StartsWith;
 using testing::SmallEngineInfo;
+using ::testing::StartsWith;
 
 v1::Tensor Bf16Zeros(std::vector<int64_t> shape) {
   v1::Tensor tensor;
@@ -57,7 +57,9 @@ class DecodeCodecTest : public ::testing::Test {
     *request.add_queries() = query;
     return request;
   }
-  absl::Status Parse(const v1::DecodeRequest& request) const { return ParseDecodeRequest(request).status(); }
+  absl::Status Parse(const v1::DecodeRequest& request) const {
+    return ParseDecodeRequest(request).status();
+  }
 
   engine::EngineInfo info_ = SmallEngineInfo();
 };
@@ -82,7 +84,8 @@ TEST_F(DecodeCodecTest, ParsesHeadAndLatentQueriesIntoViewsOfTheRequest) {
   EXPECT_EQ(head.output, ElementType::kBf16);
   EXPECT_EQ(head.append_position, -1);
   // bf16 tensors are not copied: the engine reads the request's own bytes.
-  EXPECT_EQ(static_cast<const void*>(head.q_nope.data()), request.queries(0).head().q_nope().data().data());
+  EXPECT_EQ(static_cast<const void*>(head.q_nope.data()),
+            request.queries(0).head().q_nope().data().data());
   const engine::DecodeQuery& lat = (*parsed)->queries[1];
   EXPECT_EQ(lat.space, engine::QuerySpace::kLatent);
   EXPECT_EQ(lat.q_latent.size(), 4 * 576);
@@ -136,22 +139,26 @@ TEST_F(DecodeCodecTest, AMissingHeadTensorIsInvalid) {
 TEST_F(DecodeCodecTest, ATensorOfAnotherRankNamesTheTensor) {
   v1::DecodeQuery nope = HeadQuery();
   *nope.mutable_head()->mutable_q_nope() = Bf16Zeros({4, 128});
-  EXPECT_EQ(Parse(WithSecond(nope)).message(), "queries[1].head.q_nope: shape [4,128] has 2 dimensions, not 3");
+  EXPECT_EQ(Parse(WithSecond(nope)).message(),
+            "queries[1].head.q_nope: shape [4,128] has 2 dimensions, not 3");
   v1::DecodeQuery rows = LatentQuery();
   *rows.mutable_append_rows() = Bf16Zeros({1, 2, 576});
   rows.set_append_position(0);
-  EXPECT_EQ(Parse(WithSecond(rows)).message(), "queries[1].append_rows: shape [1,2,576] has 3 dimensions, not 2");
+  EXPECT_EQ(Parse(WithSecond(rows)).message(),
+            "queries[1].append_rows: shape [1,2,576] has 3 dimensions, not 2");
 }
 
 TEST_F(DecodeCodecTest, WrongDtypeAndByteLengthNameTheTensor) {
   v1::DecodeQuery dtype = LatentQuery();
   dtype.mutable_latent()->set_dtype(v1::DTYPE_UNSPECIFIED);
-  EXPECT_THAT(std::string(Parse(WithSecond(dtype)).message()), StartsWith("queries[1].latent: dtype"));
+  EXPECT_THAT(std::string(Parse(WithSecond(dtype)).message()),
+              StartsWith("queries[1].latent: dtype"));
   v1::DecodeQuery bytes = LatentQuery();
   bytes.mutable_latent()->mutable_data()->pop_back();
   const absl::Status status = Parse(WithSecond(bytes));
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(status.message()), StartsWith("queries[1].latent: 4607 bytes != 2304 elements"));
+  EXPECT_THAT(std::string(status.message()),
+              StartsWith("queries[1].latent: 4607 bytes != 2304 elements"));
 }
 
 // The answers go out straight from the engine's buffers, in the dtype asked for.
@@ -179,7 +186,8 @@ TEST_F(DecodeCodecTest, FillsResultsWithShapesDtypesAndPlans) {
   answer.plan.device_modeled_us = 30;
   answer.plan.device_host_ms = 2.5;
   v1::DecodeResponse response;
-  ASSERT_TRUE(FillDecodeResponse({&query, 1}, info_.model, v1::DTYPE_FP16, {&answer, 1}, &response).ok());
+  ASSERT_TRUE(
+      FillDecodeResponse({&query, 1}, info_.model, v1::DTYPE_FP16, {&answer, 1}, &response).ok());
   ASSERT_EQ(response.results_size(), 1);
   const v1::DecodeResult& result = response.results(0);
   EXPECT_EQ(result.out().dtype(), v1::DTYPE_FP16);
@@ -217,9 +225,12 @@ TEST_F(DecodeCodecTest, Bf16AnswersAreCopiedAsTheyAreAndWidenedOnRequest) {
   answer.out_elements = static_cast<int64_t>(out.size());
   answer.lse = lse;
   v1::DecodeResponse bf16, fp32;
-  ASSERT_TRUE(FillDecodeResponse({&query, 1}, info_.model, v1::DTYPE_BF16, {&answer, 1}, &bf16).ok());
-  ASSERT_TRUE(FillDecodeResponse({&query, 1}, info_.model, v1::DTYPE_FP32, {&answer, 1}, &fp32).ok());
-  EXPECT_EQ(bf16.results(0).out().data(), std::string(reinterpret_cast<const char*>(out.data()), out.size() * 2));
+  ASSERT_TRUE(
+      FillDecodeResponse({&query, 1}, info_.model, v1::DTYPE_BF16, {&answer, 1}, &bf16).ok());
+  ASSERT_TRUE(
+      FillDecodeResponse({&query, 1}, info_.model, v1::DTYPE_FP32, {&answer, 1}, &fp32).ok());
+  EXPECT_EQ(bf16.results(0).out().data(),
+            std::string(reinterpret_cast<const char*>(out.data()), out.size() * 2));
   float x;
   std::memcpy(&x, fp32.results(0).out().data().data() + 4 * 100, 4);
   EXPECT_EQ(x, out[100].ToFloat());
@@ -235,7 +246,8 @@ TEST_F(DecodeCodecTest, AnswersOfTheWrongSizeAreAnInternalError) {
   answer.out_elements = static_cast<int64_t>(out.size());
   answer.lse = lse;
   v1::DecodeResponse response;
-  const absl::Status status = FillDecodeResponse({&query, 1}, info_.model, v1::DTYPE_BF16, {&answer, 1}, &response);
+  const absl::Status status =
+      FillDecodeResponse({&query, 1}, info_.model, v1::DTYPE_BF16, {&answer, 1}, &response);
   EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
   EXPECT_THAT(std::string(status.message()), HasSubstr("queries[0]"));
   EXPECT_EQ(FillDecodeResponse({&query, 1}, info_.model, v1::DTYPE_BF16, {}, &response).code(),

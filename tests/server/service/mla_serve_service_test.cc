@@ -30,24 +30,26 @@ namespace {
 
 using ::testing::_;
 using ::testing::HasSubstr;
+using testing::MockEngine;
 using ::testing::NiceMock;
 using ::testing::Return;
 using ::testing::ReturnRef;
-using ::testing::StartsWith;
-using testing::MockEngine;
 using testing::SmallEngineInfo;
+using ::testing::StartsWith;
 
 // A query's answer with recognisable values: out[i] = base + i / 1024, lse[r] = base + r.
 struct ExpectedAnswer {
   std::vector<float> out;
   std::vector<float> lse;
 };
-ExpectedAnswer Answer(const engine::DecodeQuery& query, const engine::EngineInfo& info, float base) {
+ExpectedAnswer Answer(const engine::DecodeQuery& query, const engine::EngineInfo& info,
+                      float base) {
   const int width = query.space == engine::QuerySpace::kHead ? info.model.dv : info.model.dl;
   const size_t rows = static_cast<size_t>(query.sq) * info.model.heads;
   ExpectedAnswer answer;
   answer.out.resize(rows * width);
-  for (size_t i = 0; i < answer.out.size(); ++i) answer.out[i] = base + static_cast<float>(i % 1024) / 1024;
+  for (size_t i = 0; i < answer.out.size(); ++i)
+    answer.out[i] = base + static_cast<float>(i % 1024) / 1024;
   answer.lse.resize(rows);
   for (size_t r = 0; r < rows; ++r) answer.lse[r] = base + static_cast<float>(r);
   return answer;
@@ -60,10 +62,11 @@ struct FakeAnswers {
   std::vector<engine::DecodeAnswer> answers;
   std::span<const engine::DecodeAnswer> span() const { return answers; }
 };
-std::shared_ptr<FakeAnswers> Answers(const std::vector<engine::DecodeQuery>& queries, const engine::EngineInfo& info,
-                                     float offset = 0) {
+std::shared_ptr<FakeAnswers> Answers(const std::vector<engine::DecodeQuery>& queries,
+                                     const engine::EngineInfo& info, float offset = 0) {
   auto fake = std::make_shared<FakeAnswers>();
-  for (size_t i = 0; i < queries.size(); ++i) fake->values.push_back(Answer(queries[i], info, offset + i));
+  for (size_t i = 0; i < queries.size(); ++i)
+    fake->values.push_back(Answer(queries[i], info, offset + i));
   for (const ExpectedAnswer& v : fake->values) {
     engine::DecodeAnswer a;
     a.out_type = ElementType::kFp32;
@@ -85,7 +88,8 @@ engine::DecodeQuery OneLatentToken() {
 
 std::vector<Bf16> Values(size_t n, float scale) {
   std::vector<Bf16> values(n);
-  for (size_t i = 0; i < n; ++i) values[i] = Bf16::FromFloat(scale * static_cast<float>(i % 13) - 1);
+  for (size_t i = 0; i < n; ++i)
+    values[i] = Bf16::FromFloat(scale * static_cast<float>(i % 13) - 1);
   return values;
 }
 
@@ -119,10 +123,10 @@ class MlaServeServiceTest : public ::testing::Test {
     server_ = *std::move(server);
     client::ClientOptions client_options;
     client_options.timeout = absl::Seconds(10);
-    client_options.max_attempts = 1;  // these tests look at single answers
+    client_options.max_attempts = 1;                  // these tests look at single answers
     client_options.append_chunk_bytes = 3 * 576 * 2;  // three rows per chunk
     client_ = client::MlaServeClient::Connect(absl::StrCat("127.0.0.1:", server_->port()),
-                                             client_options);
+                                              client_options);
   }
 
   void TearDown() override {
@@ -184,9 +188,11 @@ TEST_F(MlaServeServiceTest, ServerInfoDescribesTheEnginesModelDevicesThresholdsA
 TEST_F(MlaServeServiceTest, HealthIsNotServingUntilTheServerIsMarkedServing) {
   auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
                                      grpc::InsecureChannelCredentials());
-  EXPECT_EQ(*mlaserve::testing::CheckHealth(channel, ""), mlaserve::testing::ServingStatus::kNotServing);
+  EXPECT_EQ(*mlaserve::testing::CheckHealth(channel, ""),
+            mlaserve::testing::ServingStatus::kNotServing);
   server_->SetServing(true);
-  EXPECT_EQ(*mlaserve::testing::CheckHealth(channel, ""), mlaserve::testing::ServingStatus::kServing);
+  EXPECT_EQ(*mlaserve::testing::CheckHealth(channel, ""),
+            mlaserve::testing::ServingStatus::kServing);
   EXPECT_EQ(*mlaserve::testing::CheckHealth(channel, "mlaserve.v1.MlaServe"),
             mlaserve::testing::ServingStatus::kServing);
   EXPECT_EQ(mlaserve::testing::CheckHealth(channel, "no.such.Service").status().code(),
@@ -225,16 +231,17 @@ TEST_F(MlaServeServiceTest, TheEngineReceivesExactlyTheQueriesBitsAndAppends) {
   EXPECT_CALL(*engine_, Decode(_, _, _))
       .WillOnce([&](std::vector<engine::DecodeQuery> queries, engine::DecodeOptions,
                     engine::DecodeCallback done) {
-        for (const auto& q : queries) seen.push_back({q, copy(q.q_nope), copy(q.q_pe), copy(q.append_rows)});
+        for (const auto& q : queries)
+          seen.push_back({q, copy(q.q_nope), copy(q.q_pe), copy(q.append_rows)});
         auto answers = Answers(queries, info_);
         std::move(done)(answers->span());
       });
   const std::vector<Bf16> nope = Values(2 * 4 * 128, 0.5f);
   const std::vector<Bf16> pe = Values(2 * 4 * 64, 0.25f);
   const std::vector<Bf16> rows = Values(2 * 576, 0.75f);
-  v1::DecodeQuery query = client::HeadSpaceQuery(
-      "seq", 2, 2, client::Bf16Tensor(nope, std::vector<int64_t>{2, 4, 128}),
-      client::Bf16Tensor(pe, std::vector<int64_t>{2, 4, 64}));
+  v1::DecodeQuery query =
+      client::HeadSpaceQuery("seq", 2, 2, client::Bf16Tensor(nope, std::vector<int64_t>{2, 4, 128}),
+                             client::Bf16Tensor(pe, std::vector<int64_t>{2, 4, 64}));
   client::AppendBeforeDecode(query, client::Bf16Tensor(rows, std::vector<int64_t>{2, 576}), 9);
   ASSERT_TRUE(client_->Decode({query}).ok());
   ASSERT_EQ(seen.size(), 1u);
@@ -262,13 +269,19 @@ TEST_F(MlaServeServiceTest, MalformedDecodesNeverReachTheEngine) {
   };
   const std::vector<Case> cases{
       {"wrong dtype",
-       [](v1::DecodeRequest& r) { r.mutable_queries(0)->mutable_latent()->set_dtype(v1::DTYPE_UNSPECIFIED); },
+       [](v1::DecodeRequest& r) {
+         r.mutable_queries(0)->mutable_latent()->set_dtype(v1::DTYPE_UNSPECIFIED);
+       },
        "queries[0].latent: dtype"},
       {"wrong rank",
-       [](v1::DecodeRequest& r) { r.mutable_queries(0)->mutable_latent()->mutable_shape()->RemoveLast(); },
+       [](v1::DecodeRequest& r) {
+         r.mutable_queries(0)->mutable_latent()->mutable_shape()->RemoveLast();
+       },
        "queries[0].latent: shape [1,4] has 2 dimensions, not 3"},
       {"byte length",
-       [](v1::DecodeRequest& r) { r.mutable_queries(0)->mutable_latent()->mutable_data()->append("xx"); },
+       [](v1::DecodeRequest& r) {
+         r.mutable_queries(0)->mutable_latent()->mutable_data()->append("xx");
+       },
        "queries[0].latent: 4610 bytes != 2304 elements"},
       {"no q", [](v1::DecodeRequest& r) { r.mutable_queries(0)->clear_latent(); },
        "queries[0].q: neither head nor latent is set"},
@@ -290,9 +303,9 @@ TEST_F(MlaServeServiceTest, MalformedDecodesNeverReachTheEngine) {
     EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument) << c.name;
     EXPECT_THAT(std::string(response.status().message()), StartsWith(c.message_prefix)) << c.name;
   }
-  EXPECT_EQ(CounterValue("mlaserve_requests_total",
-                         {{"rpc", "Decode"}, {"code", "INVALID_ARGUMENT"}}),
-            static_cast<double>(cases.size()));
+  EXPECT_EQ(
+      CounterValue("mlaserve_requests_total", {{"rpc", "Decode"}, {"code", "INVALID_ARGUMENT"}}),
+      static_cast<double>(cases.size()));
 }
 
 TEST_F(MlaServeServiceTest, AMalformedPrefixNeverReachesTheEngine) {
@@ -381,10 +394,10 @@ TEST_F(MlaServeServiceTest, AFailingChunkEndsAppendKvNamingTheChunk) {
 TEST_F(MlaServeServiceTest, AFullQueueIsUnavailableButAFullKvCacheStaysResourceExhausted) {
   // The engine's queue refusal reaches the client as is: retryable.
   EXPECT_CALL(*engine_, Decode(_, _, _))
-      .WillOnce([](std::vector<engine::DecodeQuery>, engine::DecodeOptions,
-                   engine::DecodeCallback done) {
-        std::move(done)(absl::UnavailableError("decode queue full: 64 queries waiting"));
-      })
+      .WillOnce(
+          [](std::vector<engine::DecodeQuery>, engine::DecodeOptions, engine::DecodeCallback done) {
+            std::move(done)(absl::UnavailableError("decode queue full: 64 queries waiting"));
+          })
       // An append in the batch that did not fit: not retryable as is.
       .WillOnce([this](std::vector<engine::DecodeQuery>, engine::DecodeOptions,
                        engine::DecodeCallback done) {
@@ -404,16 +417,18 @@ TEST_F(MlaServeServiceTest, ADeviceFailureFailsOnlyItsOwnCall) {
   ON_CALL(*engine_, Decode(_, _, _))
       .WillByDefault([this](std::vector<engine::DecodeQuery> queries, engine::DecodeOptions,
                             engine::DecodeCallback done) {
-        threads_.emplace_back([this, queries = std::move(queries), done = std::move(done)]() mutable {
-          if (queries[0].sequence_id == "on-broken-device") {
-            std::move(done)(absl::InternalError("device 1: kernel fault"));
-            return;
-          }
-          auto answers = Answers({queries[0]}, info_);
-          std::move(done)(answers->span());
-        });
+        threads_.emplace_back(
+            [this, queries = std::move(queries), done = std::move(done)]() mutable {
+              if (queries[0].sequence_id == "on-broken-device") {
+                std::move(done)(absl::InternalError("device 1: kernel fault"));
+                return;
+              }
+              auto answers = Answers({queries[0]}, info_);
+              std::move(done)(answers->span());
+            });
       });
-  auto broken = std::async(std::launch::async, [&] { return client_->Decode({Latent("on-broken-device")}); });
+  auto broken =
+      std::async(std::launch::async, [&] { return client_->Decode({Latent("on-broken-device")}); });
   auto healthy = std::async(std::launch::async, [&] { return client_->Decode({Latent("fine")}); });
   const auto broken_result = broken.get();
   const auto healthy_result = healthy.get();

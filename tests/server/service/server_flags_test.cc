@@ -52,10 +52,10 @@ TEST_F(ServerFlagsTest, DefaultsServeASmallDeepSeekDemoOnLoopback) {
 }
 
 TEST_F(ServerFlagsTest, DashesAndUnderscoresAreTheSameFlag) {
-  auto config = Parse({"--max-batch=16", "--max_queue=99", "--kv-budget", "512MiB",
-                       "--model=kimi-k2", "--layers=0", "--metrics-listen=", "--log-level=warn",
-                       "--drain-timeout-s=5", "--max-wait-us=250", "--matrix-tflops=376",
-                       "--hbm_tbps=1.8", "--preload=1"});
+  auto config =
+      Parse({"--max-batch=16", "--max_queue=99", "--kv-budget", "512MiB", "--model=kimi-k2",
+             "--layers=0", "--metrics-listen=", "--log-level=warn", "--drain-timeout-s=5",
+             "--max-wait-us=250", "--matrix-tflops=376", "--hbm_tbps=1.8", "--preload=1"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->engine.max_batch, 16);
   EXPECT_EQ(config->engine.max_queue, 99);
@@ -86,14 +86,18 @@ TEST_F(ServerFlagsTest, AFlagfileIsReadWithEitherSpellingAndCommandLineFlagsAfte
 
 TEST_F(ServerFlagsTest, BadValuesNameTheirFlag) {
   EXPECT_THAT(std::string(Parse({"--model=llama"}).status().message()), StartsWith("--model: "));
-  EXPECT_THAT(std::string(Parse({"--kv_budget=2 parsecs"}).status().message()), StartsWith("--kv_budget: "));
-  EXPECT_THAT(std::string(Parse({"--max_batch=0"}).status().message()), StartsWith("--max_batch: 0"));
-  EXPECT_THAT(std::string(Parse({"--log_level=loud"}).status().message()), StartsWith("--log_level: "));
+  EXPECT_THAT(std::string(Parse({"--kv_budget=2 parsecs"}).status().message()),
+              StartsWith("--kv_budget: "));
+  EXPECT_THAT(std::string(Parse({"--max_batch=0"}).status().message()),
+              StartsWith("--max_batch: 0"));
+  EXPECT_THAT(std::string(Parse({"--log_level=loud"}).status().message()),
+              StartsWith("--log_level: "));
   EXPECT_THAT(std::string(Parse({"--max_message_mb=4096"}).status().message()),
               StartsWith("--max_message_mb: "));
   EXPECT_THAT(std::string(Parse({"--layers=-2"}).status().message()), StartsWith("--layers: "));
   EXPECT_THAT(std::string(Parse({"--preload=3"}).status().message()), StartsWith("--preload: 3"));
-  EXPECT_THAT(std::string(Parse({"--layers=62"}).status().message()), StartsWith("--layers: 62 exceeds"));
+  EXPECT_THAT(std::string(Parse({"--layers=62"}).status().message()),
+              StartsWith("--layers: 62 exceeds"));
   EXPECT_EQ(Parse({"--flagfile=/nonexistent/x.flags"}).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(Parse({"stray"}).status().message()), StartsWith("unexpected argument"));
@@ -103,8 +107,8 @@ TEST(NormalizeFlagArgumentsTest, KeepsValuesPositionalsAndEverythingAfterDoubleD
   auto args = NormalizeFlagArguments(
       {"prog", "-max-batch=3", "--seed", "-1", "pos-arg", "--", "--not-a-flag"});
   ASSERT_TRUE(args.ok());
-  EXPECT_THAT(*args, ElementsAre("prog", "--max_batch=3", "--seed", "-1", "pos-arg", "--",
-                                 "--not-a-flag"));
+  EXPECT_THAT(
+      *args, ElementsAre("prog", "--max_batch=3", "--seed", "-1", "pos-arg", "--", "--not-a-flag"));
 }
 
 TEST(ParseByteSizeTest, BinaryAndDecimalUnits) {

@@ -71,34 +71,32 @@ TEST(TensorCodecTest, RefusesAWrongRankOrExtentNamingBothShapes) {
 }
 
 TEST(TensorCodecTest, AFreeExtentMustHoldAtLeastOneRow) {
-  auto empty = DecodeToBf16(Raw(v1::DTYPE_BF16, {0, 3}, std::vector<uint16_t>()), kRowsShape,
-                            "append_rows");
+  auto empty =
+      DecodeToBf16(Raw(v1::DTYPE_BF16, {0, 3}, std::vector<uint16_t>()), kRowsShape, "append_rows");
   EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(empty.status().message(), "append_rows: shape [0,3] != [n,3]");
-  auto negative = DecodeToBf16(Raw(v1::DTYPE_BF16, {-2, 3}, std::vector<uint16_t>(6)),
-                               kRowsShape, "append_rows");
+  auto negative = DecodeToBf16(Raw(v1::DTYPE_BF16, {-2, 3}, std::vector<uint16_t>(6)), kRowsShape,
+                               "append_rows");
   EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(TensorCodecTest, RefusesAByteLengthThatDoesNotMatchTheShape) {
-  auto short_data = DecodeToBf16(Raw(v1::DTYPE_BF16, {2, 3}, std::vector<uint16_t>(5)),
-                                 kRowsShape, "rows");
+  auto short_data =
+      DecodeToBf16(Raw(v1::DTYPE_BF16, {2, 3}, std::vector<uint16_t>(5)), kRowsShape, "rows");
   EXPECT_EQ(short_data.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(short_data.status().message(),
-            "rows: 10 bytes != 6 elements of DTYPE_BF16 (12 bytes)");
+  EXPECT_EQ(short_data.status().message(), "rows: 10 bytes != 6 elements of DTYPE_BF16 (12 bytes)");
 
-  auto long_data = DecodeToBf16(Raw(v1::DTYPE_FP32, {2, 3}, std::vector<float>(7)), kRowsShape,
-                                "rows");
+  auto long_data =
+      DecodeToBf16(Raw(v1::DTYPE_FP32, {2, 3}, std::vector<float>(7)), kRowsShape, "rows");
   EXPECT_EQ(long_data.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(long_data.status().message(),
-            "rows: 28 bytes != 6 elements of DTYPE_FP32 (24 bytes)");
+  EXPECT_EQ(long_data.status().message(), "rows: 28 bytes != 6 elements of DTYPE_FP32 (24 bytes)");
 }
 
 TEST(TensorCodecTest, AShapeWhoseProductOverflowsIsRefusedNotWrapped) {
   const std::array<int64_t, 3> expected{kAnyExtent, kAnyExtent, 3};
   const int64_t huge = int64_t{1} << 62;
-  auto decoded = DecodeToBf16(Raw(v1::DTYPE_BF16, {huge, 4, 3}, std::vector<uint16_t>(6)),
-                              expected, "latent");
+  auto decoded =
+      DecodeToBf16(Raw(v1::DTYPE_BF16, {huge, 4, 3}, std::vector<uint16_t>(6)), expected, "latent");
   EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(decoded.status().message(), "latent: shape [4611686018427387904,4,3] overflows int64");
 }
@@ -138,7 +136,8 @@ TEST(TensorCodecTest, RefusesFp32ValuesThatOverflowBf16) {
 }
 
 TEST(TensorCodecTest, EncodesFloatsInTheRequestedDtypeLittleEndian) {
-  const std::vector<float> values{1.0f, -0.5f, 1.00390625f, -std::numeric_limits<float>::infinity()};
+  const std::vector<float> values{1.0f, -0.5f, 1.00390625f,
+                                  -std::numeric_limits<float>::infinity()};
   const std::array<int64_t, 2> shape{2, 2};
   v1::Tensor bf16;
   EncodeFloats(values, shape, v1::DTYPE_BF16, &bf16);

@@ -3,8 +3,8 @@
 
 #include "server/engine/devices/npu_attention_device.h"
 
-#include <mutex>
 #include <algorithm>
+#include <mutex>
 #include <set>
 #include <string>
 #include <variant>
@@ -110,7 +110,8 @@ TEST(NpuAttentionDeviceTest, MixedBatchEqualsTheHostDeviceBitForBit) {
   s.CreateSequence("c1", "", 40);
   s.CreateSequence("c2", "", 513);
   std::vector<OwnedDecodeQuery> queries;
-  for (const char* id : {"a1", "a2", "a3", "b1", "b2", "b3", "c1"}) queries.push_back(s.HeadQuery(id, 1, 2));
+  for (const char* id : {"a1", "a2", "a3", "b1", "b2", "b3", "c1"})
+    queries.push_back(s.HeadQuery(id, 1, 2));
   queries.push_back(s.LatentQuery("c2", 1, 2));
   queries.push_back(s.LatentQuery("a1", 0, 1));
   queries.push_back(s.HeadQuery("b1", 0, 1));

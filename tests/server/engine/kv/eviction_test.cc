@@ -28,7 +28,8 @@ class EvictionTest : public ::testing::Test {
         node->pages[0].push_back(page);
       }
     }
-    for (int i = 0; i < own_pages; ++i) node->pages[0].push_back(pages_.Allocate(PageOwner::kPrefix));
+    for (int i = 0; i < own_pages; ++i)
+      node->pages[0].push_back(pages_.Allocate(PageOwner::kPrefix));
     PrefixNode* raw = tree_.Insert(std::move(node));
     tree_.Touch(raw);
     return raw;
@@ -42,7 +43,8 @@ class EvictionTest : public ::testing::Test {
     std::optional<EvictionPlan> plan = PlanEviction(tree_, expanded_, pages_, kPageBytes, 1, bytes);
     if (!plan.has_value()) return {"(not enough)"};
     std::vector<std::string> names;
-    for (const EvictionPlan::Victim& v : plan->victims) names.push_back(v.layer < 0 ? v.node->id : v.node->id + "/kv");
+    for (const EvictionPlan::Victim& v : plan->victims)
+      names.push_back(v.layer < 0 ? v.node->id : v.node->id + "/kv");
     return names;
   }
 

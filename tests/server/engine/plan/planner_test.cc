@@ -17,7 +17,8 @@ TEST(PlannerTest, ThresholdReproducesTheTyphoonPaperForDeepSeekV3) {
   // Written out independently: (192 + 128) / (1 * (2 * 512 + 64)) * 376 / 1.8.
   EXPECT_NEAR(TyphoonBatchThreshold(*model, 1, rates), 320.0 / 1088.0 * 376.0 / 1.8, 1e-9);
   // More query tokens per sequence make absorb costlier per byte read: half the threshold.
-  EXPECT_NEAR(TyphoonBatchThreshold(*model, 2, rates), TyphoonBatchThreshold(*model, 1, rates) / 2, 1e-9);
+  EXPECT_NEAR(TyphoonBatchThreshold(*model, 2, rates), TyphoonBatchThreshold(*model, 1, rates) / 2,
+              1e-9);
 }
 
 TEST(PlannerTest, ThresholdScalesWithTheDeviceBalanceOnly) {
