@@ -18,6 +18,7 @@
 #include "bench/tree_command.h"
 #include "bench/typhoon_command.h"
 #include "common/command_line.h"
+#include "common/serving_allocator.h"
 #include "common/status_macros.h"
 
 ABSL_FLAG(bool, json, false, "print one JSON object per line instead of a table");
@@ -154,6 +155,7 @@ absl::Status Run(const std::string& command) {
     return mlaserve::bench::RunTyphoonCommand(o, std::cout);
   }
   if (command == "service") {
+    mlaserve::TuneAllocatorForServing();  // the in-process server allocates as the real one
     mlaserve::bench::ServiceCommandOptions o;
     o.model = absl::GetFlag(FLAGS_model);
     o.layers = absl::GetFlag(FLAGS_layers);

@@ -17,6 +17,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/serving_allocator.h"
 #include "kernels/core/cpu_features.h"
 #include "kernels/core/matmul.h"
 #include "server/engine/engine.h"
@@ -60,6 +61,7 @@ sigset_t BlockShutdownSignals() {
 
 int main(int argc, char** argv) {
   const sigset_t shutdown_signals = BlockShutdownSignals();
+  mlaserve::TuneAllocatorForServing();
   absl::SetProgramUsageMessage(
       "Serves MLA decode attention over gRPC (mlaserve.v1.MlaServe).\n"
       "Flag names take dashes or underscores; --flagfile=PATH reads flags from a file.");

@@ -131,6 +131,35 @@ BENCHMARK(BM_MatmulTile_OpenBlasSgemm)->Arg(96)->Arg(128);
 
 // The host AMLA row kernel on one row group: 128 rows (DeepSeek-V3's heads, one token)
 // over 4096 keys of a paged latent cache, read in place as bf16 rows.
+// Validation's finiteness scan over the query bytes of a 72-query head-space Decode
+// (72 x 128 heads x 192 values), chunked and vectorised beside the plain early-exit loop.
+constexpr int kDecodeQueryValues = 72 * 128 * 192;
+
+std::vector<Bf16> FiniteQueries() {
+  std::vector<Bf16> q(kDecodeQueryValues);
+  Rng rng(2);
+  FillNormal(q, 1.0, rng);
+  return q;
+}
+
+void BM_FiniteScan_Chunked(benchmark::State& state) {
+  const std::vector<Bf16> q = FiniteQueries();
+  for (auto _ : state) benchmark::DoNotOptimize(FirstNonFinite(q));
+  state.SetBytesProcessed(state.iterations() * kDecodeQueryValues * 2);
+}
+BENCHMARK(BM_FiniteScan_Chunked);
+
+void BM_FiniteScan_EarlyExitLoop(benchmark::State& state) {
+  const std::vector<Bf16> q = FiniteQueries();
+  for (auto _ : state) {
+    size_t i = 0;
+    while (i < q.size() && q[i].IsFinite()) ++i;
+    benchmark::DoNotOptimize(i);
+  }
+  state.SetBytesProcessed(state.iterations() * kDecodeQueryValues * 2);
+}
+BENCHMARK(BM_FiniteScan_EarlyExitLoop);
+
 void BM_AmlaRows_Host(benchmark::State& state) {
   constexpr int kRows = 128, kKeys = 4096, kWidth = 576, kPage = 128;
   std::vector<Bf16> pool(static_cast<size_t>(kKeys) * kWidth),

@@ -1,8 +1,11 @@
 #ifndef MLASERVE_KERNELS_CORE_BFLOAT16_H_
 #define MLASERVE_KERNELS_CORE_BFLOAT16_H_
 
+#include <algorithm>
 #include <bit>
+#include <cstddef>
 #include <cstdint>
+#include <span>
 
 namespace mlaserve {
 
@@ -32,6 +35,23 @@ struct Bf16 {
 };
 
 static_assert(sizeof(Bf16) == 2);
+
+// Index of the first infinity or NaN in `values`, or values.size() when every value is finite.
+// Validation runs this over every query byte of every Decode, so each chunk is first counted
+// by a branch-free loop the compiler vectorises; only a chunk with a hit is searched.
+inline size_t FirstNonFinite(std::span<const Bf16> values) {
+  constexpr size_t kChunk = 2048;
+  for (size_t begin = 0; begin < values.size(); begin += kChunk) {
+    const size_t end = std::min(values.size(), begin + kChunk);
+    uint32_t hits = 0;
+    for (size_t i = begin; i < end; ++i) hits += (values[i].bits & 0x7f80u) == 0x7f80u;
+    if (hits == 0) continue;
+    for (size_t i = begin; i < end; ++i) {
+      if (!values[i].IsFinite()) return i;
+    }
+  }
+  return values.size();
+}
 
 // The value f takes after a round trip through bf16: how the matrix unit sees an fp32 operand.
 constexpr float RoundToBf16(float f) { return Bf16::FromFloat(f).ToFloat(); }

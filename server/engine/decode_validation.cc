@@ -46,17 +46,13 @@ absl::Status CheckTensor(const TensorView<const Bf16, kRank>& view,
       return Invalid(field, "not row-major and contiguous");
     stride *= view.dim(i);
   }
-  const Bf16* data = view.data();
-  const int64_t n = view.size();
-  for (int64_t i = 0; i < n; ++i) {
-    if (!data[i].IsFinite()) {
-      return Invalid(field,
-                     absl::StrCat("element ", i, " is ",
-                                  data[i].ToFloat() != data[i].ToFloat() ? "NaN" : "infinite",
-                                  "; inputs must be finite (and, from fp32, within bf16's range)"));
-    }
-  }
-  return absl::OkStatus();
+  const std::span<const Bf16> values(view.data(), static_cast<size_t>(view.size()));
+  const size_t i = FirstNonFinite(values);
+  if (i == values.size()) return absl::OkStatus();
+  return Invalid(field,
+                 absl::StrCat("element ", i, " is ",
+                              values[i].ToFloat() != values[i].ToFloat() ? "NaN" : "infinite",
+                              "; inputs must be finite (and, from fp32, within bf16's range)"));
 }
 
 absl::Status CheckQuery(const DecodeQuery& q, const EngineInfo& info, const std::string& at) {

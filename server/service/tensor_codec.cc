@@ -40,9 +40,8 @@ absl::StatusOr<std::vector<Bf16>> ToBf16(v1::DType dtype, const std::string& dat
   switch (dtype) {
     case v1::DTYPE_BF16: {
       values = CopyElements<Bf16>(data);
-      for (std::size_t i = 0; i < values.size(); ++i) {
-        if (!values[i].IsFinite()) return NonFinite(field, i, values[i].ToFloat());
-      }
+      const std::size_t i = FirstNonFinite(values);
+      if (i < values.size()) return NonFinite(field, i, values[i].ToFloat());
       return values;
     }
     case v1::DTYPE_FP16: {

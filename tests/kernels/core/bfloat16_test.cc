@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -66,6 +67,36 @@ TEST(Bf16Test, IsFiniteAgreesWithTheFloatItStandsFor) {
   for (uint32_t b = 0; b <= 0xffffu; ++b) {
     const Bf16 v = Bf16::FromBits(static_cast<uint16_t>(b));
     ASSERT_EQ(v.IsFinite(), std::isfinite(v.ToFloat())) << "bits 0x" << std::hex << b;
+  }
+}
+
+// Random finite arrays of lengths around the scan's chunk, with zero, one or two non-finite
+// words of every kind at random places: the first one's index (std::isfinite scan) or size().
+TEST(Bf16Test, FirstNonFiniteFindsTheFirstInfinityOrNaN) {
+  std::mt19937 rng(20261123);
+  std::uniform_int_distribution<uint32_t> bits(0, 0xffff);
+  const uint16_t non_finite[] = {0x7f80, 0xff80, 0x7fc0, 0xffff, 0x7f81};
+  for (size_t n : {0u, 1u, 7u, 2047u, 2048u, 2049u, 6000u}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<Bf16> values(n);
+      for (Bf16& v : values) {
+        do {
+          v = Bf16::FromBits(static_cast<uint16_t>(bits(rng)));
+        } while (!std::isfinite(v.ToFloat()));
+      }
+      const int planted = n == 0 ? 0 : trial % 3;
+      for (int p = 0; p < planted; ++p) {
+        values[rng() % n] = Bf16::FromBits(non_finite[rng() % std::size(non_finite)]);
+      }
+      size_t expected = n;
+      for (size_t i = 0; i < n; ++i) {
+        if (!std::isfinite(values[i].ToFloat())) {
+          expected = i;
+          break;
+        }
+      }
+      ASSERT_EQ(FirstNonFinite(values), expected) << "n " << n << " trial " << trial;
+    }
   }
 }
 
