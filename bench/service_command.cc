@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/engine_load_target.h"
+#include "bench/loopback_wire.h"
 #include "client/loadgen/grpc_load_target.h"
 #include "client/loadgen/load_report.h"
 #include "common/status_macros.h"
@@ -22,7 +23,23 @@ struct PathResult {
   std::string path;
   int round = 0;
   loadgen::LoadSummary summary;
+  double empty_rpc_us = 0;  // gRPC only
 };
+
+// gRPC's own floor: an RPC that carries nothing and does nothing (GetServerInfo), sent as the
+// workload's callers send, idle between calls as long as a call takes.
+absl::StatusOr<double> EmptyRpcP50Us(client::MlaServeClient& client, double idle_ms) {
+  std::vector<double> us;
+  const int calls = std::clamp(static_cast<int>(3000 / std::max(idle_ms, 1.0)), 10, 200);
+  for (int call = 0; call < calls + 1; ++call) {  // the first call warms the channel up
+    absl::SleepFor(absl::Milliseconds(idle_ms));
+    const absl::Time start = absl::Now();
+    RETURN_IF_ERROR(client.GetServerInfo().status());
+    if (call > 0) us.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+  }
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
 
 absl::StatusOr<engine::EngineOptions> EngineOptionsFor(const ServiceCommandOptions& o) {
   engine::EngineOptions e;
@@ -45,7 +62,8 @@ absl::StatusOr<loadgen::LoadSummary> RunDirect(const ServiceCommandOptions& o,
 }
 
 absl::StatusOr<loadgen::LoadSummary> RunOverGrpc(const ServiceCommandOptions& o,
-                                                 const loadgen::WorkloadOptions& w) {
+                                                 const loadgen::WorkloadOptions& w,
+                                                 double* empty_rpc_us) {
   ASSIGN_OR_RETURN(engine::EngineOptions options, EngineOptionsFor(o));
   service::ServerOptions server_options;
   server_options.listen_address = "127.0.0.1:0";
@@ -61,8 +79,22 @@ absl::StatusOr<loadgen::LoadSummary> RunOverGrpc(const ServiceCommandOptions& o,
       client::MlaServeClient::Connect(absl::StrCat("127.0.0.1:", server->port()), client_options);
   ASSIGN_OR_RETURN(auto target, loadgen::GrpcLoadTarget::Create(std::move(client)));
   ASSIGN_OR_RETURN(loadgen::LoadResult result, loadgen::RunWorkload(*target, w));
+  loadgen::LoadSummary summary = loadgen::Summarize(result);
+  auto probe_client =
+      client::MlaServeClient::Connect(absl::StrCat("127.0.0.1:", server->port()), client_options);
+  ASSIGN_OR_RETURN(*empty_rpc_us, EmptyRpcP50Us(*probe_client, summary.latency_ms.p50));
   server->Shutdown(absl::Seconds(10)).IgnoreError();
-  return loadgen::Summarize(result);
+  return summary;
+}
+
+// The tensor bytes one call carries (the protobuf framing around them is a few bytes per
+// field): each query's q and appended row out, its output (bf16) and LSE (fp32) back.
+WireProbe CallBytes(const engine::ModelConfig& m, const loadgen::WorkloadOptions& w) {
+  const int64_t rows = int64_t{w.sq} * m.heads;
+  const int64_t q_values = rows * (w.head_space ? m.dn + m.dr : m.dl + m.dr);
+  const int64_t out_values = rows * (w.head_space ? m.dv : m.dl);
+  return {.request_bytes = w.sequences * (q_values + m.dl + m.dr) * 2,
+          .response_bytes = w.sequences * (out_values * 2 + rows * 4)};
 }
 
 }  // namespace
@@ -74,13 +106,14 @@ absl::Status RunServiceCommand(const ServiceCommandOptions& o, std::ostream& out
     for (const char* path : {"direct", "grpc"}) {
       loadgen::WorkloadOptions w = o.workload;
       w.run_id = absl::StrCat("bench-", path, "-", round);
+      double empty_rpc_us = 0;
       absl::StatusOr<loadgen::LoadSummary> s =
-          std::string(path) == "direct" ? RunDirect(o, w) : RunOverGrpc(o, w);
+          std::string(path) == "direct" ? RunDirect(o, w) : RunOverGrpc(o, w, &empty_rpc_us);
       if (!s.ok()) return s.status();
       if (s->failed_calls > 0) {
         return absl::InternalError(absl::StrCat(path, ": ", s->failed_calls, " calls failed"));
       }
-      results.push_back({path, round, *s});
+      results.push_back({path, round, *s, empty_rpc_us});
     }
   }
   double best_direct = 0, best_grpc = 0;
@@ -89,6 +122,18 @@ absl::Status RunServiceCommand(const ServiceCommandOptions& o, std::ostream& out
         std::max(r.path == "direct" ? best_direct : best_grpc, r.summary.queries_per_s);
   }
   const loadgen::WorkloadOptions& w = o.workload;
+  // The wire's own round trip for the same bytes, idle between calls as long as a direct call
+  // takes: what no RPC stack on this machine can undercut.
+  ASSIGN_OR_RETURN(engine::EngineOptions engine_options, EngineOptionsFor(o));
+  WireProbe probe = CallBytes(engine_options.model, w);
+  double direct_latency_ms = 0;
+  for (const PathResult& r : results) {
+    if (r.path == "direct")
+      direct_latency_ms = std::max(direct_latency_ms, r.summary.latency_ms.p50);
+  }
+  probe.idle_between = absl::Milliseconds(direct_latency_ms);
+  probe.calls = std::clamp(static_cast<int>(3000 / std::max(direct_latency_ms, 1.0)), 10, 200);
+  ASSIGN_OR_RETURN(const WireRoundTrip wire, MeasureLoopbackRoundTrip(probe));
   if (o.json) {
     for (const PathResult& r : results) {
       const loadgen::LoadSummary& s = r.summary;
@@ -102,9 +147,16 @@ absl::Status RunServiceCommand(const ServiceCommandOptions& o, std::ostream& out
           {"overhead_us", {{"p50", s.overhead_us.p50}, {"p99", s.overhead_us.p99}}},
           {"queue_us", {{"p50", s.queue_us.p50}, {"p99", s.queue_us.p99}}},
           {"mean_batch_size", s.mean_batch_size}};
+      if (r.path == "grpc") row["empty_rpc_us"] = r.empty_rpc_us;
       out << row.dump() << "\n";
     }
-    out << nlohmann::json{{"grpc_over_direct", best_grpc / best_direct}}.dump() << "\n";
+    out << nlohmann::json{{"grpc_over_direct", best_grpc / best_direct},
+                          {"wire",
+                           {{"request_bytes", probe.request_bytes},
+                            {"response_bytes", probe.response_bytes},
+                            {"round_trip_us", {{"p50", wire.p50_us}, {"p99", wire.p99_us}}}}}}
+               .dump()
+        << "\n";
     return absl::OkStatus();
   }
   out << absl::StrFormat(
@@ -114,17 +166,25 @@ absl::Status RunServiceCommand(const ServiceCommandOptions& o, std::ostream& out
       o.model, o.layers, o.devices, o.profile.empty() ? "default" : o.profile, w.workers,
       w.sequences, w.prefix_tokens, w.context_tokens, w.sq, absl::ToDoubleSeconds(w.duration));
   out << HostDescription() << "\n";
-  out << absl::StrFormat("%-7s %5s %10s %10s %10s %12s %12s %12s %8s\n", "path", "round",
+  out << absl::StrFormat("%-7s %5s %10s %10s %10s %12s %12s %12s %8s %12s\n", "path", "round",
                          "queries/s", "lat_p50_ms", "lat_p99_ms", "queue_p50_us", "ovhd_p50_us",
-                         "ovhd_p99_us", "batch");
+                         "ovhd_p99_us", "batch", "empty_rpc_us");
   for (const PathResult& r : results) {
     const loadgen::LoadSummary& s = r.summary;
-    out << absl::StrFormat("%-7s %5d %10.1f %10.2f %10.2f %12.1f %12.1f %12.1f %8.1f\n", r.path,
-                           r.round, s.queries_per_s, s.latency_ms.p50, s.latency_ms.p99,
-                           s.queue_us.p50, s.overhead_us.p50, s.overhead_us.p99, s.mean_batch_size);
+    out << absl::StrFormat("%-7s %5d %10.1f %10.2f %10.2f %12.1f %12.1f %12.1f %8.1f %12s\n",
+                           r.path, r.round, s.queries_per_s, s.latency_ms.p50, s.latency_ms.p99,
+                           s.queue_us.p50, s.overhead_us.p50, s.overhead_us.p99, s.mean_batch_size,
+                           r.path == "grpc" ? absl::StrFormat("%.1f", r.empty_rpc_us) : "-");
   }
+  out << absl::StrFormat("%-7s %5s %10s %10s %10s %12s %12.1f %12.1f %8s %12s\n", "wire", "-", "-",
+                         "-", "-", "-", wire.p50_us, wire.p99_us, "-", "-");
   out << absl::StrFormat("gRPC / direct throughput (best of %d each): %.3f\n",
                          std::max(1, o.rounds), best_grpc / best_direct);
+  out << absl::StrFormat(
+      "wire: TCP round trip on loopback of the call's %.2f MB out and %.2f MB back, idle %.1f ms "
+      "between calls as the callers are; the floor under the gRPC edge (ovhd grpc - direct).\n"
+      "empty_rpc_us: GetServerInfo with the same idle gaps, gRPC's own cost for a call\n",
+      probe.request_bytes / 1e6, probe.response_bytes / 1e6, direct_latency_ms);
   return absl::OkStatus();
 }
 
