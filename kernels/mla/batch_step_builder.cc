@@ -325,20 +325,18 @@ class Builder {
   absl::Status AddAttention(const char* name, int dk, int dv, std::vector<RowGroupSpec> specs,
                             std::vector<CombineJob>& merges) {
     if (specs.empty()) return absl::OkStatus();
-    int busy = 0;
-    int64_t total_blocks = 0;
+    std::vector<int> group_blocks;
     for (const RowGroupSpec& s : specs) {
-      if (s.length == 0) continue;
-      ++busy;
-      total_blocks += CeilDiv(s.length, kKvBlockTokens);
+      if (s.length > 0) group_blocks.push_back(static_cast<int>(CeilDiv(s.length, kKvBlockTokens)));
     }
+    const int part_blocks = SplitPartBlocks(group_blocks, b_.parallel_units);
     AttentionStep step{name, b_.algorithm, dk, dv, d_.softmax_scale, {}};
     const std::string tag = absl::StrCat(name, " split");
     int split_out = -1, split_lse = -1;
     int64_t split_rows = 0;
     for (RowGroupSpec& spec : specs) {
       const int blocks = static_cast<int>(CeilDiv(spec.length, kKvBlockTokens));
-      const int parts = SplitCount(blocks, busy, total_blocks, b_.parallel_units);
+      const int parts = static_cast<int>(CeilDiv(blocks, std::max(part_blocks, 1)));
       if (parts <= 1) {
         step.groups.push_back(std::move(spec.group));
         continue;
@@ -472,10 +470,24 @@ class Builder {
 
 }  // namespace
 
-int SplitCount(int blocks, int groups, int64_t total_blocks, int parallel_units) {
-  if (blocks <= 1 || groups <= 0 || groups >= parallel_units) return 1;
-  const int64_t target = CeilDiv(total_blocks, parallel_units);  // KV blocks per core
-  return static_cast<int>(std::min<int64_t>(blocks, CeilDiv(blocks, target)));
+int SplitPartBlocks(std::span<const int> group_blocks, int parallel_units) {
+  const int longest =
+      group_blocks.empty() ? 1 : *std::max_element(group_blocks.begin(), group_blocks.end());
+  const int64_t groups = static_cast<int64_t>(group_blocks.size());
+  if (parallel_units <= 1 || groups == 0 || groups >= parallel_units) return longest;
+  constexpr int64_t kPartOverheadBlocks = 1;  // fill and drain of one more pipeline
+  int best = longest;
+  int64_t best_cost = longest;  // one wave, no split
+  for (int part = longest - 1; part >= 1; --part) {
+    int64_t items = 0;
+    for (int blocks : group_blocks) items += CeilDiv(blocks, part);
+    const int64_t cost = CeilDiv(items, parallel_units) * (part + kPartOverheadBlocks);
+    if (cost < best_cost) {
+      best = part;
+      best_cost = cost;
+    }
+  }
+  return best;
 }
 
 absl::StatusOr<BuiltBatch> BuildBatchSteps(const DecodeBatch& batch) {

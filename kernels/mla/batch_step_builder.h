@@ -2,6 +2,7 @@
 #define MLASERVE_KERNELS_MLA_BATCH_STEP_BUILDER_H_
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -38,16 +39,19 @@ struct BuiltBatch {
 //   prefix_merge combine     hybrid groups: the naive passes in order, then the absorb part
 //
 // Split-KV: an attention step with fewer row groups than `parallel_units` cuts each row
-// group's keys at KV-block boundaries into up to ceil(blocks / target) parts, target being
-// the step's KV blocks per unit (rounded up), as FlashMLA's get_mla_metadata balances them.
+// group's keys at KV-block boundaries into parts of about SplitPartBlocks blocks, so that the
+// parts fill the units in as few waves as possible (FlashMLA's get_mla_metadata balances the
+// same way: equal KV work per unit rather than equal parts per sequence).
 //
 // INVALID_ARGUMENT for a batch that does not hold together (a pass that does not tile a
 // group's prefix, a member without pages for its length, a missing weight).
 absl::StatusOr<BuiltBatch> BuildBatchSteps(const DecodeBatch& batch);
 
-// The number of parts a row group of `blocks` KV blocks is cut into, in a step of `groups`
-// row groups holding `total_blocks`, for `parallel_units` cores (1: not split).
-int SplitCount(int blocks, int groups, int64_t total_blocks, int parallel_units);
+// The length in KV blocks of the parts a split attention step cuts its row groups into, for
+// row groups of `group_blocks` blocks on `parallel_units` cores: a group of b blocks becomes
+// ceil(b / result) parts. The choice minimises the modelled makespan, waves x (part length +
+// one block for a part's pipeline fill and drain); the longest group's length means no split.
+int SplitPartBlocks(std::span<const int> group_blocks, int parallel_units);
 
 }  // namespace mlaserve
 

@@ -43,14 +43,21 @@ const AttentionStep& Attention(const BatchSteps& steps, const std::string& name)
   return none;
 }
 
-TEST(SplitCountTest, SplitsOnlyWhenRowGroupsLeaveCoresIdleAndBalancesBlocks) {
-  EXPECT_EQ(SplitCount(32, 4, 128, 24), 6);   // 128 blocks over 24 cores: 6 per core
-  EXPECT_EQ(SplitCount(32, 24, 768, 24), 1);  // as many row groups as cores: no split
-  EXPECT_EQ(SplitCount(1, 1, 1, 24), 1);      // one block cannot be cut
-  EXPECT_EQ(SplitCount(3, 1, 3, 24), 3);      // never more parts than blocks
-  EXPECT_EQ(SplitCount(8, 2, 10, 4), 3);      // 10 blocks over 4 cores: 3 per core
-  EXPECT_EQ(SplitCount(2, 2, 10, 4), 1);
-  EXPECT_EQ(SplitCount(100, 1, 100, 1), 1);  // one core
+// Expected part lengths worked out by hand from waves x (part + 1) (the header's rule).
+TEST(SplitPartBlocksTest, FillsTheCoresInTheFewestWavesAndSplitsOnlyWhenCoresIdle) {
+  const std::vector<int> four_of_32(4, 32);
+  EXPECT_EQ(SplitPartBlocks(four_of_32, 24), 6);  // 6 parts each: 24 items, one wave of 6
+  const std::vector<int> twenty_four_of_32(24, 32);
+  EXPECT_EQ(SplitPartBlocks(twenty_four_of_32, 24), 32);      // a group per core: no split
+  EXPECT_EQ(SplitPartBlocks(std::vector<int>{1}, 24), 1);     // one block cannot be cut
+  EXPECT_EQ(SplitPartBlocks(std::vector<int>{3}, 24), 1);     // never more parts than blocks
+  EXPECT_EQ(SplitPartBlocks(std::vector<int>{8, 2}, 4), 3);   // 3 + 1 parts, one wave of 3
+  EXPECT_EQ(SplitPartBlocks(std::vector<int>{100}, 1), 100);  // one core
+  // 32 groups of 36 blocks on 48 cores: halves would make 64 parts, two waves of 18 (worse
+  // than no split); thirds make 96 parts, two full waves of 12.
+  const std::vector<int> thirty_two_of_36(32, 36);
+  EXPECT_EQ(SplitPartBlocks(thirty_two_of_36, 48), 12);
+  EXPECT_EQ(SplitPartBlocks(std::vector<int>{}, 48), 1);  // nothing to split
 }
 
 TEST(BatchStepBuilderTest, AbsorbOnlyHeadSpaceIsProjectAttendProject) {
