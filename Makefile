@@ -4,7 +4,7 @@ PRESET ?= default
 BUILD_DIR := build
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps configure build test test-tsan format format-check demo install uninstall clean
+.PHONY: all deps bench-deps configure build test test-tsan format format-check demo install uninstall clean
 
 # The concurrency tests that also run under ThreadSanitizer (engine and emulator; Debian's
 # gRPC and abseil are not TSan-instrumented, so the gRPC edge stays out).
@@ -14,6 +14,10 @@ all: build
 
 deps:
 	@scripts/install_deps.sh
+
+# PyTorch for `mlaserve-bench peers` (docs/performance.md); not needed by any test.
+bench-deps: deps
+	@scripts/install_deps.sh --bench
 
 configure: deps
 	@test -f $(BUILD_DIR)/build.ninja || cmake --preset $(PRESET)

@@ -155,7 +155,6 @@ absl::Status Run(const std::string& command) {
     return mlaserve::bench::RunTyphoonCommand(o, std::cout);
   }
   if (command == "service") {
-    mlaserve::TuneAllocatorForServing();  // the in-process server allocates as the real one
     mlaserve::bench::ServiceCommandOptions o;
     o.model = absl::GetFlag(FLAGS_model);
     o.layers = absl::GetFlag(FLAGS_layers);
@@ -208,6 +207,8 @@ absl::Status Run(const std::string& command) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Every command measures mlaserve's code as mlaserve-server runs it, allocator included.
+  mlaserve::TuneAllocatorForServing();
   absl::SetProgramUsageMessage(kUsage);
   // Flag names take dashes or underscores (--model-only = --model_only).
   absl::StatusOr<std::vector<std::string>> args = mlaserve::ParseFlags(argc, argv);

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages mlaserve builds and runs with. Idempotent: when every
 # package is already present it touches nothing (no apt-get update, no network).
+#   scripts/install_deps.sh          what `make`, `make test` and `make demo` need
+#   scripts/install_deps.sh --bench  also the benchmark-only peers (PyTorch for
+#                                    `mlaserve-bench peers`); never needed by the tests
 set -euo pipefail
 
 packages=(
@@ -11,6 +14,9 @@ packages=(
   python3 python3-grpcio python3-protobuf python3-numpy
   systemd strace clang-format
 )
+if [ "${1:-}" = "--bench" ]; then
+  packages+=(python3-torch)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -20,7 +20,11 @@ import statistics
 import sys
 import time
 
-import torch
+try:
+    import torch
+except ImportError:
+    sys.exit("torch_mla_worker: PyTorch is missing; `make bench-deps` installs Debian's "
+             "python3-torch (a benchmark-only dependency)")
 
 DL, DR, DQK, DV = 512, 64, 192, 128  # latent, rope, naive qk and v head dims
 DK = DL + DR                         # absorbed key width (576)
@@ -102,6 +106,10 @@ def time_op(req):
             if i >= req.get("warmup", 1):
                 times.append(t1 - t0)
     best = min(times)
+    # OpenBLAS's pool spins on sched_yield for ~0.1 s after a call, which would steal the
+    # cores from mlaserve's timing that follows; stop it (the next call's warm-up restarts it).
+    if _openblas is not None and hasattr(_openblas, "blas_thread_shutdown_"):
+        _openblas.blas_thread_shutdown_()
     return {"best_s": best, "median_s": statistics.median(times), "flops": flops,
             "gflops": flops / best / 1e9, "softmax": req.get("softmax", "fp32")}
 

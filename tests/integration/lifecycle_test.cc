@@ -5,6 +5,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <future>
 #include <random>
 #include <string>
@@ -77,6 +79,38 @@ TEST(LifecycleTest, ServingHealthAndMetricsAfterWarmUp) {
   EXPECT_EQ(info->host().isa(), cpu.MatrixIsa());
   EXPECT_EQ(info->host().cpu_model(), cpu.model);
   EXPECT_EQ(info->host().matrix_unit(), MatrixUnitBackend());
+}
+
+// A serving framework on the same host can reach the server over a Unix-domain socket
+// (`--listen=unix:/path`), which skips the TCP stack; the socket and its directory are gone
+// afterwards.
+TEST(LifecycleTest, ServesDecodeOverAUnixDomainSocket) {
+  std::string dir_template = (std::filesystem::temp_directory_path() / "mlaserve-uds-XXXXXX");
+  ASSERT_NE(mkdtemp(dir_template.data()), nullptr);
+  const std::filesystem::path dir(dir_template);
+  const std::string address = absl::StrCat("unix:", (dir / "mlaserve.sock").string());
+  {
+    service::ServerOptions server_options;
+    server_options.listen_address = address;
+    server_options.metrics_address = "";
+    auto server = service::MlaServer::Start(engine::CreateEngine, SmallEngineOptions(TinyModel()),
+                                            server_options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    (*server)->SetServing(true);
+    auto client = client::MlaServeClient::Connect(address);
+    Rng rng(std::random_device{}());
+    ASSERT_TRUE(client->CreateSequence("s").ok());
+    ASSERT_TRUE(client->AppendKv("s", 0, 0, Tensor2(RandomBf16(40 * 576, 1.0, rng), 40, 576)).ok());
+    auto answer = client->Decode({LatentOn("s", TinyModel(), rng)});
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    EXPECT_EQ(answer->size(), 1u);
+    client.reset();
+    EXPECT_TRUE((*server)->Shutdown(absl::Seconds(5)).ok());
+  }
+  std::error_code error;
+  std::filesystem::remove_all(dir, error);
+  EXPECT_FALSE(error) << error.message();
+  EXPECT_FALSE(std::filesystem::exists(dir));
 }
 
 // A call whose deadline passes before its answer is ready fails with DEADLINE_EXCEEDED (the

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,8 @@ struct NamedScenario {
   std::string name;
   BatchScenarioSpec spec;
 };
+// Parameterised tests name a scenario by its name (not its bytes) in their listings.
+inline void PrintTo(const NamedScenario& scenario, std::ostream* os) { *os << scenario.name; }
 std::vector<NamedScenario> StandardBatchScenarios();
 
 // Reads one answer of a run out of its buffers as fp32 (bf16 answers widened).

@@ -31,6 +31,7 @@ std::string DeviceName(DeviceKind d) {
   }
   return "?";
 }
+void PrintTo(DeviceKind d, std::ostream* os) { *os << DeviceName(d); }
 
 std::unique_ptr<Device> MakeDevice(int threads) {
   auto profile = LoadDeviceProfile("ascend910-die");
