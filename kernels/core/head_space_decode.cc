@@ -29,14 +29,7 @@ absl::Status ValidateHeadSpaceDecodeProblem(const HeadSpaceDecodeProblem& p) {
       p.weights.w_uk.stride(2) != 1 || p.weights.w_uv.stride(2) != 1) {
     return absl::InvalidArgumentError("tensors must be contiguous in their last axis");
   }
-  if (!(p.softmax_scale > 0.0f) || !std::isfinite(p.softmax_scale)) {
-    return absl::InvalidArgumentError("softmax_scale must be a positive finite number");
-  }
-  if (p.seqs.batch() != p.batch()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("q has batch ", p.batch(), " but seqlens has ", p.seqs.batch()));
-  }
-  return ValidatePagedSequences(p.cache, p.seqs);
+  return ValidatePagedDecode(p.softmax_scale, p.batch(), p.cache, p.seqs);
 }
 
 }  // namespace mlaserve

@@ -19,14 +19,7 @@ absl::Status ValidateLatentDecodeProblem(const LatentDecodeProblem& p) {
   if (p.dv <= 0 || p.dv > p.dk()) {
     return absl::InvalidArgumentError(absl::StrCat("dv = ", p.dv, " must be in [1, ", p.dk(), "]"));
   }
-  if (!(p.softmax_scale > 0.0f) || !std::isfinite(p.softmax_scale)) {
-    return absl::InvalidArgumentError("softmax_scale must be a positive finite number");
-  }
-  if (p.seqs.batch() != p.batch()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("q has batch ", p.batch(), " but seqlens has ", p.seqs.batch()));
-  }
-  return ValidatePagedSequences(p.cache, p.seqs);
+  return ValidatePagedDecode(p.softmax_scale, p.batch(), p.cache, p.seqs);
 }
 
 absl::StatusOr<AttentionOutput> RunLatentDecode(const LatentDecodeProblem& p, RowKernel kernel) {

@@ -1,5 +1,7 @@
 #include "kernels/core/paged_kv_cache.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 
 namespace mlaserve {
@@ -34,6 +36,18 @@ absl::Status ValidatePagedSequences(const PagedKvCache& cache, const PagedSequen
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status ValidatePagedDecode(float softmax_scale, int64_t q_batch, const PagedKvCache& cache,
+                                 const PagedSequences& seqs) {
+  if (!(softmax_scale > 0.0f) || !std::isfinite(softmax_scale)) {
+    return absl::InvalidArgumentError("softmax_scale must be a positive finite number");
+  }
+  if (seqs.batch() != q_batch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("q has batch ", q_batch, " but seqlens has ", seqs.batch()));
+  }
+  return ValidatePagedSequences(cache, seqs);
 }
 
 }  // namespace mlaserve

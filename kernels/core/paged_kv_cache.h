@@ -33,6 +33,11 @@ struct PagedSequences {
 // Checks that every page a request reads exists and that its length fits its table row.
 absl::Status ValidatePagedSequences(const PagedKvCache& cache, const PagedSequences& seqs);
 
+// What every paged decode problem checks besides its own shapes: a positive finite softmax
+// scale, one sequence per query batch entry (`q_batch`), and the sequences themselves.
+absl::Status ValidatePagedDecode(float softmax_scale, int64_t q_batch, const PagedKvCache& cache,
+                                 const PagedSequences& seqs);
+
 // Row of token t of request b. The caller has validated the tables.
 inline const Bf16* TokenRow(const PagedKvCache& cache, const PagedSequences& seqs, int b, int t) {
   const int page = seqs.block_table(b, t / cache.page_size());

@@ -12,6 +12,7 @@
 #include "kernels/core/bfloat16.h"
 #include "kernels/core/element_type.h"
 #include "kernels/mla/rescale_algorithm.h"
+#include "kernels/mla/step_jobs.h"
 
 namespace mlaserve {
 
@@ -64,22 +65,7 @@ struct StageCopy {
   int width = 0;
 };
 
-// C [rows][n] = A [rows][k] . B, with B [k][n] or (transpose_b) [n][k]; A and B bf16, fp32
-// accumulation in depth chunks of kProjectionDepthChunk in the matrix unit's order
-// (kernels/core/matmul.h); C fp32, or rounded to bf16 (nearest even) if `c_bf16`.
-struct ProjectionJob {
-  BufferRef a;
-  int64_t lda = 0;
-  BufferRef b;
-  int64_t ldb = 0;
-  bool transpose_b = false;
-  BufferRef c;
-  int64_t ldc = 0;
-  bool c_bf16 = false;
-  int rows = 0;
-  int n = 0;
-  int k = 0;
-};
+using ProjectionJob = BasicProjectionJob<BufferRef>;
 
 struct ProjectionStep {
   std::string name;  // "absorb_q", "project_out"
@@ -137,20 +123,7 @@ struct AttentionStep {
 // lse [rows], dense, in part order) into `out` (stride out_stride, bf16 if out_bf16) and `lse`
 // (stride lse_stride), as CombineLseParts (kernels/mla/lse_combine.h) defines it. `out` and
 // `lse` may be the first part's own buffers (an in-place merge).
-struct CombineJob {
-  struct Part {
-    BufferRef out;
-    BufferRef lse;
-  };
-  std::vector<Part> parts;
-  int rows = 0;
-  int dv = 0;
-  BufferRef out;
-  int64_t out_stride = 0;
-  bool out_bf16 = false;
-  BufferRef lse;
-  int64_t lse_stride = 1;
-};
+using CombineJob = BasicCombineJob<BufferRef>;
 
 struct CombineStep {
   std::string name;  // "split_merge", "prefix_merge"

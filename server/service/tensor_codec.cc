@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "kernels/core/float16.h"
 #include "kernels/core/vector_ops.h"
 
@@ -96,68 +97,31 @@ std::string ShapeToString(std::span<const int64_t> shape) {
       "]");
 }
 
-absl::StatusOr<Bf16Tensor> DecodeToBf16(const v1::Tensor& tensor, std::span<const int64_t> expected,
-                                        absl::string_view field) {
+namespace {
+
+absl::StatusOr<std::size_t> ElementSize(const v1::Tensor& tensor, absl::string_view field) {
   const std::size_t element_size = DTypeSize(tensor.dtype());
-  if (element_size == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": dtype ",
-        v1::DType_Name(tensor.dtype()).empty() ? absl::StrCat(static_cast<int>(tensor.dtype()))
-                                               : v1::DType_Name(tensor.dtype()),
-        " is not one of DTYPE_BF16, DTYPE_FP16, DTYPE_FP32"));
-  }
-  const std::span<const int64_t> shape(tensor.shape().data(), tensor.shape().size());
-  bool shape_ok = shape.size() == expected.size();
-  for (std::size_t i = 0; shape_ok && i < shape.size(); ++i) {
-    shape_ok = expected[i] == kAnyExtent ? shape[i] >= 1 : shape[i] == expected[i];
-  }
-  if (!shape_ok) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": shape ", ShapeToString(shape), " != ", ShapeToString(expected)));
-  }
-  // Every extent is now >= 1; the product must not overflow before it is compared.
-  const int64_t max_elements =
-      std::numeric_limits<int64_t>::max() / static_cast<int64_t>(element_size);
-  int64_t elements = 1;
-  for (int64_t extent : shape) {
-    if (extent > max_elements / elements) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": shape ", ShapeToString(shape), " overflows int64"));
-    }
-    elements *= extent;
-  }
-  if (static_cast<uint64_t>(elements) * element_size != tensor.data().size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": ", tensor.data().size(), " bytes != ", elements, " elements of ",
-                     v1::DType_Name(tensor.dtype()), " (", elements * element_size, " bytes)"));
-  }
-  absl::StatusOr<std::vector<Bf16>> values = ToBf16(tensor.dtype(), tensor.data(), field);
-  if (!values.ok()) return values.status();
-  return Bf16Tensor{*std::move(values), std::vector<int64_t>(shape.begin(), shape.end())};
+  if (element_size > 0) return element_size;
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": dtype ",
+      v1::DType_Name(tensor.dtype()).empty() ? absl::StrCat(static_cast<int>(tensor.dtype()))
+                                             : v1::DType_Name(tensor.dtype()),
+      " is not one of DTYPE_BF16, DTYPE_FP16, DTYPE_FP32"));
 }
 
-absl::StatusOr<Bf16Data> ViewAsBf16(const v1::Tensor& tensor, int rank, absl::string_view field,
-                                    std::vector<std::vector<Bf16>>& storage) {
-  const std::size_t element_size = DTypeSize(tensor.dtype());
-  if (element_size == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": dtype ",
-        v1::DType_Name(tensor.dtype()).empty() ? absl::StrCat(static_cast<int>(tensor.dtype()))
-                                               : v1::DType_Name(tensor.dtype()),
-        " is not one of DTYPE_BF16, DTYPE_FP16, DTYPE_FP32"));
-  }
+// The number of elements the tensor's shape declares, once it is known not to be negative nor
+// to overflow (checked before the product is formed) and to match the bytes it carries.
+absl::StatusOr<int64_t> CountElements(const v1::Tensor& tensor, std::size_t element_size,
+                                      absl::string_view field) {
   const std::span<const int64_t> shape(tensor.shape().data(), tensor.shape().size());
-  if (static_cast<int>(shape.size()) != rank) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeToString(shape), " has ",
-                                                   shape.size(), " dimensions, not ", rank));
-  }
   const int64_t max_elements =
       std::numeric_limits<int64_t>::max() / static_cast<int64_t>(element_size);
   int64_t elements = 1;
   for (int64_t extent : shape) {
-    if (extent < 0)
+    if (extent < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": shape ", ShapeToString(shape), " is negative"));
+    }
     if (extent > 0 && elements > max_elements / extent) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": shape ", ShapeToString(shape), " overflows int64"));
@@ -169,6 +133,38 @@ absl::StatusOr<Bf16Data> ViewAsBf16(const v1::Tensor& tensor, int rank, absl::st
         absl::StrCat(field, ": ", tensor.data().size(), " bytes != ", elements, " elements of ",
                      v1::DType_Name(tensor.dtype()), " (", elements * element_size, " bytes)"));
   }
+  return elements;
+}
+
+}  // namespace
+
+absl::StatusOr<Bf16Tensor> DecodeToBf16(const v1::Tensor& tensor, std::span<const int64_t> expected,
+                                        absl::string_view field) {
+  ASSIGN_OR_RETURN(const std::size_t element_size, ElementSize(tensor, field));
+  const std::span<const int64_t> shape(tensor.shape().data(), tensor.shape().size());
+  bool shape_ok = shape.size() == expected.size();
+  for (std::size_t i = 0; shape_ok && i < shape.size(); ++i) {
+    shape_ok = expected[i] == kAnyExtent ? shape[i] >= 1 : shape[i] == expected[i];
+  }
+  if (!shape_ok) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": shape ", ShapeToString(shape), " != ", ShapeToString(expected)));
+  }
+  RETURN_IF_ERROR(CountElements(tensor, element_size, field).status());
+  absl::StatusOr<std::vector<Bf16>> values = ToBf16(tensor.dtype(), tensor.data(), field);
+  if (!values.ok()) return values.status();
+  return Bf16Tensor{*std::move(values), std::vector<int64_t>(shape.begin(), shape.end())};
+}
+
+absl::StatusOr<Bf16Data> ViewAsBf16(const v1::Tensor& tensor, int rank, absl::string_view field,
+                                    std::vector<std::vector<Bf16>>& storage) {
+  ASSIGN_OR_RETURN(const std::size_t element_size, ElementSize(tensor, field));
+  const std::span<const int64_t> shape(tensor.shape().data(), tensor.shape().size());
+  if (static_cast<int>(shape.size()) != rank) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeToString(shape), " has ",
+                                                   shape.size(), " dimensions, not ", rank));
+  }
+  ASSIGN_OR_RETURN(const int64_t elements, CountElements(tensor, element_size, field));
   Bf16Data out{nullptr, std::vector<int64_t>(shape.begin(), shape.end())};
   const std::string& data = tensor.data();
   if (tensor.dtype() == v1::DTYPE_BF16 &&

@@ -100,22 +100,11 @@ std::span<const std::byte> BatchLaunch::Bytes(int buffer) const {
 absl::Status BatchLaunch::Lower(const BatchSteps& steps,
                                 const AttentionDeviceKernelOptions& options) {
   const int max_blocks = device_.profile().cube_cores;
+  const auto at = [this](const BufferRef& ref) { return At(ref); };
   for (const BatchStep& step : steps.steps) {
     if (const auto* projection = std::get_if<ProjectionStep>(&step)) {
       std::vector<ProjectionJob> jobs;
-      for (const mlaserve::ProjectionJob& j : projection->jobs) {
-        jobs.push_back({.a = At(j.a),
-                        .lda = j.lda,
-                        .b = At(j.b),
-                        .ldb = j.ldb,
-                        .transpose_b = j.transpose_b,
-                        .c = At(j.c),
-                        .ldc = j.ldc,
-                        .c_bf16 = j.c_bf16,
-                        .rows = j.rows,
-                        .n = j.n,
-                        .k = j.k});
-      }
+      for (const mlaserve::ProjectionJob& j : projection->jobs) jobs.push_back(j.Map(at));
       kernels_.push_back(std::make_unique<ProjectionKernel>(std::move(jobs), max_blocks));
     } else if (const auto* attention = std::get_if<AttentionStep>(&step)) {
       auto launch = std::make_unique<AttentionLaunch>();
@@ -156,18 +145,7 @@ absl::Status BatchLaunch::Lower(const BatchSteps& steps,
     } else {
       const auto& combine = std::get<CombineStep>(step);
       std::vector<CombineJob> jobs;
-      for (const mlaserve::CombineJob& j : combine.jobs) {
-        CombineJob job;
-        for (const auto& part : j.parts) job.parts.push_back({At(part.out), At(part.lse)});
-        job.rows = j.rows;
-        job.dv = j.dv;
-        job.out = At(j.out);
-        job.out_stride = j.out_stride;
-        job.out_bf16 = j.out_bf16;
-        job.lse = At(j.lse);
-        job.lse_stride = j.lse_stride;
-        jobs.push_back(std::move(job));
-      }
+      for (const mlaserve::CombineJob& j : combine.jobs) jobs.push_back(j.Map(at));
       kernels_.push_back(std::make_unique<CombineKernel>(std::move(jobs), max_blocks));
     }
   }

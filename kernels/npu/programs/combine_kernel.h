@@ -5,27 +5,14 @@
 #include <string>
 #include <vector>
 
+#include "kernels/mla/step_jobs.h"
 #include "kernels/npu/device_kernel.h"
 #include "kernels/npu/global_memory.h"
 
 namespace mlaserve::npu {
 
-// Rows of `parts` partial attention results over disjoint keys (each dense [rows][dv] fp32
-// with lse [rows] fp32) and where their merge goes: `out` rows `out_stride` elements apart,
-// fp32 or rounded to bf16, `lse` `lse_stride` apart. The destination may be a part's own rows.
-struct CombineJob {
-  struct Part {
-    GmBuffer out, lse;
-  };
-  std::vector<Part> parts;
-  int rows = 0;
-  int dv = 0;
-  GmBuffer out;
-  int64_t out_stride = 0;
-  bool out_bf16 = false;
-  GmBuffer lse;
-  int64_t lse_stride = 1;
-};
+// The rows of partial results to merge, and where, in GM (kernels/mla/step_jobs.h).
+using CombineJob = mlaserve::BasicCombineJob<GmBuffer>;
 
 // At most this many parts per job (what one row of each fits in a UB slot).
 inline constexpr int kMaxCombineParts = 32;

@@ -5,27 +5,15 @@
 #include <string>
 #include <vector>
 
+#include "kernels/mla/step_jobs.h"
 #include "kernels/npu/device_kernel.h"
 #include "kernels/npu/global_memory.h"
 
 namespace mlaserve::npu {
 
-// One GEMM of a batched up-projection (one head): C = A . B, or A . B^T with `transpose_b`;
-// A and B bf16 in GM, fp32 accumulation in L0C over depth chunks of 128, C written by FIX as
-// fp32 or rounded to bf16 on the way out. Row strides are in elements.
-struct ProjectionJob {
-  GmBuffer a;  // [rows][k], row stride lda
-  int64_t lda = 0;
-  GmBuffer b;  // [k][n] (ldb) or, transposed, [n][k] (ldb)
-  int64_t ldb = 0;
-  bool transpose_b = false;
-  GmBuffer c;  // [rows][n], row stride ldc
-  int64_t ldc = 0;
-  bool c_bf16 = false;
-  int rows = 0;
-  int n = 0;
-  int k = 0;
-};
+// One GEMM of a batched up-projection (one head), its operands in GM
+// (kernels/mla/step_jobs.h): FIX writes C as fp32 or rounded to bf16 on the way out.
+using ProjectionJob = mlaserve::BasicProjectionJob<GmBuffer>;
 
 // The absorb form's up-projections on the cube (q_nope . W_UK and bf16(o_lat) . W_UV^T): each
 // job is cut into 128 x 128 output tiles dealt to the AIC blocks; a tile streams its A and B

@@ -18,24 +18,8 @@ using testing::SweepPoint;
 class AmlaSweepTest : public ::testing::TestWithParam<SweepPoint> {};
 
 TEST_P(AmlaSweepTest, MatchesGoldenWithinFlashMlaTolerances) {
-  const SweepPoint p = GetParam();
-  Rng rng(200 + p.heads * 7 + p.sq * 3 + p.page_size);
-  const auto batch = testing::MakeRandomPagedBatch({.sq = p.sq,
-                                                    .heads = p.heads,
-                                                    .dk = 576,
-                                                    .page_size = p.page_size,
-                                                    .seqlens = testing::SweepLengths(p.page_size),
-                                                    .q_sigma = p.sigma,
-                                                    .kv_sigma = p.sigma},
-                                                   rng);
-  const LatentDecodeProblem problem = batch.Latent(512, 1.0f / std::sqrt(576.0f));
-  auto golden = GoldenLatentDecode(problem);
-  auto amla = AmlaDecode(problem);
-  ASSERT_TRUE(golden.ok()) << golden.status();
-  ASSERT_TRUE(amla.ok()) << amla.status();
-  EXPECT_TRUE(
-      testing::AllClose(amla->out, golden->out, testing::FlashMlaOutTolerance(p.sigma), true));
-  EXPECT_TRUE(testing::AllClose(amla->lse, golden->lse, testing::kFlashMlaLseTolerance, false));
+  testing::ExpectSweepPointMatchesGolden(
+      GetParam(), 200, [](const LatentDecodeProblem& problem) { return AmlaDecode(problem); });
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AmlaSweepTest, ::testing::ValuesIn(testing::KernelSweep()),
