@@ -25,8 +25,7 @@ configure: deps
 build: configure
 	@cmake --build --preset $(PRESET) -j $(JOBS)
 
-test: build
-	@$(MAKE) --no-print-directory format-check
+test: format-check build
 	@ctest --preset $(PRESET) -j $(JOBS)
 	@$(MAKE) --no-print-directory test-tsan
 
@@ -36,7 +35,7 @@ test-tsan: deps
 	@ctest --preset tsan -j $(JOBS) -R '$(TSAN_TESTS)'
 
 # The C++ sources follow .clang-format (Google style, 100 columns); `make format` applies it.
-FORMATTED = $(shell git ls-files '*.cc' '*.h' 2>/dev/null || find . -path ./build\* -prune -o \( -name '*.cc' -o -name '*.h' \) -print)
+FORMATTED = $(shell git ls-files --cached --others --exclude-standard '*.cc' '*.h' 2>/dev/null || find . -path ./build\* -prune -o \( -name '*.cc' -o -name '*.h' \) -print)
 
 format: deps
 	@clang-format -i $(FORMATTED)

@@ -32,8 +32,8 @@ struct BasicProjectionJob {
   template <typename Resolve>
   auto Map(Resolve&& resolve) const {
     using To = decltype(resolve(a));
-    return BasicProjectionJob<To>{resolve(a), lda, resolve(b), ldb, transpose_b, resolve(c),
-                                  ldc,        c_bf16, rows, n,   k};
+    return BasicProjectionJob<To>{resolve(a), lda,  resolve(b), ldb, transpose_b, resolve(c), ldc,
+                                  c_bf16,     rows, n,          k};
   }
 };
 
@@ -58,8 +58,8 @@ struct BasicCombineJob {
   template <typename Resolve>
   auto Map(Resolve&& resolve) const {
     using To = decltype(resolve(out));
-    BasicCombineJob<To> mapped{{}, rows, dv, resolve(out), out_stride, out_bf16, resolve(lse),
-                               lse_stride};
+    BasicCombineJob<To> mapped{{},         rows,     dv,           resolve(out),
+                               out_stride, out_bf16, resolve(lse), lse_stride};
     for (const Part& p : parts) mapped.parts.push_back({resolve(p.out), resolve(p.lse)});
     return mapped;
   }
