@@ -8,6 +8,7 @@
 #include "common/command_line.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/scratch_dir.h"
 
 namespace mlaserve {
 namespace {
@@ -29,7 +30,8 @@ class ServerFlagsTest : public ::testing::Test {
   }
 
   std::string WriteFile(const std::string& name, const std::string& contents) {
-    const std::string path = ::testing::TempDir() + name;
+    static const testing::ScratchDir dir("server_flags_test");
+    const std::string path = dir.Path(name);
     std::ofstream(path) << contents;
     return path;
   }

@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "kernels/core/random_fill.h"
 #include "server/engine/model/safetensors.h"
+#include "tests/testing/scratch_dir.h"
 
 namespace mlaserve::engine {
 namespace {
@@ -30,7 +31,8 @@ ModelConfig SmallModel(int layers = 3) {
 }
 
 std::string TempPath(absl::string_view name) {
-  return absl::StrCat(::testing::TempDir(), "/model_weights_test_", ::getpid(), "_", name);
+  static const testing::ScratchDir dir("model_weights_test");
+  return dir.Path(std::string(name));
 }
 
 // kv_b_proj tensors for `layers` layers, as a checkpoint would hold them.

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/scratch_dir.h"
 
 namespace mlaserve::engine {
 namespace {
@@ -18,7 +19,8 @@ using ::testing::HasSubstr;
 using Tensors = std::vector<SafetensorsTensor>;
 
 std::string TempPath(absl::string_view name) {
-  return absl::StrCat(::testing::TempDir(), "/safetensors_test_", ::getpid(), "_", name);
+  static const testing::ScratchDir dir("safetensors_test");
+  return dir.Path(std::string(name));
 }
 
 // A file built byte by byte, for the malformed cases the writer refuses to produce.
