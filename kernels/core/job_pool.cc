@@ -17,19 +17,16 @@ JobPool::~JobPool() {
   for (std::thread& t : workers_) t.join();
 }
 
-int64_t JobPool::Drain() {
-  int64_t ran = 0;
+void JobPool::Drain() {
   std::unique_lock<std::mutex> lock(mu_);
   while (next_ < count_) {
     const int64_t index = next_++;
     const auto* job = job_;
     lock.unlock();
     (*job)(index);
-    ++ran;
     lock.lock();
     if (++finished_ == count_) done_.notify_all();
   }
-  return ran;
 }
 
 void JobPool::WorkerLoop() {

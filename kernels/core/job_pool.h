@@ -27,8 +27,8 @@ class JobPool {
 
  private:
   void WorkerLoop();
-  // Takes jobs until none is left; returns how many it ran.
-  int64_t Drain();
+  // Takes jobs until none is left.
+  void Drain();
 
   std::mutex mu_;
   std::condition_variable work_;

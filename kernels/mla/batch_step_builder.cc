@@ -7,17 +7,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/core/latent_decode.h"
 #include "kernels/core/tiling.h"
 
 namespace mlaserve {
 namespace {
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// Keys token s of a member sees (causal among the sq tokens, or all of them).
-int32_t VisibleKeys(int32_t length, int sq, int s, bool causal) {
-  return causal ? std::max(0, length - sq + 1 + s) : length;
-}
 
 // An attention row group before split-KV: where it reads and writes.
 struct RowGroupSpec {
@@ -47,8 +41,8 @@ class Builder {
     Stage();
     AbsorbQueries();
     std::vector<CombineJob> merges;
-    RETURN_IF_ERROR(AddAttention("latent", d_.dk(), d_.dl, LatentRowGroups(), merges));
-    RETURN_IF_ERROR(AddAttention("naive", d_.dqk(), d_.dv, NaiveRowGroups(), merges));
+    AddAttention("latent", d_.dk(), d_.dl, LatentRowGroups(), merges);
+    AddAttention("naive", d_.dqk(), d_.dv, NaiveRowGroups(), merges);
     if (!merges.empty()) out_.steps.steps.push_back(CombineStep{"split_merge", std::move(merges)});
     ProjectOut();
     PrefixMerge();
@@ -140,9 +134,11 @@ class Builder {
       const std::string tag = absl::StrCat(" g", g);
       gb.width = group.head_space ? d_.dv : d_.dl;
       gb.q_lat = Buffer("q_lat" + tag, K::kScratch, ElementType::kBf16, A * d_.dk());
+      // A head-space group's answer is written whole by project_out or prefix_merge; a
+      // latent group's is the attention's destination, whose rows without keys keep the fill.
       gb.out =
           Buffer("out" + tag, K::kOutput, group.out_bf16 ? ElementType::kBf16 : ElementType::kFp32,
-                 A * gb.width, F::kZero);
+                 A * gb.width, group.head_space ? F::kNone : F::kZero);
       gb.lse = Buffer("lse" + tag, K::kOutput, ElementType::kFp32, A, F::kNegInfinity);
       if (group.head_space) {
         gb.kv_b = Input(group.kv_b, w_elements, "kv_b_proj");
@@ -322,9 +318,9 @@ class Builder {
 
   // One attention step; row groups of a sparse step are split (split-KV), their parts written
   // to scratch and their merges added to `merges`.
-  absl::Status AddAttention(const char* name, int dk, int dv, std::vector<RowGroupSpec> specs,
-                            std::vector<CombineJob>& merges) {
-    if (specs.empty()) return absl::OkStatus();
+  void AddAttention(const char* name, int dk, int dv, std::vector<RowGroupSpec> specs,
+                    std::vector<CombineJob>& merges) {
+    if (specs.empty()) return;
     std::vector<int> group_blocks;
     for (const RowGroupSpec& s : specs) {
       if (s.length > 0) group_blocks.push_back(static_cast<int>(CeilDiv(s.length, kKvBlockTokens)));
@@ -387,7 +383,6 @@ class Builder {
       steps().buffers[split_lse].elements = split_rows;
     }
     steps().steps.push_back(std::move(step));
-    return absl::OkStatus();
   }
 
   void ProjectOut() {

@@ -1,6 +1,8 @@
 #include "kernels/mla/batch_steps.h"
 
 #include <algorithm>
+#include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -132,6 +134,38 @@ absl::Status CheckCombine(const RefChecker& c, const CombineStep& step, const st
 }
 
 }  // namespace
+
+absl::Status CheckExecutable(const BatchSteps& steps) {
+  for (const StepBuffer& b : steps.buffers) {
+    if (b.kind == StepBuffer::Kind::kInput && b.input == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("input '", b.name, "' has no memory"));
+    }
+  }
+  for (const StageCopy& copy : steps.staging) {
+    if (copy.src == nullptr) return absl::InvalidArgumentError("a query to stage has no memory");
+  }
+  return absl::OkStatus();
+}
+
+void FillStepBuffer(StepBuffer::Fill fill, std::byte* data, int64_t bytes) {
+  switch (fill) {
+    case StepBuffer::Fill::kNone:
+      break;
+    case StepBuffer::Fill::kZero:
+      std::memset(data, 0, static_cast<size_t>(bytes));
+      break;
+    case StepBuffer::Fill::kNegInfinity:
+      std::fill_n(reinterpret_cast<float*>(data), bytes / 4,
+                  -std::numeric_limits<float>::infinity());
+      break;
+  }
+}
+
+void RunStageCopy(const StageCopy& copy, Bf16* dst) {
+  for (int r = 0; r < copy.rows; ++r) {
+    std::copy_n(copy.src + r * copy.src_stride, copy.width, dst + r * copy.dst_stride);
+  }
+}
 
 absl::Status ValidateBatchSteps(const BatchSteps& steps) {
   const RefChecker checker(steps);

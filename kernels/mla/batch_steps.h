@@ -148,6 +148,16 @@ struct BatchSteps {
 // INTERNAL naming the step and job otherwise (a planner bug, never a client's).
 absl::Status ValidateBatchSteps(const BatchSteps& steps);
 
+// Checks that every input and every query to stage has memory to execute on (a model-only
+// run needs neither): INVALID_ARGUMENT naming what has none.
+absl::Status CheckExecutable(const BatchSteps& steps);
+
+// A scratch or output buffer's contents before the first step, as its `fill` says.
+void FillStepBuffer(StepBuffer::Fill fill, std::byte* data, int64_t bytes);
+
+// The rows of a staging copy, into `dst` (the copy's destination buffer at its offset).
+void RunStageCopy(const StageCopy& copy, Bf16* dst);
+
 // Where a device left a run's buffers. Outputs are read through it; it keeps them alive.
 class BatchBuffers {
  public:

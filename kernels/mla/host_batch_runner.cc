@@ -32,17 +32,7 @@ class HostBuffers final : public BatchBuffers {
       }
       owned_[i].reset(new std::byte[std::max<size_t>(bytes, 1)]);
       buffers_[i] = {owned_[i].get(), bytes};
-      switch (b.fill) {
-        case StepBuffer::Fill::kNone:
-          break;
-        case StepBuffer::Fill::kZero:
-          std::memset(owned_[i].get(), 0, bytes);
-          break;
-        case StepBuffer::Fill::kNegInfinity:
-          std::fill_n(reinterpret_cast<float*>(owned_[i].get()), bytes / 4,
-                      -std::numeric_limits<float>::infinity());
-          break;
-      }
+      FillStepBuffer(b.fill, owned_[i].get(), static_cast<int64_t>(bytes));
     }
   }
 
@@ -91,6 +81,9 @@ void RunProjection(const HostBuffers& b, const ProjectionJob& j) {
 
 void RunRowGroup(const HostBuffers& b, const AttentionStep& step, const AttentionRowGroup& g) {
   const int length = *std::max_element(g.visible.begin(), g.visible.end());
+  // No key for any row: the kernel's early exit, as on the device; the destinations' fill
+  // (output 0, lse -inf) stands.
+  if (length == 0) return;
   std::vector<float> q(static_cast<size_t>(g.rows) * step.dk);
   WidenBf16(b.At<const Bf16>(g.q), static_cast<int64_t>(g.rows) * step.dk, q.data());
   std::vector<float> out(static_cast<size_t>(g.rows) * step.dv);
@@ -146,43 +139,17 @@ void RunCombine(const HostBuffers& b, const CombineJob& j) {
 
 absl::StatusOr<std::unique_ptr<BatchBuffers>> HostBatchRunner::Run(const BatchSteps& steps) {
   RETURN_IF_ERROR(ValidateBatchSteps(steps));
-  for (const StepBuffer& b : steps.buffers) {
-    if (b.kind == StepBuffer::Kind::kInput && b.input == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("host batch: input '", b.name, "' has no memory"));
-    }
-  }
-  for (const StageCopy& copy : steps.staging) {
-    if (copy.src == nullptr)
-      return absl::InvalidArgumentError("host batch: a query to stage has no memory");
-  }
+  RETURN_IF_ERROR(CheckExecutable(steps));
   auto buffers = std::make_unique<HostBuffers>(steps);
   const HostBuffers& b = *buffers;
-  for (const StageCopy& copy : steps.staging) {
-    Bf16* dst = b.At<Bf16>(copy.dst);
-    for (int r = 0; r < copy.rows; ++r) {
-      std::copy_n(copy.src + r * copy.src_stride, copy.width, dst + r * copy.dst_stride);
-    }
-  }
+  for (const StageCopy& copy : steps.staging) RunStageCopy(copy, b.At<Bf16>(copy.dst));
   for (const BatchStep& step : steps.steps) {
     if (const auto* p = std::get_if<ProjectionStep>(&step)) {
       pool_.Run(static_cast<int64_t>(p->jobs.size()),
                 [&](int64_t i) { RunProjection(b, p->jobs[i]); });
     } else if (const auto* a = std::get_if<AttentionStep>(&step)) {
-      pool_.Run(static_cast<int64_t>(a->groups.size()), [&](int64_t i) {
-        if (*std::max_element(a->groups[i].visible.begin(), a->groups[i].visible.end()) > 0) {
-          RunRowGroup(b, *a, a->groups[i]);
-        } else {
-          // No key for any row: the kernel's early exit, as on the device.
-          const AttentionRowGroup& g = a->groups[i];
-          std::vector<float> zeros(a->dv, 0.0f);
-          for (int r = 0; r < g.rows; ++r) {
-            StoreRow(zeros.data(), a->dv, RowAddress(b, g.out, r, g.out_stride, g.out_bf16),
-                     g.out_bf16);
-            b.At<float>(g.lse)[r * g.lse_stride] = -std::numeric_limits<float>::infinity();
-          }
-        }
-      });
+      pool_.Run(static_cast<int64_t>(a->groups.size()),
+                [&](int64_t i) { RunRowGroup(b, *a, a->groups[i]); });
     } else {
       const auto& c = std::get<CombineStep>(step);
       pool_.Run(static_cast<int64_t>(c.jobs.size()), [&](int64_t i) { RunCombine(b, c.jobs[i]); });

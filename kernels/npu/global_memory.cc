@@ -104,12 +104,6 @@ void GlobalMemory::Release(const GmBuffer& buffer) {
   free_[addr] = size;
 }
 
-absl::Status GlobalMemory::CheckAccess(uint64_t addr, int64_t span) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  uint64_t begin, end;
-  return CheckAccessLocked(addr, span, &begin, &end);
-}
-
 absl::Status GlobalMemory::CheckAccessLocked(uint64_t addr, int64_t span, uint64_t* begin_out,
                                              uint64_t* end_out) const {
   auto it = live_.upper_bound(addr);

@@ -75,13 +75,11 @@ class GlobalMemory {
   // Returns the range to the free list (and an allocation's host backing to the spares).
   void Release(const GmBuffer& buffer);
 
-  // OK if [addr, addr + span) lies inside one live buffer (its requested size, not the
-  // aligned reservation); otherwise says which buffer it overruns, or that it hits none.
-  absl::Status CheckAccess(uint64_t addr, int64_t span) const;
-
-  // CheckAccess for many accesses in a row (a launch's every DMA): takes the lock once, and
-  // an access inside the buffer the previous one hit needs no lookup. Nothing may be
-  // allocated or released on this thread while it lives.
+  // Checks accesses (a launch's every DMA): OK if [addr, addr + span) lies inside one live
+  // buffer (its requested size, not the aligned reservation); otherwise says which buffer it
+  // overruns, or that it hits none. Takes the lock once for all of them, and an access inside
+  // the buffer the previous one hit needs no lookup. Nothing may be allocated or released on
+  // this thread while it lives.
   class AccessChecker {
    public:
     explicit AccessChecker(const GlobalMemory& gm) : gm_(gm), lock_(gm.mu_) {}

@@ -5,13 +5,17 @@
 
 namespace mlaserve::npu {
 
-L2CacheModel::L2CacheModel(int64_t capacity_bytes, int64_t line_bytes)
-    : capacity_(static_cast<uint64_t>(capacity_bytes)),
-      line_bytes_(static_cast<uint64_t>(line_bytes)),
-      line_shift_(std::has_single_bit(static_cast<uint64_t>(line_bytes))
-                      ? std::countr_zero(static_cast<uint64_t>(line_bytes))
-                      : -1),
-      never_(uint64_t{0} - static_cast<uint64_t>(capacity_bytes)) {}
+void L2CacheModel::Reset(int64_t capacity_bytes, int64_t line_bytes) {
+  capacity_ = static_cast<uint64_t>(capacity_bytes);
+  line_bytes_ = static_cast<uint64_t>(line_bytes);
+  line_shift_ = std::has_single_bit(line_bytes_) ? std::countr_zero(line_bytes_) : -1;
+  never_ = uint64_t{0} - capacity_;
+  traffic_ = 0;
+  directory_.clear();
+  stamps_.clear();
+  cached_block_ = UINT64_MAX;
+  cached_offset_ = 0;
+}
 
 void L2CacheModel::Look(uint64_t block) {
   const auto [it, inserted] =

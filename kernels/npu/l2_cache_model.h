@@ -23,7 +23,11 @@ namespace mlaserve::npu {
 // clock advances by those bytes.
 class L2CacheModel {
  public:
-  L2CacheModel(int64_t capacity_bytes, int64_t line_bytes);
+  L2CacheModel(int64_t capacity_bytes, int64_t line_bytes) { Reset(capacity_bytes, line_bytes); }
+
+  // As newly constructed, but keeping the storage grown so far: a device's timing model reuses
+  // one model from launch to launch instead of allocating and page-faulting its arrays again.
+  void Reset(int64_t capacity_bytes, int64_t line_bytes);
 
   struct Outcome {
     int64_t hit_bytes = 0;      // requested bytes already resident
@@ -46,14 +50,14 @@ class L2CacheModel {
   }
   void Look(uint64_t block);  // points the cache at `block`
 
-  uint64_t capacity_;
-  uint64_t line_bytes_;
+  uint64_t capacity_ = 0;
+  uint64_t line_bytes_ = 1;
   // log2 of the line size when it is a power of two (every shipped profile), else -1: a
   // shift instead of a 64-bit division per row, which was a fifth of the model's time.
-  int line_shift_;
+  int line_shift_ = 0;
   // A stamp no touch can have produced: the clock minus it is at least `capacity_` for
   // every clock value, so a never-touched line needs no separate check to miss.
-  uint64_t never_;
+  uint64_t never_ = 0;
   uint64_t traffic_ = 0;                               // bytes accessed so far: the model's clock
   absl::flat_hash_map<uint64_t, uint32_t> directory_;  // block -> its index in stamps_
   std::vector<uint64_t> stamps_;                       // kLinesPerBlock last-touch stamps per block

@@ -4,11 +4,10 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/core/tiling.h"
 
 namespace mlaserve::npu {
 namespace {
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 int64_t TransferCycles(int64_t bytes, double bytes_per_cycle) {
   return static_cast<int64_t>(std::ceil(static_cast<double>(bytes) / bytes_per_cycle));

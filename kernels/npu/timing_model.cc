@@ -31,11 +31,6 @@ class BandwidthServer {
 
 }  // namespace
 
-absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const DeviceProfile& profile) {
-  TimingScratch scratch;
-  return SimulateLaunch(program, profile, scratch);
-}
-
 absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const DeviceProfile& profile,
                                             TimingScratch& scratch) {
   const std::vector<Instruction>& ins = program.instructions();
@@ -44,7 +39,7 @@ absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const Device
   const auto& edges = program.edges();
   const std::vector<uint32_t>& in_degree = program.in_degree();
   std::vector<TimingScratch::Node>& nodes = scratch.nodes_;
-  std::vector<TimingScratch::Footprint>& footprints = scratch.footprints_;
+  std::vector<GmRegion>& footprints = scratch.footprints_;
   nodes.resize(n);
   footprints.clear();
   for (uint32_t i = 0; i < n; ++i) {
@@ -64,14 +59,15 @@ absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const Device
     node.vector_core = x.vector_core;
     if (x.kind == OpKind::kGmRead || x.kind == OpKind::kGmWrite) {
       node.footprint = static_cast<uint32_t>(footprints.size());
-      footprints.push_back({{x.gm_addr, x.gm_rows, x.gm_row_bytes, x.gm_stride}, x.gm_bytes});
+      footprints.push_back({x.gm_addr, x.gm_rows, x.gm_row_bytes, x.gm_stride});
     }
   }
   // Completion of everything issued so far on each (core, pipe): what a set waits for.
   std::vector<double>& pipe_done = scratch.pipe_done_;
   pipe_done.assign(static_cast<size_t>(program.num_cores()) * kNumPipes, 0.0);
 
-  L2CacheModel l2(profile.l2_bytes, profile.l2_line_bytes);
+  L2CacheModel& l2 = scratch.l2_;
+  l2.Reset(profile.l2_bytes, profile.l2_line_bytes);
   BandwidthServer l2_port(profile.l2_bytes_per_cycle);
   BandwidthServer hbm_port(profile.hbm_bytes_per_cycle);
 
@@ -122,17 +118,18 @@ absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const Device
     double f = s + x.cycles;
     double latency = x.latency;
     if (x.kind == OpKind::kGmRead) {
-      const TimingScratch::Footprint& gm = footprints[x.footprint];
-      const int64_t fetched = l2.Access(gm.region).fetched_bytes;
-      f = std::max({f, l2_port.Serve(s, gm.bytes), hbm_port.Serve(s, fetched)});
+      const GmRegion& gm = footprints[x.footprint];
+      const int64_t bytes = gm.bytes();
+      const int64_t fetched = l2.Access(gm).fetched_bytes;
+      f = std::max({f, l2_port.Serve(s, bytes), hbm_port.Serve(s, fetched)});
       if (fetched > 0) latency += static_cast<double>(profile.hbm_miss_extra_cycles);
-      timing.gm_read_bytes += gm.bytes;
+      timing.gm_read_bytes += bytes;
       timing.hbm_read_bytes += fetched;
     } else if (x.kind == OpKind::kGmWrite) {
-      const TimingScratch::Footprint& gm = footprints[x.footprint];
-      l2.Access(gm.region);
-      f = std::max(f, l2_port.Serve(s, gm.bytes));
-      timing.gm_write_bytes += gm.bytes;
+      const GmRegion& gm = footprints[x.footprint];
+      l2.Access(gm);
+      f = std::max(f, l2_port.Serve(s, gm.bytes()));
+      timing.gm_write_bytes += gm.bytes();
     }
     const double done = f + latency;
     x.time = x.is_set ? done : s;

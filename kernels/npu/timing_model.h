@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/npu/device_profile.h"
+#include "kernels/npu/l2_cache_model.h"
 #include "kernels/npu/pipe.h"
 #include "kernels/npu/program.h"
 
@@ -25,16 +26,6 @@ struct LaunchTiming {
   int64_t gm_write_bytes = 0;
   int64_t instructions = 0;
 };
-
-// Discrete-event simulation of a finalized program. Every pipe is an in-order queue; an
-// instruction starts when its pipe is free and its flags have fired; GM traffic queues on
-// the die's shared L2 and HBM bandwidth (first come, first served in simulated time), with
-// L2 residency from an LRU model. Deterministic for a given program and profile.
-//
-// Fails, instead of hanging, when the flags form a cycle (a deadlock) and when two sets of
-// one intra-core flag are outstanding at once (illegal on A2/A3), or a cross-core counter
-// would exceed its 16 outstanding sets.
-absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const DeviceProfile& profile);
 
 // The device-side head of a launch, added to the simulated time: launch_overhead_cycles plus
 // mix_block_start_cycles per block for a MIX launch (AIC and AIV work), plus
@@ -72,21 +63,26 @@ class TimingScratch {
     bool is_set;
     bool vector_core;
   };
-  struct Footprint {
-    GmRegion region;
-    int64_t bytes;
-  };
   std::vector<Node> nodes_;
-  std::vector<Footprint> footprints_;
+  std::vector<GmRegion> footprints_;
   std::vector<double> pipe_done_;
   // A min-heap on (ready time, id), packed into one integer for a comparison without
   // branches: times are sums and maxima of non-negative numbers (never -0 or NaN), so their
   // bit patterns order like the times, and the id below them breaks ties as before.
   __extension__ using Key = unsigned __int128;
   std::vector<Key> queue_;
+  L2CacheModel l2_{0, 1};
 };
 
 // The same, with the caller's working memory.
+// Discrete-event simulation of a finalized program. Every pipe is an in-order queue; an
+// instruction starts when its pipe is free and its flags have fired; GM traffic queues on
+// the die's shared L2 and HBM bandwidth (first come, first served in simulated time), with
+// L2 residency from an LRU model. Deterministic for a given program and profile.
+//
+// Fails, instead of hanging, when the flags form a cycle (a deadlock) and when two sets of
+// one intra-core flag are outstanding at once (illegal on A2/A3), or a cross-core counter
+// would exceed its 16 outstanding sets.
 absl::StatusOr<LaunchTiming> SimulateLaunch(const Program& program, const DeviceProfile& profile,
                                             TimingScratch& scratch);
 

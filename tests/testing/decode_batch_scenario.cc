@@ -6,6 +6,7 @@
 #include <map>
 #include <numeric>
 
+#include "kernels/core/tiling.h"
 #include "kernels/core/vector_ops.h"
 #include "kernels/mla/naive.h"
 
@@ -13,8 +14,6 @@ namespace mlaserve::testing {
 namespace {
 
 constexpr int kDn = 128, kDr = 64, kDl = 512, kDv = 128;
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 

@@ -24,22 +24,17 @@ BatchLaunch::BatchLaunch(Device& device, bool backed) : device_(device), backed_
 BatchLaunch::~BatchLaunch() {
   kernels_.clear();
   for (const auto& launch : attention_) ReleaseAttentionWorkspace(device_.gm(), launch->workspace);
-  for (const GmBuffer& b : owned_) device_.gm().Release(b);
+  for (const GmBuffer& b : buffers_) device_.gm().Release(b);
 }
 
 absl::StatusOr<std::unique_ptr<BatchLaunch>> BatchLaunch::Create(
     Device& device, const BatchSteps& steps, const AttentionDeviceKernelOptions& options,
     bool backed) {
   RETURN_IF_ERROR(ValidateBatchSteps(steps));
+  if (backed) RETURN_IF_ERROR(CheckExecutable(steps));
   std::unique_ptr<BatchLaunch> launch(new BatchLaunch(device, backed));
   RETURN_IF_ERROR(launch->Place(steps));
-  if (backed) {
-    for (const StageCopy& copy : steps.staging) {
-      if (copy.src == nullptr)
-        return absl::InvalidArgumentError("batch launch: a query to stage has no memory");
-    }
-    launch->Stage(steps);
-  }
+  if (backed) launch->Stage(steps);
   RETURN_IF_ERROR(launch->Lower(steps, options));
   return launch;
 }
@@ -53,36 +48,18 @@ absl::Status BatchLaunch::Place(const BatchSteps& steps) {
     if (b.kind == StepBuffer::Kind::kInput && b.input != nullptr) {
       ASSIGN_OR_RETURN(placed, gm.Map(const_cast<void*>(b.input), bytes, b.name));
     } else {
-      if (b.kind == StepBuffer::Kind::kInput && backed_) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("batch launch: input '", b.name, "' has no memory to execute on"));
-      }
-      ASSIGN_OR_RETURN(placed, gm.Allocate(bytes, backed_, b.name));
+      ASSIGN_OR_RETURN(placed, gm.Allocate(bytes, backed_, b.name));  // model-only: no memory
     }
-    owned_.push_back(placed);
     buffers_.push_back(placed);
     element_bytes_.push_back(element);
-    if (!backed_ || placed.host == nullptr) continue;
-    switch (b.fill) {
-      case StepBuffer::Fill::kNone:
-        break;
-      case StepBuffer::Fill::kZero:
-        std::memset(placed.host, 0, bytes);
-        break;
-      case StepBuffer::Fill::kNegInfinity:
-        std::fill_n(placed.as<float>(), bytes / 4, -std::numeric_limits<float>::infinity());
-        break;
-    }
+    if (backed_ && placed.host != nullptr) FillStepBuffer(b.fill, placed.host, bytes);
   }
   return absl::OkStatus();
 }
 
 void BatchLaunch::Stage(const BatchSteps& steps) {
   for (const StageCopy& copy : steps.staging) {
-    Bf16* dst = At(copy.dst).as<Bf16>();
-    for (int r = 0; r < copy.rows; ++r) {
-      std::copy_n(copy.src + r * copy.src_stride, copy.width, dst + r * copy.dst_stride);
-    }
+    RunStageCopy(copy, At(copy.dst).as<Bf16>());
   }
 }
 

@@ -30,10 +30,6 @@ struct BatchLaunchReport {
 // then be null and nothing is staged. Owns what it allocates and mapped; releases it on
 // destruction, so it must not outlive the device. Implements BatchBuffers over the device's
 // memory after an executed Run.
-// A batch's launches as one report: modelled cycles, flops, bytes and host times summed,
-// pipe busy weighted by each launch's time, FU of the whole over the device's peak.
-LaunchReport Summarize(const BatchLaunchReport& report, const DeviceProfile& profile);
-
 class BatchLaunch final : public BatchBuffers {
  public:
   static absl::StatusOr<std::unique_ptr<BatchLaunch>> Create(
@@ -60,12 +56,16 @@ class BatchLaunch final : public BatchBuffers {
 
   Device& device_;
   const bool backed_;
-  std::vector<GmBuffer> buffers_;       // by step buffer id
+  std::vector<GmBuffer> buffers_;       // by step buffer id; allocated or mapped here,
+                                        // released on destruction
   std::vector<int64_t> element_bytes_;  // by step buffer id
-  std::vector<GmBuffer> owned_;         // allocated or mapped here, released on destruction
   std::vector<std::unique_ptr<AttentionLaunch>> attention_;
   std::vector<std::unique_ptr<DeviceKernel>> kernels_;  // in stream order
 };
+
+// A batch's launches as one report: modelled cycles, flops, bytes and host times summed,
+// pipe busy weighted by each launch's time, FU of the whole over the device's peak.
+LaunchReport Summarize(const BatchLaunchReport& report, const DeviceProfile& profile);
 
 }  // namespace mlaserve::npu
 

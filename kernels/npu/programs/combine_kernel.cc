@@ -1,6 +1,7 @@
 #include "kernels/npu/programs/combine_kernel.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <vector>
 
@@ -98,8 +99,8 @@ absl::Status CombineKernel::Record(Program& program) const {
         Payload merge;
         if (execute) {
           merge = [=, dv = j.dv, to_bf16 = j.out_bf16] {
-            std::vector<const float*> outs(parts);
-            std::vector<float> lses(parts);
+            std::array<const float*, kMaxCombineParts> outs;
+            std::array<float, kMaxCombineParts> lses;
             for (int r = 0; r < rc; ++r) {
               for (int p = 0; p < parts; ++p) {
                 outs[p] = u_rows + (static_cast<int64_t>(p) * rc + r) * dv;

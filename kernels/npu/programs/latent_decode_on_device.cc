@@ -34,28 +34,17 @@ absl::StatusOr<std::unique_ptr<LatentDecodeLaunch>> LatentDecodeLaunch::Prepare(
   batch.pool_pages = p.cache.num_pages();
   batch.page_size = p.cache.page_size();
   batch.parallel_units = parallel_units;
-  DecodeBatch::Group group;
-  group.head_space = false;
-  group.sq = p.sq();
-  group.causal = p.causal;
-  std::vector<std::vector<int32_t>> tables;
+  std::unique_ptr<LatentDecodeLaunch> l(new LatentDecodeLaunch());
+  std::vector<const Bf16*> queries;
   for (int b = 0; b < p.batch(); ++b) {
-    const int32_t length = p.seqs.seqlens[b];
-    std::vector<int32_t> table((length + p.cache.page_size() - 1) / p.cache.page_size());
+    std::vector<int32_t>& table =
+        l->pages_.emplace_back((p.seqs.seqlens[b] + p.cache.page_size() - 1) / p.cache.page_size());
     for (size_t j = 0; j < table.size(); ++j)
       table[j] = p.seqs.block_table(b, static_cast<int64_t>(j));
-    tables.push_back(std::move(table));
-    group.members.push_back(DecodeBatch::Member{{}, length, nullptr, nullptr, p.q.row(b, 0, 0)});
+    queries.push_back(p.q.row(b, 0, 0));
   }
-  batch.groups.push_back(std::move(group));
-  // The tables must outlive the steps: they move into the launch object first.
-  std::unique_ptr<LatentDecodeLaunch> l(new LatentDecodeLaunch());
-  l->pages_ = std::move(tables);
-  for (size_t m = 0; m < l->pages_.size(); ++m) batch.groups[0].members[m].pages = l->pages_[m];
-  batch.algorithm = options.algorithm;
-  ASSIGN_OR_RETURN(l->built_, BuildBatchSteps(batch));
-  ASSIGN_OR_RETURN(l->launch_,
-                   BatchLaunch::Create(device, l->built_.steps, options, /*backed=*/true));
+  RETURN_IF_ERROR(l->Lower(device, std::move(batch), p.sq(), p.causal, p.seqs.seqlens, queries,
+                           options, /*backed=*/true));
   return l;
 }
 
@@ -71,26 +60,37 @@ absl::StatusOr<std::unique_ptr<LatentDecodeLaunch>> LatentDecodeLaunch::PrepareM
   batch.dims = LatentDims(shape.heads, shape.dk, shape.dv, 1.0f);
   batch.page_size = shape.page_size;
   batch.parallel_units = parallel_units;
-  DecodeBatch::Group group;
-  group.head_space = false;
-  group.sq = shape.sq;
-  group.causal = shape.causal;
   std::unique_ptr<LatentDecodeLaunch> l(new LatentDecodeLaunch());
   int32_t next_page = 0;
   for (int32_t length : shape.seqlens) {
-    std::vector<int32_t> table((length + shape.page_size - 1) / shape.page_size);
+    std::vector<int32_t>& table =
+        l->pages_.emplace_back((length + shape.page_size - 1) / shape.page_size);
     for (int32_t& page : table) page = next_page++;
-    l->pages_.push_back(std::move(table));
-    group.members.push_back(DecodeBatch::Member{{}, length, nullptr, nullptr, nullptr});
   }
   batch.pool_pages = std::max(next_page, 1);
-  for (size_t m = 0; m < l->pages_.size(); ++m) group.members[m].pages = l->pages_[m];
+  const std::vector<const Bf16*> queries(shape.seqlens.size(), nullptr);
+  RETURN_IF_ERROR(l->Lower(device, std::move(batch), shape.sq, shape.causal, shape.seqlens, queries,
+                           options, /*backed=*/false));
+  return l;
+}
+
+absl::Status LatentDecodeLaunch::Lower(Device& device, DecodeBatch batch, int sq, bool causal,
+                                       std::span<const int32_t> lengths,
+                                       std::span<const Bf16* const> queries,
+                                       const AttentionDeviceKernelOptions& options, bool backed) {
+  DecodeBatch::Group group;
+  group.head_space = false;
+  group.sq = sq;
+  group.causal = causal;
+  for (size_t m = 0; m < pages_.size(); ++m) {
+    group.members.push_back(
+        DecodeBatch::Member{pages_[m], lengths[m], nullptr, nullptr, queries[m]});
+  }
   batch.groups.push_back(std::move(group));
   batch.algorithm = options.algorithm;
-  ASSIGN_OR_RETURN(l->built_, BuildBatchSteps(batch));
-  ASSIGN_OR_RETURN(l->launch_,
-                   BatchLaunch::Create(device, l->built_.steps, options, /*backed=*/false));
-  return l;
+  ASSIGN_OR_RETURN(built_, BuildBatchSteps(batch));
+  ASSIGN_OR_RETURN(launch_, BatchLaunch::Create(device, built_.steps, options, backed));
+  return absl::OkStatus();
 }
 
 const DeviceKernel* LatentDecodeLaunch::kernel() const {

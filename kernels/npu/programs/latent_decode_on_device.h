@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -50,6 +51,12 @@ class LatentDecodeLaunch {
   AttentionOutput ReadOutput() const;
 
  private:
+  // One latent group, a member per page table in pages_ (queries[m] its q, null to model
+  // only), lowered onto `device` with the batch's shape already in `batch`.
+  absl::Status Lower(Device& device, DecodeBatch batch, int sq, bool causal,
+                     std::span<const int32_t> lengths, std::span<const Bf16* const> queries,
+                     const AttentionDeviceKernelOptions& options, bool backed);
+
   LatentDecodeLaunch() = default;
 
   std::vector<std::vector<int32_t>> pages_;  // per request, viewed by the batch

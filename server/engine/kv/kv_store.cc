@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/core/tiling.h"
 #include "server/engine/kv/eviction.h"
 #include "server/engine/kv/tsan_visible_lock.h"
 
@@ -26,8 +27,6 @@ absl::Status CheckId(absl::string_view field, absl::string_view id) {
   }
   return absl::OkStatus();
 }
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
