@@ -74,13 +74,14 @@ std::unique_ptr<BatchRun> BatchRun::Start(std::vector<PendingCall> calls, BatchC
 }
 
 void BatchRun::Plan() {
+  std::vector<const DecodeQuery*> batch;  // by batch index
   for (int c = 0; c < static_cast<int>(calls_.size()); ++c) {
     for (int i = 0; i < static_cast<int>(calls_[c].queries.size()); ++i) {
-      queries_.push_back(&calls_[c].queries[i]);
+      batch.push_back(&calls_[c].queries[i]);
       origin_.emplace_back(c, i);
     }
   }
-  Planner::Result planned = context_.planner.Plan(context_.store, queries_);
+  Planner::Result planned = context_.planner.Plan(context_.store, batch);
   for (const auto& [index, status] : planned.failed) {
     const auto [c, i] = origin_[index];
     call_status_[c] =
@@ -111,6 +112,7 @@ void BatchRun::Execute(AttentionDevice& device, int device_index) {
   // Run.
   absl::StatusOr<DeviceRun> run =
       built.ok() ? device.Run(built->steps) : absl::StatusOr<DeviceRun>(built.status());
+  const double host_ms = Microseconds(std::chrono::steady_clock::now() - prepared) / 1000;
 
   // Complete.
   int hybrid = 0, absorb = 0;
@@ -124,7 +126,7 @@ void BatchRun::Execute(AttentionDevice& device, int device_index) {
   report.status = run.status();
   if (run.ok()) {
     report.modeled_us = run->modeled_us;
-    report.host_ms = run->host_ms;
+    report.host_ms = host_ms;
   }
   context_.counters.hybrid_groups.fetch_add(hybrid);
   context_.counters.absorb_groups.fetch_add(absorb);
@@ -158,7 +160,7 @@ void BatchRun::Execute(AttentionDevice& device, int device_index) {
                                absl::ToDoubleMicroseconds(device_start - calls_[c].submitted),
                                prepare_us,
                                run->modeled_us,
-                               run->host_ms};
+                               host_ms};
       }
     }
   }

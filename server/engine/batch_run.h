@@ -71,10 +71,7 @@ class BatchRun {
   std::vector<absl::Status> call_status_;  // a planning failure of one of its queries
   std::vector<char> answered_;
   std::vector<std::pair<int, int>> origin_;  // batch index -> (call, query)
-  std::vector<const DecodeQuery*> queries_;  // by batch index
   std::unique_ptr<BatchPlan> plan_;
-  int hybrid_groups_ = 0;
-  int absorb_groups_ = 0;
 };
 
 }  // namespace mlaserve::engine

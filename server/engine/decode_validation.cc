@@ -6,39 +6,23 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "server/engine/tensor_shape.h"
 
 namespace mlaserve::engine {
 namespace {
 
-constexpr int64_t kAnyRows = -1;  // an extent the request chooses (>= 1)
-
 absl::Status Invalid(absl::string_view field, absl::string_view problem) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", problem));
-}
-
-std::string ShapeString(std::span<const int64_t> shape) {
-  return absl::StrCat("[",
-                      absl::StrJoin(shape, ",",
-                                    [](std::string* out, int64_t d) {
-                                      absl::StrAppend(
-                                          out, d == kAnyRows ? std::string("n") : absl::StrCat(d));
-                                    }),
-                      "]");
 }
 
 // Shape, layout and finiteness of one tensor against the shape its field requires.
 template <int kRank>
 absl::Status CheckTensor(const TensorView<const Bf16, kRank>& view,
                          const std::array<int64_t, kRank>& expected, const std::string& field) {
-  bool shape_ok = true;
-  for (int i = 0; i < kRank; ++i) {
-    shape_ok &= expected[i] == kAnyRows ? view.dim(i) >= 1 : view.dim(i) == expected[i];
-  }
-  if (!shape_ok) {
-    return Invalid(
-        field, absl::StrCat("shape ", ShapeString(view.shape()), " != ", ShapeString(expected)));
+  if (!ShapeMatches(view.shape(), expected)) {
+    return Invalid(field, absl::StrCat("shape ", ShapeToString(view.shape()),
+                                       " != ", ShapeToString(expected)));
   }
   int64_t stride = 1;
   for (int i = kRank - 1; i >= 0; --i) {
@@ -80,7 +64,8 @@ absl::Status CheckQuery(const DecodeQuery& q, const EngineInfo& info, const std:
   if (!rows && q.append_position != -1)
     return Invalid(at + ".append_rows", "missing; append_position is set");
   if (rows)
-    RETURN_IF_ERROR(CheckTensor<2>(q.append_rows, {kAnyRows, m.dk_latent()}, at + ".append_rows"));
+    RETURN_IF_ERROR(
+        CheckTensor<2>(q.append_rows, {kAnyExtent, m.dk_latent()}, at + ".append_rows"));
   return absl::OkStatus();
 }
 

@@ -101,7 +101,8 @@ EngineImpl::EngineImpl(EngineOptions options, ModelWeights weights, std::unique_
       Batcher::Options{{options_.max_batch, options_.max_wait}, options_.max_queue},
       [this](std::vector<PendingCall> calls) { CutBatch(std::move(calls)); },
       [this] {
-        return BatchPolicy::Devices{pool_->idle(), pool_->HasCapacity()};
+        const DevicePool::Occupancy o = pool_->occupancy();
+        return BatchPolicy::Devices{o.idle, o.has_room};
       });
   pool_->SetOnCapacity([this] { batcher_->DevicesChanged(); });
 }

@@ -87,16 +87,6 @@ std::size_t DTypeSize(v1::DType dtype) {
   }
 }
 
-std::string ShapeToString(std::span<const int64_t> shape) {
-  return absl::StrCat(
-      "[",
-      absl::StrJoin(shape, ",",
-                    [](std::string* out, int64_t d) {
-                      absl::StrAppend(out, d == kAnyExtent ? std::string("n") : absl::StrCat(d));
-                    }),
-      "]");
-}
-
 namespace {
 
 absl::StatusOr<std::size_t> ElementSize(const v1::Tensor& tensor, absl::string_view field) {
@@ -142,11 +132,7 @@ absl::StatusOr<Bf16Tensor> DecodeToBf16(const v1::Tensor& tensor, std::span<cons
                                         absl::string_view field) {
   ASSIGN_OR_RETURN(const std::size_t element_size, ElementSize(tensor, field));
   const std::span<const int64_t> shape(tensor.shape().data(), tensor.shape().size());
-  bool shape_ok = shape.size() == expected.size();
-  for (std::size_t i = 0; shape_ok && i < shape.size(); ++i) {
-    shape_ok = expected[i] == kAnyExtent ? shape[i] >= 1 : shape[i] == expected[i];
-  }
-  if (!shape_ok) {
+  if (!ShapeMatches(shape, expected)) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": shape ", ShapeToString(shape), " != ", ShapeToString(expected)));
   }

@@ -12,14 +12,16 @@
 #include "kernels/core/bfloat16.h"
 #include "kernels/core/element_type.h"
 #include "mlaserve/v1/tensor.pb.h"
+#include "server/engine/tensor_shape.h"
 
 namespace mlaserve::service {
 
 // Wire tensors (mlaserve.v1.Tensor: dtype, shape, raw little-endian row-major bytes) to and
 // from the engine's element types.
 
-// A dimension of an expected shape that the request chooses (a row count); it must be >= 1.
-inline constexpr int64_t kAnyExtent = -1;
+using engine::kAnyExtent;
+using engine::ShapeMatches;
+using engine::ShapeToString;
 
 // Bytes per element; 0 for DTYPE_UNSPECIFIED and values outside the enum.
 std::size_t DTypeSize(v1::DType dtype);
@@ -60,9 +62,6 @@ void EncodeValues(const void* values, ElementType type, int64_t count,
 // nearest even) with the given shape, whose product must be values.size().
 void EncodeFloats(std::span<const float> values, std::span<const int64_t> shape, v1::DType dtype,
                   v1::Tensor* out);
-
-// "[1,128,64]"; kAnyExtent prints as "n".
-std::string ShapeToString(std::span<const int64_t> shape);
 
 }  // namespace mlaserve::service
 

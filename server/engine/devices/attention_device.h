@@ -12,7 +12,6 @@ namespace mlaserve::engine {
 struct DeviceRun {
   std::unique_ptr<BatchBuffers> buffers;  // the batch's memory after its last step
   double modeled_us = 0;                  // modelled device time of the batch (0 on the host)
-  double host_ms = 0;                     // host wall time spent
 };
 
 // What the planner and the pool know of a device: it runs a batch's steps

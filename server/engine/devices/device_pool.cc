@@ -26,19 +26,14 @@ void DevicePool::SetOnCapacity(absl::AnyInvocable<void()> on_capacity) {
   on_capacity_ = std::move(on_capacity);
 }
 
-int DevicePool::idle() const {
+DevicePool::Occupancy DevicePool::occupancy() const {
   std::lock_guard<std::mutex> lock(mu_);
-  int idle = 0;
-  for (const auto& slot : slots_) idle += slot->load == 0 ? 1 : 0;
-  return idle;
-}
-
-bool DevicePool::HasCapacity() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  Occupancy o;
   for (const auto& slot : slots_) {
-    if (slot->load < kBatchesPerDevice) return true;
+    o.idle += slot->load == 0 ? 1 : 0;
+    o.has_room |= slot->load < kBatchesPerDevice;
   }
-  return false;
+  return o;
 }
 
 void DevicePool::Submit(Job job) {

@@ -36,9 +36,13 @@ class DevicePool {
   int size() const { return static_cast<int>(slots_.size()); }
   const DeviceInfo& info(int device) const { return slots_[device]->device->info(); }
 
-  // Devices with nothing queued or running, and devices with room for another batch.
-  int idle() const;
-  bool HasCapacity() const;
+  // In one look (the batching decision wants both at the same instant): the devices with
+  // nothing queued or running, and whether any has room for another batch.
+  struct Occupancy {
+    int idle = 0;
+    bool has_room = false;
+  };
+  Occupancy occupancy() const;
   // Called (from a worker thread, with no lock held) whenever a device finishes a batch.
   void SetOnCapacity(absl::AnyInvocable<void()> on_capacity);
 

@@ -1,7 +1,5 @@
 #include "server/engine/devices/host_attention_device.h"
 
-#include <chrono>
-
 #include "common/status_macros.h"
 
 namespace mlaserve::engine {
@@ -13,11 +11,8 @@ HostAttentionDevice::HostAttentionDevice(int threads) : runner_(threads) {
 }
 
 absl::StatusOr<DeviceRun> HostAttentionDevice::Run(const BatchSteps& steps) {
-  const auto start = std::chrono::steady_clock::now();
   DeviceRun run;
   ASSIGN_OR_RETURN(run.buffers, runner_.Run(steps));
-  run.host_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   return run;
 }
 

@@ -1,6 +1,5 @@
 #include "server/engine/devices/npu_attention_device.h"
 
-#include <chrono>
 #include <utility>
 
 #include "common/status_macros.h"
@@ -33,15 +32,12 @@ NpuAttentionDevice::NpuAttentionDevice(std::unique_ptr<npu::Device> device,
 }
 
 absl::StatusOr<DeviceRun> NpuAttentionDevice::Run(const BatchSteps& steps) {
-  const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(std::unique_ptr<npu::BatchLaunch> launch,
                    npu::BatchLaunch::Create(*device_, steps, options_, /*backed=*/true));
   ASSIGN_OR_RETURN(npu::BatchLaunchReport report, launch->Run(npu::ExecutionMode::kExecute));
   DeviceRun run;
   run.modeled_us = report.modeled_us;
   run.buffers = std::move(launch);
-  run.host_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   return run;
 }
 

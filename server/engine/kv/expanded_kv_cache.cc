@@ -17,7 +17,6 @@ ExpandedKvCache::Entry& ExpandedKvCache::StartBuilding(PrefixKey prefix, int lay
   entry = Entry{};
   entry.bytes = bytes;
   bytes_ += bytes;
-  ++entries_;
   return entry;
 }
 
@@ -32,7 +31,6 @@ void ExpandedKvCache::Free(PrefixKey prefix, int layer) {
   const auto it = table_.find({prefix, layer});
   if (it == table_.end()) return;
   bytes_ -= it->second.bytes;
-  --entries_;
   table_.erase(it);
 }
 

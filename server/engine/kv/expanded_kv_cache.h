@@ -37,7 +37,7 @@ class ExpandedKvCache {
   void FreeAll(PrefixKey prefix, int layers);
 
   int64_t bytes() const { return bytes_; }
-  int32_t entries() const { return entries_; }
+  int32_t entries() const { return static_cast<int32_t>(table_.size()); }
   // Calls f(prefix, layer, entry) for every ready entry.
   template <typename F>
   void ForEachReady(F f) const {
@@ -49,7 +49,6 @@ class ExpandedKvCache {
  private:
   absl::node_hash_map<std::pair<PrefixKey, int>, Entry> table_;
   int64_t bytes_ = 0;
-  int32_t entries_ = 0;
 };
 
 }  // namespace mlaserve::engine

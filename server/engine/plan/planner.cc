@@ -14,7 +14,7 @@ double TyphoonBatchThreshold(const ModelConfig& model, int sq, const DeviceRates
 }
 
 Planner::Planner(const ModelConfig& model, DeviceRates rates, int max_sq, PlannerOptions options)
-    : model_(model), options_(options) {
+    : options_(options) {
   for (int sq = 1; sq <= max_sq; ++sq) b_theta_.push_back(TyphoonBatchThreshold(model, sq, rates));
 }
 
@@ -127,15 +127,24 @@ Planner::Result Planner::Plan(KvStore& store,
 
 void Planner::PrepareExpansions(BatchPlan& plan, KvStore& store,
                                 const ModelWeights& weights) const {
+  // A pass comes after the passes of its ancestor levels (Plan creates them root first), so
+  // one walk in order knows, before building a pass, whether any of its groups still needs
+  // it: a group whose shallower pass was dropped reads every deeper level in absorb form.
   std::vector<char> dropped(plan.passes.size(), 0);
+  std::vector<char> cut(plan.groups.size(), 0);
   for (size_t p = 0; p < plan.passes.size(); ++p) {
     NaivePassPlan& pass = plan.passes[p];
+    if (std::all_of(pass.groups.begin(), pass.groups.end(), [&](int g) { return cut[g] != 0; })) {
+      dropped[p] = 1;
+      continue;
+    }
     absl::StatusOr<ExpandedKv> expanded =
         store.GetOrBuildExpanded(pass.level.key, pass.layer, weights);
     if (expanded.ok()) {
       pass.expanded.emplace(*std::move(expanded));
     } else {
       dropped[p] = 1;  // does not fit, or the prefix vanished: absorb form is always correct
+      for (int g : pass.groups) cut[g] = 1;
     }
   }
   if (std::none_of(dropped.begin(), dropped.end(), [](char d) { return d != 0; })) return;

@@ -47,7 +47,6 @@ class Planner {
 
   double BTheta(int sq) const { return b_theta_[sq - 1]; }
   const std::vector<double>& BThetaBySq() const { return b_theta_; }
-  const PlannerOptions& options() const { return options_; }
 
   // Plans the batch: snapshots (pinning what it reads), groups and passes, no expansion. A
   // query whose sequence cannot be snapshotted (released meanwhile) gets its status in
@@ -66,7 +65,6 @@ class Planner {
   void PrepareExpansions(BatchPlan& plan, KvStore& store, const ModelWeights& weights) const;
 
  private:
-  ModelConfig model_;
   std::vector<double> b_theta_;  // [sq - 1]
   PlannerOptions options_;
 };
