@@ -51,7 +51,7 @@ void NoDelay(int fd) {
 
 }  // namespace
 
-absl::StatusOr<WireRoundTrip> MeasureLoopbackRoundTrip(const WireProbe& probe) {
+absl::StatusOr<loadgen::Percentiles> MeasureLoopbackRoundTrip(const WireProbe& probe) {
   if (probe.calls < 1 || probe.request_bytes < 1 || probe.response_bytes < 1) {
     return absl::InvalidArgumentError("loopback wire: calls and byte counts must be positive");
   }
@@ -100,11 +100,7 @@ absl::StatusOr<WireRoundTrip> MeasureLoopbackRoundTrip(const WireProbe& probe) {
   shutdown(client, SHUT_WR);
   far_end.join();
   if (!ok) return Errno("round trip");
-  std::sort(times_us.begin(), times_us.end());
-  const auto at = [&](double q) {
-    return times_us[std::min(times_us.size() - 1, static_cast<size_t>(q * times_us.size()))];
-  };
-  return WireRoundTrip{.p50_us = at(0.5), .p99_us = at(0.99)};
+  return loadgen::PercentilesOf(std::move(times_us));
 }
 
 }  // namespace mlaserve::bench

@@ -5,6 +5,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/loadgen/load_report.h"
 
 namespace mlaserve::bench {
 
@@ -19,12 +20,8 @@ struct WireProbe {
   absl::Duration idle_between = absl::ZeroDuration();
 };
 
-struct WireRoundTrip {
-  double p50_us = 0;
-  double p99_us = 0;
-};
-
-absl::StatusOr<WireRoundTrip> MeasureLoopbackRoundTrip(const WireProbe& probe);
+// The round trips' times in microseconds.
+absl::StatusOr<loadgen::Percentiles> MeasureLoopbackRoundTrip(const WireProbe& probe);
 
 }  // namespace mlaserve::bench
 

@@ -134,9 +134,7 @@ absl::Status RunPeersCommand(const PeersCommandOptions& o, std::ostream& out) {
   } else if (o.peer_env != "as-is") {
     return absl::InvalidArgumentError("--peer-env: 'tuned' or 'as-is'");
   }
-  const std::string worker =
-      o.worker.empty() ? std::string(MLASERVE_SOURCE_DIR) + "/bench/peers/torch_mla_worker.py"
-                       : o.worker;
+  const std::string worker = std::string(MLASERVE_SOURCE_DIR) + "/bench/peers/torch_mla_worker.py";
   ASSIGN_OR_RETURN(auto peer, PeerProcess::Start({o.python, worker}, env));
   ASSIGN_OR_RETURN(nlohmann::json info, peer->Call({{"op", "info"}}));
   if (!o.json) {

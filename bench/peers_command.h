@@ -19,7 +19,6 @@ struct PeersCommandOptions {
   int repeats = 2;  // timed runs per side per round
   int rounds = 2;   // alternations between the sides; best of rounds x repeats
   std::string python = "/usr/bin/python3";
-  std::string worker;  // the torch worker script (default: the source tree's)
   // "tuned": the peer at its best on this machine (AVX-512 dispatch, OpenBLAS's own kernel
   // choice, huge pages for its large allocations); "as-is": the environment unchanged.
   std::string peer_env = "tuned";

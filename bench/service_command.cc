@@ -26,19 +26,23 @@ struct PathResult {
   double empty_rpc_us = 0;  // gRPC only
 };
 
+// Calls a floor probe makes when it idles `idle_ms` before each: about 3 s, 10 to 200 calls.
+int ProbeCalls(double idle_ms) {
+  return std::clamp(static_cast<int>(3000 / std::max(idle_ms, 1.0)), 10, 200);
+}
+
 // gRPC's own floor: an RPC that carries nothing and does nothing (GetServerInfo), sent as the
 // workload's callers send, idle between calls as long as a call takes.
 absl::StatusOr<double> EmptyRpcP50Us(client::MlaServeClient& client, double idle_ms) {
   std::vector<double> us;
-  const int calls = std::clamp(static_cast<int>(3000 / std::max(idle_ms, 1.0)), 10, 200);
-  for (int call = 0; call < calls + 1; ++call) {  // the first call warms the channel up
+  for (int call = 0; call < ProbeCalls(idle_ms) + 1;
+       ++call) {  // the first call warms the channel up
     absl::SleepFor(absl::Milliseconds(idle_ms));
     const absl::Time start = absl::Now();
     RETURN_IF_ERROR(client.GetServerInfo().status());
     if (call > 0) us.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
   }
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
+  return loadgen::PercentilesOf(std::move(us)).p50;
 }
 
 absl::StatusOr<engine::EngineOptions> EngineOptionsFor(const ServiceCommandOptions& o) {
@@ -124,16 +128,17 @@ absl::Status RunServiceCommand(const ServiceCommandOptions& o, std::ostream& out
   const loadgen::WorkloadOptions& w = o.workload;
   // The wire's own round trip for the same bytes, idle between calls as long as a direct call
   // takes: what no RPC stack on this machine can undercut.
-  ASSIGN_OR_RETURN(engine::EngineOptions engine_options, EngineOptionsFor(o));
-  WireProbe probe = CallBytes(engine_options.model, w);
+  ASSIGN_OR_RETURN(const engine::ModelConfig model,
+                   engine::PresetModelConfig(o.model, {.layers = o.layers}));
+  WireProbe probe = CallBytes(model, w);
   double direct_latency_ms = 0;
   for (const PathResult& r : results) {
     if (r.path == "direct")
       direct_latency_ms = std::max(direct_latency_ms, r.summary.latency_ms.p50);
   }
   probe.idle_between = absl::Milliseconds(direct_latency_ms);
-  probe.calls = std::clamp(static_cast<int>(3000 / std::max(direct_latency_ms, 1.0)), 10, 200);
-  ASSIGN_OR_RETURN(const WireRoundTrip wire, MeasureLoopbackRoundTrip(probe));
+  probe.calls = ProbeCalls(direct_latency_ms);
+  ASSIGN_OR_RETURN(const loadgen::Percentiles wire, MeasureLoopbackRoundTrip(probe));
   if (o.json) {
     for (const PathResult& r : results) {
       const loadgen::LoadSummary& s = r.summary;
@@ -154,7 +159,7 @@ absl::Status RunServiceCommand(const ServiceCommandOptions& o, std::ostream& out
                           {"wire",
                            {{"request_bytes", probe.request_bytes},
                             {"response_bytes", probe.response_bytes},
-                            {"round_trip_us", {{"p50", wire.p50_us}, {"p99", wire.p99_us}}}}}}
+                            {"round_trip_us", {{"p50", wire.p50}, {"p99", wire.p99}}}}}}
                .dump()
         << "\n";
     return absl::OkStatus();
@@ -177,7 +182,7 @@ absl::Status RunServiceCommand(const ServiceCommandOptions& o, std::ostream& out
                            r.path == "grpc" ? absl::StrFormat("%.1f", r.empty_rpc_us) : "-");
   }
   out << absl::StrFormat("%-7s %5s %10s %10s %10s %12s %12.1f %12.1f %8s %12s\n", "wire", "-", "-",
-                         "-", "-", "-", wire.p50_us, wire.p99_us, "-", "-");
+                         "-", "-", "-", wire.p50, wire.p99, "-", "-");
   out << absl::StrFormat("gRPC / direct throughput (best of %d each): %.3f\n",
                          std::max(1, o.rounds), best_grpc / best_direct);
   out << absl::StrFormat(

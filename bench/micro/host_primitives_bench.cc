@@ -129,8 +129,6 @@ void BM_MatmulTile_OpenBlasSgemm(benchmark::State& state) {
 }
 BENCHMARK(BM_MatmulTile_OpenBlasSgemm)->Arg(96)->Arg(128);
 
-// The host AMLA row kernel on one row group: 128 rows (DeepSeek-V3's heads, one token)
-// over 4096 keys of a paged latent cache, read in place as bf16 rows.
 // Validation's finiteness scan over the query bytes of a 72-query head-space Decode
 // (72 x 128 heads x 192 values), chunked and vectorised beside the plain early-exit loop.
 constexpr int kDecodeQueryValues = 72 * 128 * 192;
@@ -160,6 +158,8 @@ void BM_FiniteScan_EarlyExitLoop(benchmark::State& state) {
 }
 BENCHMARK(BM_FiniteScan_EarlyExitLoop);
 
+// The host AMLA row kernel on one row group: 128 rows (DeepSeek-V3's heads, one token)
+// over 4096 keys of a paged latent cache, read in place as bf16 rows.
 void BM_AmlaRows_Host(benchmark::State& state) {
   constexpr int kRows = 128, kKeys = 4096, kWidth = 576, kPage = 128;
   std::vector<Bf16> pool(static_cast<size_t>(kKeys) * kWidth),

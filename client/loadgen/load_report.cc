@@ -10,7 +10,13 @@
 namespace mlaserve::loadgen {
 namespace {
 
-Percentiles Of(std::vector<double> v) {
+nlohmann::json Json(const Percentiles& p) {
+  return {{"p50", p.p50}, {"p90", p.p90}, {"p99", p.p99}, {"max", p.max}, {"mean", p.mean}};
+}
+
+}  // namespace
+
+Percentiles PercentilesOf(std::vector<double> v) {
   Percentiles p;
   if (v.empty()) return p;
   std::sort(v.begin(), v.end());
@@ -25,12 +31,6 @@ Percentiles Of(std::vector<double> v) {
   p.mean = std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
   return p;
 }
-
-nlohmann::json Json(const Percentiles& p) {
-  return {{"p50", p.p50}, {"p90", p.p90}, {"p99", p.p99}, {"max", p.max}, {"mean", p.mean}};
-}
-
-}  // namespace
 
 LoadSummary Summarize(const LoadResult& r) {
   LoadSummary s;
@@ -68,12 +68,12 @@ LoadSummary Summarize(const LoadResult& r) {
     s.queries_per_s = static_cast<double>(queries) / s.wall_s;
     s.tokens_per_s = static_cast<double>(std::max<int64_t>(0, r.tokens - warm_tokens)) / s.wall_s;
   }
-  s.latency_ms = Of(latency);
-  s.queue_us = Of(queue);
-  s.device_host_ms = Of(host);
-  s.overhead_us = Of(overhead);
-  s.mean_batch_size = Of(batch).mean;
-  s.mean_device_modeled_us = Of(modeled).mean;
+  s.latency_ms = PercentilesOf(latency);
+  s.queue_us = PercentilesOf(queue);
+  s.device_host_ms = PercentilesOf(host);
+  s.overhead_us = PercentilesOf(overhead);
+  s.mean_batch_size = PercentilesOf(batch).mean;
+  s.mean_device_modeled_us = PercentilesOf(modeled).mean;
   s.hybrid_fraction =
       queries > 0 ? static_cast<double>(hybrid) / static_cast<double>(queries) : 0.0;
   return s;

@@ -14,6 +14,10 @@ struct Percentiles {
   double p50 = 0, p90 = 0, p99 = 0, max = 0, mean = 0;
 };
 
+// Nearest-rank percentiles of `values` (all zero when empty); every report of this project
+// that states a percentile computes it here.
+Percentiles PercentilesOf(std::vector<double> values);
+
 // A run boiled down to what a serving engineer asks: throughput, latency, where the time
 // went (queueing, device, the RPC itself), and how the server planned.
 struct LoadSummary {

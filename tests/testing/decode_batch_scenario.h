@@ -47,8 +47,6 @@ class BatchScenario {
   static std::unique_ptr<BatchScenario> Make(const BatchScenarioSpec& spec, uint64_t seed);
 
   const DecodeBatch& batch() const { return batch_; }
-  DecodeBatch& mutable_batch() { return batch_; }
-  const MlaDims& dims() const { return batch_.dims; }
   // The fp64 golden of group g, member m: out [sq][heads][width], lse [sq][heads].
   GoldenOutput Golden(int g, int m) const;
 
