@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/accuracy_command.h"
+#include "bench/fp8_command.h"
 #include "bench/kernel_command.h"
 #include "bench/peers_command.h"
 #include "bench/service_command.h"
@@ -69,6 +70,9 @@ ABSL_FLAG(std::vector<std::string>, grid_sk, (std::vector<std::string>{"1024", "
 ABSL_FLAG(int, threads, 2, "peers: threads on each side");
 ABSL_FLAG(int, children, 4, "tree: child prefixes on the root");
 ABSL_FLAG(int, child_tokens, 1024, "tree: tokens each child prefix adds");
+ABSL_FLAG(double, data_scale, 0.1,
+          "fp8: scale of every data set (0.1: the public tests' randn/10; scores grow with its "
+          "square)");
 ABSL_FLAG(std::string, peer_env, "tuned", "peers: tuned (the peer at its best here) or as-is");
 
 namespace {
@@ -81,6 +85,7 @@ constexpr char kUsage[] =
     "  typhoon    TyphoonMLA hybrid vs absorb-only on a shared prefix, per batch size\n"
     "  service    the same load direct on the engine and through gRPC: throughput ratio, overhead\n"
     "  peers      mlaserve's host kernels beside PyTorch on the CPU (fp32, bf16), alternating\n"
+    "  fp8        FP8 latent cache accuracy per data set and KV format (SnapMLA ablations)\n"
     "  tree       tree-aware vs flat TyphoonMLA grouping on a two-level prefix tree, whole "
     "engine\n";
 
@@ -185,6 +190,18 @@ absl::Status Run(const std::string& command) {
     o.peer_env = absl::GetFlag(FLAGS_peer_env);
     o.json = absl::GetFlag(FLAGS_json);
     return mlaserve::bench::RunPeersCommand(o, std::cout);
+  }
+  if (command == "fp8") {
+    mlaserve::bench::Fp8CommandOptions o;
+    o.seeds = absl::GetFlag(FLAGS_seeds);
+    o.heads = absl::GetFlag(FLAGS_heads);
+    ASSIGN_OR_RETURN(std::vector<int> sq, ParseInts(absl::GetFlag(FLAGS_sq), "sq"));
+    ASSIGN_OR_RETURN(std::vector<int> sk, ParseInts(absl::GetFlag(FLAGS_sk), "sk"));
+    o.sq = sq.front();
+    o.context = sk.front();
+    o.data_scale = absl::GetFlag(FLAGS_data_scale);
+    o.json = absl::GetFlag(FLAGS_json);
+    return mlaserve::bench::RunFp8Command(o, std::cout);
   }
   if (command == "tree") {
     mlaserve::bench::TreeCommandOptions o;

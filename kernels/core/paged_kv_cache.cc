@@ -6,8 +6,8 @@
 
 namespace mlaserve {
 
-absl::Status ValidatePagedSequences(const PagedKvCache& cache, const PagedSequences& seqs) {
-  if (cache.page_size() <= 0) {
+absl::Status ValidatePagedSequences(int64_t num_pages, int page_size, const PagedSequences& seqs) {
+  if (page_size <= 0) {
     return absl::InvalidArgumentError("cache: page_size must be positive");
   }
   if (seqs.block_table.dim(0) != seqs.batch()) {
@@ -20,7 +20,7 @@ absl::Status ValidatePagedSequences(const PagedKvCache& cache, const PagedSequen
     if (len < 0) {
       return absl::InvalidArgumentError(absl::StrCat("seqlens[", b, "] is negative (", len, ")"));
     }
-    const int64_t pages_needed = (len + cache.page_size() - 1) / cache.page_size();
+    const int64_t pages_needed = (len + page_size - 1) / page_size;
     if (pages_needed > max_pages) {
       return absl::InvalidArgumentError(
           absl::StrCat("seqlens[", b, "] = ", len, " needs ", pages_needed,
@@ -28,18 +28,18 @@ absl::Status ValidatePagedSequences(const PagedKvCache& cache, const PagedSequen
     }
     for (int64_t j = 0; j < pages_needed; ++j) {
       const int32_t page = seqs.block_table(b, j);
-      if (page < 0 || page >= cache.num_pages()) {
+      if (page < 0 || page >= num_pages) {
         return absl::InvalidArgumentError(absl::StrCat("block_table[", b, "][", j, "] = ", page,
-                                                       " is not a page of the cache (",
-                                                       cache.num_pages(), " pages)"));
+                                                       " is not a page of the cache (", num_pages,
+                                                       " pages)"));
       }
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status ValidatePagedDecode(float softmax_scale, int64_t q_batch, const PagedKvCache& cache,
-                                 const PagedSequences& seqs) {
+absl::Status ValidatePagedDecode(float softmax_scale, int64_t q_batch, int64_t num_pages,
+                                 int page_size, const PagedSequences& seqs) {
   if (!(softmax_scale > 0.0f) || !std::isfinite(softmax_scale)) {
     return absl::InvalidArgumentError("softmax_scale must be a positive finite number");
   }
@@ -47,7 +47,7 @@ absl::Status ValidatePagedDecode(float softmax_scale, int64_t q_batch, const Pag
     return absl::InvalidArgumentError(
         absl::StrCat("q has batch ", q_batch, " but seqlens has ", seqs.batch()));
   }
-  return ValidatePagedSequences(cache, seqs);
+  return ValidatePagedSequences(num_pages, page_size, seqs);
 }
 
 }  // namespace mlaserve

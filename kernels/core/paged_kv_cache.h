@@ -31,12 +31,20 @@ struct PagedSequences {
 };
 
 // Checks that every page a request reads exists and that its length fits its table row.
-absl::Status ValidatePagedSequences(const PagedKvCache& cache, const PagedSequences& seqs);
+absl::Status ValidatePagedSequences(int64_t num_pages, int page_size, const PagedSequences& seqs);
+inline absl::Status ValidatePagedSequences(const PagedKvCache& cache, const PagedSequences& seqs) {
+  return ValidatePagedSequences(cache.num_pages(), cache.page_size(), seqs);
+}
 
 // What every paged decode problem checks besides its own shapes: a positive finite softmax
 // scale, one sequence per query batch entry (`q_batch`), and the sequences themselves.
-absl::Status ValidatePagedDecode(float softmax_scale, int64_t q_batch, const PagedKvCache& cache,
-                                 const PagedSequences& seqs);
+// Any cache with `num_pages` pages of `page_size` tokens (bf16 or FP8).
+absl::Status ValidatePagedDecode(float softmax_scale, int64_t q_batch, int64_t num_pages,
+                                 int page_size, const PagedSequences& seqs);
+inline absl::Status ValidatePagedDecode(float softmax_scale, int64_t q_batch,
+                                        const PagedKvCache& cache, const PagedSequences& seqs) {
+  return ValidatePagedDecode(softmax_scale, q_batch, cache.num_pages(), cache.page_size(), seqs);
+}
 
 // Row of token t of request b. The caller has validated the tables.
 inline const Bf16* TokenRow(const PagedKvCache& cache, const PagedSequences& seqs, int b, int t) {

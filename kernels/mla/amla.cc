@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <optional>
 #include <vector>
 
 #include "kernels/core/bfloat16.h"
@@ -27,11 +28,12 @@ int32_t ExponentOfMax(float m) {
 
 }  // namespace
 
-int32_t AmlaSoftmaxStep(float* row, int count, const AmlaOptions& options, AmlaRowState& st) {
+std::optional<AmlaRescale> AmlaAdvanceRow(float* row, int count, const AmlaOptions& options,
+                                          AmlaRowState& st) {
   const float m_new = std::max(st.m, RowMax(row, count));
   if (m_new == kNegInf) {  // nothing visible yet: P = 0, state unchanged
     std::fill_n(row, count, 0.0f);
-    return 0;
+    return std::nullopt;
   }
   const float m_up = std::exp(st.m - m_new);  // exp(-inf) = 0 on the first block
   ExpShifted(row, count, m_new, row);
@@ -41,9 +43,9 @@ int32_t AmlaSoftmaxStep(float* row, int count, const AmlaOptions& options, AmlaR
   const float s32 = std::exp(std::fma(static_cast<float>(n_new), kLn2, m_new));  // in [2^-.5, 2^.5]
   const float s16 = RoundToBf16(s32);
   const float c_new = s32 / s16;
-  ScaleToBf16(row, count, s16, row);
 
-  int32_t delta = 0;
+  AmlaRescale rescale;
+  rescale.first_block = !st.started;
   if (st.started) {
     float ratio = 1.0f;
     switch (options.compensation) {
@@ -56,17 +58,24 @@ int32_t AmlaSoftmaxStep(float* row, int count, const AmlaOptions& options, AmlaR
       case AmlaCompensation::kNone:
         break;
     }
-    const int32_t shift = std::max(n_new - st.n, kAmlaMinExponentShift);
-    const auto mantissa_fix =
+    rescale.exponent_shift = std::max(n_new - st.n, kAmlaMinExponentShift);
+    rescale.mantissa_fix =
         static_cast<int32_t>(std::nearbyint(1.5f * (ratio - 1.0f) * kMantissaScale));
-    delta = shift * (int32_t{1} << 23) + mantissa_fix;
   }
   st.m = m_new;
   st.n = n_new;
   st.s16 = s16;
   st.c = c_new;
   st.started = true;
-  return delta;
+  return rescale;
+}
+
+int32_t AmlaSoftmaxStep(float* row, int count, const AmlaOptions& options, AmlaRowState& st) {
+  const std::optional<AmlaRescale> rescale = AmlaAdvanceRow(row, count, options, st);
+  if (!rescale.has_value()) return 0;
+  ScaleToBf16(row, count, st.s16, row);
+  if (rescale->first_block) return 0;
+  return rescale->exponent_shift * (int32_t{1} << 23) + rescale->mantissa_fix;
 }
 
 void AmlaFinalizeRow(const float* acc, int dv, const AmlaRowState& st, float* out, float* lse) {

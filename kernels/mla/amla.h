@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 
 #include "absl/status/statusor.h"
 #include "kernels/core/attention_rows.h"
@@ -44,6 +45,21 @@ struct AmlaRowState {
 // The smallest shift the rescale applies (the paper's clamp): older blocks are then worth at
 // most 2^-30 of their true weight less, far below bf16 resolution.
 inline constexpr int32_t kAmlaMinExponentShift = -30;
+
+// How the accumulator must be rescaled before a block's P V is added: by 2^exponent_shift
+// (already clamped at kAmlaMinExponentShift) and AMLA's mantissa correction, both added to
+// its bits. Meaningless on a row's first block, which writes instead.
+struct AmlaRescale {
+  bool first_block = true;
+  int32_t exponent_shift = 0;
+  int32_t mantissa_fix = 0;
+};
+
+// The part of [V1] every AMLA variant shares: scaled, masked scores in `row` become
+// p = exp(s - m_new) in place, and m, l, n, S16 and c move to the block. nullopt when the row
+// sees no key yet (row zeroed, state unchanged).
+std::optional<AmlaRescale> AmlaAdvanceRow(float* row, int count, const AmlaOptions& options,
+                                          AmlaRowState& state);
 
 // Stage [V1] for one row of one block. `row` holds scaled, masked scores on entry and
 // bf16(P * S16) on exit. Returns the int32 delta to add to the row's accumulator bits before

@@ -1,11 +1,13 @@
 #include "kernels/core/float8_e4m3.h"
 
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/core/bfloat16.h"
 
 namespace mlaserve {
 namespace {
@@ -26,6 +28,31 @@ uint8_t ReferenceEncode(float f) {
     }
   }
   return static_cast<uint8_t>(best);
+}
+
+// The OCP table from its definition, independent of the code under test.
+double ReferenceDecode(int code) {
+  const int exponent = (code >> 3) & 0x0f;
+  const int mantissa = code & 0x07;
+  const double magnitude =
+      exponent == 0 ? std::ldexp(mantissa, -9) : std::ldexp(1.0 + mantissa / 8.0, exponent - 7);
+  return (code & 0x80) ? -magnitude : magnitude;
+}
+
+TEST(Fp8E4m3Test, WidensEveryCodeExactlyToBf16) {
+  std::vector<Fp8E4m3> codes(256);
+  for (int code = 0; code < 256; ++code)
+    codes[code] = Fp8E4m3::FromBits(static_cast<uint8_t>(code));
+  std::vector<Bf16> widened(256);
+  WidenFp8ToBf16(codes.data(), 256, widened.data());
+  for (int code = 0; code < 256; ++code) {
+    if ((code & 0x7f) == 0x7f) {
+      EXPECT_TRUE(std::isnan(widened[code].ToFloat())) << code;
+      continue;
+    }
+    EXPECT_EQ(static_cast<double>(widened[code].ToFloat()), ReferenceDecode(code)) << code;
+    EXPECT_EQ(widened[code], codes[code].ToBf16()) << code;
+  }
 }
 
 TEST(Fp8E4m3Test, DecodesTheOcpTable) {
@@ -60,6 +87,30 @@ TEST(Fp8E4m3Test, EncodesNearestEvenAgainstBruteForce) {
   for (float f : samples) {
     if (std::fabs(f) >= 448.0f) continue;
     ASSERT_EQ(Fp8E4m3::FromFloat(f).bits, ReferenceEncode(f)) << "f = " << f;
+  }
+}
+
+TEST(Fp8E4m3Test, EncodesRandomBitPatternsAndRowsLikeTheScalarForm) {
+  // Arbitrary fp32 words (every exponent, subnormals, NaN payloads) through the row form.
+  std::mt19937 rng(std::random_device{}());
+  std::vector<float> values(50000);
+  for (float& v : values) v = std::bit_cast<float>(static_cast<uint32_t>(rng()));
+  for (int i = 0; i < 20000; ++i) {  // and dense coverage of the range that matters
+    values.push_back(
+        std::ldexp(static_cast<float>(rng() % 4096) - 2048.0f, -static_cast<int>(rng() % 24)));
+  }
+  std::vector<Fp8E4m3> row(values.size());
+  NarrowToFp8(values.data(), static_cast<int64_t>(values.size()), row.data());
+  for (size_t i = 0; i < values.size(); ++i) {
+    const float f = values[i];
+    ASSERT_EQ(row[i], Fp8E4m3::FromFloat(f)) << f;
+    if (std::isnan(f)) {
+      ASSERT_EQ(row[i].bits, 0x7f) << f;
+    } else if (std::fabs(f) >= 448.0f) {
+      ASSERT_EQ(row[i].bits & 0x7f, 0x7e) << f;
+    } else {
+      ASSERT_EQ(row[i].bits, ReferenceEncode(f)) << "f = " << f;
+    }
   }
 }
 
