@@ -63,10 +63,15 @@ class Builder {
       const std::string at = absl::StrCat("decode batch group ", g);
       if (group.sq < 1 || group.members.empty())
         return absl::InvalidArgumentError(at + ": no queries");
+      const bool fp8 = group.kv_dtype == KvDtype::kFp8;
+      const int page_size = fp8 ? b_.fp8_pool.layout.page_size : b_.page_size;
+      if (fp8 && (b_.fp8_pool.layout.dl != d_.dl || b_.fp8_pool.layout.dr != d_.dr)) {
+        return absl::InvalidArgumentError(at + ": the FP8 pool's rows are not the dims' dl + dr");
+      }
       for (const DecodeBatch::Member& m : group.members) {
         if (m.length < 0 ||
-            (m.length > 0 && (b_.page_size <= 0 || CeilDiv(m.length, b_.page_size) >
-                                                       static_cast<int64_t>(m.pages.size())))) {
+            (m.length > 0 && (page_size <= 0 || CeilDiv(m.length, page_size) >
+                                                    static_cast<int64_t>(m.pages.size())))) {
           return absl::InvalidArgumentError(absl::StrCat(at, ": a member of length ", m.length,
                                                          " has ", m.pages.size(), " pages"));
         }
@@ -105,12 +110,13 @@ class Builder {
   }
 
   // Caller memory, mapped once however many groups read it.
-  int Input(const void* memory, int64_t elements, const std::string& name) {
+  int Input(const void* memory, int64_t elements, const std::string& name,
+            ElementType type = ElementType::kBf16) {
     const auto key = std::make_pair(memory == nullptr ? name : std::string(), memory);
     auto it = inputs_.find(key);
     if (it != inputs_.end()) return it->second;
-    const int id = steps().AddBuffer(StepBuffer{name, StepBuffer::Kind::kInput, ElementType::kBf16,
-                                                elements, StepBuffer::Fill::kNone, memory});
+    const int id = steps().AddBuffer(StepBuffer{name, StepBuffer::Kind::kInput, type, elements,
+                                                StepBuffer::Fill::kNone, memory});
     inputs_.emplace(key, id);
     return id;
   }
@@ -122,7 +128,15 @@ class Builder {
   void Allocate() {
     const int H = d_.heads;
     const int64_t w_elements = int64_t{H} * (d_.dn + d_.dv) * d_.dl;
-    pool_ = Input(b_.pool, b_.pool_pages * b_.page_size * d_.dk(), "KV pool");
+    bool any_bf16 = false, any_fp8 = false;
+    for (const DecodeBatch::Group& group : b_.groups) {
+      (group.kv_dtype == KvDtype::kFp8 ? any_fp8 : any_bf16) = true;
+    }
+    if (any_bf16) pool_ = Input(b_.pool, b_.pool_pages * b_.page_size * d_.dk(), "KV pool");
+    if (any_fp8) {
+      fp8_pool_ = Input(b_.fp8_pool.pages, b_.fp8_pool.num_pages * b_.fp8_pool.layout.page_bytes(),
+                        "FP8 KV pool", ElementType::kByte);
+    }
     using K = StepBuffer::Kind;
     using F = StepBuffer::Fill;
     groups_.resize(b_.groups.size());
@@ -255,7 +269,11 @@ class Builder {
             rg.visible.push_back(std::clamp(
                 VisibleKeys(member.length, group.sq, r / H, group.causal) - from, 0, keys));
           }
-          rg.keys = PagedKeysRef{{pool_, 0}, b_.page_size, d_.dk(), member.pages, from};
+          if (group.kv_dtype == KvDtype::kFp8) {
+            rg.keys = Fp8PagedKeysRef{{fp8_pool_, 0}, b_.fp8_pool.layout, member.pages, from};
+          } else {
+            rg.keys = PagedKeysRef{{pool_, 0}, b_.page_size, d_.dk(), member.pages, from};
+          }
           if (group.head_space) {
             rg.out = {gb.o_lat, first * d_.dl};
             rg.out_bf16 = true;
@@ -326,7 +344,7 @@ class Builder {
       if (s.length > 0) group_blocks.push_back(static_cast<int>(CeilDiv(s.length, kKvBlockTokens)));
     }
     const int part_blocks = SplitPartBlocks(group_blocks, b_.parallel_units);
-    AttentionStep step{name, b_.algorithm, dk, dv, d_.softmax_scale, {}};
+    AttentionStep step{name, b_.algorithm, b_.fp8_quantize_queries, dk, dv, d_.softmax_scale, {}};
     const std::string tag = absl::StrCat(name, " split");
     int split_out = -1, split_lse = -1;
     int64_t split_rows = 0;
@@ -361,6 +379,10 @@ class Builder {
         for (int32_t v : whole.visible) part.visible.push_back(std::clamp(v - k0, 0, k1 - k0));
         if (const auto* paged = std::get_if<PagedKeysRef>(&whole.keys)) {
           PagedKeysRef keys = *paged;
+          keys.first_token += k0;
+          part.keys = keys;
+        } else if (const auto* fp8 = std::get_if<Fp8PagedKeysRef>(&whole.keys)) {
+          Fp8PagedKeysRef keys = *fp8;
           keys.first_token += k0;
           part.keys = keys;
         } else {
@@ -459,6 +481,7 @@ class Builder {
   BuiltBatch out_;
   std::map<std::pair<std::string, const void*>, int> inputs_;
   int pool_ = -1;
+  int fp8_pool_ = -1;
   std::vector<GroupBuffers> groups_;
   std::vector<PassBuffers> passes_;
 };

@@ -98,6 +98,24 @@ absl::Status CheckAttention(const RefChecker& c, const AttentionStep& step,
               ElementType::kBf16, page_elements, false, absl::StrCat(at, " page ", p)));
         }
       }
+    } else if (const auto* fp8 = std::get_if<Fp8PagedKeysRef>(&g.keys)) {
+      const Fp8PageLayout& layout = fp8->layout;
+      if (layout.page_size <= 0 || layout.dl != step.dv || layout.dl + layout.dr != step.dk ||
+          layout.dl % 4 != 0 || fp8->first_token < 0) {
+        return absl::InternalError(absl::StrCat(at, ": bad FP8 page geometry"));
+      }
+      if (length > 0) {
+        const int64_t last_page = (fp8->first_token + length - 1) / layout.page_size;
+        if (last_page >= static_cast<int64_t>(fp8->pages.size())) {
+          return absl::InternalError(
+              absl::StrCat(at, ": ", length, " keys need more than ", fp8->pages.size(), " pages"));
+        }
+        for (int64_t p = fp8->first_token / layout.page_size; p <= last_page; ++p) {
+          RETURN_IF_ERROR(c.Check(
+              BufferRef{fp8->pool.buffer, fp8->pool.offset + fp8->pages[p] * layout.page_bytes()},
+              ElementType::kByte, layout.page_bytes(), false, absl::StrCat(at, " page ", p)));
+        }
+      }
     } else {
       const auto& dense = std::get<DenseKeysRef>(g.keys);
       RETURN_IF_ERROR(c.Check(dense.k, ElementType::kBf16, Extent(length, step.dk, dense.ldk),

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "kernels/core/bfloat16.h"
 #include "kernels/core/element_type.h"
+#include "kernels/core/fp8_paged_kv_cache.h"
 #include "kernels/mla/rescale_algorithm.h"
 #include "kernels/mla/step_jobs.h"
 
@@ -83,6 +84,17 @@ struct PagedKeysRef {
   int32_t first_token = 0;
 };
 
+// Keys of the FP8 latent cache (kernels/core/fp8_paged_kv_cache.h): token t of the row group
+// is row (first_token + t) % page_size of page pages[(first_token + t) / page_size] in `pool`
+// (a byte buffer of pages in `layout`); values are the keys' e4m3 content. Always attended to
+// with SnapMLA over AMLA (kernels/mla/snap_amla.h), whatever the step's algorithm.
+struct Fp8PagedKeysRef {
+  BufferRef pool;
+  Fp8PageLayout layout;
+  std::span<const int32_t> pages;  // caller memory, alive while the device runs
+  int32_t first_token = 0;
+};
+
 // Dense keys [length][ldk] and values [length][ldv] (one head of an expanded K/V), bf16.
 struct DenseKeysRef {
   BufferRef k;
@@ -100,7 +112,7 @@ struct AttentionRowGroup {
   BufferRef q;
   int rows = 0;
   std::vector<int32_t> visible;
-  std::variant<PagedKeysRef, DenseKeysRef> keys;
+  std::variant<PagedKeysRef, Fp8PagedKeysRef, DenseKeysRef> keys;
   BufferRef out;
   int64_t out_stride = 0;
   bool out_bf16 = false;
@@ -113,6 +125,7 @@ inline constexpr int kMaxRowGroupRows = 256;  // the AMLA paper's task height
 struct AttentionStep {
   std::string name;  // "latent", "naive"
   RescaleAlgorithm algorithm = RescaleAlgorithm::kAmla;
+  bool fp8_quantize_queries = true;  // for row groups over FP8 keys (SnapAmlaOptions)
   int dk = 0;
   int dv = 0;
   float softmax_scale = 0;

@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "kernels/core/bfloat16.h"
+#include "kernels/core/fp8_paged_kv_cache.h"
+#include "kernels/core/kv_dtype.h"
 #include "kernels/mla/rescale_algorithm.h"
 
 namespace mlaserve {
@@ -31,10 +33,20 @@ struct MlaDims {
 // pointer may be null to model a launch without executing it.
 struct DecodeBatch {
   MlaDims dims;
-  // The paged latent cache every member reads: [pool_pages][page_size][dk] bf16.
+  // The paged latent cache the bf16 groups' members read: [pool_pages][page_size][dk] bf16.
   const Bf16* pool = nullptr;
   int64_t pool_pages = 0;
   int page_size = 0;
+  // The FP8 cache the fp8 groups' members read (kernels/core/fp8_paged_kv_cache.h); its
+  // layout's dl and dr are the dims'.
+  struct Fp8Pool {
+    const std::byte* pages = nullptr;
+    int64_t num_pages = 0;
+    Fp8PageLayout layout;
+  };
+  Fp8Pool fp8_pool;
+  // SnapMLA quantises the queries of fp8 groups (SnapAmlaOptions::quantize_queries).
+  bool fp8_quantize_queries = true;
 
   // One query: sq tokens of one sequence, causal among themselves (token s sees keys
   // [0, length - sq + s + 1)) unless its group says otherwise.
@@ -51,6 +63,9 @@ struct DecodeBatch {
   // Queries of one layer, one sq and one q space. Answers: out [member][sq][heads][width]
   // (width dv in head space, dl in latent space) and lse [member][sq][heads].
   struct Group {
+    // Which cache its members' pages are in. The naive passes read expanded bf16 K/V either
+    // way; an fp8 group's absorb part runs SnapMLA over AMLA (kernels/mla/snap_amla.h).
+    KvDtype kv_dtype = KvDtype::kBf16;
     bool head_space = true;
     int sq = 1;
     std::vector<Member> members;

@@ -14,6 +14,7 @@
 #include "kernels/core/vector_ops.h"
 #include "kernels/mla/lse_combine.h"
 #include "kernels/mla/row_attention.h"
+#include "kernels/mla/snap_amla.h"
 
 namespace mlaserve {
 namespace {
@@ -105,6 +106,15 @@ void RunRowGroup(const HostBuffers& b, const AttentionStep& step, const Attentio
         std::span<const int32_t>(&seqlen, 1)};
     PagedLatentSource source(cache, table, 0, step.dv, paged->first_token);
     RunRowAttention(step.algorithm, rows, source, step.softmax_scale, outputs);
+  } else if (const auto* fp8 = std::get_if<Fp8PagedKeysRef>(&g.keys)) {
+    const int64_t pages =
+        static_cast<int64_t>(b.Bytes(fp8->pool.buffer).size() - fp8->pool.offset) /
+        fp8->layout.page_bytes();
+    const Fp8SequenceKeys keys{
+        Fp8PagedKvCache{b.At<const std::byte>(fp8->pool), pages, fp8->layout}, fp8->pages,
+        fp8->first_token, length};
+    SnapAmlaRows(rows, keys, step.softmax_scale,
+                 SnapAmlaOptions{.quantize_queries = step.fp8_quantize_queries}, outputs);
   } else {
     const auto& dense = std::get<DenseKeysRef>(g.keys);
     DenseKvSource source(b.At<const Bf16>(dense.k), dense.ldk, step.dk, b.At<const Bf16>(dense.v),

@@ -6,6 +6,8 @@
 #include <map>
 #include <numeric>
 
+#include "kernels/core/fp8_latent_row.h"
+#include "kernels/core/fp8_paged_kv_cache.h"
 #include "kernels/core/tiling.h"
 #include "kernels/core/vector_ops.h"
 #include "kernels/mla/naive.h"
@@ -42,8 +44,15 @@ std::unique_ptr<BatchScenario> BatchScenario::Make(const BatchScenarioSpec& spec
   FillNormal(s->kv_b_, 1.0 / std::sqrt(static_cast<double>(kDl)), rng);
   const UpProjection w = s->Weights();
 
-  // Prefix levels: own rows, where they begin, and their expanded K/V.
+  // Prefix levels read by fp8 groups are expanded from their dequantised rows.
   const int levels = static_cast<int>(spec.prefixes.size());
+  std::vector<bool> fp8_level(levels, false);
+  for (const auto& group : spec.groups) {
+    for (int p = group.prefix; p >= 0; p = spec.prefixes[p].parent) {
+      if (group.kv_dtype == KvDtype::kFp8) fp8_level[p] = true;
+    }
+  }
+  // Prefix levels: own rows, where they begin, and their expanded K/V.
   std::vector<std::vector<Bf16>> own(levels);
   std::vector<int32_t> begin(levels), end(levels);
   s->level_keys_.resize(levels);
@@ -53,9 +62,20 @@ std::unique_ptr<BatchScenario> BatchScenario::Make(const BatchScenarioSpec& spec
     begin[p] = prefix.parent < 0 ? 0 : end[prefix.parent];
     end[p] = begin[p] + prefix.tokens;
     own[p].resize(static_cast<size_t>(prefix.tokens) * dk);
-    FillNormal(own[p], 1.0, rng);
+    FillNormal(own[p], spec.data_scale, rng);
     std::vector<float> wide(own[p].size());
     WidenBf16(own[p].data(), static_cast<int64_t>(own[p].size()), wide.data());
+    if (fp8_level[p]) {
+      std::vector<Fp8E4m3> content(kDl);
+      std::vector<Bf16> rope(kDr);
+      for (int t = 0; t < prefix.tokens; ++t) {
+        float scale = 0;
+        float* row = wide.data() + static_cast<int64_t>(t) * dk;
+        QuantizeLatentRow(own[p].data() + static_cast<int64_t>(t) * dk, kDl, kDr,
+                          Fp8LatentRow{content.data(), &scale, rope.data()});
+        DequantizeLatentRow(content.data(), scale, rope.data(), kDl, kDr, row);
+      }
+    }
     s->level_keys_[p].resize(static_cast<size_t>(H) * prefix.tokens * (kDn + kDr));
     s->level_values_[p].resize(static_cast<size_t>(H) * prefix.tokens * kDv);
     for (int h = 0; h < H; ++h) {
@@ -82,7 +102,7 @@ std::unique_ptr<BatchScenario> BatchScenario::Make(const BatchScenarioSpec& spec
         for (int p : chain(group.prefix)) seq.insert(seq.end(), own[p].begin(), own[p].end());
       }
       std::vector<Bf16> mine(static_cast<size_t>(own_tokens) * dk);
-      FillNormal(mine, 1.0, rng);
+      FillNormal(mine, spec.data_scale, rng);
       seq.insert(seq.end(), mine.begin(), mine.end());
       pages_needed += CeilDiv(static_cast<int64_t>(seq.size()) / dk, spec.page_size);
       rows[g].push_back(std::move(seq));
@@ -113,10 +133,10 @@ std::unique_ptr<BatchScenario> BatchScenario::Make(const BatchScenarioSpec& spec
       s->pages_[g].push_back(std::move(table));
       const int64_t q_rows = int64_t{group.sq} * H;
       std::vector<Bf16> q(q_rows * (group.head_space ? kDn : dk)), q_pe;
-      FillNormal(q, 1.0, rng);
+      FillNormal(q, spec.data_scale, rng);
       if (group.head_space) {
         q_pe.resize(q_rows * kDr);
-        FillNormal(q_pe, 1.0, rng);
+        FillNormal(q_pe, spec.data_scale, rng);
       }
       s->queries_[g].push_back(std::move(q));
       s->rope_queries_[g].push_back(std::move(q_pe));
@@ -124,11 +144,16 @@ std::unique_ptr<BatchScenario> BatchScenario::Make(const BatchScenarioSpec& spec
   }
   b.pool = s->pool_.data();
   b.pool_pages = total_pages;
+  const auto pool_view = TensorView<const Bf16, 3>::Create(std::span<const Bf16>(s->pool_),
+                                                           {total_pages, spec.page_size, dk});
+  s->fp8_pool_ = QuantizePagedCache(PagedKvCache{*pool_view}, kDl);
+  b.fp8_pool = {s->fp8_pool_.data(), total_pages, Fp8PageLayout{spec.page_size, kDl, kDr}};
 
   std::map<int, int> shared_pass;  // prefix level -> pass
   for (size_t g = 0; g < spec.groups.size(); ++g) {
     const auto& group = spec.groups[g];
     DecodeBatch::Group dg;
+    dg.kv_dtype = group.kv_dtype;
     dg.head_space = group.head_space;
     dg.sq = group.sq;
     dg.kv_b = group.head_space ? s->kv_b_.data() : nullptr;
@@ -264,6 +289,30 @@ std::vector<NamedScenario> StandardBatchScenarios() {
         {.head_space = true, .sq = 2, .prefix = -1, .own_tokens = {1500}, .out_bf16 = true}};
     all.push_back({"Mixed", s});
   }
+  return all;
+}
+
+std::vector<NamedScenario> Fp8BatchScenarios() {
+  std::vector<NamedScenario> all = StandardBatchScenarios();
+  for (NamedScenario& scenario : all) {
+    scenario.name += "Fp8";
+    scenario.spec.data_scale = 0.1;
+    for (auto& group : scenario.spec.groups) group.kv_dtype = KvDtype::kFp8;
+  }
+  // And one batch that holds both kinds of sequence.
+  BatchScenarioSpec mixed;
+  mixed.data_scale = 0.1;
+  mixed.prefixes = {{-1, 600}, {-1, 300}};
+  mixed.groups = {
+      {.head_space = true,
+       .sq = 1,
+       .prefix = 0,
+       .own_tokens = {5, 700},
+       .hybrid = true,
+       .kv_dtype = KvDtype::kFp8},
+      {.head_space = true, .sq = 1, .prefix = 1, .own_tokens = {40}, .hybrid = true},
+      {.head_space = false, .sq = 2, .prefix = -1, .own_tokens = {513}, .kv_dtype = KvDtype::kFp8}};
+  all.push_back({"MixedBf16AndFp8", mixed});
   return all;
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/core/kv_dtype.h"
 #include "kernels/core/random_fill.h"
 #include "kernels/core/up_projection.h"
 #include "kernels/mla/batch_step_builder.h"
@@ -32,6 +33,9 @@ struct BatchScenarioSpec {
     std::vector<int> own_tokens;  // per member: tokens after the prefix chain
     bool hybrid = false;          // naive passes over the prefix chain, absorb after it
     bool out_bf16 = false;
+    // fp8: its sequences are read from the FP8 copy of the pool, and its prefix levels'
+    // expanded K/V come from the dequantised rows (as the store expands an FP8 prefix).
+    KvDtype kv_dtype = KvDtype::kBf16;
   };
   int heads = 8;
   int page_size = 64;
@@ -40,6 +44,8 @@ struct BatchScenarioSpec {
   // Hybrid groups share one naive pass per prefix level (tree-aware) or take their own.
   bool shared_passes = true;
   int parallel_units = 1;
+  // Every latent row and query is drawn N(0, data_scale^2); 0.1 is FlashMLA's test recipe.
+  double data_scale = 1.0;
 };
 
 class BatchScenario {
@@ -58,6 +64,7 @@ class BatchScenario {
   DecodeBatch batch_;
   std::vector<Bf16> kv_b_;                                    // [heads][dn + dv][dl]
   std::vector<Bf16> pool_;                                    // [pages][page_size][dk]
+  std::vector<std::byte> fp8_pool_;                           // the same pages in FP8
   std::vector<std::vector<std::vector<int32_t>>> pages_;      // [group][member]
   std::vector<std::vector<std::vector<Bf16>>> queries_;       // [group][member]: q_nope | q_latent
   std::vector<std::vector<std::vector<Bf16>>> rope_queries_;  // [group][member]: q_pe
@@ -75,6 +82,10 @@ struct NamedScenario {
 // Parameterised tests name a scenario by its name (not its bytes) in their listings.
 inline void PrintTo(const NamedScenario& scenario, std::ostream* os) { *os << scenario.name; }
 std::vector<NamedScenario> StandardBatchScenarios();
+
+// The same batches with every group on the FP8 cache, at FlashMLA's data scale (0.1), where
+// SnapMLA's accuracy bounds are defined (docs/numerics.md, "FP8 accuracy").
+std::vector<NamedScenario> Fp8BatchScenarios();
 
 // Reads one answer of a run out of its buffers as fp32 (bf16 answers widened).
 struct AnswerValues {

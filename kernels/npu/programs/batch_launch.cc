@@ -98,6 +98,11 @@ absl::Status BatchLaunch::Lower(const BatchSteps& steps,
           rg.keys = PagedKeys{At(paged->pool), paged->page_size, paged->width,
                               std::vector<int32_t>(paged->pages.begin(), paged->pages.end()),
                               paged->first_token};
+        } else if (std::holds_alternative<Fp8PagedKeysRef>(g.keys)) {
+          return absl::UnimplementedError(absl::StrCat(
+              "attention step '", attention->name,
+              "': the emulated NPU has no kernel for the FP8 latent cache yet (the host device "
+              "runs it)"));
         } else {
           const auto& dense = std::get<DenseKeysRef>(g.keys);
           rg.keys = DenseKeys{At(dense.k), dense.ldk, At(dense.v), dense.ldv};

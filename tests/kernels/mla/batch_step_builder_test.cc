@@ -1,12 +1,14 @@
 #include "kernels/mla/batch_step_builder.h"
 
 #include <cmath>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/core/random_fill.h"
+#include "kernels/mla/fp8_accuracy.h"
 #include "kernels/mla/host_batch_runner.h"
 #include "kernels/mla/lse_combine.h"
 #include "tests/testing/attention_checks.h"
@@ -242,6 +244,47 @@ TEST_P(StandardBatchTest, HostRunnerMatchesTheGolden) {
 
 INSTANTIATE_TEST_SUITE_P(Batches, StandardBatchTest,
                          ::testing::ValuesIn(mlaserve::testing::StandardBatchScenarios()),
+                         [](const auto& param_info) { return param_info.param.name; });
+
+class Fp8BatchTest : public ::testing::TestWithParam<mlaserve::testing::NamedScenario> {};
+
+// The same batches on the FP8 cache (fp8 groups' absorb parts run SnapMLA over AMLA, their
+// naive passes read K/V expanded from the dequantised rows), against the fp64 golden of the
+// unquantised inputs: SnapMLA's bounds, per answer, in both output spaces, hybrid and
+// absorb-only, MTP, split-KV; bf16 groups in the mixed batch keep their own bounds.
+TEST_P(Fp8BatchTest, HostRunnerMeetsSnapMlaBoundsAgainstTheGolden) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  auto s = BatchScenario::Make(GetParam().spec, seed);
+  auto built = BuildBatchSteps(s->batch());
+  ASSERT_TRUE(built.ok()) << built.status();
+  HostBatchRunner runner(2);
+  auto buffers = runner.Run(built->steps);
+  ASSERT_TRUE(buffers.ok()) << buffers.status();
+  for (size_t g = 0; g < built->answers.size(); ++g) {
+    const bool fp8 = s->batch().groups[g].kv_dtype == KvDtype::kFp8;
+    for (size_t m = 0; m < built->answers[g].size(); ++m) {
+      const auto answer = mlaserve::testing::ReadAnswer(**buffers, built->answers[g][m]);
+      const GoldenOutput golden = s->Golden(static_cast<int>(g), static_cast<int>(m));
+      if (!fp8) {
+        EXPECT_TRUE(mlaserve::testing::AllClose(answer.out, golden.out, kOutTolerance, true));
+        continue;
+      }
+      const AttentionErrors e = CompareWithGolden(answer.out, answer.lse, golden);
+      EXPECT_LE(e.rel_l2, 5e-2) << "group " << g << " member " << m;
+      EXPECT_LE(e.cos_dist, 1e-3) << "group " << g << " member " << m;
+      EXPECT_LE(e.lse_max_err, 2e-2) << "group " << g << " member " << m;
+      for (size_t i = 0; i < golden.lse.size(); ++i) {
+        if (std::isinf(golden.lse[i])) {
+          EXPECT_EQ(answer.lse[i], -INFINITY) << i;
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Batches, Fp8BatchTest,
+                         ::testing::ValuesIn(mlaserve::testing::Fp8BatchScenarios()),
                          [](const auto& param_info) { return param_info.param.name; });
 
 // Split-KV changes where each part's softmax starts, and so the bf16 rounding of P, but not

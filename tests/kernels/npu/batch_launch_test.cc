@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/mla/batch_step_builder.h"
 #include "kernels/mla/host_batch_runner.h"
@@ -128,6 +129,20 @@ TEST(BatchLaunchTest, ModelsABatchWithoutMemoryAndRefusesToExecuteOne) {
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(BatchLaunch::Create(*device, built->steps, {}, /*backed=*/true).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Until the NPU has a kernel for the FP8 cache, a batch that reads it is refused with a
+// status that says so, before any launch (the engine then fails the batch, never runs it
+// half); the host device runs it (kernels_mla_test's Fp8BatchTest).
+TEST(BatchLaunchTest, RefusesAnFp8BatchItHasNoKernelFor) {
+  const auto scenarios = mlaserve::testing::Fp8BatchScenarios();
+  auto s = BatchScenario::Make(scenarios[0].spec, 3);
+  auto built = BuildBatchSteps(s->batch());
+  ASSERT_TRUE(built.ok()) << built.status();
+  auto device = MakeDevice(1);
+  const auto launch = BatchLaunch::Create(*device, built->steps, {}, /*backed=*/true);
+  EXPECT_EQ(launch.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(launch.status().message()), ::testing::HasSubstr("FP8"));
 }
 
 // Split-KV fills the device: a small batch's latent attention gets faster in modelled time
