@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/sgemm_baseline.h"
 #include "common/status_macros.h"
+#include "kernels/core/fp8_paged_kv_cache.h"
 #include "kernels/core/matmul.h"
 #include "kernels/core/random_fill.h"
 #include "kernels/npu/device.h"
@@ -21,11 +22,18 @@ namespace {
 constexpr int kDk = 576;
 constexpr int kDv = 512;
 
-absl::StatusOr<RescaleAlgorithm> ParseKernel(const std::string& name) {
-  if (name == "amla") return RescaleAlgorithm::kAmla;
-  if (name == "base") return RescaleAlgorithm::kBase;
+// A kernel and the cache it reads: snap is SnapMLA over AMLA on the FP8 cache.
+struct KernelChoice {
+  RescaleAlgorithm algorithm;
+  KvDtype kv_dtype;
+};
+
+absl::StatusOr<KernelChoice> ParseKernel(const std::string& name) {
+  if (name == "amla") return KernelChoice{RescaleAlgorithm::kAmla, KvDtype::kBf16};
+  if (name == "base") return KernelChoice{RescaleAlgorithm::kBase, KvDtype::kBf16};
+  if (name == "snap") return KernelChoice{RescaleAlgorithm::kAmla, KvDtype::kFp8};
   return absl::InvalidArgumentError(
-      absl::StrCat("--kernel: unknown kernel '", name, "' (amla, base)"));
+      absl::StrCat("--kernel: unknown kernel '", name, "' (amla, base, snap)"));
 }
 
 // A dense random batch: every request has `sk` cached tokens in its own run of pages.
@@ -79,9 +87,10 @@ absl::Status RunKernelCommand(const KernelCommandOptions& o, std::ostream& out) 
       Batch data;
       if (!o.model_only) data = MakeBatch(o.batch, sq, o.heads, sk, o.page_size);
       for (const std::string& name : o.kernels) {
-        ASSIGN_OR_RETURN(RescaleAlgorithm algorithm, ParseKernel(name));
+        ASSIGN_OR_RETURN(const KernelChoice kernel, ParseKernel(name));
+        const bool fp8 = kernel.kv_dtype == KvDtype::kFp8;
         const npu::AttentionDeviceKernelOptions options{
-            .algorithm = algorithm, .preload = o.preload, .amla = {}};
+            .algorithm = kernel.algorithm, .preload = o.preload, .amla = {}};
         npu::LaunchReport report;
         double sgemm_gflops = 0;
         if (o.model_only) {
@@ -93,7 +102,8 @@ absl::Status RunKernelCommand(const KernelCommandOptions& o, std::ostream& out) 
                                                       .dk = kDk,
                                                       .dv = kDv,
                                                       .page_size = o.page_size,
-                                                      .causal = true},
+                                                      .causal = true,
+                                                      .kv_dtype = kernel.kv_dtype},
                                                      options, units));
         } else {
           ASSIGN_OR_RETURN(
@@ -109,12 +119,21 @@ absl::Status RunKernelCommand(const KernelCommandOptions& o, std::ostream& out) 
                                             kDv,
                                             static_cast<float>(1.0 / std::sqrt(192.0)),
                                             true};
+          std::vector<std::byte> fp8_pages;
+          if (fp8) fp8_pages = QuantizePagedCache(problem.cache, kDv);
+          const Fp8LatentDecodeProblem fp8_problem{
+              q,
+              Fp8PagedKvCache{fp8_pages.data(), problem.cache.num_pages(),
+                              Fp8PageLayout{o.page_size, kDv, kDk - kDv}},
+              problem.seqs, problem.softmax_scale, true};
           // Shared machines are noisy: the kernel and the SGEMM baseline alternate, and each
           // keeps its best of `repeats` runs.
           double sgemm_best = 0;
           for (int r = 0; r < std::max(1, o.repeats); ++r) {
-            ASSIGN_OR_RETURN(auto result,
-                             npu::RunLatentDecodeOnDevice(*device, problem, options, units));
+            ASSIGN_OR_RETURN(
+                auto result,
+                fp8 ? npu::RunFp8LatentDecodeOnDevice(*device, fp8_problem, options, units)
+                    : npu::RunLatentDecodeOnDevice(*device, problem, options, units));
             if (r == 0 || *result.report.host_ms < *report.host_ms)
               report = std::move(result.report);
             sgemm_best = std::max(sgemm_best,

@@ -11,7 +11,7 @@ namespace mlaserve::bench {
 
 struct KernelCommandOptions {
   std::string profile = "ascend910";
-  std::vector<std::string> kernels = {"amla"};  // amla, base
+  std::vector<std::string> kernels = {"amla"};  // amla, base, snap (SnapMLA on the FP8 cache)
   int batch = 4;
   int heads = 128;
   std::vector<int> sq = {1};

@@ -27,7 +27,8 @@ ABSL_FLAG(int, seeds, 5, "accuracy: random draws per distribution");
 ABSL_FLAG(std::string, profile, "",
           "device profile name or path (default: ascend910 for kernel and typhoon, the engine's "
           "ascend910-die for service)");
-ABSL_FLAG(std::vector<std::string>, kernel, {"amla"}, "kernel: amla and/or base (comma-separated)");
+ABSL_FLAG(std::vector<std::string>, kernel, {"amla"},
+          "kernel: amla, base and/or snap (SnapMLA over AMLA on the FP8 cache), comma-separated");
 ABSL_FLAG(
     std::vector<std::string>, batch, {},
     "kernel: requests in the batch (default 4); typhoon: batch sizes (comma-separated, default "

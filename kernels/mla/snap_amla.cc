@@ -25,6 +25,17 @@ float PowerOfTwo(int32_t e) { return std::ldexp(1.0f, e); }
 
 }  // namespace
 
+void ScaleAndMaskFp8Scores(std::span<const int32_t> visible, int begin, int count,
+                           const float* row_factor, const float* key_scales, float* s,
+                           int64_t lds) {
+  for (size_t i = 0; i < visible.size(); ++i) {
+    float* row = s + static_cast<int64_t>(i) * lds;
+    const int seen = std::clamp(visible[i] - begin, 0, count);
+    for (int j = 0; j < seen; ++j) row[j] = (row[j] * row_factor[i]) * key_scales[j];
+    std::fill(row + seen, row + count, kNegInf);
+  }
+}
+
 int32_t Fp8ScaleExponent(float amax) {
   int e = 0;
   const float fraction = std::frexp(amax, &e);  // amax = fraction * 2^e, fraction in [0.5, 1)
@@ -32,28 +43,38 @@ int32_t Fp8ScaleExponent(float amax) {
   return fraction <= 0.875f ? e - 9 : e - 8;
 }
 
-int32_t SnapAmlaSoftmaxStep(float* row, const float* key_scales, int count, float* weights,
+Fp8KeyBlock MakeFp8KeyBlock(const float* scales, int count, float* inverse_scales) {
+  float max_scale = 0.0f;
+  for (int j = 0; j < count; ++j) {
+    inverse_scales[j] = 1.0f / scales[j];
+    max_scale = std::max(max_scale, scales[j]);
+  }
+  return {scales, inverse_scales, max_scale};
+}
+
+int32_t SnapAmlaSoftmaxStep(float* row, const Fp8KeyBlock& keys, int count, float* weights,
                             SnapAmlaRowState& state) {
   const bool was_started = state.amla.started;
   const std::optional<AmlaRescale> rescale = AmlaAdvanceRow(row, count, {}, state.amla);
   if (!rescale.has_value()) return 0;
 
+  // p <= 1, so x_j = (p_j S16) sk_j <= S16 max_k sk_k: P's exponent comes from that bound,
+  // no per-row maximum needed, and never below the floor that keeps the accumulator from
+  // growing (see the header).
   const float s16 = state.amla.s16;
-  float amax = 0.0f;
-  for (int j = 0; j < count; ++j) {
-    row[j] = (row[j] * s16) * key_scales[j];
-    amax = std::max(amax, row[j]);
-  }
-  // The lowest exponent that keeps the accumulator from growing (see the header).
+  const float bound = s16 * keys.max_scale;
   const int32_t floor = was_started ? state.p_exponent + rescale->exponent_shift
                                     : std::numeric_limits<int32_t>::min();
   const int32_t exponent =
-      amax > 0.0f ? std::max(Fp8ScaleExponent(amax), floor) : (was_started ? floor : 0);
-  const float unscale = PowerOfTwo(-exponent);
-  for (int j = 0; j < count; ++j) row[j] = Fp8E4m3::FromFloat(row[j] * unscale).ToFloat();
+      bound > 0.0f ? std::max(Fp8ScaleExponent(bound), floor) : (was_started ? floor : 0);
+  // S16 * 2^-e is exact, so this is (p S16) sk 2^-e with one multiplication fewer.
+  const float factor = s16 * PowerOfTwo(-exponent);
+  for (int j = 0; j < count; ++j) {
+    row[j] = Fp8E4m3::FromFloat((row[j] * factor) * keys.scales[j]).ToFloat();
+  }
 
   // The weights the quantised P gives each value row, in the accumulator's units.
-  for (int j = 0; j < count; ++j) weights[j] = row[j] / key_scales[j];
+  for (int j = 0; j < count; ++j) weights[j] = row[j] * keys.inverse_scales[j];
   const float block_weight = RowSum(weights, count);
 
   int32_t delta = 0;
@@ -117,6 +138,7 @@ void SnapAmlaRows(const QueryRows& rows, const Fp8SequenceKeys& keys, float soft
   // the values are the same rows' first dl columns.
   std::vector<Bf16> block_keys(static_cast<size_t>(kKvBlockTokens) * dk);
   std::vector<float> key_scales(kKvBlockTokens);
+  std::vector<float> inverse_scales(kKvBlockTokens);
   std::vector<const Bf16*> key_rows(kKvBlockTokens);
   for (int t = 0; t < kKvBlockTokens; ++t) key_rows[t] = block_keys.data() + t * dk;
 
@@ -133,12 +155,12 @@ void SnapAmlaRows(const QueryRows& rows, const Fp8SequenceKeys& keys, float soft
     keys.Widen(begin, count, block_keys.data(), dk, key_scales.data());
     MatmulBf16Rows(/*b_transposed=*/true, g, count, dk, q.data(), dk, key_rows.data(), s.data(),
                    kKvBlockTokens, /*accumulate=*/false, kQkDepthChunk);
+    ScaleAndMaskFp8Scores(rows.visible, begin, count, row_factor.data(), key_scales.data(),
+                          s.data(), kKvBlockTokens);
+    const Fp8KeyBlock key_block = MakeFp8KeyBlock(key_scales.data(), count, inverse_scales.data());
     for (int i = 0; i < g; ++i) {
       float* row = s.data() + static_cast<int64_t>(i) * kKvBlockTokens;
-      const int visible = std::clamp(rows.visible[i] - begin, 0, count);
-      for (int j = 0; j < visible; ++j) row[j] = (row[j] * row_factor[i]) * key_scales[j];
-      std::fill(row + visible, row + count, kNegInf);
-      delta[i] = SnapAmlaSoftmaxStep(row, key_scales.data(), count, weights.data(), state[i]);
+      delta[i] = SnapAmlaSoftmaxStep(row, key_block, count, weights.data(), state[i]);
       NarrowToBf16(row, count, p8.data() + static_cast<int64_t>(i) * count);  // exact: fp8 values
     }
     MatmulBf16Rows(/*b_transposed=*/false, g, dl, count, p8.data(), count, key_rows.data(),

@@ -25,9 +25,9 @@ namespace mlaserve {
 //   [V1]   s_ij = (raw_ij * f_i) * sk_j          both scales at once: the RoPE part was
 //          stored divided by sk_j and the query's by sq_i (Eq. 6), masked keys -inf
 //          p_ij = exp(s_ij - m_i), l_i, n_i, S16_i exactly as AMLA (kernels/mla/amla.h)
-//          x_ij = (p_ij * S16_i) * sk_j          the V scale folded into P (V = sk_j * k8_j)
-//          P8_ij = e4m3(x_ij * 2^-e_i)           P quantised per row and block
-//          w_i   = w_i (rescaled like acc_i) + sum_j P8_ij / sk_j   the weights P8 gives
+//          P8_ij = e4m3((p_ij * (S16_i * 2^-e_i)) * sk_j)   the V scale folded into P
+//                  (V = sk_j * k8_j), P quantised per row and block
+//          w_i   = w_i (rescaled like acc_i) + sum_j P8_ij * (1 / sk_j)   the weights P8 gives
 //   [C2]   acc_i = acc_i (rescaled by an int32 add on its bits) + P8_i . V8   (fp32)
 //   [V]    out_i = acc_i / w_i,  lse_i = m_i + ln l_i
 //
@@ -40,7 +40,8 @@ namespace mlaserve {
 // The P scale is a power of two, 2^e_i, so that it joins AMLA's integer-add rescale: the
 // accumulator holds O * S16 * 2^-e, and between blocks its bits get
 //     delta = (max(n_i - n_{i-1}, -30) - (e_i - e_{i-1})) * 2^23 + AMLA's mantissa fix.
-// e_i is the smallest exponent with max_j x_ij <= 448 * 2^e_i (P never saturates), but never
+// e_i is the smallest exponent with S16_i * max_j sk_j <= 448 * 2^e_i, a bound of every
+// (p S16) sk_j since p <= 1 (P never saturates, and no per-row maximum is needed), but never
 // below e_{i-1} + max(n_i - n_{i-1}, -30), so the shift is never positive and the accumulator
 // never grows past what the running max allows (a block far below the running max loses the
 // fp8 codes below 2^-9 of that max, as it would against a per-tensor P scale). A shift under
@@ -53,16 +54,30 @@ struct SnapAmlaRowState {
   float weight_sum = 0.0f;  // w_i, in the accumulator's units
 };
 
+// A block's key scales as [V1] reads them, worked out once for all its rows.
+struct Fp8KeyBlock {
+  const float* scales = nullptr;          // sk_j
+  const float* inverse_scales = nullptr;  // 1 / sk_j (fp32 division)
+  float max_scale = 0.0f;                 // max_j sk_j
+};
+Fp8KeyBlock MakeFp8KeyBlock(const float* scales, int count, float* inverse_scales);
+
 // [V1] for one row of one block: `row` holds scaled, masked scores on entry and the fp8 P
-// values (as floats) on exit; `key_scales` are the block's per-token scales sk_j; `weights`
-// is scratch for `count` floats. Returns the int32 delta for the accumulator (0 on the row's
-// first block, which writes instead); w is rescaled and advanced here.
-int32_t SnapAmlaSoftmaxStep(float* row, const float* key_scales, int count, float* weights,
+// values (as floats) on exit; `weights` is scratch for `count` floats. Returns the int32
+// delta for the accumulator (0 on the row's first block, which writes instead); w is
+// rescaled and advanced here.
+int32_t SnapAmlaSoftmaxStep(float* row, const Fp8KeyBlock& keys, int count, float* weights,
                             SnapAmlaRowState& state);
 
 // [V]: out = acc / w and lse = m + ln l; zeros and -inf for an empty row.
 void SnapAmlaFinalizeRow(const float* acc, int dv, const SnapAmlaRowState& state, float* out,
                          float* lse);
+
+// [V1]'s first half for FP8 keys, on the raw products [C1] left in `s` (row i of `rows`
+// rows, lds apart, keys [begin, begin + count) of the row group): s = (raw * f_i) * sk_j for
+// the keys row i sees, -inf for the others. `key_scales` are the block's sk_j.
+void ScaleAndMaskFp8Scores(std::span<const int32_t> visible, int begin, int count,
+                           const float* row_factor, const float* key_scales, float* s, int64_t lds);
 
 // The smallest e with amax <= 448 * 2^e, for amax > 0.
 int32_t Fp8ScaleExponent(float amax);

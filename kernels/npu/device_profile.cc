@@ -40,6 +40,7 @@ const std::vector<Field>& Fields() {
       Member("cube_cores", &P::cube_cores, 1, 4096),
       Member("vector_cores_per_cube", &P::vector_cores_per_cube, 2, 2),
       Member("cube_macs_per_cycle", &P::cube_macs_per_cycle, 1, 1 << 20),
+      Member("cube_fp8_macs_per_cycle", &P::cube_fp8_macs_per_cycle, 0, 1 << 21),
       Member("mmad_head_cycles", &P::mmad_head_cycles, 0, 1e6),
       Member("hbm_bytes", &P::hbm_bytes, 1 << 20, kBig),
       Member("hbm_bytes_per_cycle", &P::hbm_bytes_per_cycle, 1, 1e7),

@@ -22,6 +22,9 @@ struct DeviceProfile {
   int cube_cores = 0;
   int vector_cores_per_cube = 0;
   int64_t cube_macs_per_cycle = 0;
+  // The cube's rate on e4m3 operands, 0 when it has none (the Ascend 910: FP8 data must then
+  // be widened to bf16 by the vector cores first).
+  int64_t cube_fp8_macs_per_cycle = 0;
   int64_t mmad_head_cycles = 0;
 
   int64_t hbm_bytes = 0;
@@ -76,6 +79,7 @@ struct DeviceProfile {
   std::map<std::string, std::string> origins;
 
   int vector_cores() const { return cube_cores * vector_cores_per_cube; }
+  bool HasFp8Matrix() const { return cube_fp8_macs_per_cycle > 0; }
   // Peak matrix rate in FLOP/s (a MAC is two FLOPs).
   double PeakFlops() const { return 2.0 * cube_cores * cube_macs_per_cycle * clock_ghz * 1e9; }
   double HbmBytesPerSecond() const { return hbm_bytes_per_cycle * clock_ghz * 1e9; }

@@ -210,12 +210,20 @@ void CoreRecorder::LoadL0(Space dst, int64_t bytes, Payload payload, const char*
          std::move(payload), label);
 }
 
-void CoreRecorder::Mmad(int m, int n, int k, Payload payload, const char* label) {
+void CoreRecorder::Mmad(int m, int n, int k, Payload payload, const char* label, int fp8_k) {
   if (!CheckPipe(Pipe::kM, "Mmad")) return;
   const DeviceProfile& p = program_->profile();
-  // One 16x16x16 fractal is 4096 MACs; a part with another MAC rate scales the count.
-  const int64_t fractals = CeilDiv(m, 16) * CeilDiv(n, 16) * CeilDiv(k, 16);
-  const int64_t cycles = CeilDiv(fractals * 4096, p.cube_macs_per_cycle);
+  if (fp8_k < 0 || fp8_k > k || (fp8_k > 0 && !p.HasFp8Matrix())) {
+    program_->Fail(absl::InvalidArgumentError(
+        absl::StrCat(CoreName(*program_, core_id_), ": an FP8 MMAD (", fp8_k, " of ", k,
+                     " deep) on a part without an FP8 matrix rate")));
+    return;
+  }
+  // One 16x16x16 fractal is 4096 MACs; a part with another MAC rate scales the count. An
+  // e4m3 fractal is 16x32x16 (8192 MACs) at the FP8 rate.
+  const int64_t tiles = CeilDiv(m, 16) * CeilDiv(n, 16);
+  int64_t cycles = CeilDiv(tiles * CeilDiv(k - fp8_k, 16) * 4096, p.cube_macs_per_cycle);
+  if (fp8_k > 0) cycles += CeilDiv(tiles * CeilDiv(fp8_k, 32) * 8192, p.cube_fp8_macs_per_cycle);
   Record(Pipe::kM, OpKind::kMmad, cycles, p.mmad_head_cycles, std::move(payload), label);
   program_->CountMmad(m, n, k);
 }

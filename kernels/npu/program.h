@@ -186,8 +186,10 @@ class CoreRecorder {
   void WriteGm(const GmRegion& dst, AtomicMode atomic, Payload payload, const char* label);
   // MTE1: stage a tile of `bytes` (bf16 on the device) from L1 into L0A or L0B.
   void LoadL0(Space dst, int64_t bytes, Payload payload, const char* label);
-  // M: C[m][n] (+)= A[m][k] B[k][n] on the cube, in 16x16x16 fractals.
-  void Mmad(int m, int n, int k, Payload payload, const char* label);
+  // M: C[m][n] (+)= A[m][k] B[k][n] on the cube, in 16x16x16 fractals; the first `fp8_k` of
+  // the k depth are e4m3 operands, multiplied at the FP8 rate in 16x32x16 fractals (only on a
+  // part that has one).
+  void Mmad(int m, int n, int k, Payload payload, const char* label, int fp8_k = 0);
   // V: a sequence of vector API calls costed together, with one host payload.
   void Vector(std::initializer_list<VecOp> ops, Payload payload, const char* label);
 

@@ -36,14 +36,44 @@ absl::StatusOr<AttentionWorkspace> AllocateAttentionWorkspace(
     if (!acc.ok()) return release_on_error(acc.status());
     ws.acc.push_back(*acc);
   }
+  if (!workload.HasFp8()) return ws;
+  for (const RowGroup& group : workload.groups) {
+    const auto* fp8 = std::get_if<Fp8Keys>(&group.keys);
+    if (fp8 == nullptr) {
+      ws.q_prep.emplace_back();
+      ws.q_factor.emplace_back();
+      continue;
+    }
+    const int64_t rows = std::max(group.rows, 1);
+    const int64_t row_bytes =
+        options.fp8_matrix ? AttentionWorkspace::Fp8QueryRowBytes(fp8->layout.dl, fp8->layout.dr)
+                           : int64_t{workload.dk} * 2;
+    absl::StatusOr<GmBuffer> q = allocate(rows * row_bytes, "FP8 queries");
+    if (!q.ok()) return release_on_error(q.status());
+    ws.q_prep.push_back(*q);
+    absl::StatusOr<GmBuffer> f = allocate(rows * 4, "FP8 query factors");
+    if (!f.ok()) return release_on_error(f.status());
+    ws.q_factor.push_back(*f);
+  }
+  if (!options.fp8_matrix) {
+    ws.key_slots = options.preload + 2;
+    absl::StatusOr<GmBuffer> keys =
+        allocate(int64_t{blocks} * ws.key_slots * kKvBlockTokens * workload.dk * 2, "widened keys");
+    if (!keys.ok()) return release_on_error(keys.status());
+    ws.keys = *keys;
+  }
   return ws;
 }
 
 void ReleaseAttentionWorkspace(GlobalMemory& gm, const AttentionWorkspace& ws) {
-  for (const GmBuffer& b : {ws.scores, ws.probs, ws.partial}) {
+  for (const GmBuffer& b : {ws.scores, ws.probs, ws.partial, ws.keys}) {
     if (b.bytes > 0) gm.Release(b);
   }
-  for (const GmBuffer& b : ws.acc) gm.Release(b);
+  for (const std::vector<GmBuffer>* list : {&ws.acc, &ws.q_prep, &ws.q_factor}) {
+    for (const GmBuffer& b : *list) {
+      if (b.bytes > 0) gm.Release(b);
+    }
+  }
 }
 
 AttentionDeviceKernel::AttentionDeviceKernel(const AttentionWorkload& workload,

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/core/tiling.h"
 #include "kernels/mla/amla.h"
 #include "kernels/mla/rescale_algorithm.h"
 #include "kernels/npu/device_kernel.h"
@@ -24,6 +25,10 @@ struct AttentionDeviceKernelOptions {
   // 2 is the paper's pipeline; 0 serialises cube and vector stages.
   int preload = 2;
   AmlaOptions amla{};
+  // The device's cube multiplies e4m3 operands (DeviceProfile::HasFp8Matrix). FP8 groups then
+  // feed it the cache's bytes, P in e4m3 and the queries' fp8 content; without it the AIVs
+  // widen each block of keys to bf16 in a workspace the cube reads, and P stays bf16.
+  bool fp8_matrix = false;
 };
 
 // Global-memory scratch of one launch, beside its inputs and outputs.
@@ -33,7 +38,21 @@ struct AttentionWorkspace {
   GmBuffer probs;             // [blocks][slots][256][512] bf16: [V1] -> [C2]
   GmBuffer partial;           // Base only: [blocks][slots][256][dv] fp32, [C2] -> [V2]
   std::vector<GmBuffer> acc;  // per row group: [rows][dv] fp32 output accumulator
+  // FP8 launches only. Per row group: its queries as [C1] multiplies them (q_prep: [rows][dk]
+  // bf16, or [rows] x (dl e4m3 bytes + dr bf16) on an FP8 cube) and their factors f_i
+  // (q_factor: [rows] fp32); written by the AIVs before the group's first [C1].
+  std::vector<GmBuffer> q_prep;
+  std::vector<GmBuffer> q_factor;
+  // Without an FP8 cube: [blocks][key_slots][512][dk] bf16, each task's keys widened by the
+  // AIVs, key_slots = preload + 2 tasks in flight.
+  GmBuffer keys;
+  int key_slots = 0;
 
+  static constexpr int64_t Fp8QueryRowBytes(int dl, int dr) { return dl + 2 * int64_t{dr}; }
+  GmBuffer KeySlot(int block, int slot, int dk) const {
+    const int64_t slot_bytes = int64_t{kKvBlockTokens} * dk * 2;
+    return keys.Slice((static_cast<int64_t>(block) * key_slots + slot) * slot_bytes, slot_bytes);
+  }
   // One block's slot of a [blocks][slots][256][row] workspace (`row_bytes` per row): the
   // layout the AIC and its AIVs must agree on.
   GmBuffer SlotRows(const GmBuffer& workspace, int block, int slot, int64_t row_bytes) const {
@@ -59,12 +78,15 @@ void ReleaseAttentionWorkspace(GlobalMemory& gm, const AttentionWorkspace& works
 //   kFlagPvDone       AIC -> AIV   P V of task t is in GM          ([C2] -> rescale/final)
 //   kFlagRescaleDone  AIV -> AIC   AMLA: O rescaled for task t, C2(t) may add into it;
 //                                  Base: [V2] of task t done, its P V slot is free
+//   kFlagKeysReady    AIV -> AIC   FP8 launches: task t's queries (on its group's first
+//                                  task) and, without an FP8 cube, its widened keys are in GM
 class AttentionDeviceKernel final : public DeviceKernel {
  public:
   static constexpr int kFlagScoresReady = 1;
   static constexpr int kFlagProbsReady = 2;
   static constexpr int kFlagPvDone = 3;
   static constexpr int kFlagRescaleDone = 4;
+  static constexpr int kFlagKeysReady = 5;
 
   AttentionDeviceKernel(const AttentionWorkload& workload,
                         std::vector<std::vector<AttentionTask>> schedule,

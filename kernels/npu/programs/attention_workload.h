@@ -6,6 +6,7 @@
 #include <variant>
 #include <vector>
 
+#include "kernels/core/fp8_paged_kv_cache.h"
 #include "kernels/npu/global_memory.h"
 
 namespace mlaserve::npu {
@@ -23,6 +24,16 @@ struct PagedKeys {
   int first_token = 0;         // key 0 of the group is this token of the pages (a suffix)
 };
 
+// Keys of a latent group in the FP8 cache (kernels/core/fp8_paged_kv_cache.h): one
+// request's pages of the pool, token 0 of the group at `first_token`. Values are the keys'
+// e4m3 content. Such a group runs SnapMLA over AMLA (kernels/mla/snap_amla.h).
+struct Fp8Keys {
+  GmBuffer pool;  // pages of layout.page_bytes() bytes
+  Fp8PageLayout layout;
+  std::vector<int32_t> pages;
+  int first_token = 0;
+};
+
 // Keys of a naive-form group: one head of an expanded K/V, dense rows.
 struct DenseKeys {
   GmBuffer k;  // [length][ldk] bf16, the first dk columns used
@@ -36,7 +47,7 @@ struct RowGroup {
   GmBuffer q;  // [rows][dk] bf16
   int rows = 0;
   std::vector<int32_t> visible;  // row i sees keys [0, visible[i])
-  std::variant<PagedKeys, DenseKeys> keys;
+  std::variant<PagedKeys, Fp8Keys, DenseKeys> keys;
   GmBuffer out;            // normalised rows, `out_stride` elements apart
   GmBuffer lse;            // fp32, natural log, `lse_stride` elements apart
   int64_t out_stride = 0;  // 0: dv (dense rows)
@@ -52,7 +63,13 @@ struct AttentionWorkload {
   int dk = 0;
   int dv = 0;
   float softmax_scale = 0;
+  bool fp8_quantize_queries = true;  // SnapAmlaOptions, for Fp8Keys groups
   std::vector<RowGroup> groups;
+
+  bool HasFp8() const {
+    return std::any_of(groups.begin(), groups.end(),
+                       [](const RowGroup& g) { return std::holds_alternative<Fp8Keys>(g.keys); });
+  }
 };
 
 }  // namespace mlaserve::npu

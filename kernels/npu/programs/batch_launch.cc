@@ -98,11 +98,10 @@ absl::Status BatchLaunch::Lower(const BatchSteps& steps,
           rg.keys = PagedKeys{At(paged->pool), paged->page_size, paged->width,
                               std::vector<int32_t>(paged->pages.begin(), paged->pages.end()),
                               paged->first_token};
-        } else if (std::holds_alternative<Fp8PagedKeysRef>(g.keys)) {
-          return absl::UnimplementedError(absl::StrCat(
-              "attention step '", attention->name,
-              "': the emulated NPU has no kernel for the FP8 latent cache yet (the host device "
-              "runs it)"));
+        } else if (const auto* fp8 = std::get_if<Fp8PagedKeysRef>(&g.keys)) {
+          rg.keys =
+              Fp8Keys{At(fp8->pool), fp8->layout,
+                      std::vector<int32_t>(fp8->pages.begin(), fp8->pages.end()), fp8->first_token};
         } else {
           const auto& dense = std::get<DenseKeysRef>(g.keys);
           rg.keys = DenseKeys{At(dense.k), dense.ldk, At(dense.v), dense.ldv};
@@ -114,10 +113,22 @@ absl::Status BatchLaunch::Lower(const BatchSteps& steps,
         rg.lse_stride = g.lse_stride;
         w.groups.push_back(std::move(rg));
       }
-      auto schedule = ScheduleAttention(w, max_blocks);
-      if (schedule.empty()) continue;  // no row sees a key: the destinations' fill stands
+      w.fp8_quantize_queries = attention->fp8_quantize_queries;
       AttentionDeviceKernelOptions kernel_options = options;
       kernel_options.algorithm = attention->algorithm;
+      kernel_options.fp8_matrix = device_.profile().HasFp8Matrix();
+      if (w.HasFp8() && attention->algorithm != RescaleAlgorithm::kAmla) {
+        return absl::UnimplementedError(absl::StrCat(
+            "attention step '", attention->name,
+            "': FP8 keys run SnapMLA over AMLA; the emulated NPU has no Base kernel for them"));
+      }
+      if (w.HasFp8() && kernel_options.fp8_matrix && !w.fp8_quantize_queries) {
+        return absl::UnimplementedError(absl::StrCat(
+            "attention step '", attention->name,
+            "': an FP8 cube multiplies e4m3 queries; bf16 queries need a part without one"));
+      }
+      auto schedule = ScheduleAttention(w, max_blocks);
+      if (schedule.empty()) continue;  // no row sees a key: the destinations' fill stands
       ASSIGN_OR_RETURN(launch->workspace, AllocateAttentionWorkspace(
                                               device_.gm(), w, static_cast<int>(schedule.size()),
                                               kernel_options, backed_));

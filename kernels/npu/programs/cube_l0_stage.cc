@@ -1,6 +1,7 @@
 #include "kernels/npu/programs/cube_l0_stage.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "common/status_macros.h"
 #include "kernels/core/matmul.h"
@@ -31,10 +32,13 @@ int CubeL0Stage::AcquireTile() { return l0c_->Acquire(); }
 
 void CubeL0Stage::Multiply(int m, int n, int k, const Operand& a, const char* a_label,
                            const Operand& b, const char* b_label, bool b_transposed, int t,
-                           bool accumulate, const char* label) {
+                           bool accumulate, const char* label, int fp8_k) {
   const int l = l0_->Acquire();
-  aic_.LoadL0(Space::kL0A, static_cast<int64_t>(a.rows) * a.cols * 2, nullptr, a_label);
-  aic_.LoadL0(Space::kL0B, static_cast<int64_t>(b.rows) * b.cols * 2, nullptr, b_label);
+  // Bytes of a depth-k operand with `width` rows (A) or columns (B) once its first fp8_k
+  // depth elements are one byte each.
+  const auto bytes = [&](int64_t width) { return width * (int64_t{fp8_k} + 2 * (k - fp8_k)); };
+  aic_.LoadL0(Space::kL0A, bytes(m), nullptr, a_label);
+  aic_.LoadL0(Space::kL0B, bytes(n), nullptr, b_label);
   l0_->Publish(l);
   l0_->Consume(l);
   Payload multiply;
@@ -51,7 +55,7 @@ void CubeL0Stage::Multiply(int m, int n, int k, const Operand& a, const char* a_
       }
     };
   }
-  aic_.Mmad(m, n, k, std::move(multiply), label);
+  aic_.Mmad(m, n, k, std::move(multiply), label, fp8_k);
   l0_->Release(l);
 }
 
@@ -75,6 +79,25 @@ void CopyRowsToL1(const Bf16* src, int64_t stride, int rows, int width, int bloc
     Bf16* out = dst + static_cast<int64_t>(c0) * buffer_rows + static_cast<int64_t>(row0) * bw;
     for (int r = 0; r < rows; ++r)
       std::copy_n(src + r * stride + c0, bw, out + static_cast<int64_t>(r) * bw);
+  }
+}
+
+void WidenFp8RowsToL1(const std::byte* content, int64_t content_stride, const std::byte* rope,
+                      int64_t rope_stride, int dl, int rows, int col0, int width, int block,
+                      Bf16* dst, int buffer_rows, int row0) {
+  std::vector<Bf16> row(width);
+  const int content_cols = std::clamp(dl - col0, 0, width);
+  for (int r = 0; r < rows; ++r) {
+    if (content_cols > 0) {
+      WidenFp8ToBf16(reinterpret_cast<const Fp8E4m3*>(content + r * content_stride) + col0,
+                     content_cols, row.data());
+    }
+    if (content_cols < width) {
+      const Bf16* rope_row = reinterpret_cast<const Bf16*>(rope + r * rope_stride);
+      std::copy_n(rope_row + (col0 + content_cols - dl), width - content_cols,
+                  row.data() + content_cols);
+    }
+    CopyRowsToL1(row.data(), width, 1, width, block, dst, buffer_rows, row0 + r);
   }
 }
 

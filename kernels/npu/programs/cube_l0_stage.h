@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/core/bfloat16.h"
+#include "kernels/core/float8_e4m3.h"
 #include "kernels/npu/program.h"
 #include "kernels/npu/programs/slot_ring.h"
 
@@ -39,10 +40,12 @@ class CubeL0Stage {
   int AcquireTile();
   float* tile(int t) const { return l0c_->slot(t).as<float>(); }
 
-  // C(tile) (+)= A . B, A given [m][k] and B [k][n], or A . B^T with B given [n][k].
+  // C(tile) (+)= A . B, A given [m][k] and B [k][n], or A . B^T with B given [n][k]. The
+  // first `fp8_k` of the depth are e4m3 on the device (1-byte L0 operands, the FP8 rate); the
+  // host holds them widened to bf16, which multiplies to the same bits.
   void Multiply(int m, int n, int k, const Operand& a, const char* a_label, const Operand& b,
                 const char* b_label, bool b_transposed, int tile, bool accumulate,
-                const char* label);
+                const char* label, int fp8_k = 0);
 
   // Hands a finished tile to FIX, which writes it with `write` into `dst`, then frees it.
   void Flush(int tile, const GmRegion& dst, AtomicMode atomic, Payload write, const char* label);
@@ -63,6 +66,15 @@ class CubeL0Stage {
 // b * buffer_rows * block. The rows land at rows [row0, row0 + rows) of the buffer.
 void CopyRowsToL1(const Bf16* src, int64_t stride, int rows, int width, int block, Bf16* dst,
                   int buffer_rows, int row0);
+
+// The same for rows in the FP8 form (kernels/core/fp8_latent_row.h): columns
+// [col0, col0 + width) of `rows` rows whose first `dl` columns are e4m3 bytes (row r's at
+// content + r * content_stride) and the rest bf16 (row r's at rope + r * rope_stride bytes),
+// widened to bf16 (exact) as they land. The host's L1 holds operands widened; the device's
+// would hold the bytes, which multiply to the same values.
+void WidenFp8RowsToL1(const std::byte* content, int64_t content_stride, const std::byte* rope,
+                      int64_t rope_stride, int dl, int rows, int col0, int width, int block,
+                      Bf16* dst, int buffer_rows, int row0);
 
 // Block b of such a buffer.
 inline const Bf16* L1Block(const Bf16* buffer, int buffer_rows, int block, int b) {

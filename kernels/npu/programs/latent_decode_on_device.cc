@@ -48,6 +48,34 @@ absl::StatusOr<std::unique_ptr<LatentDecodeLaunch>> LatentDecodeLaunch::Prepare(
   return l;
 }
 
+absl::StatusOr<std::unique_ptr<LatentDecodeLaunch>> LatentDecodeLaunch::PrepareFp8(
+    Device& device, const Fp8LatentDecodeProblem& p, const AttentionDeviceKernelOptions& options,
+    int parallel_units) {
+  const Fp8PageLayout& layout = p.cache.layout;
+  RETURN_IF_ERROR(ValidateFp8PagedDecode(p.softmax_scale, p.batch(), p.cache, p.seqs));
+  if (p.dk() != layout.dl + layout.dr || p.q.stride(3) != 1 || p.q.stride(2) != p.dk() ||
+      p.q.stride(1) != int64_t{p.heads()} * p.dk()) {
+    return absl::InvalidArgumentError(
+        "the device reads q as [b][sq][h][dl + dr] over the cache's dl + dr");
+  }
+  DecodeBatch batch;
+  batch.dims = LatentDims(p.heads(), p.dk(), layout.dl, p.softmax_scale);
+  batch.fp8_pool = {p.cache.base, p.cache.num_pages, layout};
+  batch.parallel_units = parallel_units;
+  std::unique_ptr<LatentDecodeLaunch> l(new LatentDecodeLaunch());
+  std::vector<const Bf16*> queries;
+  for (int b = 0; b < p.batch(); ++b) {
+    std::vector<int32_t>& table =
+        l->pages_.emplace_back((p.seqs.seqlens[b] + layout.page_size - 1) / layout.page_size);
+    for (size_t j = 0; j < table.size(); ++j)
+      table[j] = p.seqs.block_table(b, static_cast<int64_t>(j));
+    queries.push_back(p.q.row(b, 0, 0));
+  }
+  RETURN_IF_ERROR(l->Lower(device, std::move(batch), p.sq(), p.causal, p.seqs.seqlens, queries,
+                           options, /*backed=*/true, KvDtype::kFp8));
+  return l;
+}
+
 absl::StatusOr<std::unique_ptr<LatentDecodeLaunch>> LatentDecodeLaunch::PrepareModel(
     Device& device, const LatentDecodeShape& shape, const AttentionDeviceKernelOptions& options,
     int parallel_units) {
@@ -68,17 +96,21 @@ absl::StatusOr<std::unique_ptr<LatentDecodeLaunch>> LatentDecodeLaunch::PrepareM
     for (int32_t& page : table) page = next_page++;
   }
   batch.pool_pages = std::max(next_page, 1);
+  batch.fp8_pool = {nullptr, batch.pool_pages,
+                    Fp8PageLayout{shape.page_size, shape.dv, shape.dk - shape.dv}};
   const std::vector<const Bf16*> queries(shape.seqlens.size(), nullptr);
   RETURN_IF_ERROR(l->Lower(device, std::move(batch), shape.sq, shape.causal, shape.seqlens, queries,
-                           options, /*backed=*/false));
+                           options, /*backed=*/false, shape.kv_dtype));
   return l;
 }
 
 absl::Status LatentDecodeLaunch::Lower(Device& device, DecodeBatch batch, int sq, bool causal,
                                        std::span<const int32_t> lengths,
                                        std::span<const Bf16* const> queries,
-                                       const AttentionDeviceKernelOptions& options, bool backed) {
+                                       const AttentionDeviceKernelOptions& options, bool backed,
+                                       KvDtype kv_dtype) {
   DecodeBatch::Group group;
+  group.kv_dtype = kv_dtype;
   group.head_space = false;
   group.sq = sq;
   group.causal = causal;
@@ -116,6 +148,15 @@ absl::StatusOr<DeviceDecodeResult> RunLatentDecodeOnDevice(
     int parallel_units) {
   ASSIGN_OR_RETURN(auto launch,
                    LatentDecodeLaunch::Prepare(device, problem, options, parallel_units));
+  ASSIGN_OR_RETURN(BatchLaunchReport report, launch->launch().Run(ExecutionMode::kExecute));
+  return DeviceDecodeResult{launch->ReadOutput(), Summarize(report, device.profile())};
+}
+
+absl::StatusOr<DeviceDecodeResult> RunFp8LatentDecodeOnDevice(
+    Device& device, const Fp8LatentDecodeProblem& problem,
+    const AttentionDeviceKernelOptions& options, int parallel_units) {
+  ASSIGN_OR_RETURN(auto launch,
+                   LatentDecodeLaunch::PrepareFp8(device, problem, options, parallel_units));
   ASSIGN_OR_RETURN(BatchLaunchReport report, launch->launch().Run(ExecutionMode::kExecute));
   return DeviceDecodeResult{launch->ReadOutput(), Summarize(report, device.profile())};
 }

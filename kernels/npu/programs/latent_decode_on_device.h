@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/core/latent_decode.h"
 #include "kernels/mla/batch_step_builder.h"
+#include "kernels/mla/snap_amla.h"
 #include "kernels/npu/device.h"
 #include "kernels/npu/launch_report.h"
 #include "kernels/npu/programs/attention_device_kernel.h"
@@ -25,6 +26,7 @@ struct LatentDecodeShape {
   int dv = 512;
   int page_size = 128;
   bool causal = true;
+  KvDtype kv_dtype = KvDtype::kBf16;  // fp8: SnapMLA over AMLA on the FP8 cache
 };
 
 // A paged latent decode batch (FlashMLA's problem) on one emulated device, through the same
@@ -37,6 +39,10 @@ class LatentDecodeLaunch {
   // For execution: the queries staged, the pool mapped, outputs allocated.
   static absl::StatusOr<std::unique_ptr<LatentDecodeLaunch>> Prepare(
       Device& device, const LatentDecodeProblem& problem,
+      const AttentionDeviceKernelOptions& options, int parallel_units = 1);
+  // The same over the FP8 cache (SnapMLA over AMLA); outputs are dl wide.
+  static absl::StatusOr<std::unique_ptr<LatentDecodeLaunch>> PrepareFp8(
+      Device& device, const Fp8LatentDecodeProblem& problem,
       const AttentionDeviceKernelOptions& options, int parallel_units = 1);
   // For modelling only: addresses without host memory.
   static absl::StatusOr<std::unique_ptr<LatentDecodeLaunch>> PrepareModel(
@@ -55,7 +61,8 @@ class LatentDecodeLaunch {
   // only), lowered onto `device` with the batch's shape already in `batch`.
   absl::Status Lower(Device& device, DecodeBatch batch, int sq, bool causal,
                      std::span<const int32_t> lengths, std::span<const Bf16* const> queries,
-                     const AttentionDeviceKernelOptions& options, bool backed);
+                     const AttentionDeviceKernelOptions& options, bool backed,
+                     KvDtype kv_dtype = KvDtype::kBf16);
 
   LatentDecodeLaunch() = default;
 
@@ -72,6 +79,10 @@ struct DeviceDecodeResult {
 // Prepares, launches and reads back a latent decode batch on the emulated device.
 absl::StatusOr<DeviceDecodeResult> RunLatentDecodeOnDevice(
     Device& device, const LatentDecodeProblem& problem,
+    const AttentionDeviceKernelOptions& options = {}, int parallel_units = 1);
+
+absl::StatusOr<DeviceDecodeResult> RunFp8LatentDecodeOnDevice(
+    Device& device, const Fp8LatentDecodeProblem& problem,
     const AttentionDeviceKernelOptions& options = {}, int parallel_units = 1);
 
 // Models the same launches with no host arithmetic and no host memory for the cache, so

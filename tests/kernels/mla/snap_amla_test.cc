@@ -190,9 +190,9 @@ TEST(SnapAmlaTest, SoftmaxStepWritesFp8ValuesAndNeverGrowsTheAccumulator) {
     for (float& s : scales) s = static_cast<float>(std::exp2(log2_scale(rng)));
     const int32_t previous_exponent = state.p_exponent;
     const bool started = state.amla.started;
-    std::vector<float> weights(kCount);
-    const int32_t delta =
-        SnapAmlaSoftmaxStep(row.data(), scales.data(), kCount, weights.data(), state);
+    std::vector<float> weights(kCount), inverse(kCount);
+    const Fp8KeyBlock keys = MakeFp8KeyBlock(scales.data(), kCount, inverse.data());
+    const int32_t delta = SnapAmlaSoftmaxStep(row.data(), keys, kCount, weights.data(), state);
     for (const float p : row) {
       ASSERT_EQ(Fp8E4m3::FromFloat(p).ToFloat(), p);  // an e4m3 value
       ASSERT_LE(p, 448.0f);

@@ -19,7 +19,9 @@ using mlaserve::testing::BatchScenario;
 
 // The devices a batch's steps run on, each held to the host runner on one thread bit for
 // bit (ggml's test-backend-ops idea: every step, every device, one reference).
-enum class DeviceKind { kHostTwoThreads, kNpuOneThread, kNpuTwoThreads };
+// kNpuFp8Cube is the hypothetical part whose cube multiplies e4m3 (FP8 batches feed it the
+// cache's bytes instead of keys widened by the AIVs).
+enum class DeviceKind { kHostTwoThreads, kNpuOneThread, kNpuTwoThreads, kNpuFp8Cube };
 
 std::string DeviceName(DeviceKind d) {
   switch (d) {
@@ -29,13 +31,15 @@ std::string DeviceName(DeviceKind d) {
       return "NpuOneThread";
     case DeviceKind::kNpuTwoThreads:
       return "NpuTwoThreads";
+    case DeviceKind::kNpuFp8Cube:
+      return "NpuFp8CubeTwoThreads";
   }
   return "?";
 }
 void PrintTo(DeviceKind d, std::ostream* os) { *os << DeviceName(d); }
 
-std::unique_ptr<Device> MakeDevice(int threads) {
-  auto profile = LoadDeviceProfile("ascend910-die");
+std::unique_ptr<Device> MakeDevice(int threads, const char* profile_name = "ascend910-die") {
+  auto profile = LoadDeviceProfile(profile_name);
   EXPECT_TRUE(profile.ok()) << profile.status();
   auto device = Device::Create(*profile, {.host_threads = threads});
   EXPECT_TRUE(device.ok()) << device.status();
@@ -80,7 +84,8 @@ TEST_P(StepsOnDevicesTest, EveryDeviceEqualsTheHostRunnerBitForBit) {
     ASSERT_TRUE(buffers.ok()) << buffers.status();
     actual = AnswerBytes(**buffers, *built);
   } else {
-    auto device = MakeDevice(kind == DeviceKind::kNpuOneThread ? 1 : 2);
+    auto device = MakeDevice(kind == DeviceKind::kNpuOneThread ? 1 : 2,
+                             kind == DeviceKind::kNpuFp8Cube ? "ascend910-fp8" : "ascend910-die");
     auto launch = BatchLaunch::Create(*device, built->steps, {}, /*backed=*/true);
     ASSERT_TRUE(launch.ok()) << launch.status();
     auto report = (*launch)->Run(ExecutionMode::kExecute);
@@ -100,6 +105,16 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::ValuesIn(mlaserve::testing::StandardBatchScenarios()),
                        ::testing::Values(DeviceKind::kHostTwoThreads, DeviceKind::kNpuOneThread,
                                          DeviceKind::kNpuTwoThreads)),
+    [](const auto& param_info) {
+      return absl::StrCat(std::get<0>(param_info.param).name, "_",
+                          DeviceName(std::get<1>(param_info.param)));
+    });
+
+INSTANTIATE_TEST_SUITE_P(
+    Fp8Batches, StepsOnDevicesTest,
+    ::testing::Combine(::testing::ValuesIn(mlaserve::testing::Fp8BatchScenarios()),
+                       ::testing::Values(DeviceKind::kHostTwoThreads, DeviceKind::kNpuOneThread,
+                                         DeviceKind::kNpuTwoThreads, DeviceKind::kNpuFp8Cube)),
     [](const auto& param_info) {
       return absl::StrCat(std::get<0>(param_info.param).name, "_",
                           DeviceName(std::get<1>(param_info.param)));
@@ -131,18 +146,31 @@ TEST(BatchLaunchTest, ModelsABatchWithoutMemoryAndRefusesToExecuteOne) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// Until the NPU has a kernel for the FP8 cache, a batch that reads it is refused with a
-// status that says so, before any launch (the engine then fails the batch, never runs it
-// half); the host device runs it (kernels_mla_test's Fp8BatchTest).
-TEST(BatchLaunchTest, RefusesAnFp8BatchItHasNoKernelFor) {
+// FP8 keys have one kernel, SnapMLA over AMLA; an FP8 cube multiplies e4m3 queries. A batch
+// asking for anything else is refused before any launch, with a status that says why (the
+// engine then fails the batch, never runs it half).
+TEST(BatchLaunchTest, RefusesFp8BatchesItHasNoKernelFor) {
   const auto scenarios = mlaserve::testing::Fp8BatchScenarios();
   auto s = BatchScenario::Make(scenarios[0].spec, 3);
-  auto built = BuildBatchSteps(s->batch());
+  DecodeBatch base = s->batch();
+  base.algorithm = RescaleAlgorithm::kBase;
+  auto built = BuildBatchSteps(base);
   ASSERT_TRUE(built.ok()) << built.status();
   auto device = MakeDevice(1);
-  const auto launch = BatchLaunch::Create(*device, built->steps, {}, /*backed=*/true);
+  auto launch = BatchLaunch::Create(*device, built->steps, {}, /*backed=*/true);
   EXPECT_EQ(launch.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(std::string(launch.status().message()), ::testing::HasSubstr("FP8"));
+  EXPECT_THAT(std::string(launch.status().message()), ::testing::HasSubstr("Base"));
+
+  DecodeBatch bf16_queries = s->batch();
+  bf16_queries.fp8_quantize_queries = false;
+  built = BuildBatchSteps(bf16_queries);
+  ASSERT_TRUE(built.ok()) << built.status();
+  auto fp8_cube = MakeDevice(1, "ascend910-fp8");
+  launch = BatchLaunch::Create(*fp8_cube, built->steps, {}, /*backed=*/true);
+  EXPECT_EQ(launch.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(launch.status().message()), ::testing::HasSubstr("e4m3 queries"));
+  // Where the cube has no FP8 rate, bf16 queries are the cheaper and exact choice.
+  EXPECT_TRUE(BatchLaunch::Create(*device, built->steps, {}, /*backed=*/true).ok());
 }
 
 // Split-KV fills the device: a small batch's latent attention gets faster in modelled time
