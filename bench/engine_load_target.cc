@@ -18,7 +18,7 @@ absl::Status EngineLoadTarget::RegisterPrefix(const std::string& id, std::span<c
   const engine::ModelConfig& m = engine_.Info().model;
   ASSIGN_OR_RETURN(auto view,
                    (TensorView<const Bf16, 3>::Create(latent, {m.layers, tokens, m.dk_latent()})));
-  return engine_.RegisterPrefix(id, "", view);
+  return engine_.RegisterPrefix(id, "", view, std::nullopt);
 }
 
 absl::Status EngineLoadTarget::AppendKv(const std::string& id, int layer, int64_t position,

@@ -17,7 +17,7 @@ class EngineLoadTarget final : public loadgen::LoadTarget {
                               int tokens) override;
   absl::Status ReleasePrefix(const std::string& id) override { return engine_.ReleasePrefix(id); }
   absl::Status CreateSequence(const std::string& id, const std::string& prefix_id) override {
-    return engine_.CreateSequence(id, prefix_id);
+    return engine_.CreateSequence(id, prefix_id, std::nullopt);
   }
   absl::Status ReleaseSequence(const std::string& id) override {
     return engine_.ReleaseSequence(id);

@@ -40,9 +40,11 @@ std::vector<std::byte> QuantizePagedCache(const PagedKvCache& cache, int dl) {
 absl::Status ValidateFp8PagedDecode(float softmax_scale, int64_t q_batch,
                                     const Fp8PagedKvCache& cache, const PagedSequences& seqs) {
   const Fp8PageLayout& layout = cache.layout;
-  if (layout.dl <= 0 || layout.dl % 4 != 0 || layout.dr < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("cache: dl = ", layout.dl, ", dr = ", layout.dr,
-                                                   " (dl must be a positive multiple of 4)"));
+  if (layout.dl <= 0 || layout.dl % 4 != 0 || layout.dr < 0 ||
+      (layout.page_stride != 0 && layout.page_stride < layout.page_bytes())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cache: dl = ", layout.dl, ", dr = ", layout.dr, ", page_stride = ", layout.page_stride,
+        " (dl must be a positive multiple of 4, a stride at least a page)"));
   }
   return ValidatePagedDecode(softmax_scale, q_batch, cache.num_pages, layout.page_size, seqs);
 }

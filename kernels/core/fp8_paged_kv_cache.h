@@ -29,11 +29,15 @@ struct Fp8PageLayout {
   int page_size = 0;
   int dl = 0;  // multiple of 4, so the scales section is 4-byte aligned
   int dr = 0;
+  // Bytes from one page to the next, when pages sit in larger slots (a store whose slots are
+  // sized for bf16 pages puts an FP8 page of more tokens in each); 0: page_bytes().
+  int64_t page_stride = 0;
 
   static constexpr int64_t BytesPerToken(int dl, int dr) {
     return dl + static_cast<int64_t>(sizeof(float)) + dr * static_cast<int64_t>(sizeof(Bf16));
   }
   int64_t page_bytes() const { return page_size * BytesPerToken(dl, dr); }
+  int64_t stride() const { return page_stride > 0 ? page_stride : page_bytes(); }
   int64_t content_offset(int row) const { return static_cast<int64_t>(row) * dl; }
   int64_t scale_offset(int row) const {
     return static_cast<int64_t>(page_size) * dl + row * static_cast<int64_t>(sizeof(float));
@@ -44,13 +48,13 @@ struct Fp8PageLayout {
   }
 };
 
-// One layer's FP8 latent cache: num_pages pages of layout.page_bytes() bytes from `base`.
+// One layer's FP8 latent cache: num_pages pages, layout.stride() bytes apart from `base`.
 struct Fp8PagedKvCache {
   const std::byte* base = nullptr;
   int64_t num_pages = 0;
   Fp8PageLayout layout;
 
-  const std::byte* page(int64_t p) const { return base + p * layout.page_bytes(); }
+  const std::byte* page(int64_t p) const { return base + p * layout.stride(); }
   const Fp8E4m3* content(int64_t p, int row) const {
     return reinterpret_cast<const Fp8E4m3*>(page(p) + layout.content_offset(row));
   }

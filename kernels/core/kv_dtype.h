@@ -2,7 +2,6 @@
 #define MLASERVE_KERNELS_CORE_KV_DTYPE_H_
 
 #include <cstdint>
-#include <string_view>
 
 #include "kernels/core/fp8_paged_kv_cache.h"
 
@@ -12,7 +11,7 @@ namespace mlaserve {
 // SnapMLA's RoPE-aware per-token FP8 (kernels/core/fp8_paged_kv_cache.h, dl + 4 + 2 dr).
 enum class KvDtype { kBf16, kFp8 };
 
-constexpr std::string_view KvDtypeName(KvDtype dtype) {
+constexpr const char* KvDtypeName(KvDtype dtype) {
   return dtype == KvDtype::kBf16 ? "bf16" : "fp8";
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -65,8 +66,15 @@ class Builder {
         return absl::InvalidArgumentError(at + ": no queries");
       const bool fp8 = group.kv_dtype == KvDtype::kFp8;
       const int page_size = fp8 ? b_.fp8_pool.layout.page_size : b_.page_size;
-      if (fp8 && (b_.fp8_pool.layout.dl != d_.dl || b_.fp8_pool.layout.dr != d_.dr)) {
-        return absl::InvalidArgumentError(at + ": the FP8 pool's rows are not the dims' dl + dr");
+      if (fp8) {
+        const Fp8PageLayout& layout = b_.fp8_pool.layout;
+        if (layout.dl != d_.dl || layout.dr != d_.dr || layout.dl % 4 != 0 ||
+            layout.page_size <= 0 || layout.stride() < layout.page_bytes()) {
+          return absl::InvalidArgumentError(
+              at +
+              ": the FP8 pool's layout does not hold the dims' rows (dl + dr, dl a multiple "
+              "of 4, positive page size, stride at least a page)");
+        }
       }
       for (const DecodeBatch::Member& m : group.members) {
         if (m.length < 0 ||
@@ -112,7 +120,8 @@ class Builder {
   // Caller memory, mapped once however many groups read it.
   int Input(const void* memory, int64_t elements, const std::string& name,
             ElementType type = ElementType::kBf16) {
-    const auto key = std::make_pair(memory == nullptr ? name : std::string(), memory);
+    // The same memory may be read as two types (the store's pool as bf16 and as FP8 pages).
+    const auto key = std::make_tuple(memory == nullptr ? name : std::string(), memory, type);
     auto it = inputs_.find(key);
     if (it != inputs_.end()) return it->second;
     const int id = steps().AddBuffer(StepBuffer{name, StepBuffer::Kind::kInput, type, elements,
@@ -134,7 +143,7 @@ class Builder {
     }
     if (any_bf16) pool_ = Input(b_.pool, b_.pool_pages * b_.page_size * d_.dk(), "KV pool");
     if (any_fp8) {
-      fp8_pool_ = Input(b_.fp8_pool.pages, b_.fp8_pool.num_pages * b_.fp8_pool.layout.page_bytes(),
+      fp8_pool_ = Input(b_.fp8_pool.pages, b_.fp8_pool.num_pages * b_.fp8_pool.layout.stride(),
                         "FP8 KV pool", ElementType::kByte);
     }
     using K = StepBuffer::Kind;
@@ -479,7 +488,7 @@ class Builder {
   const DecodeBatch& b_;
   const MlaDims d_;
   BuiltBatch out_;
-  std::map<std::pair<std::string, const void*>, int> inputs_;
+  std::map<std::tuple<std::string, const void*, ElementType>, int> inputs_;
   int pool_ = -1;
   int fp8_pool_ = -1;
   std::vector<GroupBuffers> groups_;

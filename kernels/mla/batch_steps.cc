@@ -101,7 +101,7 @@ absl::Status CheckAttention(const RefChecker& c, const AttentionStep& step,
     } else if (const auto* fp8 = std::get_if<Fp8PagedKeysRef>(&g.keys)) {
       const Fp8PageLayout& layout = fp8->layout;
       if (layout.page_size <= 0 || layout.dl != step.dv || layout.dl + layout.dr != step.dk ||
-          layout.dl % 4 != 0 || fp8->first_token < 0) {
+          layout.dl % 4 != 0 || layout.stride() < layout.page_bytes() || fp8->first_token < 0) {
         return absl::InternalError(absl::StrCat(at, ": bad FP8 page geometry"));
       }
       if (length > 0) {
@@ -112,7 +112,7 @@ absl::Status CheckAttention(const RefChecker& c, const AttentionStep& step,
         }
         for (int64_t p = fp8->first_token / layout.page_size; p <= last_page; ++p) {
           RETURN_IF_ERROR(c.Check(
-              BufferRef{fp8->pool.buffer, fp8->pool.offset + fp8->pages[p] * layout.page_bytes()},
+              BufferRef{fp8->pool.buffer, fp8->pool.offset + fp8->pages[p] * layout.stride()},
               ElementType::kByte, layout.page_bytes(), false, absl::StrCat(at, " page ", p)));
         }
       }

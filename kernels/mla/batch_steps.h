@@ -87,7 +87,8 @@ struct PagedKeysRef {
 // Keys of the FP8 latent cache (kernels/core/fp8_paged_kv_cache.h): token t of the row group
 // is row (first_token + t) % page_size of page pages[(first_token + t) / page_size] in `pool`
 // (a byte buffer of pages in `layout`); values are the keys' e4m3 content. Always attended to
-// with SnapMLA over AMLA (kernels/mla/snap_amla.h), whatever the step's algorithm.
+// with SnapMLA over AMLA (kernels/mla/snap_amla.h): the host whatever the step's algorithm,
+// the emulated NPU only under AMLA (it refuses Base over FP8 keys before launching).
 struct Fp8PagedKeysRef {
   BufferRef pool;
   Fp8PageLayout layout;

@@ -109,7 +109,7 @@ void RunRowGroup(const HostBuffers& b, const AttentionStep& step, const Attentio
   } else if (const auto* fp8 = std::get_if<Fp8PagedKeysRef>(&g.keys)) {
     const int64_t pages =
         static_cast<int64_t>(b.Bytes(fp8->pool.buffer).size() - fp8->pool.offset) /
-        fp8->layout.page_bytes();
+        fp8->layout.stride();
     const Fp8SequenceKeys keys{
         Fp8PagedKvCache{b.At<const std::byte>(fp8->pool), pages, fp8->layout}, fp8->pages,
         fp8->first_token, length};

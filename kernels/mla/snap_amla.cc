@@ -93,12 +93,18 @@ int32_t SnapAmlaSoftmaxStep(float* row, const Fp8KeyBlock& keys, int count, floa
 void SnapAmlaFinalizeRow(const float* acc, int dv, const SnapAmlaRowState& state, float* out,
                          float* lse) {
   const AmlaRowState& st = state.amla;
-  if (!st.started || !(st.l > 0.0f) || !(state.weight_sum > 0.0f)) {
+  if (!st.started || !(st.l > 0.0f)) {
     std::fill_n(out, dv, 0.0f);
     *lse = kNegInf;
     return;
   }
-  for (int d = 0; d < dv; ++d) out[d] = acc[d] / state.weight_sum;
+  // Every weight rounded to zero (keys 2^18 below the block's largest scale) leaves no mix
+  // to take; the LSE, from the unrounded p, still stands.
+  if (state.weight_sum > 0.0f) {
+    for (int d = 0; d < dv; ++d) out[d] = acc[d] / state.weight_sum;
+  } else {
+    std::fill_n(out, dv, 0.0f);
+  }
   *lse = st.m + std::log(st.l);
 }
 

@@ -155,6 +155,7 @@ void BatchRun::Execute(AttentionDevice& device, int device_index) {
                                group.b_theta,
                                group.absorb_from,
                                root_tokens,
+                               group.kv_dtype,
                                device_index,
                                queries(),
                                absl::ToDoubleMicroseconds(device_start - calls_[c].submitted),

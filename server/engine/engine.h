@@ -29,16 +29,22 @@ class Engine {
   virtual const EngineInfo& Info() const = 0;
 
   // KV state, with KvStore's semantics: client-chosen ids, idempotent under retry,
-  // RESOURCE_EXHAUSTED leaves everything as it was.
+  // RESOURCE_EXHAUSTED leaves everything as it was. A prefix or sequence is held in
+  // `kv_dtype`; unset, it takes its parent's or prefix's, or the server's default
+  // (EngineOptions::kv.default_kv_dtype).
   virtual absl::Status RegisterPrefix(absl::string_view prefix_id, absl::string_view parent_id,
-                                      TensorView<const Bf16, 3> latent) = 0;  // [layers][n][576]
+                                      TensorView<const Bf16, 3> latent,  // [layers][n][576]
+                                      std::optional<KvDtype> kv_dtype = std::nullopt) = 0;
   virtual absl::Status ReleasePrefix(absl::string_view prefix_id) = 0;
-  virtual absl::Status CreateSequence(absl::string_view sequence_id,
-                                      absl::string_view prefix_id) = 0;
+  virtual absl::Status CreateSequence(absl::string_view sequence_id, absl::string_view prefix_id,
+                                      std::optional<KvDtype> kv_dtype = std::nullopt) = 0;
   virtual absl::Status ForkSequence(absl::string_view source_id, absl::string_view new_id) = 0;
   virtual absl::Status ReleaseSequence(absl::string_view sequence_id) = 0;
   virtual absl::Status AppendKv(absl::string_view sequence_id, int layer, int64_t start_position,
                                 TensorView<const Bf16, 2> rows) = 0;  // [n][576]
+  // `n` rows already in the FP8 form (KvStore::AppendFp8), for an FP8 sequence.
+  virtual absl::Status AppendKvFp8(absl::string_view sequence_id, int layer, int64_t start_position,
+                                   std::span<const std::byte> records, int64_t n) = 0;
   virtual absl::StatusOr<SequenceInfo> GetSequence(absl::string_view sequence_id) const = 0;
 
   // Validates the queries (INVALID_ARGUMENT / NOT_FOUND naming the field, nothing changed),

@@ -56,6 +56,7 @@ absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
   rates.matrix_flops =
       (options.matrix_tflops > 0 ? options.matrix_tflops : first.matrix_tflops) * 1e12;
   rates.memory_bytes_per_second = (options.hbm_tbps > 0 ? options.hbm_tbps : first.hbm_tbps) * 1e12;
+  rates.fp8_matrix_flops = first.fp8_matrix_tflops * 1e12;
   if (!(rates.matrix_flops > 0) || !(rates.memory_bytes_per_second > 0)) {
     // A device without a roofline (the host) gives no threshold: B_theta is infinite, every
     // group runs absorb-only, unless both rates are overridden.
@@ -113,15 +114,16 @@ EngineImpl::~EngineImpl() {
 }
 
 absl::Status EngineImpl::RegisterPrefix(absl::string_view prefix_id, absl::string_view parent_id,
-                                        TensorView<const Bf16, 3> latent) {
-  return store_->RegisterPrefix(prefix_id, parent_id, latent);
+                                        TensorView<const Bf16, 3> latent,
+                                        std::optional<KvDtype> kv_dtype) {
+  return store_->RegisterPrefix(prefix_id, parent_id, latent, kv_dtype);
 }
 absl::Status EngineImpl::ReleasePrefix(absl::string_view prefix_id) {
   return store_->ReleasePrefix(prefix_id);
 }
-absl::Status EngineImpl::CreateSequence(absl::string_view sequence_id,
-                                        absl::string_view prefix_id) {
-  return store_->CreateSequence(sequence_id, prefix_id);
+absl::Status EngineImpl::CreateSequence(absl::string_view sequence_id, absl::string_view prefix_id,
+                                        std::optional<KvDtype> kv_dtype) {
+  return store_->CreateSequence(sequence_id, prefix_id, kv_dtype);
 }
 absl::Status EngineImpl::ForkSequence(absl::string_view source_id, absl::string_view new_id) {
   return store_->ForkSequence(source_id, new_id);
@@ -132,6 +134,11 @@ absl::Status EngineImpl::ReleaseSequence(absl::string_view sequence_id) {
 absl::Status EngineImpl::AppendKv(absl::string_view sequence_id, int layer, int64_t start_position,
                                   TensorView<const Bf16, 2> rows) {
   return store_->Append(sequence_id, layer, start_position, rows);
+}
+absl::Status EngineImpl::AppendKvFp8(absl::string_view sequence_id, int layer,
+                                     int64_t start_position, std::span<const std::byte> records,
+                                     int64_t n) {
+  return store_->AppendFp8(sequence_id, layer, start_position, records, n);
 }
 absl::StatusOr<SequenceInfo> EngineImpl::GetSequence(absl::string_view sequence_id) const {
   return store_->GetSequence(sequence_id);

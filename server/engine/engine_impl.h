@@ -31,13 +31,17 @@ class EngineImpl final : public Engine {
 
   const EngineInfo& Info() const override { return info_; }
   absl::Status RegisterPrefix(absl::string_view prefix_id, absl::string_view parent_id,
-                              TensorView<const Bf16, 3> latent) override;
+                              TensorView<const Bf16, 3> latent,
+                              std::optional<KvDtype> kv_dtype = std::nullopt) override;
   absl::Status ReleasePrefix(absl::string_view prefix_id) override;
-  absl::Status CreateSequence(absl::string_view sequence_id, absl::string_view prefix_id) override;
+  absl::Status CreateSequence(absl::string_view sequence_id, absl::string_view prefix_id,
+                              std::optional<KvDtype> kv_dtype = std::nullopt) override;
   absl::Status ForkSequence(absl::string_view source_id, absl::string_view new_id) override;
   absl::Status ReleaseSequence(absl::string_view sequence_id) override;
   absl::Status AppendKv(absl::string_view sequence_id, int layer, int64_t start_position,
                         TensorView<const Bf16, 2> rows) override;
+  absl::Status AppendKvFp8(absl::string_view sequence_id, int layer, int64_t start_position,
+                           std::span<const std::byte> records, int64_t n) override;
   absl::StatusOr<SequenceInfo> GetSequence(absl::string_view sequence_id) const override;
   void Decode(std::vector<DecodeQuery> queries, DecodeOptions options,
               DecodeCallback done) override;

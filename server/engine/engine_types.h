@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "kernels/core/bfloat16.h"
 #include "kernels/core/element_type.h"
+#include "kernels/core/kv_dtype.h"
 #include "kernels/core/tensor_view.h"
 #include "server/engine/kv/kv_types.h"
 #include "server/engine/model/model_config.h"
@@ -70,6 +71,9 @@ struct PlanInfo {
   // B_theta(1) Sq; with tree-aware grouping it counts every group under that prefix.
   int32_t naive_tokens = 0;
   int naive_pass_query_tokens = 0;
+  // The format the absorb part read (its sequences'); the naive part always reads bf16
+  // expanded K/V, expanded from dequantised rows for an FP8 prefix.
+  KvDtype absorb_kv_dtype = KvDtype::kBf16;
   int device = -1;               // pool index of the device that ran the batch
   int batch_size = 0;            // queries in the device batch
   double queue_us = 0;           // submit -> device start: batching, planning, device queue
@@ -130,6 +134,7 @@ struct DeviceInfo {
   int parallel_units = 1;
   double matrix_tflops = 0;  // peak, from the profile
   double hbm_tbps = 0;
+  double fp8_matrix_tflops = 0;  // peak on e4m3 operands; 0 when the matrix unit has none
 };
 
 // The machine the devices compute on.

@@ -52,7 +52,7 @@ grpc::ServerUnaryReactor* MlaServeService::RegisterPrefix(grpc::CallbackServerCo
     using LatentView = TensorView<const Bf16, 3>;
     const LatentView::Index shape{latent.shape[0], latent.shape[1], latent.shape[2]};
     ASSIGN_OR_RETURN(LatentView view, LatentView::Create(latent.values, shape, "latent"));
-    return engine_.RegisterPrefix(request->prefix_id(), request->parent_id(), view);
+    return engine_.RegisterPrefix(request->prefix_id(), request->parent_id(), view, std::nullopt);
   }();
   return Answer(context, "RegisterPrefix", start, status);
 }
@@ -68,7 +68,8 @@ grpc::ServerUnaryReactor* MlaServeService::CreateSequence(grpc::CallbackServerCo
                                                           const v1::CreateSequenceRequest* request,
                                                           v1::CreateSequenceResponse* response) {
   const absl::Time start = absl::Now();
-  absl::Status status = engine_.CreateSequence(request->sequence_id(), request->prefix_id());
+  absl::Status status =
+      engine_.CreateSequence(request->sequence_id(), request->prefix_id(), std::nullopt);
   if (status.ok()) status = DescribeSequence(request->sequence_id(), response->mutable_sequence());
   return Answer(context, "CreateSequence", start, status);
 }

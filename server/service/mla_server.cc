@@ -98,7 +98,7 @@ absl::Status MlaServer::WarmUp() {
   using RowsView = TensorView<const Bf16, 2>;
   const RowsView::Index shape{kTokens, model.dk_latent()};
   ASSIGN_OR_RETURN(RowsView view, RowsView::Create(rows, shape, "warm-up rows"));
-  RETURN_IF_ERROR(engine_->CreateSequence(kWarmUpSequence, ""));
+  RETURN_IF_ERROR(engine_->CreateSequence(kWarmUpSequence, "", std::nullopt));
   absl::Status status = engine_->AppendKv(kWarmUpSequence, 0, 0, view);
   // One query per call: the engine takes a sequence layer once per call.
   for (const engine::QuerySpace space : {engine::QuerySpace::kHead, engine::QuerySpace::kLatent}) {

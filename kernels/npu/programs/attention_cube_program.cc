@@ -58,7 +58,7 @@ void ReadFp8PageRows(CoreRecorder& aic, const Fp8Keys& fp8, int token0, int coun
     const int page = fp8.pages[token / layout.page_size];
     const int row = token % layout.page_size;
     const int run = std::min(layout.page_size - row, count - done);
-    const int64_t page_base = int64_t{page} * layout.page_bytes();
+    const int64_t page_base = int64_t{page} * layout.stride();
     const int64_t content_at = page_base + layout.content_offset(row) + col0;
     const int64_t rope_at = page_base + layout.rope_offset(row) + int64_t{rope_col0} * 2;
     Payload copy;

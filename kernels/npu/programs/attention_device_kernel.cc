@@ -107,6 +107,12 @@ absl::Status AttentionDeviceKernel::Record(Program& program) const {
         absl::StrCat("dk = ", workload_.dk, ", dv = ", workload_.dv,
                      " exceed the kernel's tiling (dk <= 576, dv <= 512)"));
   }
+  if (workload_.HasFp8() && options_.algorithm != RescaleAlgorithm::kAmla) {
+    return absl::UnimplementedError("FP8 keys run SnapMLA over AMLA; there is no Base kernel");
+  }
+  if (workload_.HasFp8() && options_.fp8_matrix && !workload_.fp8_quantize_queries) {
+    return absl::UnimplementedError("an FP8 cube multiplies e4m3 queries, not bf16 ones");
+  }
   for (int b = 0; b < BlockDim(); ++b) {
     RETURN_IF_ERROR(RecordCube(program.Cube(b)));
     RETURN_IF_ERROR(RecordVector(program.Vector(b, 0)));

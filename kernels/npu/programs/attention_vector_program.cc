@@ -361,32 +361,45 @@ class VectorProgram {
       std::byte* prepared = b_.out.slot(o).as<std::byte>();
       float* factors = reinterpret_cast<float*>(prepared + kChunkRows * out_row);
       const int64_t e = int64_t{rc} * dk;
-      aiv_.Vector({{VecClass::kUnary, e},   // widen bf16 -> fp32
-                   {VecClass::kReduce, e},  // amax of the content
-                   {VecClass::kDiv, e},     // / scale
-                   {VecClass::kUnary, e},   // cast to e4m3 / bf16
-                   {VecClass::kUnary, e},   // widen e4m3 -> bf16 (no FP8 cube)
-                   {VecClass::kBinary, rc}},
-                  Maybe([=] {
-                    std::vector<float> wide(static_cast<size_t>(rc) * dk);
-                    WidenBf16(q, int64_t{rc} * dk, wide.data());
-                    for (int r = 0; r < rc; ++r) {
-                      const float* row = wide.data() + int64_t{r} * dk;
-                      std::byte* out = prepared + r * out_row;
-                      if (!fp8_form) {
-                        const std::vector<int32_t> none(1, 0);
-                        PrepareQueryRows(QueryRows{row, dk, 1, dk, none}, dl, scale, snap,
-                                         reinterpret_cast<Bf16*>(out), factors + r);
-                        continue;
-                      }
-                      float q_scale = 0;
-                      QuantizeLatentRow(row, dl, dr,
-                                        Fp8LatentRow{reinterpret_cast<Fp8E4m3*>(out), &q_scale,
-                                                     reinterpret_cast<Bf16*>(out + dl)});
-                      factors[r] = q_scale * scale;
-                    }
-                  }),
-                  "quantise Q");
+      Payload prepare = Maybe([=] {
+        std::vector<float> wide(static_cast<size_t>(rc) * dk);
+        WidenBf16(q, int64_t{rc} * dk, wide.data());
+        for (int r = 0; r < rc; ++r) {
+          const float* row = wide.data() + int64_t{r} * dk;
+          std::byte* out = prepared + r * out_row;
+          if (!fp8_form) {
+            const std::vector<int32_t> none(1, 0);
+            PrepareQueryRows(QueryRows{row, dk, 1, dk, none}, dl, scale, snap,
+                             reinterpret_cast<Bf16*>(out), factors + r);
+            continue;
+          }
+          float q_scale = 0;
+          QuantizeLatentRow(row, dl, dr,
+                            Fp8LatentRow{reinterpret_cast<Fp8E4m3*>(out), &q_scale,
+                                         reinterpret_cast<Bf16*>(out + dl)});
+          factors[r] = q_scale * scale;
+        }
+      });
+      // What the vector unit does depends on the path: quantise and keep the FP8 form (FP8
+      // cube), quantise and widen back (no FP8 rate), or only copy bf16 queries through.
+      if (fp8_form) {
+        aiv_.Vector({{VecClass::kUnary, e},   // widen bf16 -> fp32
+                     {VecClass::kReduce, e},  // amax of the content
+                     {VecClass::kDiv, e},     // / scale
+                     {VecClass::kUnary, e},   // cast to e4m3 / bf16
+                     {VecClass::kBinary, rc}},
+                    std::move(prepare), "quantise Q");
+      } else if (snap.quantize_queries) {
+        aiv_.Vector({{VecClass::kUnary, e},   // widen bf16 -> fp32
+                     {VecClass::kReduce, e},  // amax of the content
+                     {VecClass::kDiv, e},     // / scale
+                     {VecClass::kUnary, e},   // cast to e4m3 / bf16
+                     {VecClass::kUnary, e},   // widen e4m3 -> bf16
+                     {VecClass::kBinary, rc}},
+                    std::move(prepare), "quantise Q");
+      } else {
+        aiv_.Vector({{VecClass::kUnary, rc}}, std::move(prepare), "bf16 Q");  // factors only
+      }
       b_.in.Release(i);
       b_.out.Publish(o);
       b_.out.Consume(o);
@@ -422,7 +435,7 @@ class VectorProgram {
         const int page = fp8.pages[token / layout.page_size];
         const int row = token % layout.page_size;
         const int run = std::min(layout.page_size - row, kc - done);
-        const int64_t page_base = int64_t{page} * layout.page_bytes();
+        const int64_t page_base = int64_t{page} * layout.stride();
         const int64_t content_at = page_base + layout.content_offset(row);
         const int64_t rope_at = page_base + layout.rope_offset(row);
         const int64_t rope_bytes = int64_t{layout.dr} * 2;
@@ -482,7 +495,7 @@ class VectorProgram {
       const int page = fp8.pages[token / layout.page_size];
       const int row = token % layout.page_size;
       const int run = std::min(layout.page_size - row, n - done);
-      const int64_t at = int64_t{page} * layout.page_bytes() + layout.scale_offset(row);
+      const int64_t at = int64_t{page} * layout.stride() + layout.scale_offset(row);
       aiv_.ReadGm(GmRegion::Rows(fp8.pool, at, 1, int64_t{run} * 4, int64_t{run} * 4),
                   Maybe([=, src = fp8.pool.host, dst = b_.key_scales] {
                     std::memcpy(dst + done, src + at, run * sizeof(float));

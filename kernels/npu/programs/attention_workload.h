@@ -28,7 +28,7 @@ struct PagedKeys {
 // request's pages of the pool, token 0 of the group at `first_token`. Values are the keys'
 // e4m3 content. Such a group runs SnapMLA over AMLA (kernels/mla/snap_amla.h).
 struct Fp8Keys {
-  GmBuffer pool;  // pages of layout.page_bytes() bytes
+  GmBuffer pool;  // pages layout.stride() bytes apart
   Fp8PageLayout layout;
   std::vector<int32_t> pages;
   int first_token = 0;

@@ -28,6 +28,8 @@ NpuAttentionDevice::NpuAttentionDevice(std::unique_ptr<npu::Device> device,
   info_.host_threads = device_->host_threads();
   info_.parallel_units = p.cube_cores;
   info_.matrix_tflops = p.PeakFlops() / 1e12;
+  info_.fp8_matrix_tflops = p.PeakFlops() / 1e12 * static_cast<double>(p.cube_fp8_macs_per_cycle) /
+                            static_cast<double>(p.cube_macs_per_cycle);
   info_.hbm_tbps = p.HbmBytesPerSecond() / 1e12;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "kernels/core/fp8_latent_row.h"
 #include "kernels/core/kv_block_source.h"
 #include "kernels/core/tensor_view.h"
 #include "kernels/mla/naive.h"
@@ -21,9 +22,9 @@ int64_t ExpandedKvData::Bytes(int heads, int64_t tokens, int dqk, int dv) {
   return static_cast<int64_t>(heads) * tokens * (dqk + dv) * static_cast<int64_t>(sizeof(Bf16));
 }
 
-ExpandedKvData ExpandedKvData::Build(const PagedKvCache& pool, std::span<const int32_t> pages,
-                                     int32_t begin, int32_t end, int dr,
-                                     const UpProjection& weights) {
+template <typename Rows>
+ExpandedKvData ExpandedKvData::Expand(int32_t begin, int32_t end, int dr,
+                                      const UpProjection& weights, Rows rows_of) {
   ExpandedKvData data;
   data.heads_ = weights.heads();
   data.tokens_ = end - begin;
@@ -31,7 +32,22 @@ ExpandedKvData ExpandedKvData::Build(const PagedKvCache& pool, std::span<const i
   data.dv_ = weights.dv();
   data.k_.resize(static_cast<size_t>(data.heads_) * data.tokens_ * data.dqk_);
   data.v_.resize(static_cast<size_t>(data.heads_) * data.tokens_ * data.dv_);
+  for (int32_t chunk = begin; chunk < end; chunk += kExpandChunkTokens) {
+    const int n = std::min(kExpandChunkTokens, end - chunk);
+    const auto [latent, ld] = rows_of(chunk, n);
+    const int64_t first = chunk - begin;
+    for (int h = 0; h < data.heads_; ++h) {
+      const int64_t head_row = static_cast<int64_t>(h) * data.tokens_ + first;
+      ExpandHeadKv(latent, ld, n, dr, weights, h, data.k_.data() + head_row * data.dqk_,
+                   data.v_.data() + head_row * data.dv_);
+    }
+  }
+  return data;
+}
 
+ExpandedKvData ExpandedKvData::Build(const PagedKvCache& pool, std::span<const int32_t> pages,
+                                     int32_t begin, int32_t end, int dr,
+                                     const UpProjection& weights) {
   // The prefix's tokens as one request of a paged batch, read in fp32 blocks the way the
   // kernels read them.
   const std::vector<int32_t> seqlens = {end};
@@ -39,17 +55,28 @@ ExpandedKvData ExpandedKvData::Build(const PagedKvCache& pool, std::span<const i
       *TensorView<const int32_t, 2>::Create(pages, {1, static_cast<int64_t>(pages.size())}),
       seqlens};
   PagedLatentSource source(pool, table, /*request=*/0, weights.dl());
-  for (int32_t chunk = begin; chunk < end; chunk += kExpandChunkTokens) {
-    const int n = std::min(kExpandChunkTokens, end - chunk);
-    const KvBlock latent = source.Load(chunk, n);
-    const int64_t first = chunk - begin;
-    for (int h = 0; h < data.heads_; ++h) {
-      const int64_t head_row = static_cast<int64_t>(h) * data.tokens_ + first;
-      ExpandHeadKv(latent.k, latent.ldk, n, dr, weights, h, data.k_.data() + head_row * data.dqk_,
-                   data.v_.data() + head_row * data.dv_);
+  return Expand(begin, end, dr, weights, [&](int32_t first, int n) {
+    const KvBlock latent = source.Load(first, n);
+    return std::pair{latent.k, latent.ldk};
+  });
+}
+
+ExpandedKvData ExpandedKvData::BuildFromFp8(const Fp8PagedKvCache& pool,
+                                            std::span<const int32_t> pages, int32_t begin,
+                                            int32_t end, int dr, const UpProjection& weights) {
+  const Fp8PageLayout& layout = pool.layout;
+  const int width = layout.dl + layout.dr;
+  std::vector<float> rows(static_cast<size_t>(kExpandChunkTokens) * width);
+  return Expand(begin, end, dr, weights, [&](int32_t first, int n) {
+    for (int t = 0; t < n; ++t) {
+      const int32_t token = first + t;
+      const int32_t page = pages[token / layout.page_size];
+      const int row = token % layout.page_size;
+      DequantizeLatentRow(pool.content(page, row), pool.scale(page, row), pool.rope(page, row),
+                          layout.dl, layout.dr, rows.data() + static_cast<int64_t>(t) * width);
     }
-  }
-  return data;
+    return std::pair<const float*, int64_t>{rows.data(), width};
+  });
 }
 
 HeadKv ExpandedKvData::Head(int head) const {

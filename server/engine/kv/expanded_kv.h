@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/core/bfloat16.h"
+#include "kernels/core/fp8_paged_kv_cache.h"
 #include "kernels/core/paged_kv_cache.h"
 #include "kernels/core/up_projection.h"
 #include "server/engine/kv/prefix_key.h"
@@ -39,6 +40,11 @@ class ExpandedKvData {
   // Expands tokens [begin, end) of the sequence whose block table in `pool` is `pages`.
   static ExpandedKvData Build(const PagedKvCache& pool, std::span<const int32_t> pages,
                               int32_t begin, int32_t end, int dr, const UpProjection& weights);
+  // The same from the FP8 cache: each latent row dequantised (c_kv * scale, k_pe * scale)
+  // first. TyphoonMLA's naive part then runs in bf16 over an FP8 prefix.
+  static ExpandedKvData BuildFromFp8(const Fp8PagedKvCache& pool, std::span<const int32_t> pages,
+                                     int32_t begin, int32_t end, int dr,
+                                     const UpProjection& weights);
 
   int heads() const { return heads_; }
   int tokens() const { return tokens_; }
@@ -49,6 +55,12 @@ class ExpandedKvData {
   std::span<const Bf16> values() const { return v_; }
 
  private:
+  // The expansion of tokens [begin, end), whose fp32 latent rows rows_of(first, n) gives in
+  // chunks as (rows, row stride).
+  template <typename Rows>
+  static ExpandedKvData Expand(int32_t begin, int32_t end, int dr, const UpProjection& weights,
+                               Rows rows_of);
+
   int heads_ = 0;
   int tokens_ = 0;
   int dqk_ = 0;

@@ -8,12 +8,13 @@
 
 namespace mlaserve::engine {
 
-KvSnapshot::KvSnapshot(KvStore* store, int layer, PagedKvCache cache,
+KvSnapshot::KvSnapshot(KvStore* store, int layer, PagedKvCache cache, Fp8PagedKvCache fp8_cache,
                        std::vector<SequenceSnapshot> sequences,
                        std::vector<PrefixKey> pinned_prefixes)
     : store_(store),
       layer_(layer),
       cache_(cache),
+      fp8_cache_(fp8_cache),
       sequences_(std::move(sequences)),
       pinned_prefixes_(std::move(pinned_prefixes)) {
   for (const SequenceSnapshot& s : sequences_) {
@@ -31,6 +32,7 @@ KvSnapshot::KvSnapshot(KvSnapshot&& other) noexcept
     : store_(std::exchange(other.store_, nullptr)),
       layer_(other.layer_),
       cache_(other.cache_),
+      fp8_cache_(other.fp8_cache_),
       sequences_(std::move(other.sequences_)),
       pinned_prefixes_(std::move(other.pinned_prefixes_)),
       block_table_(std::move(other.block_table_)),
@@ -43,6 +45,7 @@ KvSnapshot& KvSnapshot::operator=(KvSnapshot&& other) noexcept {
     store_ = std::exchange(other.store_, nullptr);
     layer_ = other.layer_;
     cache_ = other.cache_;
+    fp8_cache_ = other.fp8_cache_;
     sequences_ = std::move(other.sequences_);
     pinned_prefixes_ = std::move(other.pinned_prefixes_);
     block_table_ = std::move(other.block_table_);

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/core/fp8_paged_kv_cache.h"
+#include "kernels/core/kv_dtype.h"
 #include "kernels/core/paged_kv_cache.h"
 #include "server/engine/kv/prefix_key.h"
 
@@ -27,7 +29,8 @@ struct PrefixSpan {
 struct SequenceSnapshot {
   std::string id;
   int32_t length = 0;
-  int page_size = 0;
+  int page_size = 0;  // tokens a page of its format holds
+  KvDtype kv_dtype = KvDtype::kBf16;
   // The block table: token t is row t % page_size of pool page pages[t / page_size].
   std::vector<int32_t> pages;
   // The registered prefixes the sequence starts on, root first; empty if none. The sequence
@@ -63,21 +66,24 @@ class KvSnapshot {
   int batch() const { return static_cast<int>(sequences_.size()); }
   const SequenceSnapshot& sequence(int b) const { return sequences_[b]; }
 
-  // The whole page pool, the cache the tables below index.
+  // The whole page pool, the cache the tables below index: as bf16 pages, and as FP8 pages
+  // (each sequence's kv_dtype says which its table indexes).
   const PagedKvCache& cache() const { return cache_; }
+  const Fp8PagedKvCache& fp8_cache() const { return fp8_cache_; }
   // FlashMLA-style tables for the batch: block_table [batch][max pages] (unused slots -1) and
   // seqlens [batch], in the order the sequences were asked for. Valid while this lives.
   PagedSequences tables() const;
 
  private:
   friend class KvStore;
-  KvSnapshot(KvStore* store, int layer, PagedKvCache cache, std::vector<SequenceSnapshot> sequences,
-             std::vector<PrefixKey> pinned_prefixes);
+  KvSnapshot(KvStore* store, int layer, PagedKvCache cache, Fp8PagedKvCache fp8_cache,
+             std::vector<SequenceSnapshot> sequences, std::vector<PrefixKey> pinned_prefixes);
   void Release();
 
   KvStore* store_ = nullptr;
   int layer_ = 0;
   PagedKvCache cache_;
+  Fp8PagedKvCache fp8_cache_;
   std::vector<SequenceSnapshot> sequences_;
   std::vector<PrefixKey> pinned_prefixes_;  // one per sequence that starts on a prefix
   std::vector<int32_t> block_table_;        // [batch][max_pages_]

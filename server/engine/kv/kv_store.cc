@@ -1,6 +1,7 @@
 #include "server/engine/kv/kv_store.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -44,6 +45,7 @@ struct KvStore::Sequence {
   Origin origin = Origin::kCreated;
   std::string origin_id;         // the prefix id it was created on, or the fork source
   PrefixNode* prefix = nullptr;  // referenced by this sequence
+  KvDtype kv_dtype = KvDtype::kBf16;
   std::vector<Layer> layers;
 };
 
@@ -58,6 +60,7 @@ struct KvStore::AppendReservation {
   std::vector<int32_t> targets;
   int32_t cow_source = -1;  // the shared last page copied into targets[0], or -1
   int cow_rows = 0;
+  KvDtype kv_dtype = KvDtype::kBf16;  // the sequence's
 };
 
 // A registration between its reservation and its publication, or (existing) a repeated one
@@ -68,6 +71,7 @@ struct KvStore::RegisterReservation {
   int32_t begin = 0;
   std::vector<std::vector<int32_t>> pages;  // [layer] the node's page list
   std::vector<int32_t> cow_sources;         // [layer] parent's last page to copy, or -1
+  KvDtype kv_dtype = KvDtype::kBf16;
 };
 
 absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const ModelConfig& model,
@@ -91,13 +95,14 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const ModelConfig& mode
                      " pages, more than int32 page ids can name; use larger pages"));
   }
   ASSIGN_OR_RETURN(PagePool pool, PagePool::Create(static_cast<int32_t>(num_pages),
-                                                   options.page_size, model.dk_latent()));
+                                                   options.page_size, model.dl, model.dr));
   return std::unique_ptr<KvStore>(new KvStore(model, options, std::move(pool)));
 }
 
 KvStore::KvStore(const ModelConfig& model, const KvStoreOptions& options, PagePool pool)
     : model_(model),
       budget_bytes_(options.budget_bytes),
+      default_kv_dtype_(options.default_kv_dtype),
       pool_(std::move(pool)),
       pages_(pool_.num_pages()) {}
 
@@ -119,7 +124,8 @@ bool KvStore::Appending(const Sequence& sequence) {
 // --- Prefixes -------------------------------------------------------------------------------
 
 absl::Status KvStore::RegisterPrefix(absl::string_view prefix_id, absl::string_view parent_id,
-                                     TensorView<const Bf16, 3> latent) {
+                                     TensorView<const Bf16, 3> latent,
+                                     std::optional<KvDtype> kv_dtype) {
   RETURN_IF_ERROR(CheckId("prefix_id", prefix_id));
   if (!parent_id.empty()) RETURN_IF_ERROR(CheckId("parent_id", parent_id));
   if (latent.dim(0) != model_.layers) {
@@ -134,7 +140,8 @@ absl::Status KvStore::RegisterPrefix(absl::string_view prefix_id, absl::string_v
   }
   if (latent.stride(2) != 1) return absl::InvalidArgumentError("latent rows must be contiguous");
 
-  ASSIGN_OR_RETURN(RegisterReservation reservation, ReserveRegister(prefix_id, parent_id, latent));
+  ASSIGN_OR_RETURN(RegisterReservation reservation,
+                   ReserveRegister(prefix_id, parent_id, latent, kv_dtype));
   if (reservation.existing) {
     const bool same = SameRows(reservation, latent);
     TsanVisibleLock lock(&mu_);
@@ -146,14 +153,15 @@ absl::Status KvStore::RegisterPrefix(absl::string_view prefix_id, absl::string_v
     }
     return absl::OkStatus();
   }
-  const int page_size = pool_.page_size();
+  const KvDtype dtype = reservation.kv_dtype;
+  const int page_size = pool_.page_tokens(dtype);
   for (int layer = 0; layer < model_.layers; ++layer) {
     const std::vector<int32_t>& pages = reservation.pages[layer];
     if (reservation.cow_sources[layer] >= 0) {
-      pool_.CopyRows(reservation.cow_sources[layer], pages[reservation.begin / page_size],
+      pool_.CopyRows(dtype, reservation.cow_sources[layer], pages[reservation.begin / page_size],
                      reservation.begin % page_size);
     }
-    pool_.WriteTokens(pages, reservation.begin, latent.row(layer, 0), latent.stride(1),
+    pool_.WriteTokens(dtype, pages, reservation.begin, latent.row(layer, 0), latent.stride(1),
                       latent.dim(1));
   }
   PublishRegister(reservation);
@@ -161,7 +169,8 @@ absl::Status KvStore::RegisterPrefix(absl::string_view prefix_id, absl::string_v
 }
 
 absl::StatusOr<KvStore::RegisterReservation> KvStore::ReserveRegister(
-    absl::string_view prefix_id, absl::string_view parent_id, TensorView<const Bf16, 3> latent) {
+    absl::string_view prefix_id, absl::string_view parent_id, TensorView<const Bf16, 3> latent,
+    std::optional<KvDtype> kv_dtype) {
   const int64_t tokens = latent.dim(1);
   TsanVisibleLock lock(&mu_);
   PrefixNode* existing = nullptr;
@@ -178,26 +187,36 @@ absl::StatusOr<KvStore::RegisterReservation> KvStore::ReserveRegister(
 
   RegisterReservation r;
   if (existing != nullptr) {
-    if (existing->parent_id != parent_id || existing->end - existing->begin != tokens) {
+    if (existing->parent_id != parent_id || existing->end - existing->begin != tokens ||
+        (kv_dtype.has_value() && *kv_dtype != existing->kv_dtype)) {
       return absl::AlreadyExistsError(absl::StrCat(
           "prefix '", prefix_id, "' is already registered with ",
           existing->parent_id.empty() ? "no parent"
                                       : absl::StrCat("parent '", existing->parent_id, "'"),
-          " and ", existing->end - existing->begin, " tokens"));
+          ", ", existing->end - existing->begin, " tokens, in ", KvDtypeName(existing->kv_dtype)));
     }
     tree_.AddReference(existing);  // keeps its rows while they are compared without the lock
     r.node = existing;
     r.existing = true;
     r.begin = existing->begin;
     r.pages = existing->pages;
+    r.kv_dtype = existing->kv_dtype;
     return r;
   }
   if (!parent_id.empty() && parent == nullptr) {
     return absl::NotFoundError(absl::StrCat("parent prefix '", parent_id,
                                             "' is not registered (never, released or evicted)"));
   }
+  const KvDtype dtype = kv_dtype.value_or(parent != nullptr ? parent->kv_dtype : default_kv_dtype_);
+  if (parent != nullptr && dtype != parent->kv_dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_dtype: prefix '", prefix_id, "' is asked to hold ", KvDtypeName(dtype),
+                     " rows but its parent '", parent_id, "' holds ", KvDtypeName(parent->kv_dtype),
+                     " (a child shares its parent's pages, so it keeps its format)"));
+  }
+  r.kv_dtype = dtype;
 
-  const int page_size = pool_.page_size();
+  const int page_size = pool_.page_tokens(dtype);
   const int32_t begin = parent == nullptr ? 0 : parent->end;
   if (begin + tokens > kMaxTokens) {
     return absl::InvalidArgumentError(absl::StrCat("prefix '", prefix_id, "' would end at token ",
@@ -221,6 +240,7 @@ absl::StatusOr<KvStore::RegisterReservation> KvStore::ReserveRegister(
   node->parent = parent;
   node->begin = begin;
   node->end = end;
+  node->kv_dtype = dtype;
   node->pages.resize(model_.layers);
   r.begin = begin;
   r.cow_sources.assign(model_.layers, -1);
@@ -240,13 +260,10 @@ absl::StatusOr<KvStore::RegisterReservation> KvStore::ReserveRegister(
 
 bool KvStore::SameRows(const RegisterReservation& existing,
                        TensorView<const Bf16, 3> latent) const {
-  const size_t row_bytes = static_cast<size_t>(model_.dk_latent()) * sizeof(Bf16);
   for (int layer = 0; layer < model_.layers; ++layer) {
-    for (int64_t t = 0; t < latent.dim(1); ++t) {
-      const int64_t token = existing.begin + t;
-      const Bf16* stored = pool_.Row(existing.pages[layer][token / pool_.page_size()],
-                                     static_cast<int>(token % pool_.page_size()));
-      if (std::memcmp(stored, latent.row(layer, t), row_bytes) != 0) return false;
+    if (!pool_.HoldsRows(existing.kv_dtype, existing.pages[layer], existing.begin,
+                         latent.row(layer, 0), latent.stride(1), latent.dim(1))) {
+      return false;
     }
   }
   return true;
@@ -286,14 +303,16 @@ absl::StatusOr<PrefixInfo> KvStore::GetPrefix(absl::string_view prefix_id) const
       TsanVisibleWait(published_, &mu_);
       continue;
     }
-    return PrefixInfo{node->id,    node->key, node->parent_id,
-                      node->begin, node->end, node->references > 0};
+    return PrefixInfo{node->id,      node->key, node->parent_id,
+                      node->begin,   node->end, node->references > 0,
+                      node->kv_dtype};
   }
 }
 
 // --- Sequences ------------------------------------------------------------------------------
 
-absl::Status KvStore::CreateSequence(absl::string_view sequence_id, absl::string_view prefix_id) {
+absl::Status KvStore::CreateSequence(absl::string_view sequence_id, absl::string_view prefix_id,
+                                     std::optional<KvDtype> kv_dtype) {
   RETURN_IF_ERROR(CheckId("sequence_id", sequence_id));
   if (!prefix_id.empty()) RETURN_IF_ERROR(CheckId("prefix_id", prefix_id));
   TsanVisibleLock lock(&mu_);
@@ -301,7 +320,8 @@ absl::Status KvStore::CreateSequence(absl::string_view sequence_id, absl::string
   for (;;) {
     if (const auto it = sequences_.find(sequence_id); it != sequences_.end()) {
       const Sequence& s = *it->second;
-      if (s.origin == Sequence::Origin::kCreated && s.origin_id == prefix_id) {
+      if (s.origin == Sequence::Origin::kCreated && s.origin_id == prefix_id &&
+          kv_dtype.value_or(s.kv_dtype) == s.kv_dtype) {
         return absl::OkStatus();
       }
       return absl::AlreadyExistsError(absl::StrCat(
@@ -318,11 +338,18 @@ absl::Status KvStore::CreateSequence(absl::string_view sequence_id, absl::string
     if (prefix->ready) break;
     TsanVisibleWait(published_, &mu_);
   }
+  if (prefix != nullptr && kv_dtype.has_value() && *kv_dtype != prefix->kv_dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv_dtype: sequence '", sequence_id, "' is asked to hold ", KvDtypeName(*kv_dtype),
+        " rows but its prefix '", prefix_id, "' holds ", KvDtypeName(prefix->kv_dtype),
+        " (a sequence reads its prefix's pages, so it keeps their format)"));
+  }
 
   auto sequence = std::make_unique<Sequence>();
   sequence->id = std::string(sequence_id);
   sequence->origin = Sequence::Origin::kCreated;
   sequence->origin_id = std::string(prefix_id);
+  sequence->kv_dtype = prefix != nullptr ? prefix->kv_dtype : kv_dtype.value_or(default_kv_dtype_);
   sequence->layers.resize(model_.layers);
   if (prefix != nullptr) {
     sequence->prefix = prefix;
@@ -368,6 +395,7 @@ absl::Status KvStore::ForkSequence(absl::string_view source_id, absl::string_vie
   fork->origin = Sequence::Origin::kForked;
   fork->origin_id = std::string(source_id);
   fork->prefix = source->prefix;
+  fork->kv_dtype = source->kv_dtype;
   if (fork->prefix != nullptr) tree_.AddReference(fork->prefix);
   fork->layers.resize(model_.layers);
   for (int layer = 0; layer < model_.layers; ++layer) {
@@ -396,20 +424,74 @@ absl::Status KvStore::Append(absl::string_view sequence_id, int layer, int64_t s
   if (rows.stride(1) != 1) return absl::InvalidArgumentError("rows must be contiguous");
 
   ASSIGN_OR_RETURN(std::optional<AppendReservation> reservation,
-                   ReserveAppend(sequence_id, layer, start_position, rows.dim(0)));
+                   ReserveAppend(sequence_id, layer, start_position, rows.dim(0),
+                                 /*fp8_records=*/false));
   if (!reservation.has_value()) return absl::OkStatus();
+  const KvDtype dtype = reservation->kv_dtype;
   if (reservation->cow_source >= 0) {
-    pool_.CopyRows(reservation->cow_source, reservation->targets[0], reservation->cow_rows);
+    pool_.CopyRows(dtype, reservation->cow_source, reservation->targets[0], reservation->cow_rows);
   }
-  const int page_size = pool_.page_size();
-  pool_.WriteTokens(reservation->targets, reservation->first_token % page_size, rows.data(),
+  pool_.WriteTokens(dtype, reservation->targets,
+                    reservation->first_token % pool_.page_tokens(dtype), rows.data(),
                     rows.stride(0), rows.dim(0));
   PublishAppend(*reservation);
   return absl::OkStatus();
 }
 
+absl::Status KvStore::AppendFp8(absl::string_view sequence_id, int layer, int64_t start_position,
+                                std::span<const std::byte> records, int64_t n) {
+  RETURN_IF_ERROR(CheckId("sequence_id", sequence_id));
+  RETURN_IF_ERROR(CheckLayer(layer));
+  if (start_position < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("start_position is negative (", start_position, ")"));
+  }
+  if (n < 1) return absl::InvalidArgumentError("rows is empty");
+  const Fp8PageLayout& layout = pool_.fp8_layout();
+  const int64_t record = Fp8PageLayout::BytesPerToken(layout.dl, layout.dr);
+  if (static_cast<int64_t>(records.size()) != n * record) {
+    return absl::InvalidArgumentError(absl::StrCat("rows hold ", records.size(), " bytes, not ", n,
+                                                   " FP8 rows of ", record, " bytes"));
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    const std::byte* row = records.data() + r * record;
+    float scale = 0;
+    std::memcpy(&scale, row + layout.dl, sizeof scale);
+    if (!std::isfinite(scale) || !(scale > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rows[", r, "] has scale ", scale, "; a scale must be finite and positive"));
+    }
+    for (int c = 0; c < layout.dl; ++c) {
+      if ((static_cast<uint8_t>(row[c]) & 0x7f) == 0x7f) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rows[", r, "] content[", c, "] is an e4m3 NaN"));
+      }
+    }
+    for (int c = 0; c < layout.dr; ++c) {
+      Bf16 v;
+      std::memcpy(&v, row + layout.dl + sizeof(float) + c * sizeof(Bf16), sizeof v);
+      if (!v.IsFinite()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rows[", r, "] rope[", c, "] is not finite"));
+      }
+    }
+  }
+  ASSIGN_OR_RETURN(std::optional<AppendReservation> reservation,
+                   ReserveAppend(sequence_id, layer, start_position, n, /*fp8_records=*/true));
+  if (!reservation.has_value()) return absl::OkStatus();
+  if (reservation->cow_source >= 0) {
+    pool_.CopyRows(KvDtype::kFp8, reservation->cow_source, reservation->targets[0],
+                   reservation->cow_rows);
+  }
+  pool_.WriteFp8Records(reservation->targets, reservation->first_token % layout.page_size,
+                        records.data(), n);
+  PublishAppend(*reservation);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::optional<KvStore::AppendReservation>> KvStore::ReserveAppend(
-    absl::string_view sequence_id, int layer, int64_t start_position, int64_t rows) {
+    absl::string_view sequence_id, int layer, int64_t start_position, int64_t rows,
+    bool fp8_records) {
   TsanVisibleLock lock(&mu_);
   Sequence* sequence = nullptr;
   for (;;) {
@@ -418,6 +500,11 @@ absl::StatusOr<std::optional<KvStore::AppendReservation>> KvStore::ReserveAppend
       return absl::NotFoundError(absl::StrCat("sequence '", sequence_id, "' does not exist"));
     }
     sequence = it->second.get();
+    if (fp8_records && sequence->kv_dtype != KvDtype::kFp8) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("sequence '", sequence_id, "' holds ", KvDtypeName(sequence->kv_dtype),
+                       " rows: append them as bf16 rows, not FP8 ones"));
+    }
     if (!sequence->layers[layer].appending) break;
     TsanVisibleWait(published_,
                     &mu_);  // a retry racing its original: decide once that one has landed
@@ -435,7 +522,7 @@ absl::StatusOr<std::optional<KvStore::AppendReservation>> KvStore::ReserveAppend
                                                    " would hold ", l.length + rows,
                                                    " tokens, past 2^31 - 1"));
   }
-  const int page_size = pool_.page_size();
+  const int page_size = pool_.page_tokens(sequence->kv_dtype);
   const int cow_rows = l.length % page_size;
   // A partly filled last page that another list holds must be copied before it is written.
   const bool copy_last = cow_rows != 0 && pages_.owners(l.pages.back()) > 1;
@@ -447,6 +534,7 @@ absl::StatusOr<std::optional<KvStore::AppendReservation>> KvStore::ReserveAppend
 
   AppendReservation r;
   r.sequence = sequence;
+  r.kv_dtype = sequence->kv_dtype;
   r.layer = layer;
   r.first_token = l.length;
   r.rows = rows;
@@ -469,7 +557,7 @@ void KvStore::PublishAppend(const AppendReservation& reservation) {
   if (reservation.cow_source >= 0) {
     pages_.DropOwner(l.pages.back(), PageOwner::kSequence);
     l.pages.back() = *fresh++;
-  } else if (reservation.first_token % pool_.page_size() != 0) {
+  } else if (reservation.first_token % pool_.page_tokens(reservation.kv_dtype) != 0) {
     ++fresh;  // the last page, written in place
   }
   l.pages.insert(l.pages.end(), fresh, reservation.targets.end());
@@ -506,7 +594,7 @@ absl::StatusOr<SequenceInfo> KvStore::GetSequence(absl::string_view sequence_id)
     return absl::NotFoundError(absl::StrCat("sequence '", sequence_id, "' does not exist"));
   }
   const Sequence& s = *it->second;
-  SequenceInfo info{s.id, s.prefix == nullptr ? "" : s.prefix->id, {}};
+  SequenceInfo info{s.id, s.prefix == nullptr ? "" : s.prefix->id, {}, s.kv_dtype};
   for (const Sequence::Layer& l : s.layers) info.lengths.push_back(l.length);
   return info;
 }
@@ -535,7 +623,8 @@ absl::StatusOr<KvSnapshot> KvStore::Snapshot(std::span<const std::string> sequen
   std::vector<PrefixKey> pinned_prefixes;
   for (const Sequence* s : found) {
     const Sequence::Layer& l = s->layers[layer];
-    SequenceSnapshot snapshot{s->id, l.length, pool_.page_size(), l.pages, {}};
+    SequenceSnapshot snapshot{s->id,       l.length, pool_.page_tokens(s->kv_dtype),
+                              s->kv_dtype, l.pages,  {}};
     for (int32_t page : l.pages) pages_.Pin(page);
     if (s->prefix != nullptr) {
       tree_.AddReference(s->prefix);  // the chain above it is referenced through it
@@ -548,7 +637,8 @@ absl::StatusOr<KvSnapshot> KvStore::Snapshot(std::span<const std::string> sequen
     }
     snapshots.push_back(std::move(snapshot));
   }
-  return KvSnapshot(this, layer, pool_.View(), std::move(snapshots), std::move(pinned_prefixes));
+  return KvSnapshot(this, layer, pool_.View(), pool_.Fp8View(), std::move(snapshots),
+                    std::move(pinned_prefixes));
 }
 
 void KvStore::ReleaseSnapshot(std::span<const SequenceSnapshot> sequences,
@@ -611,8 +701,12 @@ absl::StatusOr<ExpandedKv> KvStore::GetOrBuildExpanded(PrefixKey prefix, int lay
   }
 
   // Rows of a live prefix never change, so the expansion reads them without the lock.
-  auto data = std::make_unique<ExpandedKvData>(ExpandedKvData::Build(
-      pool_.View(), pages, node->begin, node->end, model_.dr, weights.Layer(layer)));
+  auto data = std::make_unique<ExpandedKvData>(
+      node->kv_dtype == KvDtype::kFp8
+          ? ExpandedKvData::BuildFromFp8(pool_.Fp8View(), pages, node->begin, node->end, model_.dr,
+                                         weights.Layer(layer))
+          : ExpandedKvData::Build(pool_.View(), pages, node->begin, node->end, model_.dr,
+                                  weights.Layer(layer)));
 
   TsanVisibleLock lock(&mu_);
   expanded_.Publish(*entry, std::move(data), tree_.Tick());
@@ -635,6 +729,8 @@ KvStoreStats KvStore::Stats() const {
   stats.budget_bytes = budget_bytes_;
   stats.used_bytes = UsedBytes();
   stats.page_bytes = pool_.page_bytes();
+  stats.page_tokens_bf16 = pool_.page_tokens(KvDtype::kBf16);
+  stats.page_tokens_fp8 = pool_.page_tokens(KvDtype::kFp8);
   stats.pages_total = pages_.num_pages();
   stats.pages_free = counts.free;
   stats.pages_used = stats.pages_total - counts.free;

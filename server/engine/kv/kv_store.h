@@ -79,18 +79,22 @@ class KvStore {
 
   const ModelConfig& model() const { return model_; }
   int page_size() const { return pool_.page_size(); }
+  KvDtype default_kv_dtype() const { return default_kv_dtype_; }
   // The whole pool as the kernels' paged cache (what KvSnapshot::cache() returns).
   PagedKvCache PoolView() const { return pool_.View(); }
 
   // --- Prefixes -------------------------------------------------------------------------
 
   // Registers `latent` ([layers][tokens][dl + dr], rows contiguous) as prefix `prefix_id`,
-  // extending `parent_id` if that is not empty (its tokens follow the parent's). A sequence
-  // created on it reads the parent chain's tokens, then these. Fails with NOT_FOUND for an
-  // unknown parent, ALREADY_EXISTS if the id is registered with another parent or other rows,
-  // RESOURCE_EXHAUSTED if the rows do not fit.
+  // extending `parent_id` if that is not empty (its tokens follow the parent's), held in
+  // `kv_dtype` (FP8 rows are quantised here); unset, a child takes its parent's format and a
+  // root the store's default. A sequence created on it reads the parent chain's tokens, then
+  // these. Fails with NOT_FOUND for an unknown parent, INVALID_ARGUMENT naming kv_dtype for a
+  // child of another format than its parent, ALREADY_EXISTS if the id is registered with
+  // another parent, format or rows, RESOURCE_EXHAUSTED if the rows do not fit.
   absl::Status RegisterPrefix(absl::string_view prefix_id, absl::string_view parent_id,
-                              TensorView<const Bf16, 3> latent);
+                              TensorView<const Bf16, 3> latent,
+                              std::optional<KvDtype> kv_dtype = std::nullopt);
 
   // Drops the client's registration: the id becomes free at once. Whatever still references
   // the prefix (sequences started on it, child prefixes, snapshots, handles) keeps it alive,
@@ -102,8 +106,11 @@ class KvStore {
   // --- Sequences ------------------------------------------------------------------------
 
   // Creates an empty sequence, or one that starts on a registered prefix (every layer then
-  // holds the prefix chain's tokens). No rows are copied and no memory is taken.
-  absl::Status CreateSequence(absl::string_view sequence_id, absl::string_view prefix_id = "");
+  // holds the prefix chain's tokens). No rows are copied and no memory is taken. Its format
+  // is the prefix's (INVALID_ARGUMENT naming kv_dtype if another is asked for), or
+  // `kv_dtype`, or the store's default.
+  absl::Status CreateSequence(absl::string_view sequence_id, absl::string_view prefix_id = "",
+                              std::optional<KvDtype> kv_dtype = std::nullopt);
 
   // Creates `new_id` as a copy of `source_id` that shares its pages; either side's appends
   // never show in the other.
@@ -114,8 +121,17 @@ class KvStore {
   // (start_position + n <= length) is a retry and succeeds without effect; anything else is
   // FAILED_PRECONDITION naming the expected position. RESOURCE_EXHAUSTED if the pages do not
   // fit.
+  // Into an FP8 sequence the rows are quantised.
   absl::Status Append(absl::string_view sequence_id, int layer, int64_t start_position,
                       TensorView<const Bf16, 2> rows);
+
+  // The same with `n` rows already in the FP8 form (PagePool::WriteFp8Records: content e4m3,
+  // fp32 scale, scaled RoPE bf16; Fp8PageLayout::BytesPerToken bytes each, back to back), for
+  // an FP8 sequence only (FAILED_PRECONDITION otherwise). INVALID_ARGUMENT naming the row and
+  // what is wrong for a scale that is not finite and positive, a NaN content code or a
+  // RoPE value that is not finite; nothing is written then.
+  absl::Status AppendFp8(absl::string_view sequence_id, int layer, int64_t start_position,
+                         std::span<const std::byte> records, int64_t n);
 
   // Frees the sequence's pages (those a snapshot still reads stay until it is gone).
   absl::Status ReleaseSequence(absl::string_view sequence_id);
@@ -158,14 +174,16 @@ class KvStore {
 
   // Phases of the operations that copy rows outside the lock.
   // nullopt: the rows are already there (a retry).
+  // `fp8_records`: the append brings FP8 records (the sequence must be FP8).
   absl::StatusOr<std::optional<AppendReservation>> ReserveAppend(absl::string_view sequence_id,
                                                                  int layer, int64_t start_position,
-                                                                 int64_t rows)
+                                                                 int64_t rows, bool fp8_records)
       ABSL_LOCKS_EXCLUDED(mu_);
   void PublishAppend(const AppendReservation& reservation) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<RegisterReservation> ReserveRegister(absl::string_view prefix_id,
                                                       absl::string_view parent_id,
-                                                      TensorView<const Bf16, 3> latent)
+                                                      TensorView<const Bf16, 3> latent,
+                                                      std::optional<KvDtype> kv_dtype)
       ABSL_LOCKS_EXCLUDED(mu_);
   void PublishRegister(const RegisterReservation& reservation) ABSL_LOCKS_EXCLUDED(mu_);
   // Whether an existing registration holds exactly `latent` (read without the lock: the
@@ -188,6 +206,7 @@ class KvStore {
 
   const ModelConfig model_;
   const int64_t budget_bytes_;
+  const KvDtype default_kv_dtype_;
   // Immutable mapping; which rows are written when is the protocol described above.
   const PagePool pool_;
 

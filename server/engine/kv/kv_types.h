@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/core/kv_dtype.h"
 #include "server/engine/kv/prefix_key.h"
 
 namespace mlaserve::engine {
@@ -16,14 +17,20 @@ struct KvStoreOptions {
   // Everything the store holds counts against this: latent pages in use (sequences',
   // prefixes', and released ones still pinned by snapshots) plus expanded K/V.
   int64_t budget_bytes = 0;
-  // Tokens per page (the paper's and vLLM-Ascend's block size).
+  // Tokens per bf16 page (the paper's and vLLM-Ascend's block size); an FP8 page fills the
+  // same bytes with more tokens (PagePool).
   int page_size = 128;
+  // The format of a prefix or sequence created without one (and with no parent to inherit
+  // from): the server's --kv_dtype.
+  KvDtype default_kv_dtype = KvDtype::kBf16;
 };
 
 struct KvStoreStats {
   int64_t budget_bytes = 0;
   int64_t used_bytes = 0;  // pages_used * page bytes + expanded_bytes
   int64_t page_bytes = 0;
+  int32_t page_tokens_bf16 = 0;  // tokens a page holds in each format
+  int32_t page_tokens_fp8 = 0;
   int32_t pages_total = 0;
   int32_t pages_used = 0;
   int32_t pages_free = 0;      // in the pool; expanded K/V shares the budget, so fewer may fit
@@ -48,6 +55,7 @@ struct PrefixInfo {
   int32_t begin = 0;      // tokens [begin, end) are this prefix's own; [0, begin) its parent's
   int32_t end = 0;
   bool referenced = false;  // by a child, a sequence, a snapshot or an expanded K/V handle
+  KvDtype kv_dtype = KvDtype::kBf16;
 
   friend bool operator==(const PrefixInfo&, const PrefixInfo&) = default;
 };
@@ -56,6 +64,7 @@ struct SequenceInfo {
   std::string id;
   std::string prefix_id;         // the prefix it starts on (a fork's is its source's), or ""
   std::vector<int32_t> lengths;  // tokens per layer
+  KvDtype kv_dtype = KvDtype::kBf16;
 
   friend bool operator==(const SequenceInfo&, const SequenceInfo&) = default;
 };

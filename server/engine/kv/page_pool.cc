@@ -3,22 +3,31 @@
 #include <algorithm>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/core/tensor_view.h"
 
 namespace mlaserve::engine {
 
-absl::StatusOr<PagePool> PagePool::Create(int32_t num_pages, int page_size, int row_width) {
-  if (num_pages <= 0 || page_size <= 0 || row_width <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("page pool: num_pages (", num_pages,
-                                                   "), page_size (", page_size, ") and row_width (",
-                                                   row_width, ") must be positive"));
+absl::StatusOr<PagePool> PagePool::Create(int32_t num_pages, int page_size, int dl, int dr) {
+  const int row_width = dl + dr;
+  if (num_pages <= 0 || page_size <= 0 || dl <= 0 || dl % 4 != 0 || dr < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page pool: num_pages (", num_pages, "), page_size (", page_size, ") and dl (",
+                     dl, ", a multiple of 4) must be positive, dr (", dr, ") not negative"));
   }
   PagePool pool;
   pool.num_pages_ = num_pages;
   pool.page_size_ = page_size;
   pool.row_width_ = row_width;
+  pool.fp8_layout_ =
+      Fp8PageLayout{static_cast<int>(pool.page_bytes() / Fp8PageLayout::BytesPerToken(dl, dr)), dl,
+                    dr, pool.page_bytes()};
+  if (pool.fp8_layout_.page_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page pool: a page of ", pool.page_bytes(), " bytes holds no FP8 token"));
+  }
   absl::StatusOr<AnonymousMapping> memory = AnonymousMapping::Create(
       static_cast<std::size_t>(num_pages) * pool.page_bytes(), AnonymousMapping::Use::kSparse);
   if (!memory.ok()) {
@@ -37,8 +46,21 @@ PagedKvCache PagePool::View() const {
       *TensorView<const Bf16, 3>::Create(all, {num_pages_, page_size_, row_width_}, "page pool")};
 }
 
-void PagePool::WriteTokens(std::span<const int32_t> pages, int64_t first_token, const Bf16* rows,
-                           int64_t row_stride, int64_t n) const {
+Fp8PagedKvCache PagePool::Fp8View() const {
+  return Fp8PagedKvCache{static_cast<const std::byte*>(memory_.data()), num_pages_, fp8_layout_};
+}
+
+void PagePool::WriteTokens(KvDtype dtype, std::span<const int32_t> pages, int64_t first_token,
+                           const Bf16* rows, int64_t row_stride, int64_t n) const {
+  if (dtype == KvDtype::kFp8) {
+    const int tokens = fp8_layout_.page_size;
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t token = first_token + r;
+      WriteFp8Token(fp8_layout_, Slot(pages[token / tokens]), static_cast<int>(token % tokens),
+                    rows + r * row_stride);
+    }
+    return;
+  }
   for (int64_t done = 0; done < n;) {
     const int64_t token = first_token + done;
     const int row = static_cast<int>(token % page_size_);
@@ -56,8 +78,63 @@ void PagePool::WriteTokens(std::span<const int32_t> pages, int64_t first_token, 
   }
 }
 
-void PagePool::CopyRows(int32_t from, int32_t to, int rows) const {
-  std::memcpy(Row(to, 0), Row(from, 0), static_cast<std::size_t>(rows) * row_width_ * sizeof(Bf16));
+void PagePool::WriteFp8Records(std::span<const int32_t> pages, int64_t first_token,
+                               const std::byte* records, int64_t n) const {
+  const Fp8PageLayout& l = fp8_layout_;
+  const int64_t record = Fp8PageLayout::BytesPerToken(l.dl, l.dr);
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t token = first_token + r;
+    std::byte* page = Slot(pages[token / l.page_size]);
+    const int row = static_cast<int>(token % l.page_size);
+    const std::byte* src = records + r * record;
+    std::memcpy(page + l.content_offset(row), src, l.dl);
+    std::memcpy(page + l.scale_offset(row), src + l.dl, sizeof(float));
+    std::memcpy(page + l.rope_offset(row), src + l.dl + sizeof(float), l.dr * sizeof(Bf16));
+  }
+}
+
+bool PagePool::HoldsRows(KvDtype dtype, std::span<const int32_t> pages, int64_t first_token,
+                         const Bf16* rows, int64_t row_stride, int64_t n) const {
+  if (dtype == KvDtype::kBf16) {
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t token = first_token + r;
+      const Bf16* stored = Row(pages[token / page_size_], static_cast<int>(token % page_size_));
+      if (std::memcmp(stored, rows + r * row_stride, row_width_ * sizeof(Bf16)) != 0) return false;
+    }
+    return true;
+  }
+  // Compare the bytes the rows would become.
+  const Fp8PageLayout& l = fp8_layout_;
+  std::vector<std::byte> scratch(static_cast<size_t>(l.page_bytes()));
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t token = first_token + r;
+    const std::byte* page = Slot(pages[token / l.page_size]);
+    const int row = static_cast<int>(token % l.page_size);
+    WriteFp8Token(l, scratch.data(), row, rows + r * row_stride);
+    if (std::memcmp(page + l.content_offset(row), scratch.data() + l.content_offset(row), l.dl) !=
+            0 ||
+        std::memcmp(page + l.scale_offset(row), scratch.data() + l.scale_offset(row),
+                    sizeof(float)) != 0 ||
+        std::memcmp(page + l.rope_offset(row), scratch.data() + l.rope_offset(row),
+                    l.dr * sizeof(Bf16)) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void PagePool::CopyRows(KvDtype dtype, int32_t from, int32_t to, int rows) const {
+  if (dtype == KvDtype::kBf16) {
+    std::memcpy(Row(to, 0), Row(from, 0),
+                static_cast<std::size_t>(rows) * row_width_ * sizeof(Bf16));
+    return;
+  }
+  const Fp8PageLayout& l = fp8_layout_;
+  const std::byte* src = Slot(from);
+  std::byte* dst = Slot(to);
+  std::memcpy(dst + l.content_offset(0), src + l.content_offset(0), int64_t{rows} * l.dl);
+  std::memcpy(dst + l.scale_offset(0), src + l.scale_offset(0), rows * sizeof(float));
+  std::memcpy(dst + l.rope_offset(0), src + l.rope_offset(0), int64_t{rows} * l.dr * sizeof(Bf16));
 }
 
 }  // namespace mlaserve::engine

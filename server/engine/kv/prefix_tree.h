@@ -8,6 +8,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
+#include "kernels/core/kv_dtype.h"
 #include "server/engine/kv/prefix_key.h"
 
 namespace mlaserve::engine {
@@ -24,6 +25,7 @@ struct PrefixNode {
   int32_t begin = 0;
   int32_t end = 0;
   std::vector<std::vector<int32_t>> pages;  // [layer]
+  KvDtype kv_dtype = KvDtype::kBf16;        // the format of its pages (and its children's)
   bool ready = false;                       // false while its rows are being copied in
   bool registered = true;                   // false once released or evicted
   // Children, sequences started on it, snapshots, expansion handles and operations in

@@ -46,8 +46,9 @@ struct GroupPlan {
   int layer = 0;
   int sq = 1;
   QuerySpace space = QuerySpace::kHead;
-  std::vector<int> members;  // indices into BatchPlan::queries
-  std::string prefix_id;     // the deepest shared prefix, "" if none
+  std::vector<int> members;           // indices into BatchPlan::queries
+  std::string prefix_id;              // the deepest shared prefix, "" if none
+  KvDtype kv_dtype = KvDtype::kBf16;  // its sequences' (and prefix's) format
   double b_theta = 0;
   // kHybrid: the passes over its prefix levels, root first, covering keys [0, absorb_from);
   // the absorb part reads each member's keys from absorb_from on.

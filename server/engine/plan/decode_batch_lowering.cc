@@ -15,6 +15,8 @@ DecodeBatch ToDecodeBatch(const BatchPlan& plan, const ModelWeights& weights, in
     batch.pool = pool.pages.data();
     batch.pool_pages = pool.num_pages();
     batch.page_size = pool.page_size();
+    const Fp8PagedKvCache& fp8 = plan.snapshots.front().fp8_cache();  // the same pool's slots
+    batch.fp8_pool = {fp8.base, fp8.num_pages, fp8.layout};
   }
   std::vector<int> pass_index(plan.passes.size(), -1);
   for (size_t p = 0; p < plan.passes.size(); ++p) {
@@ -27,6 +29,7 @@ DecodeBatch ToDecodeBatch(const BatchPlan& plan, const ModelWeights& weights, in
   }
   for (const GroupPlan& group : plan.groups) {
     DecodeBatch::Group g;
+    g.kv_dtype = group.kv_dtype;
     g.head_space = group.space == QuerySpace::kHead;
     g.sq = group.sq;
     g.kv_b = g.head_space ? weights.KvBProj(group.layer).data() : nullptr;

@@ -7,15 +7,22 @@
 
 namespace mlaserve::engine {
 
-double TyphoonBatchThreshold(const ModelConfig& model, int sq, const DeviceRates& rates) {
+double TyphoonBatchThreshold(const ModelConfig& model, int sq, const DeviceRates& rates,
+                             KvDtype kv_dtype) {
   const double naive_width = model.dqk() + model.dv;
-  const double absorb_width = sq * (2.0 * model.dl + model.dr);
+  const double content_cost = kv_dtype == KvDtype::kFp8 && rates.fp8_matrix_flops > 0
+                                  ? rates.matrix_flops / rates.fp8_matrix_flops
+                                  : 1.0;
+  const double absorb_width = sq * (2.0 * model.dl * content_cost + model.dr);
   return naive_width / absorb_width * rates.matrix_flops / rates.memory_bytes_per_second;
 }
 
 Planner::Planner(const ModelConfig& model, DeviceRates rates, int max_sq, PlannerOptions options)
     : options_(options) {
-  for (int sq = 1; sq <= max_sq; ++sq) b_theta_.push_back(TyphoonBatchThreshold(model, sq, rates));
+  for (int sq = 1; sq <= max_sq; ++sq) {
+    b_theta_.push_back(TyphoonBatchThreshold(model, sq, rates));
+    b_theta_fp8_.push_back(TyphoonBatchThreshold(model, sq, rates, KvDtype::kFp8));
+  }
 }
 
 namespace {
@@ -64,8 +71,8 @@ Planner::Result Planner::Plan(KvStore& store,
     }
   }
 
-  // Group: (layer, deepest prefix, sq, space), in order of first appearance.
-  using Key = std::tuple<int, PrefixKey, int, QuerySpace>;
+  // Group: (layer, deepest prefix, sq, space, format), in order of first appearance.
+  using Key = std::tuple<int, PrefixKey, int, QuerySpace, KvDtype>;
   std::map<Key, int> group_of;
   std::vector<const std::vector<PrefixSpan>*> chains;  // per group: its prefix levels, root first
   for (int i = 0; i < static_cast<int>(queries.size()); ++i) {
@@ -73,7 +80,7 @@ Planner::Result Planner::Plan(KvStore& store,
     const DecodeQuery& q = *queries[i];
     const SequenceSnapshot& seq = plan.sequence(plan.queries[i]);
     const PrefixKey prefix = seq.prefixes.empty() ? 0 : seq.prefixes.back().key;
-    const Key key{q.layer, prefix, q.sq, q.space};
+    const Key key{q.layer, prefix, q.sq, q.space, seq.kv_dtype};
     auto [it, inserted] = group_of.try_emplace(key, static_cast<int>(plan.groups.size()));
     if (inserted) {
       GroupPlan group;
@@ -81,7 +88,8 @@ Planner::Result Planner::Plan(KvStore& store,
       group.sq = q.sq;
       group.space = q.space;
       group.prefix_id = seq.prefixes.empty() ? "" : seq.prefixes.back().id;
-      group.b_theta = BTheta(q.sq);
+      group.kv_dtype = seq.kv_dtype;
+      group.b_theta = BTheta(q.sq, seq.kv_dtype);
       plan.groups.push_back(std::move(group));
       chains.push_back(&seq.prefixes);
     }
@@ -108,7 +116,7 @@ Planner::Result Planner::Plan(KvStore& store,
       const std::pair<int, PrefixKey> key{group.layer, level.key};
       // Counts only grow towards the root, so the levels that clear the bar are a prefix of
       // the chain: naive up to some depth, absorb after it.
-      if (options_.tree_aware && readers[key] < BTheta(1)) break;
+      if (options_.tree_aware && readers[key] < BTheta(1, group.kv_dtype)) break;
       auto it = options_.tree_aware ? pass_of.find(key) : pass_of.end();
       if (it == pass_of.end()) {
         plan.passes.push_back(NaivePassPlan{level, group.layer, {}, 0, std::nullopt});

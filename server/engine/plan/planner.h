@@ -19,6 +19,7 @@ namespace mlaserve::engine {
 struct DeviceRates {
   double matrix_flops = 0;
   double memory_bytes_per_second = 0;
+  double fp8_matrix_flops = 0;  // on e4m3 operands; 0 when the matrix unit has none
 };
 
 // TyphoonMLA's break-even batch size (paper eq. 1; docs/engine.md, "Planner"): reading a prefix's
@@ -26,7 +27,13 @@ struct DeviceRates {
 //   B_theta = (Dqk + Dv) / (Sq (2 Dl + Dr)) * T / M.
 // (The MAC-to-FLOP and element-to-byte factors of two cancel.) B Sq, the query tokens, is
 // what the balance is about: B_theta(sq) = B_theta(1) / sq.
-double TyphoonBatchThreshold(const ModelConfig& model, int sq, const DeviceRates& rates);
+// Over an FP8 prefix on a matrix unit with an FP8 rate T8, the absorb form's content work
+// (the 2 Dl of 2 Dl + Dr) runs at T8, so the naive pass competes with a cheaper absorb:
+//   B_theta = (Dqk + Dv) / (Sq (2 Dl T / T8 + Dr)) * T / M,
+// higher than bf16's. Without an FP8 rate the absorb costs what it costs in bf16 (its keys
+// are widened first), and B_theta is bf16's.
+double TyphoonBatchThreshold(const ModelConfig& model, int sq, const DeviceRates& rates,
+                             KvDtype kv_dtype = KvDtype::kBf16);
 
 struct PlannerOptions {
   // Tree-aware TyphoonMLA: a prefix level's naive pass is shared by every group whose
@@ -36,7 +43,8 @@ struct PlannerOptions {
   bool tree_aware = true;
 };
 
-// Groups a batch by (layer, shared prefix, sq, q space) and picks each group's formulation.
+// Groups a batch by (layer, shared prefix, sq, q space, KV format) and picks each group's
+// formulation.
 // A head-space group on a prefix runs the levels whose passes clear the threshold in naive
 // form over their expanded K/V, and everything after them in absorb form (kHybrid); every
 // other group, and any group whose expansions do not fit the memory budget, runs
@@ -45,8 +53,12 @@ class Planner {
  public:
   Planner(const ModelConfig& model, DeviceRates rates, int max_sq, PlannerOptions options = {});
 
-  double BTheta(int sq) const { return b_theta_[sq - 1]; }
-  const std::vector<double>& BThetaBySq() const { return b_theta_; }
+  double BTheta(int sq, KvDtype kv_dtype = KvDtype::kBf16) const {
+    return (kv_dtype == KvDtype::kFp8 ? b_theta_fp8_ : b_theta_)[sq - 1];
+  }
+  const std::vector<double>& BThetaBySq(KvDtype kv_dtype = KvDtype::kBf16) const {
+    return kv_dtype == KvDtype::kFp8 ? b_theta_fp8_ : b_theta_;
+  }
 
   // Plans the batch: snapshots (pinning what it reads), groups and passes, no expansion. A
   // query whose sequence cannot be snapshotted (released meanwhile) gets its status in
@@ -65,7 +77,8 @@ class Planner {
   void PrepareExpansions(BatchPlan& plan, KvStore& store, const ModelWeights& weights) const;
 
  private:
-  std::vector<double> b_theta_;  // [sq - 1]
+  std::vector<double> b_theta_;      // [sq - 1]
+  std::vector<double> b_theta_fp8_;  // [sq - 1], groups on the FP8 cache
   PlannerOptions options_;
 };
 

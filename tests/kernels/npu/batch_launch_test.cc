@@ -146,6 +146,37 @@ TEST(BatchLaunchTest, ModelsABatchWithoutMemoryAndRefusesToExecuteOne) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The FP8 pipeline's own flags ([prep] ahead of the cube, key slots reused) under every
+// preload count, and the bf16-query option of a part without an FP8 rate, bit for bit.
+TEST(BatchLaunchTest, Fp8BatchesEqualTheHostForEveryPreloadAndBf16Queries) {
+  const auto scenarios = mlaserve::testing::Fp8BatchScenarios();
+  for (const auto& scenario : scenarios) {
+    if (scenario.name != "SplitNaiveAndLatentMtpFp8" && scenario.name != "MixedBf16AndFp8")
+      continue;
+    for (const bool quantize_queries : {true, false}) {
+      auto s = BatchScenario::Make(scenario.spec, 9);
+      DecodeBatch batch = s->batch();
+      batch.fp8_quantize_queries = quantize_queries;
+      auto built = BuildBatchSteps(batch);
+      ASSERT_TRUE(built.ok()) << built.status();
+      HostBatchRunner reference(1);
+      auto expected = reference.Run(built->steps);
+      ASSERT_TRUE(expected.ok()) << expected.status();
+      const auto want = AnswerBytes(**expected, *built);
+      for (const int preload : {0, 1, 2}) {
+        auto device = MakeDevice(2);
+        auto launch = BatchLaunch::Create(*device, built->steps, {.preload = preload},
+                                          /*backed=*/true);
+        ASSERT_TRUE(launch.ok()) << launch.status();
+        auto report = (*launch)->Run(ExecutionMode::kExecute);
+        ASSERT_TRUE(report.ok()) << report.status();
+        EXPECT_TRUE(AnswerBytes(**launch, *built) == want)
+            << scenario.name << " preload " << preload << " quantised queries " << quantize_queries;
+      }
+    }
+  }
+}
+
 // FP8 keys have one kernel, SnapMLA over AMLA; an FP8 cube multiplies e4m3 queries. A batch
 // asking for anything else is refused before any launch, with a status that says why (the
 // engine then fails the batch, never runs it half).

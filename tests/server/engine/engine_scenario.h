@@ -6,6 +6,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -112,19 +113,25 @@ inline constexpr mlaserve::testing::Tolerance kLseTolerance{1e-2, 8.01 / 65536, 
 // answer can be checked against the fp64 golden computed from the same inputs.
 class Scenario {
  public:
-  explicit Scenario(std::unique_ptr<EngineImpl> engine, uint64_t seed = 1)
-      : engine_(std::move(engine)), model_(engine_->Info().model), rng_(seed) {}
+  // Every row and query is drawn N(0, data_scale^2) (0.1: FlashMLA's and SnapMLA's test
+  // recipe, where the FP8 cache's accuracy bounds are set).
+  explicit Scenario(std::unique_ptr<EngineImpl> engine, uint64_t seed = 1, double data_scale = 1.0)
+      : engine_(std::move(engine)),
+        model_(engine_->Info().model),
+        rng_(seed),
+        data_scale_(data_scale) {}
 
   EngineImpl& engine() { return *engine_; }
   const ModelConfig& model() const { return model_; }
 
   std::vector<Bf16> RandomRows(int64_t n) {
     std::vector<Bf16> rows(static_cast<size_t>(n) * model_.dk_latent());
-    FillNormal(rows, 1.0, rng_);
+    FillNormal(rows, data_scale_, rng_);
     return rows;
   }
 
-  void RegisterPrefix(const std::string& id, const std::string& parent, int tokens) {
+  void RegisterPrefix(const std::string& id, const std::string& parent, int tokens,
+                      std::optional<KvDtype> kv_dtype = std::nullopt) {
     std::vector<Bf16> latent;
     for (int l = 0; l < model_.layers; ++l) {
       std::vector<Bf16> rows = RandomRows(tokens);
@@ -136,12 +143,13 @@ class Scenario {
     auto view = TensorView<const Bf16, 3>::Create(std::span<const Bf16>(latent),
                                                   {model_.layers, tokens, model_.dk_latent()});
     ASSERT_TRUE(view.ok());
-    ASSERT_TRUE(engine_->RegisterPrefix(id, parent, *view).ok());
+    ASSERT_TRUE(engine_->RegisterPrefix(id, parent, *view, kv_dtype).ok());
   }
 
   // A sequence on `prefix` (or none) with `own` tokens of its own in every layer.
-  void CreateSequence(const std::string& id, const std::string& prefix, int own) {
-    ASSERT_TRUE(engine_->CreateSequence(id, prefix).ok());
+  void CreateSequence(const std::string& id, const std::string& prefix, int own,
+                      std::optional<KvDtype> kv_dtype = std::nullopt) {
+    ASSERT_TRUE(engine_->CreateSequence(id, prefix, kv_dtype).ok());
     for (int l = 0; l < model_.layers; ++l) {
       rows_[id][l] = prefix.empty() ? std::vector<Bf16>{} : prefix_rows_[prefix][l];
       if (own > 0) Append(id, l, own);
@@ -170,8 +178,8 @@ class Scenario {
     q.space = QuerySpace::kHead;
     q.q_nope.resize(static_cast<size_t>(sq) * model_.heads * model_.dn);
     q.q_pe.resize(static_cast<size_t>(sq) * model_.heads * model_.dr);
-    FillNormal(q.q_nope, 1.0, rng_);
-    FillNormal(q.q_pe, 1.0, rng_);
+    FillNormal(q.q_nope, data_scale_, rng_);
+    FillNormal(q.q_pe, data_scale_, rng_);
     return q;
   }
 
@@ -182,7 +190,7 @@ class Scenario {
     q.sq = sq;
     q.space = QuerySpace::kLatent;
     q.q_latent.resize(static_cast<size_t>(sq) * model_.heads * model_.dk_latent());
-    FillNormal(q.q_latent, 1.0, rng_);
+    FillNormal(q.q_latent, data_scale_, rng_);
     return q;
   }
 
@@ -203,6 +211,7 @@ class Scenario {
   std::unique_ptr<EngineImpl> engine_;
   ModelConfig model_;
   Rng rng_;
+  double data_scale_;
   std::map<std::string, std::map<int, std::vector<Bf16>>> prefix_rows_;  // full chain rows
   std::map<std::string, std::map<int, std::vector<Bf16>>> rows_;         // sequences
 };

@@ -10,7 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/mla/fp8_accuracy.h"
 #include "server/engine/devices/host_attention_device.h"
+#include "server/engine/devices/npu_attention_device.h"
 #include "server/engine/engine_impl.h"
 #include "tests/server/engine/engine_scenario.h"
 #include "tests/testing/attention_checks.h"
@@ -115,6 +117,64 @@ TEST(EngineTest, MixedBatchMatchesGoldenWithGroupsAboveAndBelowTheThreshold) {
   EXPECT_DOUBLE_EQ((*answers)[0].plan.b_theta, 2.5);
   EXPECT_EQ((*answers)[0].plan.batch_size, 8);
   EXPECT_EQ(s.engine().Stats().kv.expanded_entries, 1);  // P1's level of layer 1, once
+}
+
+// Sequences on the FP8 cache (an FP8 prefix with children sequences, an FP8 sequence of its
+// own) beside bf16 ones, in one batch, on the host and on an emulated NPU: every answer within
+// SnapMLA's bounds of the fp64 golden on the unquantised rows (bf16 ones within theirs), the
+// FP8 prefix's group hybrid with its naive part in bf16 and its absorb part in FP8.
+void ExpectFp8ScenarioMatchesGolden(std::vector<std::unique_ptr<AttentionDevice>> devices) {
+  EngineOptions options = BaseOptions();
+  options.max_sq = 2;
+  SetThreshold(options, 2.0);
+  Scenario s(MakeEngine(options, std::move(devices)), 11, /*data_scale=*/0.1);
+  s.RegisterPrefix("F", "", 300, KvDtype::kFp8);
+  s.RegisterPrefix("F2", "F", 100);  // inherits FP8
+  s.CreateSequence("f1", "F", 5);
+  s.CreateSequence("f2", "F", 260);
+  s.CreateSequence("f3", "F2", 40);
+  s.CreateSequence("g", "", 700, KvDtype::kFp8);
+  s.CreateSequence("b", "", 90);
+  std::vector<OwnedDecodeQuery> queries;
+  for (const char* id : {"f1", "f2", "f3"}) queries.push_back(s.HeadQuery(id, 1, 1));
+  queries.push_back(s.HeadQuery("g", 0, 2));
+  queries.push_back(s.LatentQuery("g", 1, 1));
+  queries.push_back(s.HeadQuery("b", 1, 1));
+  auto answers = DecodeSync(s.engine(), queries);
+  ASSERT_TRUE(answers.ok()) << answers.status();
+  for (size_t i = 0; i < queries.size(); ++i) {
+    const GoldenOutput golden = s.Golden(queries[i]);
+    const OwnedAnswer& a = (*answers)[i];
+    if (queries[i].sequence_id == "b") {
+      EXPECT_EQ(a.plan.absorb_kv_dtype, KvDtype::kBf16);
+      EXPECT_TRUE(mlaserve::testing::AllClose(a.out, golden.out, kOutTolerance, true));
+      continue;
+    }
+    EXPECT_EQ(a.plan.absorb_kv_dtype, KvDtype::kFp8) << i;
+    const AttentionErrors e = CompareWithGolden(a.out, a.lse, golden);
+    EXPECT_LE(e.rel_l2, 5e-2) << queries[i].sequence_id;
+    EXPECT_LE(e.cos_dist, 1e-3) << queries[i].sequence_id;
+    EXPECT_LE(e.lse_max_err, 2e-2) << queries[i].sequence_id;
+  }
+  for (int i : {0, 1, 2}) {
+    EXPECT_EQ((*answers)[i].plan.formulation, Formulation::kHybrid) << i;
+    EXPECT_EQ((*answers)[i].plan.naive_tokens, 300) << i;
+  }
+  EXPECT_EQ((*answers)[3].plan.formulation, Formulation::kAbsorb);
+}
+
+TEST(EngineTest, Fp8SequencesBesideBf16OnesMatchGoldenOnTheHost) {
+  ExpectFp8ScenarioMatchesGolden({});
+}
+
+TEST(EngineTest, Fp8SequencesBesideBf16OnesMatchGoldenOnAnEmulatedNpu) {
+  auto profile = npu::LoadDeviceProfile("ascend910-die");
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  auto device = NpuAttentionDevice::Create(*profile, {.host_threads = 2});
+  ASSERT_TRUE(device.ok()) << device.status();
+  std::vector<std::unique_ptr<AttentionDevice>> devices;
+  devices.push_back(std::move(*device));
+  ExpectFp8ScenarioMatchesGolden(std::move(devices));
 }
 
 // Flat grouping, as before tree-aware TyphoonMLA: each group decides alone, so P2's group

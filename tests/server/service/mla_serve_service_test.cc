@@ -309,7 +309,7 @@ TEST_F(MlaServeServiceTest, MalformedDecodesNeverReachTheEngine) {
 }
 
 TEST_F(MlaServeServiceTest, AMalformedPrefixNeverReachesTheEngine) {
-  EXPECT_CALL(*engine_, RegisterPrefix(_, _, _)).Times(0);
+  EXPECT_CALL(*engine_, RegisterPrefix(_, _, _, _)).Times(0);
   const auto status = client_->RegisterPrefix(
       "p", "", client::Bf16Tensor(Values(2 * 5 * 576, 1), std::vector<int64_t>{2, 5, 576}));
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
@@ -318,8 +318,9 @@ TEST_F(MlaServeServiceTest, AMalformedPrefixNeverReachesTheEngine) {
 
 TEST_F(MlaServeServiceTest, APrefixReachesTheEngineAsItsRows) {
   const std::vector<Bf16> rows = Values(3 * 2 * 576, 0.5f);
-  EXPECT_CALL(*engine_, RegisterPrefix(absl::string_view("child"), absl::string_view("root"), _))
-      .WillOnce([&](absl::string_view, absl::string_view, TensorView<const Bf16, 3> latent) {
+  EXPECT_CALL(*engine_, RegisterPrefix(absl::string_view("child"), absl::string_view("root"), _, _))
+      .WillOnce([&](absl::string_view, absl::string_view, TensorView<const Bf16, 3> latent,
+                    std::optional<KvDtype>) {
         EXPECT_EQ(latent.dim(0), 3);
         EXPECT_EQ(latent.dim(1), 2);
         EXPECT_TRUE(std::equal(rows.begin(), rows.end(), latent.data()));
@@ -332,7 +333,7 @@ TEST_F(MlaServeServiceTest, APrefixReachesTheEngineAsItsRows) {
 }
 
 TEST_F(MlaServeServiceTest, EngineErrorsSurfaceWithTheirCodeAndMessage) {
-  EXPECT_CALL(*engine_, CreateSequence(absl::string_view("s"), absl::string_view("other")))
+  EXPECT_CALL(*engine_, CreateSequence(absl::string_view("s"), absl::string_view("other"), _))
       .WillOnce(Return(absl::AlreadyExistsError("sequence_id s exists on another prefix")));
   EXPECT_CALL(*engine_, GetSequence(absl::string_view("ghost")))
       .WillOnce(Return(absl::NotFoundError("sequence_id ghost is unknown")));
@@ -348,7 +349,7 @@ TEST_F(MlaServeServiceTest, EngineErrorsSurfaceWithTheirCodeAndMessage) {
 }
 
 TEST_F(MlaServeServiceTest, ASequenceIsDescribedAfterCreateAndFork) {
-  EXPECT_CALL(*engine_, CreateSequence(_, _)).WillOnce(Return(absl::OkStatus()));
+  EXPECT_CALL(*engine_, CreateSequence(_, _, _)).WillOnce(Return(absl::OkStatus()));
   EXPECT_CALL(*engine_, GetSequence(absl::string_view("s")))
       .WillOnce(Return(engine::SequenceInfo{"s", "sys", {7, 7, 5}}));
   auto sequence = client_->CreateSequence("s", "sys");

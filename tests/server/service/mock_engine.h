@@ -12,13 +12,18 @@ class MockEngine : public engine::Engine {
  public:
   MOCK_METHOD(const engine::EngineInfo&, Info, (), (const, override));
   MOCK_METHOD(absl::Status, RegisterPrefix,
-              (absl::string_view, absl::string_view, (TensorView<const Bf16, 3>)), (override));
+              (absl::string_view, absl::string_view, (TensorView<const Bf16, 3>),
+               std::optional<KvDtype>),
+              (override));
   MOCK_METHOD(absl::Status, ReleasePrefix, (absl::string_view), (override));
-  MOCK_METHOD(absl::Status, CreateSequence, (absl::string_view, absl::string_view), (override));
+  MOCK_METHOD(absl::Status, CreateSequence,
+              (absl::string_view, absl::string_view, std::optional<KvDtype>), (override));
   MOCK_METHOD(absl::Status, ForkSequence, (absl::string_view, absl::string_view), (override));
   MOCK_METHOD(absl::Status, ReleaseSequence, (absl::string_view), (override));
   MOCK_METHOD(absl::Status, AppendKv,
               (absl::string_view, int, int64_t, (TensorView<const Bf16, 2>)), (override));
+  MOCK_METHOD(absl::Status, AppendKvFp8,
+              (absl::string_view, int, int64_t, std::span<const std::byte>, int64_t), (override));
   MOCK_METHOD(absl::StatusOr<engine::SequenceInfo>, GetSequence, (absl::string_view),
               (const, override));
   MOCK_METHOD(void, Decode,

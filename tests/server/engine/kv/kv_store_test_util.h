@@ -1,11 +1,15 @@
 #ifndef MLASERVE_TESTS_SERVER_ENGINE_KV_KV_STORE_TEST_UTIL_H_
 #define MLASERVE_TESTS_SERVER_ENGINE_KV_KV_STORE_TEST_UTIL_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <vector>
 
 #include "kernels/core/bfloat16.h"
+#include "kernels/core/fp8_latent_row.h"
+#include "kernels/core/fp8_paged_kv_cache.h"
 #include "kernels/core/paged_kv_cache.h"
 #include "kernels/core/tensor_view.h"
 #include "server/engine/kv/kv_snapshot.h"
@@ -84,6 +88,42 @@ inline std::vector<Bf16> ReadSequence(const KvSnapshot& snapshot, int b) {
     rows.insert(rows.end(), row, row + width);
   }
   return rows;
+}
+
+// The FP8 form of every token sequence `b` of a snapshot holds (an FP8 sequence), each as the
+// record content | scale | rope, and the same form of bf16 rows, to compare them byte for byte.
+inline std::vector<std::byte> ReadFp8Sequence(const KvSnapshot& snapshot, int b) {
+  const SequenceSnapshot& s = snapshot.sequence(b);
+  const Fp8PagedKvCache& cache = snapshot.fp8_cache();
+  const Fp8PageLayout& l = cache.layout;
+  std::vector<std::byte> records;
+  for (int t = 0; t < s.length; ++t) {
+    const int32_t page = s.pages[t / l.page_size];
+    const int row = t % l.page_size;
+    const auto* content = reinterpret_cast<const std::byte*>(cache.content(page, row));
+    records.insert(records.end(), content, content + l.dl);
+    const float scale = cache.scale(page, row);
+    const auto* scale_bytes = reinterpret_cast<const std::byte*>(&scale);
+    records.insert(records.end(), scale_bytes, scale_bytes + sizeof scale);
+    const auto* rope = reinterpret_cast<const std::byte*>(cache.rope(page, row));
+    records.insert(records.end(), rope, rope + 2 * l.dr);
+  }
+  return records;
+}
+
+inline std::vector<std::byte> Fp8Records(const std::vector<Bf16>& rows, int dl, int dr) {
+  const int width = dl + dr;
+  const int64_t record = Fp8PageLayout::BytesPerToken(dl, dr);
+  std::vector<std::byte> out(rows.size() / width * record);
+  for (size_t r = 0; r < rows.size() / width; ++r) {
+    std::byte* dst = out.data() + r * record;
+    float scale = 0;
+    QuantizeLatentRow(rows.data() + r * width, dl, dr,
+                      Fp8LatentRow{reinterpret_cast<Fp8E4m3*>(dst), &scale,
+                                   reinterpret_cast<Bf16*>(dst + dl + sizeof(float))});
+    std::memcpy(dst + dl, &scale, sizeof scale);
+  }
+  return out;
 }
 
 inline std::vector<Bf16> Concat(std::initializer_list<std::vector<Bf16>> parts) {
