@@ -136,11 +136,13 @@ absl::StatusOr<v1::GetServerInfoResponse> MlaServeClient::GetServerInfo() {
 }
 
 absl::Status MlaServeClient::RegisterPrefix(absl::string_view prefix_id,
-                                            absl::string_view parent_id, const v1::Tensor& latent) {
+                                            absl::string_view parent_id, const v1::Tensor& latent,
+                                            v1::KvDtype kv_dtype) {
   v1::RegisterPrefixRequest request;
   request.set_prefix_id(std::string(prefix_id));
   request.set_parent_id(std::string(parent_id));
   *request.mutable_latent() = latent;
+  request.set_kv_dtype(kv_dtype);
   v1::RegisterPrefixResponse response;
   return CallWithRetry(options_, options_.timeout, [&](grpc::ClientContext& context) {
     return stub_->RegisterPrefix(&context, request, &response);
@@ -157,10 +159,12 @@ absl::Status MlaServeClient::ReleasePrefix(absl::string_view prefix_id) {
 }
 
 absl::StatusOr<v1::Sequence> MlaServeClient::CreateSequence(absl::string_view sequence_id,
-                                                            absl::string_view prefix_id) {
+                                                            absl::string_view prefix_id,
+                                                            v1::KvDtype kv_dtype) {
   v1::CreateSequenceRequest request;
   request.set_sequence_id(std::string(sequence_id));
   request.set_prefix_id(std::string(prefix_id));
+  request.set_kv_dtype(kv_dtype);
   v1::CreateSequenceResponse response;
   RETURN_IF_ERROR(CallWithRetry(options_, options_.timeout, [&](grpc::ClientContext& context) {
     return stub_->CreateSequence(&context, request, &response);
@@ -203,6 +207,27 @@ absl::Status MlaServeClient::AppendKv(std::span<const KvAppend> appends) {
   // Chunk once; every attempt streams the same chunks.
   std::vector<v1::AppendKvChunk> chunks;
   for (const KvAppend& append : appends) {
+    if (append.fp8_rows.count() > 0) {
+      // Whole FP8 rows per chunk; a malformed payload goes whole for the server to name.
+      const int64_t count = append.fp8_rows.count();
+      const int64_t bytes = static_cast<int64_t>(append.fp8_rows.data().size());
+      const int64_t row_bytes = bytes % count == 0 ? bytes / count : 0;
+      const int64_t per_chunk =
+          row_bytes == 0 ? count : std::max<int64_t>(1, options_.append_chunk_bytes / row_bytes);
+      for (int64_t first = 0; first < count; first += per_chunk) {
+        const int64_t n = std::min(per_chunk, count - first);
+        v1::AppendKvChunk& chunk = chunks.emplace_back();
+        chunk.set_sequence_id(append.sequence_id);
+        chunk.set_layer(append.layer);
+        chunk.set_start_position(append.start_position + first);
+        v1::Fp8Rows* piece = chunk.mutable_fp8_rows();
+        piece->set_count(n);
+        piece->set_data(row_bytes == 0
+                            ? append.fp8_rows.data()
+                            : append.fp8_rows.data().substr(first * row_bytes, n * row_bytes));
+      }
+      continue;
+    }
     const int64_t rows = append.rows.shape_size() > 0 ? append.rows.shape(0) : 0;
     const int64_t row_bytes = rows > 0 ? static_cast<int64_t>(append.rows.data().size()) / rows : 0;
     if (rows == 0 || row_bytes == 0 ||
@@ -243,7 +268,13 @@ absl::Status MlaServeClient::AppendKv(std::span<const KvAppend> appends) {
 
 absl::Status MlaServeClient::AppendKv(absl::string_view sequence_id, int layer,
                                       int64_t start_position, const v1::Tensor& rows) {
-  const KvAppend append{std::string(sequence_id), layer, start_position, rows};
+  const KvAppend append{std::string(sequence_id), layer, start_position, rows, {}};
+  return AppendKv(std::span<const KvAppend>(&append, 1));
+}
+
+absl::Status MlaServeClient::AppendKv(absl::string_view sequence_id, int layer,
+                                      int64_t start_position, const v1::Fp8Rows& fp8_rows) {
+  const KvAppend append{std::string(sequence_id), layer, start_position, {}, fp8_rows};
   return AppendKv(std::span<const KvAppend>(&append, 1));
 }
 

@@ -40,6 +40,9 @@ struct KvAppend {
   int layer = 0;
   int64_t start_position = 0;
   v1::Tensor rows;
+  // Instead of `rows` (when count > 0): rows already in the FP8 form, for an FP8 sequence
+  // (QuantizeFp8Rows makes them).
+  v1::Fp8Rows fp8_rows;
 };
 
 // One decode query's answer as fp32 host arrays.
@@ -94,13 +97,16 @@ class MlaServeClient {
 
   absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo();
 
-  // `latent` [layers][tokens][dl + dr]; parent_id empty for a root prefix.
+  // `latent` [layers][tokens][dl + dr]; parent_id empty for a root prefix. `kv_dtype` unset:
+  // the parent's format, or the server's default.
   absl::Status RegisterPrefix(absl::string_view prefix_id, absl::string_view parent_id,
-                              const v1::Tensor& latent);
+                              const v1::Tensor& latent,
+                              v1::KvDtype kv_dtype = v1::KV_DTYPE_UNSPECIFIED);
   absl::Status ReleasePrefix(absl::string_view prefix_id);
 
   absl::StatusOr<v1::Sequence> CreateSequence(absl::string_view sequence_id,
-                                              absl::string_view prefix_id = "");
+                                              absl::string_view prefix_id = "",
+                                              v1::KvDtype kv_dtype = v1::KV_DTYPE_UNSPECIFIED);
   absl::StatusOr<v1::Sequence> ForkSequence(absl::string_view source_id, absl::string_view new_id);
   absl::Status ReleaseSequence(absl::string_view sequence_id);
   absl::StatusOr<v1::Sequence> GetSequence(absl::string_view sequence_id);
@@ -110,6 +116,8 @@ class MlaServeClient {
   absl::Status AppendKv(std::span<const KvAppend> appends);
   absl::Status AppendKv(absl::string_view sequence_id, int layer, int64_t start_position,
                         const v1::Tensor& rows);
+  absl::Status AppendKv(absl::string_view sequence_id, int layer, int64_t start_position,
+                        const v1::Fp8Rows& fp8_rows);
 
   // One Decode call; answers as fp32 host arrays in query order.
   absl::StatusOr<std::vector<DecodeOutput>> Decode(std::vector<v1::DecodeQuery> queries,

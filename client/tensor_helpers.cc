@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/core/fp8_latent_row.h"
 
 namespace mlaserve::client {
 namespace {
@@ -84,6 +85,25 @@ absl::StatusOr<std::vector<float>> TensorToFloats(const v1::Tensor& tensor) {
                                                  : Fp16::FromBits(bits).ToFloat();
   }
   return values;
+}
+
+v1::Fp8Rows QuantizeFp8Rows(std::span<const Bf16> rows, int dl, int dr) {
+  const int width = dl + dr;
+  const int64_t n = static_cast<int64_t>(rows.size()) / width;
+  const int64_t row_bytes = dl + static_cast<int64_t>(sizeof(float)) + 2 * int64_t{dr};
+  v1::Fp8Rows out;
+  out.set_count(n);
+  std::string& data = *out.mutable_data();
+  data.resize(static_cast<size_t>(n * row_bytes));
+  for (int64_t r = 0; r < n; ++r) {
+    char* dst = data.data() + r * row_bytes;
+    float scale = 0;
+    QuantizeLatentRow(rows.data() + r * width, dl, dr,
+                      Fp8LatentRow{reinterpret_cast<Fp8E4m3*>(dst), &scale,
+                                   reinterpret_cast<Bf16*>(dst + dl + sizeof(float))});
+    std::memcpy(dst + dl, &scale, sizeof scale);
+  }
+  return out;
 }
 
 }  // namespace mlaserve::client

@@ -29,6 +29,11 @@ absl::StatusOr<std::vector<float>> TensorToFloats(const v1::Tensor& tensor);
 // Elements a tensor's shape holds.
 int64_t ElementCount(const v1::Tensor& tensor);
 
+// Latent rows [n][dl + dr] in the FP8 form an FP8 sequence stores (SnapMLA's RoPE-aware
+// per-token quantisation, the server's own formula: the bytes equal what the server would
+// write from the bf16 rows), ready for an AppendKv of 644 bytes a row instead of 1152.
+v1::Fp8Rows QuantizeFp8Rows(std::span<const Bf16> rows, int dl, int dr);
+
 }  // namespace mlaserve::client
 
 #endif  // MLASERVE_CLIENT_TENSOR_HELPERS_H_

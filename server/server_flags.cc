@@ -36,7 +36,11 @@ ABSL_FLAG(double, matrix_tflops, 0,
 ABSL_FLAG(double, hbm_tbps, 0,
           "Override of the device memory bandwidth the threshold uses (0: profile)");
 ABSL_FLAG(std::string, kv_budget, "2GiB", "KV cache memory budget, e.g. 512MiB, 2GiB");
-ABSL_FLAG(int, page_size, 128, "Tokens per KV page");
+ABSL_FLAG(int, page_size, 128,
+          "Tokens per bf16 KV page (an FP8 page holds more in the same bytes)");
+ABSL_FLAG(std::string, kv_dtype, "bf16",
+          "KV format of a prefix or sequence created without one: bf16, or fp8 (SnapMLA's "
+          "RoPE-aware per-token FP8, 644 instead of 1152 bytes a token and layer)");
 ABSL_FLAG(int, max_batch, 256, "Queries per device batch (and per Decode call)");
 ABSL_FLAG(int, max_sq, 4, "Query tokens per decode query (MTP)");
 ABSL_FLAG(int64_t, max_wait_us, 500, "How long a device batch waits to fill, microseconds");
@@ -128,6 +132,11 @@ absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv) {
   if (!budget.ok()) return BadFlag("kv_budget", budget.status().message());
   engine.kv.budget_bytes = *budget;
   engine.kv.page_size = absl::GetFlag(FLAGS_page_size);
+  const std::string kv_dtype = absl::GetFlag(FLAGS_kv_dtype);
+  if (kv_dtype != "bf16" && kv_dtype != "fp8") {
+    return BadFlag("kv_dtype", absl::StrCat("'", kv_dtype, "' is not bf16 or fp8"));
+  }
+  engine.kv.default_kv_dtype = kv_dtype == "fp8" ? KvDtype::kFp8 : KvDtype::kBf16;
   engine.devices = absl::GetFlag(FLAGS_devices);
   engine.profile = absl::GetFlag(FLAGS_profile);
   engine.host_threads_per_device = absl::GetFlag(FLAGS_host_threads);

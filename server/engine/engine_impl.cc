@@ -90,8 +90,11 @@ EngineImpl::EngineImpl(EngineOptions options, ModelWeights weights, std::unique_
   info_.host = HostInfo{HostCpu().model, HostCpu().logical_cores, HostCpu().MatrixIsa(),
                         MatrixUnitBackend()};
   info_.page_size = store_->page_size();
+  info_.fp8_page_tokens = store_->Stats().page_tokens_fp8;
+  info_.default_kv_dtype = store_->default_kv_dtype();
   for (const auto& device : devices) info_.devices.push_back(device->info());
   info_.b_theta_by_sq = planner_.BThetaBySq();
+  info_.fp8_b_theta_by_sq = planner_.BThetaBySq(KvDtype::kFp8);
   info_.max_batch = options_.max_batch;
   info_.max_sq = options_.max_sq;
   info_.max_queue = options_.max_queue;

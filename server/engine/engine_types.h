@@ -148,10 +148,13 @@ struct HostInfo {
 struct EngineInfo {
   ModelConfig model;
   HostInfo host;
-  int page_size = 0;
+  int page_size = 0;        // tokens per bf16 page
+  int fp8_page_tokens = 0;  // tokens an FP8 page holds in the same bytes
+  KvDtype default_kv_dtype = KvDtype::kBf16;
   std::vector<DeviceInfo> devices;
-  std::vector<double> b_theta_by_sq;  // [sq - 1] for sq = 1..max_sq
-  int max_batch = 0;                  // queries per device batch
+  std::vector<double> b_theta_by_sq;      // [sq - 1] for sq = 1..max_sq
+  std::vector<double> fp8_b_theta_by_sq;  // the same for groups on the FP8 cache
+  int max_batch = 0;                      // queries per device batch
   int max_sq = 0;
   int max_queue = 0;        // queries waiting; beyond it Decode is refused
   absl::Duration max_wait;  // how long a batch waits to fill

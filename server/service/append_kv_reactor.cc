@@ -33,6 +33,20 @@ void AppendKvReactor::OnReadDone(bool ok) {
 
 absl::Status AppendKvReactor::Apply(const v1::AppendKvChunk& chunk) {
   const std::string field = absl::StrCat("chunks[", chunks_, "]");
+  if (chunk.has_fp8_rows()) {
+    RETURN_IF_ERROR(CheckFp8AppendChunk(chunk, engine_.Info().model, field));
+    const std::string& data = chunk.fp8_rows().data();
+    if (absl::Status status =
+            engine_.AppendKvFp8(chunk.sequence_id(), chunk.layer(), chunk.start_position(),
+                                std::as_bytes(std::span<const char>(data.data(), data.size())),
+                                chunk.fp8_rows().count());
+        !status.ok()) {
+      return absl::Status(status.code(), absl::StrCat(field, ": ", status.message()));
+    }
+    ++chunks_;
+    rows_ += chunk.fp8_rows().count();
+    return absl::OkStatus();
+  }
   ASSIGN_OR_RETURN(Bf16Tensor rows, ParseAppendChunk(chunk, engine_.Info().model, field));
   using RowsView = TensorView<const Bf16, 2>;
   const RowsView::Index shape{rows.shape[0], rows.shape[1]};

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "server/service/kv_request_codec.h"
 #include "server/service/tensor_codec.h"
 
 namespace mlaserve::service {
@@ -136,6 +137,7 @@ absl::Status FillDecodeResponse(std::span<const engine::DecodeQuery> queries,
     wire_plan->set_naive_tokens(plan.naive_tokens);
     wire_plan->set_naive_pass_query_tokens(plan.naive_pass_query_tokens);
     wire_plan->set_prepare_us(plan.prepare_us);
+    wire_plan->set_absorb_kv_dtype(ToWire(plan.absorb_kv_dtype));
   }
   return absl::OkStatus();
 }

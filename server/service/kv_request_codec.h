@@ -1,9 +1,12 @@
 #ifndef MLASERVE_SERVER_SERVICE_KV_REQUEST_CODEC_H_
 #define MLASERVE_SERVER_SERVICE_KV_REQUEST_CODEC_H_
 
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/core/kv_dtype.h"
 #include "mlaserve/v1/kv_cache.pb.h"
 #include "server/engine/model/model_config.h"
 #include "server/service/tensor_codec.h"
@@ -22,6 +25,16 @@ absl::StatusOr<Bf16Tensor> ParsePrefixLatent(const v1::RegisterPrefixRequest& re
 absl::StatusOr<Bf16Tensor> ParseAppendChunk(const v1::AppendKvChunk& chunk,
                                             const engine::ModelConfig& model,
                                             const std::string& field);
+
+// The same chunk carrying fp8_rows: its id, layer and position, and count * (dl + 4 + 2 dr)
+// bytes exactly. What the bytes hold (scales, codes) the store checks, naming the row.
+absl::Status CheckFp8AppendChunk(const v1::AppendKvChunk& chunk, const engine::ModelConfig& model,
+                                 const std::string& field);
+
+// A request's kv_dtype: nullopt when unset; INVALID_ARGUMENT naming `field` for a value this
+// server does not know.
+absl::StatusOr<std::optional<KvDtype>> ParseKvDtype(v1::KvDtype wire, absl::string_view field);
+v1::KvDtype ToWire(KvDtype dtype);
 
 }  // namespace mlaserve::service
 

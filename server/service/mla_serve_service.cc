@@ -32,6 +32,7 @@ absl::Status MlaServeService::DescribeSequence(absl::string_view sequence_id,
   sequence->set_sequence_id(info.id);
   sequence->set_prefix_id(info.prefix_id);
   sequence->mutable_layer_lengths()->Assign(info.lengths.begin(), info.lengths.end());
+  sequence->set_kv_dtype(ToWire(info.kv_dtype));
   return absl::OkStatus();
 }
 
@@ -52,7 +53,9 @@ grpc::ServerUnaryReactor* MlaServeService::RegisterPrefix(grpc::CallbackServerCo
     using LatentView = TensorView<const Bf16, 3>;
     const LatentView::Index shape{latent.shape[0], latent.shape[1], latent.shape[2]};
     ASSIGN_OR_RETURN(LatentView view, LatentView::Create(latent.values, shape, "latent"));
-    return engine_.RegisterPrefix(request->prefix_id(), request->parent_id(), view, std::nullopt);
+    ASSIGN_OR_RETURN(const std::optional<KvDtype> kv_dtype,
+                     ParseKvDtype(request->kv_dtype(), "kv_dtype"));
+    return engine_.RegisterPrefix(request->prefix_id(), request->parent_id(), view, kv_dtype);
   }();
   return Answer(context, "RegisterPrefix", start, status);
 }
@@ -68,8 +71,10 @@ grpc::ServerUnaryReactor* MlaServeService::CreateSequence(grpc::CallbackServerCo
                                                           const v1::CreateSequenceRequest* request,
                                                           v1::CreateSequenceResponse* response) {
   const absl::Time start = absl::Now();
-  absl::Status status =
-      engine_.CreateSequence(request->sequence_id(), request->prefix_id(), std::nullopt);
+  absl::StatusOr<std::optional<KvDtype>> kv_dtype = ParseKvDtype(request->kv_dtype(), "kv_dtype");
+  absl::Status status = kv_dtype.ok() ? engine_.CreateSequence(request->sequence_id(),
+                                                               request->prefix_id(), *kv_dtype)
+                                      : kv_dtype.status();
   if (status.ok()) status = DescribeSequence(request->sequence_id(), response->mutable_sequence());
   return Answer(context, "CreateSequence", start, status);
 }

@@ -1,6 +1,7 @@
 #include "server/service/server_info.h"
 
 #include "absl/time/time.h"
+#include "server/service/kv_request_codec.h"
 
 namespace mlaserve::service {
 
@@ -33,6 +34,18 @@ v1::GetServerInfoResponse MakeServerInfo(const engine::EngineInfo& info,
     threshold->set_sq(static_cast<int>(i) + 1);
     threshold->set_b_theta(info.b_theta_by_sq[i]);
   }
+  for (std::size_t i = 0; i < info.fp8_b_theta_by_sq.size(); ++i) {
+    v1::NaiveThreshold* threshold = response.add_fp8_naive_thresholds();
+    threshold->set_sq(static_cast<int>(i) + 1);
+    threshold->set_b_theta(info.fp8_b_theta_by_sq[i]);
+  }
+  for (const KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8}) {
+    v1::KvFormat* format = response.add_kv_formats();
+    format->set_dtype(ToWire(dtype));
+    format->set_bytes_per_token(LatentBytesPerToken(dtype, info.model.dl, info.model.dr));
+    format->set_page_tokens(dtype == KvDtype::kBf16 ? info.page_size : info.fp8_page_tokens);
+  }
+  response.set_default_kv_dtype(ToWire(info.default_kv_dtype));
   v1::Limits* limits = response.mutable_limits();
   limits->set_max_batch(info.max_batch);
   limits->set_max_sq(info.max_sq);
