@@ -44,8 +44,9 @@ format-check: deps
 	@clang-format --dry-run --Werror $(FORMATTED) || \
 	  { echo "format-check: run 'make format' to apply .clang-format" >&2; exit 1; }
 
+# `make demo KV_DTYPE=fp8` holds the demo's KV cache in SnapMLA's FP8 form.
 demo: build
-	@scripts/demo.sh
+	@scripts/demo.sh $(if $(KV_DTYPE),--kv-dtype=$(KV_DTYPE))
 
 # The systemd service (docs/deploy.md). PREFIX and DESTDIR pass through the environment.
 install: deps

@@ -3,9 +3,21 @@
 # driven by mlaserve-loadgen the way a serving framework drives it, then a clean shutdown.
 # Prints the server's start-up and shutdown lines and the load test's report.
 #
-#   scripts/demo.sh [--duration-s N] [any other mlaserve-loadgen flag]
+#   scripts/demo.sh [--kv-dtype=bf16|fp8] [--duration-s N] [any other mlaserve-loadgen flag]
+#
+# --kv-dtype goes to the server (the format its sequences and prefix are held in: fp8 is
+# SnapMLA's per-token FP8 cache); every other flag to the load generator.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+server_flags=()
+loadgen_flags=()
+for arg in "$@"; do
+  case "$arg" in
+    --kv-dtype=*|--kv_dtype=*) server_flags+=("--kv_dtype=${arg#*=}") ;;
+    *) loadgen_flags+=("$arg") ;;
+  esac
+done
 
 log=$(mktemp -t mlaserve-demo.XXXXXX.log)
 server_pid=""
@@ -16,7 +28,8 @@ cleanup() {
 trap cleanup EXIT
 
 # DeepSeek-V3 shapes (128 heads), two layers, on the default pool; port 0 picks a free port.
-build/bin/mlaserve-server --listen=127.0.0.1:0 --metrics-listen=127.0.0.1:0 --layers=2 >"$log" 2>&1 &
+build/bin/mlaserve-server --listen=127.0.0.1:0 --metrics-listen=127.0.0.1:0 --layers=2 \
+  "${server_flags[@]}" >"$log" 2>&1 &
 server_pid=$!
 
 port=""
@@ -45,7 +58,7 @@ sed 's/^/  /' "$log"
 echo
 echo "== load test"
 build/bin/mlaserve-loadgen --target="127.0.0.1:$port" --workers=2 --sequences=72 \
-  --prefix-tokens=1024 --context-tokens=128 --duration-s=20 "$@"
+  --prefix-tokens=1024 --context-tokens=128 --duration-s=20 "${loadgen_flags[@]}"
 
 echo
 echo "== shutdown"

@@ -78,11 +78,12 @@ int main(int argc, char** argv) {
   const mlaserve::engine::EngineOptions& engine = config->engine;
   spdlog::info(
       "starting: model {} ({} layers, {} heads, scale {:.7f}), {} x {} device(s), "
-      "KV budget {} MiB in {}-token pages, max batch {}, max wait {} us; host {} ({} cores, {}), "
-      "matrix unit on {}",
+      "KV budget {} MiB in {}-token pages, {} by default, max batch {}, max wait {} us; host {} "
+      "({} cores, {}), matrix unit on {}",
       engine.model.name, engine.model.layers, engine.model.heads, engine.model.softmax_scale,
       engine.devices, engine.profile, engine.kv.budget_bytes >> 20, engine.kv.page_size,
-      engine.max_batch, absl::ToInt64Microseconds(engine.max_wait), mlaserve::HostCpu().model,
+      mlaserve::KvDtypeName(engine.kv.default_kv_dtype), engine.max_batch,
+      absl::ToInt64Microseconds(engine.max_wait), mlaserve::HostCpu().model,
       mlaserve::HostCpu().logical_cores, mlaserve::HostCpu().MatrixIsa(),
       mlaserve::MatrixUnitBackend());
 

@@ -137,6 +137,69 @@ def check_flash_mla(target, heads, model_scale, rng, failures):
             failures.append("the default scale must differ from the model's (the trap)")
 
 
+def check_fp8(target, heads, model_scale, rng, failures):
+    """The FP8 cache from Python: e4m3 rounding against a brute-force nearest code, rows
+    quantised here equal to rows quantised by the server, and FlashMLA's entry point with the
+    server holding its cache in FP8, within SnapMLA's bounds of the reference."""
+    from mlaserve import fp8
+    from mlaserve.v1 import tensor_pb2
+    values = np.concatenate([rng.standard_normal(5000) * 10.0 ** rng.uniform(-4, 3, 5000),
+                             [0.0, -0.0, 448.0, 500.0, -1e9, 2.0 ** -10, 3 * 2.0 ** -10]])
+    codes = fp8.float_to_e4m3(values.astype(np.float32))
+    table = fp8.e4m3_to_float(np.arange(256, dtype=np.uint8))
+    for x, code in zip(values.astype(np.float32), codes):
+        same_sign = np.array([(c & 0x80) == (0x80 if np.signbit(x) else 0) and np.isfinite(table[c])
+                              for c in range(256)])
+        distance = np.where(same_sign, np.abs(table.astype(np.float64) - min(abs(x), 448) *
+                                              (-1 if np.signbit(x) else 1)), np.inf)
+        best = np.flatnonzero(distance == distance.min())
+        best = best[best % 2 == 0] if len(best) > 1 else best
+        if code != best[0]:
+            failures.append(f"e4m3({x}) = {code:#x}, nearest even is {best[0]:#x}")
+            break
+
+    client = mlaserve.Client(target)
+    info = client.server_info()
+    width = info.model.dl + info.model.dr
+    rows = mlaserve.float_to_bf16_bits(rng.standard_normal((37, width)) * 0.1)
+    client.create_sequence("py-fp8/server", kv_dtype="fp8")
+    client.create_sequence("py-fp8/client", kv_dtype="fp8")
+    client.append_kv("py-fp8/server", 0, 0, rows)
+    client.append_kv_fp8("py-fp8/client", 0, 0, rows)
+    if client.get_sequence("py-fp8/client").kv_dtype != tensor_pb2.KV_DTYPE_FP8:
+        failures.append("an FP8 sequence does not say so")
+    q = mlaserve.float_to_bf16_bits(rng.standard_normal((1, heads, width)) * 0.1)
+    a, b = client.decode([mlaserve.latent_query("py-fp8/server", 0, q),
+                          mlaserve.latent_query("py-fp8/client", 0, q)], output_dtype="fp32")
+    if not np.array_equal(a.out, b.out) or not np.array_equal(a.lse, b.lse):
+        failures.append("rows quantised in Python differ from rows quantised by the server")
+    for sequence_id in ("py-fp8/server", "py-fp8/client"):
+        client.release_sequence(sequence_id)
+
+    flash_mla.configure(target=target, kv_dtype="fp8")
+    try:
+        batch, s_q, page, blocks_total = 2, 1, 64, 6
+        seqlens = np.array([70, 130], dtype=np.int32)
+        q_bits = mlaserve.float_to_bf16_bits(rng.standard_normal((batch, s_q, heads, 576)) * 0.1)
+        cache_bits = mlaserve.float_to_bf16_bits(rng.standard_normal((blocks_total, page, 1, 576)) * 0.1)
+        block_table = rng.permutation(blocks_total)[:batch * 3].reshape(batch, 3).astype(np.int32)
+        metadata, num_splits = flash_mla.get_mla_metadata(seqlens, s_q * heads, 1)
+        out, lse = flash_mla.flash_mla_with_kvcache(q_bits, cache_bits, block_table, seqlens, 512,
+                                                    metadata, num_splits,
+                                                    softmax_scale=model_scale, causal=True)
+        ref_out, ref_lse = flash_mla_reference(mlaserve.bf16_bits_to_float(q_bits),
+                                               mlaserve.bf16_bits_to_float(cache_bits),
+                                               block_table, seqlens, model_scale, True)
+        out_f = mlaserve.bf16_bits_to_float(out).astype(np.float64)
+        rel_l2 = np.linalg.norm(out_f - ref_out) / np.linalg.norm(ref_out)
+        lse_error = np.max(np.abs(lse - ref_lse))
+        print(f"flash_mla on the FP8 cache: out rel_l2 {rel_l2:.2e}, lse max err {lse_error:.2e}")
+        if not rel_l2 <= 5e-2 or not lse_error <= 2e-2:
+            failures.append(f"flash_mla on the FP8 cache: rel_l2 {rel_l2:.2e}, lse {lse_error:.2e}")
+    finally:
+        flash_mla.configure(target=target)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--server", required=True)
@@ -166,6 +229,8 @@ def main():
                 info = mlaserve.Client(target).server_info()
                 check_flash_mla(target, info.model.heads, info.model.softmax_scale,
                                 np.random.default_rng(), failures)
+                check_fp8(target, info.model.heads, info.model.softmax_scale,
+                          np.random.default_rng(), failures)
                 metrics = urllib.request.urlopen(
                     f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
                 for name in ("mlaserve_requests_total", "mlaserve_kv_pages", "mlaserve_batch_queries"):

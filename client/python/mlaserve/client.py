@@ -7,12 +7,23 @@ import time
 import grpc
 import numpy as np
 
+from mlaserve.fp8 import quantize_rows
 from mlaserve.tensors import BF16, FP16, from_tensor, to_tensor, wire_dtype
-from mlaserve.v1 import decode_pb2, kv_cache_pb2, mlaserve_pb2_grpc, server_info_pb2
+from mlaserve.v1 import (decode_pb2, kv_cache_pb2, mlaserve_pb2_grpc, server_info_pb2,
+                         tensor_pb2)
 
 DecodeResult = collections.namedtuple("DecodeResult", ["out", "lse", "plan"])
 DecodeResult.__doc__ = """One query's answer: out [sq, heads, width] and lse [sq, heads]
 (float32, natural log, -inf where a token saw no key), and the DecodePlan message."""
+
+
+def _kv_dtype(name):
+    """"bf16" / "fp8" / None -> the wire's KvDtype."""
+    values = {None: tensor_pb2.KV_DTYPE_UNSPECIFIED, "bf16": tensor_pb2.KV_DTYPE_BF16,
+              "fp8": tensor_pb2.KV_DTYPE_FP8}
+    if name not in values:
+        raise ValueError(f"kv_dtype must be 'bf16', 'fp8' or None, got {name!r}")
+    return values[name]
 
 
 def head_query(sequence_id, layer, q_nope, q_pe, append_rows=None, append_position=None,
@@ -109,17 +120,21 @@ class Client:
 
     # --- KV cache ----------------------------------------------------------------------
 
-    def register_prefix(self, prefix_id, latent, parent_id="", dtype=None):
-        """latent [layers, tokens, dl + dr] for every layer of the model."""
+    def register_prefix(self, prefix_id, latent, parent_id="", dtype=None, kv_dtype=None):
+        """latent [layers, tokens, dl + dr] for every layer of the model; kv_dtype "bf16" or
+        "fp8" (None: the parent's, or the server's default)."""
         self._call(self._stub.RegisterPrefix, kv_cache_pb2.RegisterPrefixRequest(
-            prefix_id=prefix_id, parent_id=parent_id, latent=to_tensor(latent, dtype)))
+            prefix_id=prefix_id, parent_id=parent_id, latent=to_tensor(latent, dtype),
+            kv_dtype=_kv_dtype(kv_dtype)))
 
     def release_prefix(self, prefix_id):
         self._call(self._stub.ReleasePrefix, kv_cache_pb2.ReleasePrefixRequest(prefix_id=prefix_id))
 
-    def create_sequence(self, sequence_id, prefix_id=""):
+    def create_sequence(self, sequence_id, prefix_id="", kv_dtype=None):
+        """kv_dtype "bf16" or "fp8" (None: the prefix's, or the server's default)."""
         return self._call(self._stub.CreateSequence, kv_cache_pb2.CreateSequenceRequest(
-            sequence_id=sequence_id, prefix_id=prefix_id)).sequence
+            sequence_id=sequence_id, prefix_id=prefix_id,
+            kv_dtype=_kv_dtype(kv_dtype))).sequence
 
     def fork_sequence(self, source_sequence_id, new_sequence_id):
         return self._call(self._stub.ForkSequence, kv_cache_pb2.ForkSequenceRequest(
@@ -152,6 +167,22 @@ class Client:
                 sequence_id=sequence_id, layer=layer, start_position=start_position + first,
                 rows=to_tensor(rows[first:first + per_chunk], dtype))
                 for first in range(0, len(rows), per_chunk)]
+        return self._call(self._stub.AppendKv, chunks)
+
+    def append_kv_fp8(self, sequence_id, layer, start_position, rows):
+        """Appends rows [n, dl + dr] to one layer of an FP8 sequence, quantised here
+        (mlaserve.fp8: the bytes the server would write) and sent as 644-byte FP8 rows."""
+        rows = np.asarray(rows)
+        dl = self.server_info().model.dl if self._info is None else self._info.model.dl
+        data = quantize_rows(rows, dl)
+        row_bytes = len(data) // max(1, len(rows))
+        per_chunk = max(1, self._append_chunk_bytes // max(1, row_bytes))
+        chunks = [kv_cache_pb2.AppendKvChunk(
+            sequence_id=sequence_id, layer=layer, start_position=start_position + first,
+            fp8_rows=tensor_pb2.Fp8Rows(
+                count=min(per_chunk, len(rows) - first),
+                data=data[first * row_bytes:(first + per_chunk) * row_bytes]))
+            for first in range(0, len(rows), per_chunk)]
         return self._call(self._stub.AppendKv, chunks)
 
     # --- Decode ------------------------------------------------------------------------

@@ -26,7 +26,9 @@ Semantics kept from FlashMLA, traps included:
   converted).
 * head_dim_v must be 512; h_q must be the served model's head count (128 for DeepSeek-V3,
   64 for Kimi K2) and h_kv 1; FP8 caches, sparse indices and attention sinks are refused.
-* The KV cache is bf16 on the server: fp16 or fp32 caches are rounded to bf16.
+* The KV cache arrives in bf16 (fp16 or fp32 caches are rounded to bf16); the server holds
+  it in bf16 or, with configure(kv_dtype="fp8"), in SnapMLA's FP8 form. is_fp8_kvcache
+  means FlashMLA's own 656-byte FP8 cache, which is not served.
 
 The server is the one named by MLASERVE_TARGET (default 127.0.0.1:50051) unless
 configure() names another; queries use layer 0 of the served model unless configured.
@@ -47,15 +49,18 @@ HEAD_DIM_QK = 576
 HEAD_DIM_V = 512
 
 _lock = threading.Lock()
-_settings = {"client": None, "layer": 0}
+_settings = {"client": None, "layer": 0, "kv_dtype": None}
 
 
-def configure(target=None, client=None, layer=0):
-    """Chooses the server (an address or a Client) and the layer the queries run on."""
+def configure(target=None, client=None, layer=0, kv_dtype=None):
+    """Chooses the server (an address or a Client), the layer the queries run on, and how the
+    server holds the cache rows each call ships: "bf16", "fp8" (SnapMLA's per-token FP8, the
+    caller's bf16 cache quantised on the server) or None (the server's default)."""
     with _lock:
         _settings["client"] = client if client is not None else (
             Client(target) if target is not None else None)
         _settings["layer"] = layer
+        _settings["kv_dtype"] = kv_dtype
 
 
 def _client():
@@ -197,7 +202,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
             if rows.dtype != np.uint16:
                 rows = float_to_bf16_bits(_as_float(rows))
             sequence_id = f"flash_mla/{tag}/{b}"
-            client.create_sequence(sequence_id)
+            client.create_sequence(sequence_id, kv_dtype=_settings["kv_dtype"])
             created.append(sequence_id)
             client.append_kv(sequence_id, layer, 0, rows)
             if causal or s_q == 1:
