@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/accuracy_command.h"
+#include "bench/capacity_command.h"
 #include "bench/fp8_command.h"
 #include "bench/kernel_command.h"
 #include "bench/peers_command.h"
@@ -74,6 +75,8 @@ ABSL_FLAG(int, child_tokens, 1024, "tree: tokens each child prefix adds");
 ABSL_FLAG(double, data_scale, 0.1,
           "fp8: scale of every data set (0.1: the public tests' randn/10; scores grow with its "
           "square)");
+ABSL_FLAG(int64_t, kv_budget_mib, 256, "capacity: KV budget, MiB");
+ABSL_FLAG(int, context, 4096, "capacity: tokens per sequence");
 ABSL_FLAG(std::string, peer_env, "tuned", "peers: tuned (the peer at its best here) or as-is");
 
 namespace {
@@ -86,6 +89,7 @@ constexpr char kUsage[] =
     "  typhoon    TyphoonMLA hybrid vs absorb-only on a shared prefix, per batch size\n"
     "  service    the same load direct on the engine and through gRPC: throughput ratio, overhead\n"
     "  peers      mlaserve's host kernels beside PyTorch on the CPU (fp32, bf16), alternating\n"
+    "  capacity   KV-bound decode at a fixed budget: sequences held and queries/s, FP8 vs bf16\n"
     "  fp8        FP8 latent cache accuracy per data set and KV format (SnapMLA ablations)\n"
     "  tree       tree-aware vs flat TyphoonMLA grouping on a two-level prefix tree, whole "
     "engine\n";
@@ -191,6 +195,18 @@ absl::Status Run(const std::string& command) {
     o.peer_env = absl::GetFlag(FLAGS_peer_env);
     o.json = absl::GetFlag(FLAGS_json);
     return mlaserve::bench::RunPeersCommand(o, std::cout);
+  }
+  if (command == "capacity") {
+    mlaserve::bench::CapacityCommandOptions o;
+    o.model = absl::GetFlag(FLAGS_model);
+    const std::string profile = absl::GetFlag(FLAGS_profile);
+    if (!profile.empty()) o.profile = profile;
+    o.budget_mib = absl::GetFlag(FLAGS_kv_budget_mib);
+    o.context = absl::GetFlag(FLAGS_context);
+    o.rounds = absl::GetFlag(FLAGS_rounds) + 1;
+    o.host_threads = absl::GetFlag(FLAGS_host_threads);
+    o.json = absl::GetFlag(FLAGS_json);
+    return mlaserve::bench::RunCapacityCommand(o, std::cout);
   }
   if (command == "fp8") {
     mlaserve::bench::Fp8CommandOptions o;
