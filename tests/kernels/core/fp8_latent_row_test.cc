@@ -44,7 +44,8 @@ TEST(Fp8LatentRowTest, ContentIsTheNearestCodeAndRopeTheNearestBf16InTheScaledDo
   FillNormal(row, 0.5, rng);
   const Quantized q = Quantize(row);
   for (int c = 0; c < kDl; ++c) {
-    const double x = row[c].ToFloat() / static_cast<double>(q.scale);
+    // The formula divides in fp32; the code is the nearest to that quotient.
+    const double x = row[c].ToFloat() / q.scale;
     const double got = q.content[c].ToFloat();
     // No other code is nearer: the neighbours on either side are at least as far.
     const Fp8E4m3 up = Fp8E4m3::FromBits(static_cast<uint8_t>(q.content[c].bits + 1));
@@ -61,7 +62,7 @@ TEST(Fp8LatentRowTest, ContentIsTheNearestCodeAndRopeTheNearestBf16InTheScaledDo
     }
   }
   for (int c = 0; c < kDr; ++c) {
-    const double x = row[kDl + c].ToFloat() / static_cast<double>(q.scale);
+    const double x = row[kDl + c].ToFloat() / q.scale;
     EXPECT_LE(std::fabs(q.rope[c].ToFloat() - x), std::fabs(x) * 0x1p-8 * 1.0001) << c;
   }
   std::vector<float> back(kDl + kDr);
