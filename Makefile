@@ -44,9 +44,10 @@ format-check: deps
 	@clang-format --dry-run --Werror $(FORMATTED) || \
 	  { echo "format-check: run 'make format' to apply .clang-format" >&2; exit 1; }
 
-# `make demo KV_DTYPE=fp8` holds the demo's KV cache in SnapMLA's FP8 form.
+# `make demo KV_DTYPE=fp8` (or ARGS=--kv_dtype=fp8) holds the demo's KV cache in SnapMLA's FP8
+# form; ARGS passes any other flag to scripts/demo.sh.
 demo: build
-	@scripts/demo.sh $(if $(KV_DTYPE),--kv-dtype=$(KV_DTYPE))
+	@scripts/demo.sh $(if $(KV_DTYPE),--kv-dtype=$(KV_DTYPE)) $(ARGS)
 
 # The systemd service (docs/deploy.md). PREFIX and DESTDIR pass through the environment.
 install: deps

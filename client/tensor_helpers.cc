@@ -96,12 +96,8 @@ v1::Fp8Rows QuantizeFp8Rows(std::span<const Bf16> rows, int dl, int dr) {
   std::string& data = *out.mutable_data();
   data.resize(static_cast<size_t>(n * row_bytes));
   for (int64_t r = 0; r < n; ++r) {
-    char* dst = data.data() + r * row_bytes;
-    float scale = 0;
-    QuantizeLatentRow(rows.data() + r * width, dl, dr,
-                      Fp8LatentRow{reinterpret_cast<Fp8E4m3*>(dst), &scale,
-                                   reinterpret_cast<Bf16*>(dst + dl + sizeof(float))});
-    std::memcpy(dst + dl, &scale, sizeof scale);
+    QuantizeLatentRowToRecord(rows.data() + r * width, dl, dr,
+                              reinterpret_cast<std::byte*>(data.data() + r * row_bytes));
   }
   return out;
 }

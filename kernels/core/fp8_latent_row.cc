@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace mlaserve {
 namespace {
@@ -32,6 +33,14 @@ void QuantizeLatentRow(const float* row, int dl, int dr, Fp8LatentRow out) {
 
 void QuantizeLatentRow(const Bf16* row, int dl, int dr, Fp8LatentRow out) {
   Quantize(row, dl, dr, out);
+}
+
+void QuantizeLatentRowToRecord(const Bf16* row, int dl, int dr, std::byte* record) {
+  float scale = 0;
+  QuantizeLatentRow(row, dl, dr,
+                    Fp8LatentRow{reinterpret_cast<Fp8E4m3*>(record), &scale,
+                                 reinterpret_cast<Bf16*>(record + dl + sizeof(float))});
+  std::memcpy(record + dl, &scale, sizeof scale);
 }
 
 void DequantizeLatentRow(const Fp8E4m3* content, float scale, const Bf16* rope, int dl, int dr,

@@ -1,6 +1,8 @@
 #ifndef MLASERVE_KERNELS_CORE_FP8_LATENT_ROW_H_
 #define MLASERVE_KERNELS_CORE_FP8_LATENT_ROW_H_
 
+#include <cstddef>
+
 #include "kernels/core/bfloat16.h"
 #include "kernels/core/float8_e4m3.h"
 
@@ -33,6 +35,11 @@ struct Fp8LatentRow {
 // Quantises `row` ([dl + dr], finite) into `out`.
 void QuantizeLatentRow(const float* row, int dl, int dr, Fp8LatentRow out);
 void QuantizeLatentRow(const Bf16* row, int dl, int dr, Fp8LatentRow out);
+
+// The same row as one record of the wire's FP8 form (AppendKvChunk.fp8_rows): dl e4m3 bytes,
+// the fp32 scale (host byte order: little-endian on every supported host), dr bf16;
+// dl + 4 + 2 dr bytes at `record`.
+void QuantizeLatentRowToRecord(const Bf16* row, int dl, int dr, std::byte* record);
 
 // The row the quantised form stands for: content * scale, rope * scale (fp32).
 void DequantizeLatentRow(const Fp8E4m3* content, float scale, const Bf16* rope, int dl, int dr,

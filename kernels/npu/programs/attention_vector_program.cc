@@ -74,20 +74,8 @@ class VectorProgram {
     for (int r0 = lo; r0 < hi; r0 += kChunkRows) {
       const int rc = std::min(kChunkRows, hi - r0);
       const int n = t.tokens;
-      const int i = b_.in.Acquire();
+      const int i = ReadScores(s_slot, r0, rc, n);
       float* scores = b_.in.slot(i).as<float>();
-      aiv_.ReadGm(GmRegion::Rows(s_slot, static_cast<int64_t>(r0) * kKvBlockTokens * 4, rc, n * 4,
-                                 kKvBlockTokens * 4),
-                  Maybe([=, src = s_slot.as<float>()] {
-                    for (int r = 0; r < rc; ++r) {
-                      std::memcpy(scores + r * kKvBlockTokens,
-                                  src + static_cast<int64_t>(r0 + r) * kKvBlockTokens,
-                                  n * sizeof(float));
-                    }
-                  }),
-                  "S rows");
-      b_.in.Publish(i);
-      b_.in.Consume(i);
       const int o = b_.out.Acquire();
       Bf16* probs = b_.out.slot(o).as<Bf16>();
       const int state_base = t.group_slot * kRowsPerCore + (r0 - lo);
@@ -132,15 +120,7 @@ class VectorProgram {
       b_.in.Release(i);
       b_.out.Publish(o);
       b_.out.Consume(o);
-      aiv_.WriteGm(GmRegion::Rows(p_slot, static_cast<int64_t>(r0) * kKvBlockTokens * 2, rc, n * 2,
-                                  kKvBlockTokens * 2),
-                   AtomicMode::kNone, Maybe([=, dst = p_slot.as<Bf16>()] {
-                     for (int r = 0; r < rc; ++r) {
-                       std::memcpy(dst + static_cast<int64_t>(r0 + r) * kKvBlockTokens,
-                                   probs + r * kKvBlockTokens, n * sizeof(Bf16));
-                     }
-                   }),
-                   "P rows");
+      WriteProbs(p_slot, r0, rc, n, 2, reinterpret_cast<const std::byte*>(probs));
       b_.out.Release(o);
     }
     aiv_.CrossCoreSetFlag(AttentionDeviceKernel::kFlagProbsReady, Pipe::kMte3);
@@ -334,6 +314,42 @@ class VectorProgram {
  private:
   Payload Maybe(Payload p) const { return aiv_.executes() ? std::move(p) : nullptr; }
 
+  // Rows [r0, r0 + rc) of a task's scores (n each) into an in-slot of UB, published and
+  // consumed; returns the slot, for the caller to release.
+  int ReadScores(const GmBuffer& s_slot, int r0, int rc, int n) {
+    const int i = b_.in.Acquire();
+    float* scores = b_.in.slot(i).as<float>();
+    aiv_.ReadGm(GmRegion::Rows(s_slot, static_cast<int64_t>(r0) * kKvBlockTokens * 4, rc, n * 4,
+                               kKvBlockTokens * 4),
+                Maybe([=, src = s_slot.as<float>()] {
+                  for (int r = 0; r < rc; ++r) {
+                    std::memcpy(scores + r * kKvBlockTokens,
+                                src + static_cast<int64_t>(r0 + r) * kKvBlockTokens,
+                                n * sizeof(float));
+                  }
+                }),
+                "S rows");
+    b_.in.Publish(i);
+    b_.in.Consume(i);
+    return i;
+  }
+
+  // Rows [r0, r0 + rc) of P (n elements of `elem` bytes each, rows a bf16 row's bytes apart
+  // in UB and in the slot) to the task's probs slot.
+  void WriteProbs(const GmBuffer& p_slot, int r0, int rc, int n, int64_t elem,
+                  const std::byte* probs) {
+    constexpr int64_t kRowBytes = kKvBlockTokens * 2;
+    aiv_.WriteGm(
+        GmRegion::Rows(p_slot, static_cast<int64_t>(r0) * kRowBytes, rc, n * elem, kRowBytes),
+        AtomicMode::kNone, Maybe([=, dst = p_slot.host] {
+          for (int r = 0; r < rc; ++r) {
+            std::memcpy(dst + static_cast<int64_t>(r0 + r) * kRowBytes,
+                        probs + int64_t{r} * kRowBytes, n * elem);
+          }
+        }),
+        "P rows");
+  }
+
   void PrepareQueries(const AttentionTask& t, const Fp8Keys& fp8) {
     const RowGroup& g = w_.groups[t.group];
     const auto [lo, hi] = Rows(g);
@@ -523,20 +539,8 @@ class VectorProgram {
     const bool fp8_p = options_.fp8_matrix;
     for (int r0 = lo; r0 < hi; r0 += kChunkRows) {
       const int rc = std::min(kChunkRows, hi - r0);
-      const int i = b_.in.Acquire();
+      const int i = ReadScores(s_slot, r0, rc, n);
       float* scores = b_.in.slot(i).as<float>();
-      aiv_.ReadGm(GmRegion::Rows(s_slot, static_cast<int64_t>(r0) * kKvBlockTokens * 4, rc, n * 4,
-                                 kKvBlockTokens * 4),
-                  Maybe([=, src = s_slot.as<float>()] {
-                    for (int r = 0; r < rc; ++r) {
-                      std::memcpy(scores + r * kKvBlockTokens,
-                                  src + static_cast<int64_t>(r0 + r) * kKvBlockTokens,
-                                  n * sizeof(float));
-                    }
-                  }),
-                  "S rows");
-      b_.in.Publish(i);
-      b_.in.Consume(i);
       const int o = b_.out.Acquire();
       std::byte* probs = b_.out.slot(o).as<std::byte>();
       const int state_base = t.group_slot * kRowsPerCore + (r0 - lo);
@@ -582,16 +586,7 @@ class VectorProgram {
       b_.in.Release(i);
       b_.out.Publish(o);
       b_.out.Consume(o);
-      const int64_t elem = fp8_p ? 1 : 2;
-      aiv_.WriteGm(GmRegion::Rows(p_slot, static_cast<int64_t>(r0) * kKvBlockTokens * 2, rc,
-                                  n * elem, kKvBlockTokens * 2),
-                   AtomicMode::kNone, Maybe([=, dst = p_slot.host] {
-                     for (int r = 0; r < rc; ++r) {
-                       std::memcpy(dst + static_cast<int64_t>(r0 + r) * kKvBlockTokens * 2,
-                                   probs + int64_t{r} * kKvBlockTokens * 2, n * elem);
-                     }
-                   }),
-                   "P rows");
+      WriteProbs(p_slot, r0, rc, n, fp8_p ? 1 : 2, probs);
       b_.out.Release(o);
     }
     aiv_.SetFlag(Pipe::kV, Pipe::kMte2, kSideEvent);

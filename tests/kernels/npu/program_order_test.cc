@@ -11,8 +11,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kernels/core/fp8_paged_kv_cache.h"
 #include "kernels/mla/amla.h"
 #include "kernels/mla/flash_base.h"
+#include "kernels/mla/snap_amla.h"
 #include "kernels/npu/device.h"
 #include "kernels/npu/local_memory.h"
 #include "kernels/npu/program.h"
@@ -44,6 +46,19 @@ void RunInRandomOrder(const Program& program, uint64_t seed) {
     }
   }
   ASSERT_EQ(executed, program.instructions().size());
+}
+
+// Outputs and LSEs whose bits differ from the host's (sizes must match).
+int64_t DifferingWords(const AttentionOutput& device, const AttentionOutput& host) {
+  if (device.out.size() != host.out.size() || device.lse.size() != host.lse.size()) return -1;
+  int64_t differing = 0;
+  for (size_t i = 0; i < host.out.size(); ++i) {
+    differing += std::bit_cast<uint32_t>(device.out[i]) != std::bit_cast<uint32_t>(host.out[i]);
+  }
+  for (size_t i = 0; i < host.lse.size(); ++i) {
+    differing += std::bit_cast<uint32_t>(device.lse[i]) != std::bit_cast<uint32_t>(host.lse[i]);
+  }
+  return differing;
 }
 
 // How many random orders each case runs (MLASERVE_PROGRAM_ORDERS overrides, for soak runs).
@@ -86,14 +101,7 @@ TEST_P(ProgramOrderTest, EveryDependencyRespectingOrderGivesTheHostResult) {
     ASSERT_TRUE(program.Finalize().ok());
     RunInRandomOrder(program, seed);
     const AttentionOutput out = (*launch)->ReadOutput();
-    int64_t differing = 0;
-    for (size_t i = 0; i < out.out.size(); ++i) {
-      differing += std::bit_cast<uint32_t>(out.out[i]) != std::bit_cast<uint32_t>(host->out[i]);
-    }
-    for (size_t i = 0; i < out.lse.size(); ++i) {
-      differing += std::bit_cast<uint32_t>(out.lse[i]) != std::bit_cast<uint32_t>(host->lse[i]);
-    }
-    ASSERT_EQ(differing, 0) << "order seed " << seed;
+    ASSERT_EQ(DifferingWords(out, *host), 0) << "order seed " << seed;
   }
 }
 
@@ -110,6 +118,49 @@ INSTANTIATE_TEST_SUITE_P(Programs, ProgramOrderTest,
                                                "_preload", param_info.param.preload, "_h",
                                                param_info.param.heads, "_sq", param_info.param.sq);
                          });
+
+// The FP8 pipeline's own dependencies ([prep] running ahead of the cube, the widened-key
+// slots and their reuse, the side buffer of key scales, the query factors written by one
+// pipe and read by another), on the 910 (keys widened by the AIVs) and on the hypothetical
+// FP8 cube, under every preload count.
+TEST(ProgramOrderTest, Fp8ProgramsGiveTheHostResultInEveryDependencyRespectingOrder) {
+  Rng rng(977);
+  const auto batch = testing::MakeRandomPagedBatch({.sq = 2,
+                                                    .heads = 16,
+                                                    .dk = 576,
+                                                    .page_size = 64,
+                                                    .seqlens = {0, 1, 65, 700, 1300},
+                                                    .q_sigma = 0.5,
+                                                    .kv_sigma = 0.5},
+                                                   rng);
+  const LatentDecodeProblem bf16 = batch.Latent(512, 1.0f / std::sqrt(192.0f));
+  const std::vector<std::byte> pages = QuantizePagedCache(bf16.cache, 512);
+  const Fp8LatentDecodeProblem problem{
+      bf16.q, Fp8PagedKvCache{pages.data(), bf16.cache.num_pages(), {64, 512, 64}}, bf16.seqs,
+      bf16.softmax_scale, true};
+  auto host = SnapAmlaDecode(problem);
+  ASSERT_TRUE(host.ok()) << host.status();
+  for (const char* profile_name : {"ascend910-die", "ascend910-fp8"}) {
+    auto profile = LoadDeviceProfile(profile_name);
+    ASSERT_TRUE(profile.ok());
+    auto device = Device::Create(*profile);
+    ASSERT_TRUE(device.ok());
+    const LocalMemoryStorage storage(*profile);
+    for (const int preload : {0, 1, 2}) {
+      for (uint64_t seed = 0; seed < std::max<uint64_t>(2, kOrders / 2); ++seed) {
+        auto launch = LatentDecodeLaunch::PrepareFp8(**device, problem, {.preload = preload});
+        ASSERT_TRUE(launch.ok()) << launch.status();
+        Program program(*profile, (*launch)->kernel()->BlockDim(), &storage);
+        ASSERT_TRUE((*launch)->kernel()->Record(program).ok());
+        ASSERT_TRUE(program.Finalize().ok());
+        RunInRandomOrder(program, seed);
+        const AttentionOutput out = (*launch)->ReadOutput();
+        ASSERT_EQ(DifferingWords(out, *host), 0)
+            << profile_name << " preload " << preload << " order " << seed;
+      }
+    }
+  }
+}
 
 }  // namespace
 }  // namespace mlaserve::npu

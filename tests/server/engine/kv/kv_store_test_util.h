@@ -116,12 +116,7 @@ inline std::vector<std::byte> Fp8Records(const std::vector<Bf16>& rows, int dl, 
   const int64_t record = Fp8PageLayout::BytesPerToken(dl, dr);
   std::vector<std::byte> out(rows.size() / width * record);
   for (size_t r = 0; r < rows.size() / width; ++r) {
-    std::byte* dst = out.data() + r * record;
-    float scale = 0;
-    QuantizeLatentRow(rows.data() + r * width, dl, dr,
-                      Fp8LatentRow{reinterpret_cast<Fp8E4m3*>(dst), &scale,
-                                   reinterpret_cast<Bf16*>(dst + dl + sizeof(float))});
-    std::memcpy(dst + dl, &scale, sizeof scale);
+    QuantizeLatentRowToRecord(rows.data() + r * width, dl, dr, out.data() + r * record);
   }
   return out;
 }

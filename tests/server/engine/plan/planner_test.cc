@@ -31,5 +31,23 @@ TEST(PlannerTest, ThresholdScalesWithTheDeviceBalanceOnly) {
   EXPECT_NEAR(TyphoonBatchThreshold(*dsv3, 1, die), 320.0 / 1088.0 * 353.9 / 1.6, 1e-9);
 }
 
+TEST(PlannerTest, AnFp8RateRaisesTheThresholdOfFp8GroupsOnly) {
+  auto model = PresetModelConfig("deepseek-v3");
+  ASSERT_TRUE(model.ok());
+  const DeviceRates no_fp8{376e12, 1.8e12};
+  // Without an FP8 rate the absorb form costs what it does in bf16.
+  EXPECT_DOUBLE_EQ(TyphoonBatchThreshold(*model, 1, no_fp8, KvDtype::kFp8),
+                   TyphoonBatchThreshold(*model, 1, no_fp8));
+  // At twice the rate the content work (2 Dl of 2 Dl + Dr) halves: written out,
+  // (192 + 128) / (512 + 64) * 376 / 1.8.
+  const DeviceRates fp8{376e12, 1.8e12, 752e12};
+  EXPECT_NEAR(TyphoonBatchThreshold(*model, 1, fp8, KvDtype::kFp8), 320.0 / 576.0 * 376.0 / 1.8,
+              1e-9);
+  EXPECT_DOUBLE_EQ(TyphoonBatchThreshold(*model, 1, fp8), TyphoonBatchThreshold(*model, 1, no_fp8));
+  const Planner planner(*model, fp8, 2);
+  EXPECT_NEAR(planner.BTheta(2, KvDtype::kFp8), planner.BTheta(1, KvDtype::kFp8) / 2, 1e-9);
+  EXPECT_GT(planner.BTheta(1, KvDtype::kFp8), planner.BTheta(1));
+}
+
 }  // namespace
 }  // namespace mlaserve::engine
