@@ -30,8 +30,8 @@ constexpr int kBroadcastLanes = 128;  // AMLA broadcasts each row's delta over 1
 constexpr int64_t kInSlotBytes = kChunkRows * kKvBlockTokens * 4;                    // 32 KiB
 constexpr int64_t kOutSlotBytes = kChunkRows * kKvBlockTokens * 4 + kChunkRows * 4;  // + LSEs
 constexpr int kWidenTokens = 16;  // keys per UB pass of the FP8 widening
-// Intra-core event of the FP8 side buffer (key scales, row factors): MTE2 -> V and back. The
-// slot rings use events 0..1 of the same pipe pairs.
+// Intra-core events of the two FP8 side buffers (key scales, row factors), one per task
+// parity: MTE2 -> V and back. The slot rings use events 0..1 of the same pipe pairs.
 constexpr int kSideEvent = 2;
 
 struct VectorBuffers {
@@ -43,14 +43,18 @@ struct VectorBuffers {
   FlashBaseRowState* base_state;  // [2][kRowsPerCore]
   int32_t* delta;                 // [2][kRowsPerCore]: AMLA rescale, by group slot
   float* alpha;                   // [2][kRowsPerCore]: Base rescale, by task parity
-  // FP8 launches: SnapMLA's row state (by group slot), and the side buffer of one task:
-  // its keys' scales, the softmax's weight scratch, this AIV's rows' query factors.
+  // FP8 launches: SnapMLA's row state (by group slot), and two side buffers (by task
+  // parity, so the next task's scales load while this one's softmax runs): a task's keys'
+  // scales, the softmax's weight scratch, this AIV's rows' query factors.
   SnapAmlaRowState* snap_state = nullptr;  // [2][kRowsPerCore]
-  float* key_scales = nullptr;             // [kKvBlockTokens]
-  float* inverse_scales = nullptr;         // [kKvBlockTokens]
-  float* weights = nullptr;                // [kKvBlockTokens]
-  float* row_factors = nullptr;            // [kRowsPerCore]
-  Fp8KeyBlock* key_block = nullptr;        // the task's, from the scales
+  struct Fp8Side {
+    float* key_scales = nullptr;       // [kKvBlockTokens]
+    float* inverse_scales = nullptr;   // [kKvBlockTokens]
+    float* weights = nullptr;          // [kKvBlockTokens]
+    float* row_factors = nullptr;      // [kRowsPerCore]
+    Fp8KeyBlock* key_block = nullptr;  // the task's, from the scales
+  };
+  Fp8Side side[2];
 };
 
 class VectorProgram {
@@ -141,7 +145,9 @@ class VectorProgram {
 
   // Balances the side buffer's last release (every FP8 softmax sets it once).
   void DrainSide() {
-    if (side_used_) aiv_.WaitFlag(Pipe::kV, Pipe::kMte2, kSideEvent);
+    for (int parity = 0; parity < std::min(fp8_softmaxes_, 2); ++parity) {
+      aiv_.WaitFlag(Pipe::kV, Pipe::kMte2, kSideEvent + parity);
+    }
   }
 
   // AMLA: O *= 2^(n_t - n_{t-1}) * c_{t-1}/c_t as one int32 atomic add per element, in GM.
@@ -504,8 +510,10 @@ class VectorProgram {
                   const GmBuffer& p_slot, int lo, int hi) {
     const Fp8PageLayout& layout = fp8.layout;
     const int n = t.tokens;
-    if (side_used_) aiv_.WaitFlag(Pipe::kV, Pipe::kMte2, kSideEvent);
-    side_used_ = true;
+    const VectorBuffers::Fp8Side& side = b_.side[fp8_softmaxes_ % 2];
+    const int event = kSideEvent + fp8_softmaxes_ % 2;
+    if (fp8_softmaxes_ >= 2) aiv_.WaitFlag(Pipe::kV, Pipe::kMte2, event);
+    ++fp8_softmaxes_;
     for (int done = 0; done < n;) {
       const int token = fp8.first_token + t.begin + done;
       const int page = fp8.pages[token / layout.page_size];
@@ -513,7 +521,7 @@ class VectorProgram {
       const int run = std::min(layout.page_size - row, n - done);
       const int64_t at = int64_t{page} * layout.stride() + layout.scale_offset(row);
       aiv_.ReadGm(GmRegion::Rows(fp8.pool, at, 1, int64_t{run} * 4, int64_t{run} * 4),
-                  Maybe([=, src = fp8.pool.host, dst = b_.key_scales] {
+                  Maybe([=, src = fp8.pool.host, dst = side.key_scales] {
                     std::memcpy(dst + done, src + at, run * sizeof(float));
                   }),
                   "key scales");
@@ -522,15 +530,15 @@ class VectorProgram {
     const GmBuffer q_factor = ws_.q_factor[t.group];
     aiv_.ReadGm(
         GmRegion::Rows(q_factor, int64_t{lo} * 4, 1, int64_t{hi - lo} * 4, int64_t{hi - lo} * 4),
-        Maybe([=, src = q_factor.as<float>(), dst = b_.row_factors] {
+        Maybe([=, src = q_factor.as<float>(), dst = side.row_factors] {
           std::memcpy(dst, src + lo, (hi - lo) * sizeof(float));
         }),
         "query factors");
-    aiv_.SetFlag(Pipe::kMte2, Pipe::kV, kSideEvent);
-    aiv_.WaitFlag(Pipe::kMte2, Pipe::kV, kSideEvent);
+    aiv_.SetFlag(Pipe::kMte2, Pipe::kV, event);
+    aiv_.WaitFlag(Pipe::kMte2, Pipe::kV, event);
     aiv_.Vector(
         {{VecClass::kDiv, n}, {VecClass::kReduce, n}},  // 1 / sk_j, max_j sk_j
-        Maybe([=, block = b_.key_block, scales = b_.key_scales, inverse = b_.inverse_scales] {
+        Maybe([=, block = side.key_block, scales = side.key_scales, inverse = side.inverse_scales] {
           *block = MakeFp8KeyBlock(scales, n, inverse);
         }),
         "key block");
@@ -565,8 +573,8 @@ class VectorProgram {
                    {VecClass::kDiv, rc},
                    {VecClass::kUnary, rc}},
                   Maybe([=, st = b_.snap_state, delta = b_.delta, first = t.first, begin = t.begin,
-                         scales = b_.key_scales, weights = b_.weights, key_block = b_.key_block,
-                         factors = b_.row_factors + (r0 - lo)] {
+                         scales = side.key_scales, weights = side.weights,
+                         key_block = side.key_block, factors = side.row_factors + (r0 - lo)] {
                     ScaleAndMaskFp8Scores(std::span<const int32_t>(visible, rc), begin, n, factors,
                                           scales, scores, kKvBlockTokens);
                     for (int r = 0; r < rc; ++r) {
@@ -589,11 +597,11 @@ class VectorProgram {
       WriteProbs(p_slot, r0, rc, n, fp8_p ? 1 : 2, probs);
       b_.out.Release(o);
     }
-    aiv_.SetFlag(Pipe::kV, Pipe::kMte2, kSideEvent);
+    aiv_.SetFlag(Pipe::kV, Pipe::kMte2, event);
     aiv_.CrossCoreSetFlag(AttentionDeviceKernel::kFlagProbsReady, Pipe::kMte3);
   }
 
-  bool side_used_ = false;
+  int fp8_softmaxes_ = 0;  // FP8 softmaxes recorded so far on this AIV
 
   // This AIV's half of a group's rows.
   std::pair<int, int> Rows(const RowGroup& g) const {
@@ -631,22 +639,26 @@ absl::Status AttentionDeviceKernel::RecordVector(CoreRecorder& aiv) const {
                         amla ? state.as<AmlaRowState>() : nullptr,
                         amla ? nullptr : state.as<FlashBaseRowState>(),
                         factors.as<int32_t>(),
-                        factors.as<float>()};
+                        factors.as<float>(),
+                        nullptr,
+                        {}};
   const bool fp8 = workload_.HasFp8();
   if (fp8) {
     ASSIGN_OR_RETURN(
         LocalTensor snap,
         aiv.Alloc(Space::kUb, 2 * kRowsPerCore * sizeof(SnapAmlaRowState), "SnapMLA row state"));
-    ASSIGN_OR_RETURN(
-        LocalTensor side,
-        aiv.Alloc(Space::kUb, (3 * kKvBlockTokens + kRowsPerCore) * 4 + sizeof(Fp8KeyBlock),
-                  "key scales and inverses, weights, query factors"));
     buffers.snap_state = snap.as<SnapAmlaRowState>();
-    buffers.key_scales = side.as<float>();
-    buffers.inverse_scales = buffers.key_scales + kKvBlockTokens;
-    buffers.weights = buffers.inverse_scales + kKvBlockTokens;
-    buffers.row_factors = buffers.weights + kKvBlockTokens;
-    buffers.key_block = reinterpret_cast<Fp8KeyBlock*>(buffers.row_factors + kRowsPerCore);
+    for (VectorBuffers::Fp8Side& side : buffers.side) {
+      ASSIGN_OR_RETURN(
+          LocalTensor memory,
+          aiv.Alloc(Space::kUb, (3 * kKvBlockTokens + kRowsPerCore) * 4 + sizeof(Fp8KeyBlock),
+                    "key scales and inverses, weights, query factors"));
+      side.key_scales = memory.as<float>();
+      side.inverse_scales = side.key_scales + kKvBlockTokens;
+      side.weights = side.inverse_scales + kKvBlockTokens;
+      side.row_factors = side.weights + kKvBlockTokens;
+      side.key_block = reinterpret_cast<Fp8KeyBlock*>(side.row_factors + kRowsPerCore);
+    }
   }
   VectorProgram program(aiv, workload_, workspace_, options_, buffers);
 
