@@ -14,11 +14,11 @@ absl::StatusOr<loadgen::TargetModel> EngineLoadTarget::Model() {
 }
 
 absl::Status EngineLoadTarget::RegisterPrefix(const std::string& id, std::span<const Bf16> latent,
-                                              int tokens) {
+                                              int tokens, std::optional<KvDtype> kv_dtype) {
   const engine::ModelConfig& m = engine_.Info().model;
   ASSIGN_OR_RETURN(auto view,
                    (TensorView<const Bf16, 3>::Create(latent, {m.layers, tokens, m.dk_latent()})));
-  return engine_.RegisterPrefix(id, "", view, std::nullopt);
+  return engine_.RegisterPrefix(id, "", view, kv_dtype);
 }
 
 absl::Status EngineLoadTarget::AppendKv(const std::string& id, int layer, int64_t position,
@@ -59,21 +59,21 @@ absl::StatusOr<std::vector<loadgen::LoadAnswer>> EngineLoadTarget::Decode(
   }
   std::promise<absl::StatusOr<std::vector<loadgen::LoadAnswer>>> promise;
   auto future = promise.get_future();
-  engine_.Decode(
-      std::move(batch), {},
-      [&promise](absl::StatusOr<std::span<const engine::DecodeAnswer>> answers) {
-        if (!answers.ok()) {
-          promise.set_value(answers.status());
-          return;
-        }
-        std::vector<loadgen::LoadAnswer> out;
-        for (const engine::DecodeAnswer& a : *answers) {
-          const engine::PlanInfo& p = a.plan;
-          out.push_back({p.formulation == engine::Formulation::kHybrid, p.group_size, p.batch_size,
-                         p.queue_us, p.device_modeled_us, p.device_host_ms * 1e3});
-        }
-        promise.set_value(std::move(out));
-      });
+  engine_.Decode(std::move(batch), {},
+                 [&promise](absl::StatusOr<std::span<const engine::DecodeAnswer>> answers) {
+                   if (!answers.ok()) {
+                     promise.set_value(answers.status());
+                     return;
+                   }
+                   std::vector<loadgen::LoadAnswer> out;
+                   for (const engine::DecodeAnswer& a : *answers) {
+                     const engine::PlanInfo& p = a.plan;
+                     out.push_back({p.formulation == engine::Formulation::kHybrid, p.group_size,
+                                    p.batch_size, p.queue_us, p.device_modeled_us,
+                                    p.device_host_ms * 1e3, p.absorb_kv_dtype == KvDtype::kFp8});
+                   }
+                   promise.set_value(std::move(out));
+                 });
   return future.get();
 }
 

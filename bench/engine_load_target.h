@@ -13,11 +13,12 @@ class EngineLoadTarget final : public loadgen::LoadTarget {
   explicit EngineLoadTarget(engine::Engine& engine) : engine_(engine) {}
 
   absl::StatusOr<loadgen::TargetModel> Model() override;
-  absl::Status RegisterPrefix(const std::string& id, std::span<const Bf16> latent,
-                              int tokens) override;
+  absl::Status RegisterPrefix(const std::string& id, std::span<const Bf16> latent, int tokens,
+                              std::optional<KvDtype> kv_dtype) override;
   absl::Status ReleasePrefix(const std::string& id) override { return engine_.ReleasePrefix(id); }
-  absl::Status CreateSequence(const std::string& id, const std::string& prefix_id) override {
-    return engine_.CreateSequence(id, prefix_id, std::nullopt);
+  absl::Status CreateSequence(const std::string& id, const std::string& prefix_id,
+                              std::optional<KvDtype> kv_dtype) override {
+    return engine_.CreateSequence(id, prefix_id, kv_dtype);
   }
   absl::Status ReleaseSequence(const std::string& id) override {
     return engine_.ReleaseSequence(id);

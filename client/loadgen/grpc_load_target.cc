@@ -22,17 +22,28 @@ absl::StatusOr<std::unique_ptr<GrpcLoadTarget>> GrpcLoadTarget::Create(
   return std::unique_ptr<GrpcLoadTarget>(new GrpcLoadTarget(std::move(client), std::move(model)));
 }
 
+namespace {
+
+v1::KvDtype ToWire(std::optional<KvDtype> kv_dtype) {
+  if (!kv_dtype.has_value()) return v1::KV_DTYPE_UNSPECIFIED;
+  return *kv_dtype == KvDtype::kFp8 ? v1::KV_DTYPE_FP8 : v1::KV_DTYPE_BF16;
+}
+
+}  // namespace
+
 absl::Status GrpcLoadTarget::RegisterPrefix(const std::string& id, std::span<const Bf16> latent,
-                                            int tokens) {
-  return client_->RegisterPrefix(id, "", Rows(latent, {model_.layers, tokens, model_.dk()}));
+                                            int tokens, std::optional<KvDtype> kv_dtype) {
+  return client_->RegisterPrefix(id, "", Rows(latent, {model_.layers, tokens, model_.dk()}),
+                                 ToWire(kv_dtype));
 }
 
 absl::Status GrpcLoadTarget::ReleasePrefix(const std::string& id) {
   return client_->ReleasePrefix(id);
 }
 
-absl::Status GrpcLoadTarget::CreateSequence(const std::string& id, const std::string& prefix_id) {
-  return client_->CreateSequence(id, prefix_id).status();
+absl::Status GrpcLoadTarget::CreateSequence(const std::string& id, const std::string& prefix_id,
+                                            std::optional<KvDtype> kv_dtype) {
+  return client_->CreateSequence(id, prefix_id, ToWire(kv_dtype)).status();
 }
 
 absl::Status GrpcLoadTarget::ReleaseSequence(const std::string& id) {
@@ -65,7 +76,8 @@ absl::StatusOr<std::vector<LoadAnswer>> GrpcLoadTarget::Decode(
   for (const v1::DecodeResult& r : response->results()) {
     const v1::DecodePlan& p = r.plan();
     answers.push_back({p.formulation() == v1::FORMULATION_HYBRID, p.group_size(), p.batch_size(),
-                       p.queue_us(), p.device_modeled_us(), p.device_host_us()});
+                       p.queue_us(), p.device_modeled_us(), p.device_host_us(),
+                       p.absorb_kv_dtype() == v1::KV_DTYPE_FP8});
   }
   return answers;
 }

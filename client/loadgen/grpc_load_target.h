@@ -18,10 +18,11 @@ class GrpcLoadTarget final : public LoadTarget {
       std::unique_ptr<client::MlaServeClient> client);
 
   absl::StatusOr<TargetModel> Model() override { return model_; }
-  absl::Status RegisterPrefix(const std::string& id, std::span<const Bf16> latent,
-                              int tokens) override;
+  absl::Status RegisterPrefix(const std::string& id, std::span<const Bf16> latent, int tokens,
+                              std::optional<KvDtype> kv_dtype) override;
   absl::Status ReleasePrefix(const std::string& id) override;
-  absl::Status CreateSequence(const std::string& id, const std::string& prefix_id) override;
+  absl::Status CreateSequence(const std::string& id, const std::string& prefix_id,
+                              std::optional<KvDtype> kv_dtype) override;
   absl::Status ReleaseSequence(const std::string& id) override;
   absl::Status AppendKv(const std::string& id, int layer, int64_t position,
                         std::span<const Bf16> rows) override;

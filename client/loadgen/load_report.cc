@@ -111,10 +111,11 @@ void PrintReport(const LoadResult& r, const LoadSummary& s, const std::string& t
   out << absl::StrFormat("mlaserve load test against %s\n", target);
   out << absl::StrFormat(
       "  workload   %s, %d workers x %d sequences, system prompt %d + own %d tokens, sq %d, "
-      "%s-space q, "
-      "%.1f s\n",
+      "%s-space q, KV %s, %.1f s\n",
       r.model.name, o.workers, o.sequences, o.prefix_tokens, o.context_tokens, o.sq,
-      o.head_space ? "head" : "latent", s.wall_s);
+      o.head_space ? "head" : "latent",
+      o.kv_dtype.has_value() ? KvDtypeName(*o.kv_dtype) : "in the server's default format",
+      s.wall_s);
   out << absl::StrFormat("  calls      %d ok, %d failed (after %d warm-up calls)",
                          s.calls - s.failed_calls, s.failed_calls, s.warmup_calls);
   for (const auto& [code, n] : s.errors) out << absl::StrFormat("  [%s x%d]", code, n);

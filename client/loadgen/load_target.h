@@ -2,6 +2,7 @@
 #define MLASERVE_CLIENT_LOADGEN_LOAD_TARGET_H_
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/core/bfloat16.h"
+#include "kernels/core/kv_dtype.h"
 
 namespace mlaserve::loadgen {
 
@@ -46,6 +48,7 @@ struct LoadAnswer {
   double queue_us = 0;
   double device_modeled_us = 0;
   double device_host_us = 0;
+  bool fp8 = false;  // the absorb part read the FP8 cache
 };
 
 // Where the load goes: a server over gRPC, or (for the overhead benchmark) an engine in the
@@ -54,11 +57,13 @@ class LoadTarget {
  public:
   virtual ~LoadTarget() = default;
   virtual absl::StatusOr<TargetModel> Model() = 0;
-  // `latent` is [layers][tokens][dk].
+  // `latent` is [layers][tokens][dk]. `kv_dtype` unset: the server's default (a sequence on a
+  // prefix holds the prefix's).
   virtual absl::Status RegisterPrefix(const std::string& id, std::span<const Bf16> latent,
-                                      int tokens) = 0;
+                                      int tokens, std::optional<KvDtype> kv_dtype) = 0;
   virtual absl::Status ReleasePrefix(const std::string& id) = 0;
-  virtual absl::Status CreateSequence(const std::string& id, const std::string& prefix_id) = 0;
+  virtual absl::Status CreateSequence(const std::string& id, const std::string& prefix_id,
+                                      std::optional<KvDtype> kv_dtype) = 0;
   virtual absl::Status ReleaseSequence(const std::string& id) = 0;
   // `rows` is [n][dk] for one layer.
   virtual absl::Status AppendKv(const std::string& id, int layer, int64_t position,

@@ -23,6 +23,8 @@ ABSL_FLAG(int, context_tokens, 128, "tokens of each sequence's own prompt");
 ABSL_FLAG(int, sq, 1, "query tokens per query (MTP)");
 ABSL_FLAG(std::string, space, "head", "query space: head (q_nope, q_pe) or latent (FlashMLA's q)");
 ABSL_FLAG(int, layers, 0, "layers each step visits (0: every layer the server serves)");
+ABSL_FLAG(std::string, kv_dtype, "",
+          "KV format of the run's prefix and sequences: bf16 or fp8 (empty: the server's default)");
 ABSL_FLAG(double, duration_s, 10, "how long to run");
 ABSL_FLAG(double, connect_timeout_s, 30, "how long to wait for the server");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the generated queries and KV rows");
@@ -55,6 +57,13 @@ int main(int argc, char** argv) {
   }
   o.head_space = space == "head";
   o.layers = absl::GetFlag(FLAGS_layers);
+  const std::string kv_dtype = absl::GetFlag(FLAGS_kv_dtype);
+  if (kv_dtype == "bf16" || kv_dtype == "fp8") {
+    o.kv_dtype = kv_dtype == "fp8" ? mlaserve::KvDtype::kFp8 : mlaserve::KvDtype::kBf16;
+  } else if (!kv_dtype.empty()) {
+    std::cerr << "--kv_dtype: '" << kv_dtype << "' is neither bf16 nor fp8\n";
+    return 2;
+  }
   o.duration = absl::Seconds(absl::GetFlag(FLAGS_duration_s));
   o.seed = absl::GetFlag(FLAGS_seed);
   o.run_id = absl::GetFlag(FLAGS_run_id);

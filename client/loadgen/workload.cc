@@ -74,14 +74,14 @@ absl::StatusOr<LoadResult> RunWorkload(LoadTarget& target, const WorkloadOptions
     if (!prefix.empty()) {
       std::vector<Bf16> latent(int64_t{m.layers} * o.prefix_tokens * m.dk());
       FillNormal(latent, 1.0, rng);
-      RETURN_IF_ERROR(target.RegisterPrefix(prefix, latent, o.prefix_tokens));
+      RETURN_IF_ERROR(target.RegisterPrefix(prefix, latent, o.prefix_tokens, o.kv_dtype));
     }
     std::vector<Bf16> context(int64_t{o.context_tokens} * m.dk());
     FillNormal(context, 1.0, rng);
     for (int w = 0; w < o.workers; ++w) {
       for (int s = 0; s < o.sequences; ++s) {
         const std::string id = SequenceId(o, w, s);
-        RETURN_IF_ERROR(target.CreateSequence(id, prefix));
+        RETURN_IF_ERROR(target.CreateSequence(id, prefix, o.kv_dtype));
         created.push_back(id);
         if (o.context_tokens == 0) continue;
         for (int l = 0; l < layers; ++l) {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,12 +20,13 @@ namespace mlaserve::loadgen {
 // KV row first. A worker's next call leaves when its previous answer arrives.
 struct WorkloadOptions {
   int workers = 2;
-  int sequences = 72;        // per worker, all in every call
-  int prefix_tokens = 1024;  // shared by every sequence (0: no prefix)
-  int context_tokens = 128;  // each sequence's own tokens before the first step
-  int sq = 1;                // query tokens per query (MTP)
-  bool head_space = true;    // q_nope/q_pe (false: latent q, FlashMLA style)
-  int layers = 0;            // layers each step visits (0: all the target serves)
+  int sequences = 72;               // per worker, all in every call
+  int prefix_tokens = 1024;         // shared by every sequence (0: no prefix)
+  int context_tokens = 128;         // each sequence's own tokens before the first step
+  int sq = 1;                       // query tokens per query (MTP)
+  bool head_space = true;           // q_nope/q_pe (false: latent q, FlashMLA style)
+  int layers = 0;                   // layers each step visits (0: all the target serves)
+  std::optional<KvDtype> kv_dtype;  // the prefix's and sequences' format (unset: the server's)
   absl::Duration duration = absl::Seconds(10);
   uint64_t seed = 1;
   std::string run_id = "loadgen";  // prefixes every id, so runs never collide
