@@ -6,6 +6,19 @@
 
 namespace mlaserve::npu {
 
+absl::Status CheckAttentionSupported(const AttentionWorkload& workload,
+                                     const AttentionDeviceKernelOptions& options) {
+  if (workload.HasFp8() && options.algorithm != RescaleAlgorithm::kAmla) {
+    return absl::UnimplementedError(
+        "FP8 keys run SnapMLA over AMLA; the emulated NPU has no Base kernel for them");
+  }
+  if (workload.HasFp8() && options.fp8_matrix && !workload.fp8_quantize_queries) {
+    return absl::UnimplementedError(
+        "an FP8 cube multiplies e4m3 queries; bf16 queries need a part without one");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<AttentionWorkspace> AllocateAttentionWorkspace(
     GlobalMemory& gm, const AttentionWorkload& workload, int blocks,
     const AttentionDeviceKernelOptions& options, bool backed) {
@@ -107,12 +120,7 @@ absl::Status AttentionDeviceKernel::Record(Program& program) const {
         absl::StrCat("dk = ", workload_.dk, ", dv = ", workload_.dv,
                      " exceed the kernel's tiling (dk <= 576, dv <= 512)"));
   }
-  if (workload_.HasFp8() && options_.algorithm != RescaleAlgorithm::kAmla) {
-    return absl::UnimplementedError("FP8 keys run SnapMLA over AMLA; there is no Base kernel");
-  }
-  if (workload_.HasFp8() && options_.fp8_matrix && !workload_.fp8_quantize_queries) {
-    return absl::UnimplementedError("an FP8 cube multiplies e4m3 queries, not bf16 ones");
-  }
+  RETURN_IF_ERROR(CheckAttentionSupported(workload_, options_));
   for (int b = 0; b < BlockDim(); ++b) {
     RETURN_IF_ERROR(RecordCube(program.Cube(b)));
     RETURN_IF_ERROR(RecordVector(program.Vector(b, 0)));

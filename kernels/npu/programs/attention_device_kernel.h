@@ -61,6 +61,11 @@ struct AttentionWorkspace {
   }
 };
 
+// The kernels the launch can run: FP8 groups only under AMLA (SnapMLA over AMLA), and on an
+// FP8 cube only with quantised queries; UNIMPLEMENTED saying which otherwise.
+absl::Status CheckAttentionSupported(const AttentionWorkload& workload,
+                                     const AttentionDeviceKernelOptions& options);
+
 absl::StatusOr<AttentionWorkspace> AllocateAttentionWorkspace(
     GlobalMemory& gm, const AttentionWorkload& workload, int blocks,
     const AttentionDeviceKernelOptions& options, bool backed);

@@ -117,15 +117,10 @@ absl::Status BatchLaunch::Lower(const BatchSteps& steps,
       AttentionDeviceKernelOptions kernel_options = options;
       kernel_options.algorithm = attention->algorithm;
       kernel_options.fp8_matrix = device_.profile().HasFp8Matrix();
-      if (w.HasFp8() && attention->algorithm != RescaleAlgorithm::kAmla) {
-        return absl::UnimplementedError(absl::StrCat(
-            "attention step '", attention->name,
-            "': FP8 keys run SnapMLA over AMLA; the emulated NPU has no Base kernel for them"));
-      }
-      if (w.HasFp8() && kernel_options.fp8_matrix && !w.fp8_quantize_queries) {
-        return absl::UnimplementedError(absl::StrCat(
-            "attention step '", attention->name,
-            "': an FP8 cube multiplies e4m3 queries; bf16 queries need a part without one"));
+      // Refused before any launch is made, naming the step.
+      if (absl::Status s = CheckAttentionSupported(w, kernel_options); !s.ok()) {
+        return absl::Status(s.code(),
+                            absl::StrCat("attention step '", attention->name, "': ", s.message()));
       }
       auto schedule = ScheduleAttention(w, max_blocks);
       if (schedule.empty()) continue;  // no row sees a key: the destinations' fill stands

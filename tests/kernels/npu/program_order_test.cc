@@ -61,6 +61,17 @@ int64_t DifferingWords(const AttentionOutput& device, const AttentionOutput& hos
   return differing;
 }
 
+// Records `launch`'s attention kernel, runs it in one random dependency-respecting order and
+// reads its answer.
+AttentionOutput RunInRandomOrder(LatentDecodeLaunch& launch, const DeviceProfile& profile,
+                                 const LocalMemoryStorage& storage, uint64_t seed) {
+  Program program(profile, launch.kernel()->BlockDim(), &storage);
+  EXPECT_TRUE(launch.kernel()->Record(program).ok());
+  EXPECT_TRUE(program.Finalize().ok());
+  RunInRandomOrder(program, seed);
+  return launch.ReadOutput();
+}
+
 // How many random orders each case runs (MLASERVE_PROGRAM_ORDERS overrides, for soak runs).
 const uint64_t kOrders = [] {
   const char* env = std::getenv("MLASERVE_PROGRAM_ORDERS");
@@ -96,11 +107,7 @@ TEST_P(ProgramOrderTest, EveryDependencyRespectingOrderGivesTheHostResult) {
     auto launch = LatentDecodeLaunch::Prepare(
         **device, problem, {.algorithm = c.algorithm, .preload = c.preload, .amla = {}});
     ASSERT_TRUE(launch.ok()) << launch.status();
-    Program program(*profile, (*launch)->kernel()->BlockDim(), &storage);
-    ASSERT_TRUE((*launch)->kernel()->Record(program).ok());
-    ASSERT_TRUE(program.Finalize().ok());
-    RunInRandomOrder(program, seed);
-    const AttentionOutput out = (*launch)->ReadOutput();
+    const AttentionOutput out = RunInRandomOrder(**launch, *profile, storage, seed);
     ASSERT_EQ(DifferingWords(out, *host), 0) << "order seed " << seed;
   }
 }
@@ -150,11 +157,7 @@ TEST(ProgramOrderTest, Fp8ProgramsGiveTheHostResultInEveryDependencyRespectingOr
       for (uint64_t seed = 0; seed < std::max<uint64_t>(2, kOrders / 2); ++seed) {
         auto launch = LatentDecodeLaunch::PrepareFp8(**device, problem, {.preload = preload});
         ASSERT_TRUE(launch.ok()) << launch.status();
-        Program program(*profile, (*launch)->kernel()->BlockDim(), &storage);
-        ASSERT_TRUE((*launch)->kernel()->Record(program).ok());
-        ASSERT_TRUE(program.Finalize().ok());
-        RunInRandomOrder(program, seed);
-        const AttentionOutput out = (*launch)->ReadOutput();
+        const AttentionOutput out = RunInRandomOrder(**launch, *profile, storage, seed);
         ASSERT_EQ(DifferingWords(out, *host), 0)
             << profile_name << " preload " << preload << " order " << seed;
       }
