@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "server/engine/kv/client_id.h"
 #include "server/engine/tensor_shape.h"
 
 namespace mlaserve::engine {
@@ -41,7 +42,7 @@ absl::Status CheckTensor(const TensorView<const Bf16, kRank>& view,
 
 absl::Status CheckQuery(const DecodeQuery& q, const EngineInfo& info, const std::string& at) {
   const ModelConfig& m = info.model;
-  if (q.sequence_id.empty()) return Invalid(at + ".sequence_id", "empty");
+  RETURN_IF_ERROR(CheckClientId(at + ".sequence_id", q.sequence_id));
   if (q.layer < 0 || q.layer >= m.layers) {
     return Invalid(at + ".layer", absl::StrCat(q.layer, " is outside [0, ", m.layers, ")"));
   }
@@ -83,14 +84,14 @@ absl::Status ValidateDecodeCall(std::span<const DecodeQuery> queries, const Engi
     const std::string at = absl::StrCat("queries[", i, "]");
     RETURN_IF_ERROR(CheckQuery(queries[i], info, at));
     if (!seen.emplace(queries[i].sequence_id, queries[i].layer).second) {
-      return Invalid(at, absl::StrCat("sequence '", queries[i].sequence_id, "' layer ",
+      return Invalid(at, absl::StrCat("sequence ", QuoteId(queries[i].sequence_id), " layer ",
                                       queries[i].layer, " appears twice in one call"));
     }
   }
   for (size_t i = 0; i < queries.size(); ++i) {
     if (!store.GetSequence(queries[i].sequence_id).ok()) {
-      return absl::NotFoundError(absl::StrCat("queries[", i, "].sequence_id: '",
-                                              queries[i].sequence_id, "' is not a sequence"));
+      return absl::NotFoundError(absl::StrCat(
+          "queries[", i, "].sequence_id: ", QuoteId(queries[i].sequence_id), " is not a sequence"));
     }
   }
   return absl::OkStatus();

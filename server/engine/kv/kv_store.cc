@@ -10,24 +10,15 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/core/tiling.h"
+#include "server/engine/kv/client_id.h"
 #include "server/engine/kv/eviction.h"
 #include "server/engine/kv/tsan_visible_lock.h"
 
 namespace mlaserve::engine {
 namespace {
 
-constexpr size_t kMaxIdBytes = 1024;
 constexpr int kMaxPageSize = 65536;
 constexpr int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
-
-absl::Status CheckId(absl::string_view field, absl::string_view id) {
-  if (id.empty()) return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));
-  if (id.size() > kMaxIdBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, " is ", id.size(), " bytes; the limit is ", kMaxIdBytes));
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -126,8 +117,8 @@ bool KvStore::Appending(const Sequence& sequence) {
 absl::Status KvStore::RegisterPrefix(absl::string_view prefix_id, absl::string_view parent_id,
                                      TensorView<const Bf16, 3> latent,
                                      std::optional<KvDtype> kv_dtype) {
-  RETURN_IF_ERROR(CheckId("prefix_id", prefix_id));
-  if (!parent_id.empty()) RETURN_IF_ERROR(CheckId("parent_id", parent_id));
+  RETURN_IF_ERROR(CheckClientId("prefix_id", prefix_id));
+  if (!parent_id.empty()) RETURN_IF_ERROR(CheckClientId("parent_id", parent_id));
   if (latent.dim(0) != model_.layers) {
     return absl::InvalidArgumentError(
         absl::StrCat("latent has ", latent.dim(0), " layers but the model has ", model_.layers));
@@ -149,7 +140,7 @@ absl::Status KvStore::RegisterPrefix(absl::string_view prefix_id, absl::string_v
     DropReference(reservation.node);
     if (!same) {
       return absl::AlreadyExistsError(
-          absl::StrCat("prefix '", prefix_id, "' is already registered with other rows"));
+          absl::StrCat("prefix ", QuoteId(prefix_id), " is already registered with other rows"));
     }
     return absl::OkStatus();
   }
@@ -190,9 +181,9 @@ absl::StatusOr<KvStore::RegisterReservation> KvStore::ReserveRegister(
     if (existing->parent_id != parent_id || existing->end - existing->begin != tokens ||
         (kv_dtype.has_value() && *kv_dtype != existing->kv_dtype)) {
       return absl::AlreadyExistsError(absl::StrCat(
-          "prefix '", prefix_id, "' is already registered with ",
+          "prefix ", QuoteId(prefix_id), " is already registered with ",
           existing->parent_id.empty() ? "no parent"
-                                      : absl::StrCat("parent '", existing->parent_id, "'"),
+                                      : absl::StrCat("parent ", QuoteId(existing->parent_id)),
           ", ", existing->end - existing->begin, " tokens, in ", KvDtypeName(existing->kv_dtype)));
     }
     tree_.AddReference(existing);  // keeps its rows while they are compared without the lock
@@ -204,23 +195,23 @@ absl::StatusOr<KvStore::RegisterReservation> KvStore::ReserveRegister(
     return r;
   }
   if (!parent_id.empty() && parent == nullptr) {
-    return absl::NotFoundError(absl::StrCat("parent prefix '", parent_id,
-                                            "' is not registered (never, released or evicted)"));
+    return absl::NotFoundError(absl::StrCat("parent prefix ", QuoteId(parent_id),
+                                            " is not registered (never, released or evicted)"));
   }
   const KvDtype dtype = kv_dtype.value_or(parent != nullptr ? parent->kv_dtype : default_kv_dtype_);
   if (parent != nullptr && dtype != parent->kv_dtype) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("kv_dtype: prefix '", prefix_id, "' is asked to hold ", KvDtypeName(dtype),
-                     " rows but its parent '", parent_id, "' holds ", KvDtypeName(parent->kv_dtype),
-                     " (a child shares its parent's pages, so it keeps its format)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv_dtype: prefix ", QuoteId(prefix_id), " is asked to hold ", KvDtypeName(dtype),
+        " rows but its parent ", QuoteId(parent_id), " holds ", KvDtypeName(parent->kv_dtype),
+        " (a child shares its parent's pages, so it keeps its format)"));
   }
   r.kv_dtype = dtype;
 
   const int page_size = pool_.page_tokens(dtype);
   const int32_t begin = parent == nullptr ? 0 : parent->end;
   if (begin + tokens > kMaxTokens) {
-    return absl::InvalidArgumentError(absl::StrCat("prefix '", prefix_id, "' would end at token ",
-                                                   begin + tokens, ", past 2^31 - 1"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prefix ", QuoteId(prefix_id), " would end at token ", begin + tokens, ", past 2^31 - 1"));
   }
   const auto end = static_cast<int32_t>(begin + tokens);
   const int64_t shared_pages = begin / page_size;  // the parent's full pages
@@ -228,7 +219,7 @@ absl::StatusOr<KvStore::RegisterReservation> KvStore::ReserveRegister(
   // The parent is about to gain a child: reference it first so making room cannot evict it.
   if (parent != nullptr) tree_.AddReference(parent);
   if (absl::Status s = Reserve(new_pages * model_.layers * pool_.page_bytes(),
-                               absl::StrCat("registering prefix '", prefix_id, "'"));
+                               absl::StrCat("registering prefix ", QuoteId(prefix_id)));
       !s.ok()) {
     if (parent != nullptr) DropReference(parent);
     return s;
@@ -277,7 +268,7 @@ void KvStore::PublishRegister(const RegisterReservation& reservation) {
 }
 
 absl::Status KvStore::ReleasePrefix(absl::string_view prefix_id) {
-  RETURN_IF_ERROR(CheckId("prefix_id", prefix_id));
+  RETURN_IF_ERROR(CheckClientId("prefix_id", prefix_id));
   TsanVisibleLock lock(&mu_);
   for (;;) {
     PrefixNode* node = tree_.FindRegistered(prefix_id);
@@ -292,12 +283,12 @@ absl::Status KvStore::ReleasePrefix(absl::string_view prefix_id) {
 }
 
 absl::StatusOr<PrefixInfo> KvStore::GetPrefix(absl::string_view prefix_id) const {
-  RETURN_IF_ERROR(CheckId("prefix_id", prefix_id));
+  RETURN_IF_ERROR(CheckClientId("prefix_id", prefix_id));
   TsanVisibleLock lock(&mu_);
   for (;;) {
     const PrefixNode* node = tree_.FindRegistered(prefix_id);
     if (node == nullptr) {
-      return absl::NotFoundError(absl::StrCat("prefix '", prefix_id, "' is not registered"));
+      return absl::NotFoundError(absl::StrCat("prefix ", QuoteId(prefix_id), " is not registered"));
     }
     if (!node->ready) {
       TsanVisibleWait(published_, &mu_);
@@ -313,8 +304,8 @@ absl::StatusOr<PrefixInfo> KvStore::GetPrefix(absl::string_view prefix_id) const
 
 absl::Status KvStore::CreateSequence(absl::string_view sequence_id, absl::string_view prefix_id,
                                      std::optional<KvDtype> kv_dtype) {
-  RETURN_IF_ERROR(CheckId("sequence_id", sequence_id));
-  if (!prefix_id.empty()) RETURN_IF_ERROR(CheckId("prefix_id", prefix_id));
+  RETURN_IF_ERROR(CheckClientId("sequence_id", sequence_id));
+  if (!prefix_id.empty()) RETURN_IF_ERROR(CheckClientId("prefix_id", prefix_id));
   TsanVisibleLock lock(&mu_);
   PrefixNode* prefix = nullptr;
   for (;;) {
@@ -325,23 +316,23 @@ absl::Status KvStore::CreateSequence(absl::string_view sequence_id, absl::string
         return absl::OkStatus();
       }
       return absl::AlreadyExistsError(absl::StrCat(
-          "sequence '", sequence_id, "' already exists (",
-          s.origin == Sequence::Origin::kForked ? "forked from '" : "created on prefix '",
-          s.origin_id, "')"));
+          "sequence ", QuoteId(sequence_id), " already exists (",
+          s.origin == Sequence::Origin::kForked ? "forked from " : "created on prefix ",
+          QuoteId(s.origin_id), ")"));
     }
     if (prefix_id.empty()) break;
     prefix = tree_.FindRegistered(prefix_id);
     if (prefix == nullptr) {
-      return absl::NotFoundError(
-          absl::StrCat("prefix '", prefix_id, "' is not registered (never, released or evicted)"));
+      return absl::NotFoundError(absl::StrCat("prefix ", QuoteId(prefix_id),
+                                              " is not registered (never, released or evicted)"));
     }
     if (prefix->ready) break;
     TsanVisibleWait(published_, &mu_);
   }
   if (prefix != nullptr && kv_dtype.has_value() && *kv_dtype != prefix->kv_dtype) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "kv_dtype: sequence '", sequence_id, "' is asked to hold ", KvDtypeName(*kv_dtype),
-        " rows but its prefix '", prefix_id, "' holds ", KvDtypeName(prefix->kv_dtype),
+        "kv_dtype: sequence ", QuoteId(sequence_id), " is asked to hold ", KvDtypeName(*kv_dtype),
+        " rows but its prefix ", QuoteId(prefix_id), " holds ", KvDtypeName(prefix->kv_dtype),
         " (a sequence reads its prefix's pages, so it keeps their format)"));
   }
 
@@ -367,8 +358,8 @@ absl::Status KvStore::CreateSequence(absl::string_view sequence_id, absl::string
 }
 
 absl::Status KvStore::ForkSequence(absl::string_view source_id, absl::string_view new_id) {
-  RETURN_IF_ERROR(CheckId("source_id", source_id));
-  RETURN_IF_ERROR(CheckId("new_id", new_id));
+  RETURN_IF_ERROR(CheckClientId("source_sequence_id", source_id));
+  RETURN_IF_ERROR(CheckClientId("new_sequence_id", new_id));
   TsanVisibleLock lock(&mu_);
   Sequence* source = nullptr;
   for (;;) {
@@ -377,11 +368,12 @@ absl::Status KvStore::ForkSequence(absl::string_view source_id, absl::string_vie
       if (s.origin == Sequence::Origin::kForked && s.origin_id == source_id) {
         return absl::OkStatus();
       }
-      return absl::AlreadyExistsError(absl::StrCat("sequence '", new_id, "' already exists"));
+      return absl::AlreadyExistsError(
+          absl::StrCat("sequence ", QuoteId(new_id), " already exists"));
     }
     const auto it = sequences_.find(source_id);
     if (it == sequences_.end()) {
-      return absl::NotFoundError(absl::StrCat("sequence '", source_id, "' does not exist"));
+      return absl::NotFoundError(absl::StrCat("sequence ", QuoteId(source_id), " does not exist"));
     }
     source = it->second.get();
     // An append in flight may be writing past the published length of a page the fork
@@ -410,7 +402,7 @@ absl::Status KvStore::ForkSequence(absl::string_view source_id, absl::string_vie
 
 absl::Status KvStore::Append(absl::string_view sequence_id, int layer, int64_t start_position,
                              TensorView<const Bf16, 2> rows) {
-  RETURN_IF_ERROR(CheckId("sequence_id", sequence_id));
+  RETURN_IF_ERROR(CheckClientId("sequence_id", sequence_id));
   RETURN_IF_ERROR(CheckLayer(layer));
   if (start_position < 0) {
     return absl::InvalidArgumentError(
@@ -440,7 +432,7 @@ absl::Status KvStore::Append(absl::string_view sequence_id, int layer, int64_t s
 
 absl::Status KvStore::AppendFp8(absl::string_view sequence_id, int layer, int64_t start_position,
                                 std::span<const std::byte> records, int64_t n) {
-  RETURN_IF_ERROR(CheckId("sequence_id", sequence_id));
+  RETURN_IF_ERROR(CheckClientId("sequence_id", sequence_id));
   RETURN_IF_ERROR(CheckLayer(layer));
   if (start_position < 0) {
     return absl::InvalidArgumentError(
@@ -497,13 +489,14 @@ absl::StatusOr<std::optional<KvStore::AppendReservation>> KvStore::ReserveAppend
   for (;;) {
     const auto it = sequences_.find(sequence_id);
     if (it == sequences_.end()) {
-      return absl::NotFoundError(absl::StrCat("sequence '", sequence_id, "' does not exist"));
+      return absl::NotFoundError(
+          absl::StrCat("sequence ", QuoteId(sequence_id), " does not exist"));
     }
     sequence = it->second.get();
     if (fp8_records && sequence->kv_dtype != KvDtype::kFp8) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("sequence '", sequence_id, "' holds ", KvDtypeName(sequence->kv_dtype),
-                       " rows: append them as bf16 rows, not FP8 ones"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "sequence ", QuoteId(sequence_id), " holds ", KvDtypeName(sequence->kv_dtype),
+          " rows: append them as bf16 rows, not FP8 ones"));
     }
     if (!sequence->layers[layer].appending) break;
     TsanVisibleWait(published_,
@@ -513,13 +506,13 @@ absl::StatusOr<std::optional<KvStore::AppendReservation>> KvStore::ReserveAppend
   if (start_position < l.length && start_position + rows <= l.length) return std::nullopt;
   if (start_position != l.length) {
     return absl::FailedPreconditionError(
-        absl::StrCat("sequence '", sequence_id, "' layer ", layer, " holds ", l.length,
+        absl::StrCat("sequence ", QuoteId(sequence_id), " layer ", layer, " holds ", l.length,
                      " tokens: an append must start at position ", l.length,
                      " (or retry an earlier range), not ", start_position));
   }
   if (l.length + rows > kMaxTokens) {
-    return absl::InvalidArgumentError(absl::StrCat("sequence '", sequence_id, "' layer ", layer,
-                                                   " would hold ", l.length + rows,
+    return absl::InvalidArgumentError(absl::StrCat("sequence ", QuoteId(sequence_id), " layer ",
+                                                   layer, " would hold ", l.length + rows,
                                                    " tokens, past 2^31 - 1"));
   }
   const int page_size = pool_.page_tokens(sequence->kv_dtype);
@@ -528,9 +521,9 @@ absl::StatusOr<std::optional<KvStore::AppendReservation>> KvStore::ReserveAppend
   const bool copy_last = cow_rows != 0 && pages_.owners(l.pages.back()) > 1;
   const int64_t new_pages =
       CeilDiv(l.length + rows, page_size) - CeilDiv(l.length, page_size) + (copy_last ? 1 : 0);
-  RETURN_IF_ERROR(Reserve(
-      new_pages * pool_.page_bytes(),
-      absl::StrCat("appending ", rows, " tokens to sequence '", sequence_id, "' layer ", layer)));
+  RETURN_IF_ERROR(Reserve(new_pages * pool_.page_bytes(),
+                          absl::StrCat("appending ", rows, " tokens to sequence ",
+                                       QuoteId(sequence_id), " layer ", layer)));
 
   AppendReservation r;
   r.sequence = sequence;
@@ -567,7 +560,7 @@ void KvStore::PublishAppend(const AppendReservation& reservation) {
 }
 
 absl::Status KvStore::ReleaseSequence(absl::string_view sequence_id) {
-  RETURN_IF_ERROR(CheckId("sequence_id", sequence_id));
+  RETURN_IF_ERROR(CheckClientId("sequence_id", sequence_id));
   TsanVisibleLock lock(&mu_);
   for (;;) {
     const auto it = sequences_.find(sequence_id);
@@ -587,11 +580,11 @@ absl::Status KvStore::ReleaseSequence(absl::string_view sequence_id) {
 }
 
 absl::StatusOr<SequenceInfo> KvStore::GetSequence(absl::string_view sequence_id) const {
-  RETURN_IF_ERROR(CheckId("sequence_id", sequence_id));
+  RETURN_IF_ERROR(CheckClientId("sequence_id", sequence_id));
   TsanVisibleLock lock(&mu_);
   const auto it = sequences_.find(sequence_id);
   if (it == sequences_.end()) {
-    return absl::NotFoundError(absl::StrCat("sequence '", sequence_id, "' does not exist"));
+    return absl::NotFoundError(absl::StrCat("sequence ", QuoteId(sequence_id), " does not exist"));
   }
   const Sequence& s = *it->second;
   SequenceInfo info{s.id, s.prefix == nullptr ? "" : s.prefix->id, {}, s.kv_dtype};
@@ -609,13 +602,13 @@ absl::StatusOr<KvSnapshot> KvStore::Snapshot(absl::string_view sequence_id, int 
 absl::StatusOr<KvSnapshot> KvStore::Snapshot(std::span<const std::string> sequence_ids, int layer) {
   RETURN_IF_ERROR(CheckLayer(layer));
   if (sequence_ids.empty()) return absl::InvalidArgumentError("sequence_ids is empty");
-  for (const std::string& id : sequence_ids) RETURN_IF_ERROR(CheckId("sequence_id", id));
+  for (const std::string& id : sequence_ids) RETURN_IF_ERROR(CheckClientId("sequence_id", id));
   TsanVisibleLock lock(&mu_);
   std::vector<const Sequence*> found;
   for (const std::string& id : sequence_ids) {
     const auto it = sequences_.find(id);
     if (it == sequences_.end()) {
-      return absl::NotFoundError(absl::StrCat("sequence '", id, "' does not exist"));
+      return absl::NotFoundError(absl::StrCat("sequence ", QuoteId(id), " does not exist"));
     }
     found.push_back(it->second.get());
   }
@@ -691,7 +684,7 @@ absl::StatusOr<ExpandedKv> KvStore::GetOrBuildExpanded(PrefixKey prefix, int lay
         ExpandedKvData::Bytes(model_.heads, node->end - node->begin, model_.dqk(), model_.dv);
     tree_.AddReference(node);  // neither evictable while making room nor freed while building
     if (absl::Status s =
-            Reserve(bytes, absl::StrCat("expanding prefix '", node->id, "' layer ", layer));
+            Reserve(bytes, absl::StrCat("expanding prefix ", QuoteId(node->id), " layer ", layer));
         !s.ok()) {
       DropReference(node);
       return s;

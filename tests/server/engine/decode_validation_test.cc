@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/engine/kv/client_id.h"
 #include "server/engine/owned_decode_query.h"
 
 namespace mlaserve::engine {
@@ -81,7 +82,22 @@ TEST_F(DecodeValidationTest, TheBatchMustHoldOneToMaxBatchQueries) {
 TEST_F(DecodeValidationTest, AnEmptySequenceIdIsInvalid) {
   OwnedDecodeQuery q = Head();
   q.sequence_id.clear();
-  EXPECT_EQ(Second(q).message(), "queries[1].sequence_id: empty");
+  EXPECT_EQ(Second(q).message(), "queries[1].sequence_id is empty");
+}
+
+TEST_F(DecodeValidationTest, ASequenceIdOverTheLimitIsInvalidBeforeAnyLookup) {
+  OwnedDecodeQuery q = Head(1, std::string(kMaxClientIdBytes + 1, 'x'));
+  const absl::Status status = Second(q);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "queries[1].sequence_id is 1025 bytes; the limit is 1024");
+}
+
+TEST_F(DecodeValidationTest, ErrorsQuoteLongIdsShortened) {
+  const std::string id = std::string(70, 'a') + "tail";
+  const absl::Status status = Second(Head(1, id));
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(status.message(), absl::StrCat("queries[1].sequence_id: '", std::string(64, 'a'),
+                                           "...' (74 bytes) is not a sequence"));
 }
 
 TEST_F(DecodeValidationTest, ALayerOutOfRangeIsInvalid) {
@@ -108,13 +124,16 @@ TEST_F(DecodeValidationTest, AnSqOutOfRangeIsInvalid) {
 TEST_F(DecodeValidationTest, WrongShapesNameTheTensor) {
   const ModelConfig& m = info_.model;
   std::vector<Bf16> wrong(4 * 64);
-  DecodeQuery nope = Head().View(m);
+  // The owned queries outlive their views.
+  const OwnedDecodeQuery head = Head();
+  const OwnedDecodeQuery latent = Latent();
+  DecodeQuery nope = head.View(m);
   nope.q_nope = *TensorView<const Bf16, 3>::Create(std::span<const Bf16>(wrong), {1, 4, 64});
   const std::vector<DecodeQuery> a = {nope};
   EXPECT_EQ(ValidateDecodeCall(a, info_, *store_).message(),
             "queries[0].head.q_nope: shape [1,4,64] != [1,4,128]");
   std::vector<Bf16> pe(8 * 64);
-  DecodeQuery heads = Head().View(m);
+  DecodeQuery heads = head.View(m);
   heads.q_pe = *TensorView<const Bf16, 3>::Create(std::span<const Bf16>(pe), {1, 8, 64});
   const std::vector<DecodeQuery> b = {heads};
   EXPECT_EQ(ValidateDecodeCall(b, info_, *store_).message(),
@@ -128,7 +147,7 @@ TEST_F(DecodeValidationTest, WrongShapesNameTheTensor) {
   EXPECT_EQ(ValidateDecodeCall(c, info_, *store_).message(),
             "queries[0].latent: shape [2,4,576] != [1,4,576]");
   std::vector<Bf16> rows(2 * 512);
-  DecodeQuery append = Latent().View(m);
+  DecodeQuery append = latent.View(m);
   append.append_rows = *TensorView<const Bf16, 2>::Create(std::span<const Bf16>(rows), {2, 512});
   append.append_position = 0;
   const std::vector<DecodeQuery> d = {append};
@@ -138,7 +157,8 @@ TEST_F(DecodeValidationTest, WrongShapesNameTheTensor) {
 
 TEST_F(DecodeValidationTest, AStridedTensorIsInvalid) {
   std::vector<Bf16> wide(4 * 2 * 128);
-  DecodeQuery q = Head().View(info_.model);
+  const OwnedDecodeQuery head = Head();
+  DecodeQuery q = head.View(info_.model);
   q.q_nope = *TensorView<const Bf16, 3>::CreateStrided(wide.data(), wide.size(), {1, 4, 128},
                                                        {1024, 256, 1});
   const std::vector<DecodeQuery> views = {q};
