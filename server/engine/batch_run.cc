@@ -1,6 +1,8 @@
 #include "server/engine/batch_run.h"
 
 #include <chrono>
+#include <cmath>
+#include <span>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -32,6 +34,25 @@ absl::Status ApplyAppends(const PendingCall& call, KvStore& store) {
     if (!status.ok())
       return absl::Status(status.code(),
                           absl::StrCat("queries[", i, "] append: ", status.message()));
+  }
+  return absl::OkStatus();
+}
+
+// OK unless a token that saw keys got no finite LSE: its scores overflowed fp32 (finite bf16
+// inputs can: two elements near 1e20 multiply past fp32's range), and the kernels' answer
+// would read as "saw no key" (out 0, lse -inf), a silent wrong answer. Token t of sq sees
+// the first length - sq + t + 1 keys.
+absl::Status CheckScoresStayedFinite(std::span<const float> lse, int sq, int heads,
+                                     int32_t length) {
+  for (int t = 0; t < sq; ++t) {
+    if (length - sq + t + 1 <= 0) continue;
+    for (int h = 0; h < heads; ++h) {
+      if (std::isfinite(lse[static_cast<size_t>(t) * heads + h])) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token ", t, " head ", h,
+          ": attention scores overflow fp32 (|q.k| x softmax scale beyond 3.4e38); the query's "
+          "or the KV's magnitudes are far outside a model's range"));
+    }
   }
   return absl::OkStatus();
 }
@@ -149,6 +170,14 @@ void BatchRun::Execute(AttentionDevice& device, int device_index) {
                      ref.out.offset * ElementBytes(ref.out_type);
         answer.out_elements = ref.out_elements;
         answer.lse = run->buffers->Elements<float>(ref.lse, ref.lse_elements);
+        const PlannedQuery& planned = plan_->queries[group.members[m]];
+        if (absl::Status finite =
+                CheckScoresStayedFinite(answer.lse, group.sq, context_.weights.config().heads,
+                                        plan_->sequence(planned).length);
+            !finite.ok() && call_status_[c].ok()) {
+          call_status_[c] =
+              absl::InvalidArgumentError(absl::StrCat("queries[", i, "]: ", finite.message()));
+        }
         answer.plan = PlanInfo{group.formulation,
                                group.prefix_id,
                                static_cast<int>(group.members.size()),

@@ -311,6 +311,30 @@ TEST(EngineTest, AppendCarriedByAQueryIsSeenAndIdempotentOnRetry) {
   EXPECT_EQ(s.engine().GetSequence("x")->lengths[0], 34);
 }
 
+// Finite bf16 inputs far outside a model's range make fp32 scores overflow; the answer would
+// read as "saw no key" (out 0, lse -inf), so the call is refused instead.
+TEST(EngineTest, ScoresThatOverflowFp32AreRefusedNotAnsweredAsNoKey) {
+  for (const bool npu : {false, true}) {
+    std::vector<std::unique_ptr<AttentionDevice>> devices;
+    if (npu) {
+      auto profile = npu::LoadDeviceProfile("ascend910-die");
+      ASSERT_TRUE(profile.ok()) << profile.status();
+      auto device = NpuAttentionDevice::Create(*profile, {.host_threads = 1});
+      ASSERT_TRUE(device.ok()) << device.status();
+      devices.push_back(std::move(*device));
+    }
+    Scenario s(MakeEngine(BaseOptions(), std::move(devices)), /*seed=*/3, /*data_scale=*/1e22);
+    s.CreateSequence("x", "", 20);
+    for (const OwnedDecodeQuery& q : {s.HeadQuery("x", 0, 1), s.LatentQuery("x", 0, 2)}) {
+      auto r = DecodeSync(s.engine(), {q});
+      ASSERT_FALSE(r.ok()) << (npu ? "npu" : "host");
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(r.status().message(), HasSubstr("queries[0]: token 0 head 0: attention scores "
+                                                  "overflow fp32"));
+    }
+  }
+}
+
 // Calls that arrive while the device is busy coalesce (up to max_wait) into one batch, and
 // their queries on one prefix into one group.
 TEST(EngineTest, QueriesFromConcurrentCallsShareABatchAndAGroup) {
