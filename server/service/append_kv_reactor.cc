@@ -8,27 +8,62 @@
 #include "kernels/core/tensor_view.h"
 #include "server/service/kv_request_codec.h"
 #include "server/service/status_mapping.h"
+#include "server/service/wire_message.h"
 
 namespace mlaserve::service {
 
+namespace {
+
+absl::Status Draining(int64_t chunks) {
+  return absl::UnavailableError(
+      absl::StrCat("the server is shutting down after applying ", chunks,
+                   " chunk(s); send the rest to another replica (appends are idempotent by "
+                   "position)"));
+}
+
+}  // namespace
+
 AppendKvReactor::AppendKvReactor(engine::Engine& engine, ServiceMetrics& metrics,
-                                 v1::AppendKvResponse* response)
-    : engine_(engine), metrics_(metrics), response_(response) {
-  StartRead(&chunk_);
+                                 CallRegistry& registry, grpc::ByteBuffer* response)
+    : engine_(engine),
+      metrics_(metrics),
+      registry_(registry),
+      response_(response),
+      registered_(registry.Add(this)) {
+  std::lock_guard lock(mu_);
+  if (!registered_) CompleteLocked(Draining(0));
+  if (!finished_) StartRead(&chunk_bytes_);
 }
 
 void AppendKvReactor::OnReadDone(bool ok) {
+  // Chunks are applied under the stream's lock, so a drain waits for the one being applied.
+  std::lock_guard lock(mu_);
+  if (finished_) return;  // drained while the read was pending
   // Not ok: the client half-closed after its last chunk (or went away, and then nobody
   // reads the status).
   if (!ok) {
-    Complete(absl::OkStatus());
+    CompleteLocked(absl::OkStatus());
     return;
   }
-  if (absl::Status status = Apply(chunk_); !status.ok()) {
-    Complete(status);
+  absl::Status status =
+      ParseWireMessage(chunk_bytes_, absl::StrCat("chunks[", chunks_, "]"), &chunk_);
+  chunk_bytes_.Clear();
+  if (status.ok()) status = Apply(chunk_);
+  if (!status.ok()) {
+    CompleteLocked(status);
     return;
   }
-  StartRead(&chunk_);
+  StartRead(&chunk_bytes_);
+}
+
+void AppendKvReactor::Drain() {
+  std::lock_guard lock(mu_);
+  if (!finished_) CompleteLocked(Draining(chunks_));
+}
+
+void AppendKvReactor::OnDone() {
+  if (registered_) registry_.Remove(this);
+  delete this;
 }
 
 absl::Status AppendKvReactor::Apply(const v1::AppendKvChunk& chunk) {
@@ -61,9 +96,12 @@ absl::Status AppendKvReactor::Apply(const v1::AppendKvChunk& chunk) {
   return absl::OkStatus();
 }
 
-void AppendKvReactor::Complete(const absl::Status& status) {
-  response_->set_chunks(chunks_);
-  response_->set_rows(rows_);
+void AppendKvReactor::CompleteLocked(const absl::Status& status) {
+  finished_ = true;
+  v1::AppendKvResponse response;
+  response.set_chunks(chunks_);
+  response.set_rows(rows_);
+  SerializeWireMessage(response, response_);
   metrics_.RecordRpc("AppendKv", status.code(), absl::Now() - start_);
   Finish(ToGrpcStatus(status));
 }

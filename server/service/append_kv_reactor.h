@@ -2,34 +2,50 @@
 #define MLASERVE_SERVER_SERVICE_APPEND_KV_REACTOR_H_
 
 #include <cstdint>
+#include <mutex>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
 #include "mlaserve/v1/kv_cache.pb.h"
 #include "server/engine/engine.h"
+#include "server/service/call_registry.h"
 #include "server/service/service_metrics.h"
 
 namespace mlaserve::service {
 
 // The AppendKv client stream: applies each chunk as it arrives (a KV append is a bounded
 // copy, so it runs on the callback thread) and ends the call at the first failing chunk,
-// naming it. Deletes itself when the call is done.
-class AppendKvReactor : public grpc::ServerReadReactor<v1::AppendKvChunk> {
+// naming it (`chunks[i]`, also for a message that does not parse). Deletes itself when the
+// call is done.
+//
+// When the server drains, the stream ends at once between chunks with UNAVAILABLE saying
+// how many chunks were applied; an idle stream does not hold the shutdown.
+class AppendKvReactor : public grpc::ServerReadReactor<grpc::ByteBuffer>, public DrainableStream {
  public:
-  AppendKvReactor(engine::Engine& engine, ServiceMetrics& metrics, v1::AppendKvResponse* response);
+  AppendKvReactor(engine::Engine& engine, ServiceMetrics& metrics, CallRegistry& registry,
+                  grpc::ByteBuffer* response);
 
   void OnReadDone(bool ok) override;
-  void OnDone() override { delete this; }
+  void OnDone() override;
+  void Drain() override;
 
  private:
   absl::Status Apply(const v1::AppendKvChunk& chunk);
-  void Complete(const absl::Status& status);
+  // Finishes the call with `status` (once: finished_ is set).
+  void CompleteLocked(const absl::Status& status);
 
   engine::Engine& engine_;
   ServiceMetrics& metrics_;
-  v1::AppendKvResponse* const response_;
+  CallRegistry& registry_;
+  grpc::ByteBuffer* const response_;
+  // Before registered_: a drain may reach the stream as soon as it is registered.
+  std::mutex mu_;
+  bool finished_ = false;
+  const bool registered_;
   const absl::Time start_ = absl::Now();
+  grpc::ByteBuffer chunk_bytes_;
   v1::AppendKvChunk chunk_;
   int64_t chunks_ = 0;
   int64_t rows_ = 0;

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "server/service/call_deadline.h"
 #include "server/service/status_mapping.h"
+#include "server/service/wire_message.h"
 
 namespace mlaserve::service {
 namespace {
@@ -21,7 +23,7 @@ void SetStatus(const absl::Status& status, v1::RequestStatus* wire) {
 
 DecodeStreamReactor::DecodeStreamReactor(grpc::CallbackServerContext* context,
                                          DecodeDispatcher& dispatcher, ServiceMetrics& metrics,
-                                         StreamRegistry& registry, int max_in_flight)
+                                         CallRegistry& registry, int max_in_flight)
     : context_(context),
       dispatcher_(dispatcher),
       metrics_(metrics),
@@ -29,8 +31,8 @@ DecodeStreamReactor::DecodeStreamReactor(grpc::CallbackServerContext* context,
       max_in_flight_(std::max(1, max_in_flight)),
       registered_(registry.Add(this)) {
   std::lock_guard lock(mu_);
-  if (!registered_) {
-    draining_ = true;
+  if (!registered_) draining_ = true;
+  if (draining_) {
     MaybeFinishLocked();
     return;
   }
@@ -39,12 +41,22 @@ DecodeStreamReactor::DecodeStreamReactor(grpc::CallbackServerContext* context,
 
 void DecodeStreamReactor::StartReadLocked() {
   reading_ = true;
-  StartRead(&request_);
+  StartRead(&request_bytes_);
+}
+
+void DecodeStreamReactor::MaybeReadLocked() {
+  // An answer waiting for the client to read it holds its slot as a request in the engine
+  // does: a client that never reads stops being read, instead of growing the write queue.
+  const size_t held = static_cast<size_t>(in_flight_) + writes_.size();
+  if (reading_ || reads_done_ || draining_ || finished_ ||
+      held >= static_cast<size_t>(max_in_flight_))
+    return;
+  StartReadLocked();
 }
 
 void DecodeStreamReactor::OnReadDone(bool ok) {
   // Its own object: the engine reads the request's bytes in place until it answers, while
-  // request_ takes the next read.
+  // the read buffer takes the next message.
   auto request = std::make_unique<v1::DecodeStreamRequest>();
   {
     std::lock_guard lock(mu_);
@@ -55,9 +67,19 @@ void DecodeStreamReactor::OnReadDone(bool ok) {
       return;
     }
     if (finished_) return;
-    request->Swap(&request_);
+    const absl::Status parsed = ParseWireMessage(
+        request_bytes_, absl::StrCat("requests[", requests_read_, "]"), request.get());
+    request_bytes_.Clear();
+    ++requests_read_;
+    if (!parsed.ok()) {
+      // Its request id is unknown, so it cannot be answered in-band: the stream ends.
+      ended_ = parsed;
+      reads_done_ = true;
+      MaybeFinishLocked();
+      return;
+    }
     ++in_flight_;
-    if (!draining_ && in_flight_ < max_in_flight_) StartReadLocked();
+    MaybeReadLocked();
   }
   // Outside the lock: the engine may answer before Dispatch returns.
   Dispatch(std::move(request));
@@ -76,7 +98,7 @@ void DecodeStreamReactor::Dispatch(std::unique_ptr<v1::DecodeStreamRequest> requ
     SetStatus(absl::UnavailableError(kDrainingMessage), response->mutable_status());
     metrics_.RecordRpc("DecodeStream.request", absl::StatusCode::kUnavailable,
                        absl::Now() - arrival);
-    Answer(std::move(response));
+    Answer(*response);
     return;
   }
   absl::Time deadline = CallDeadline(*context_);
@@ -95,21 +117,20 @@ void DecodeStreamReactor::Dispatch(std::unique_ptr<v1::DecodeStreamRequest> requ
         if (!status.ok()) response->clear_response();
         SetStatus(status, response->mutable_status());
         metrics_.RecordRpc("DecodeStream.request", status.code(), absl::Now() - arrival);
-        Answer(std::move(response));
+        Answer(*response);
       });
 }
 
-void DecodeStreamReactor::Answer(std::unique_ptr<Response> response) {
+void DecodeStreamReactor::Answer(const Response& response) {
+  auto bytes = std::make_unique<grpc::ByteBuffer>();
+  SerializeWireMessage(response, bytes.get());  // outside the lock
   std::lock_guard lock(mu_);
   --in_flight_;
   if (!write_failed_) {
-    writes_.push_back(std::move(response));
+    writes_.push_back(std::move(bytes));
     if (!writing_) StartWriteLocked();
   }
-  // Reading paused at the in-flight limit resumes once a request is answered.
-  if (!reading_ && !reads_done_ && !draining_ && !finished_ && in_flight_ < max_in_flight_) {
-    StartReadLocked();
-  }
+  MaybeReadLocked();
   MaybeFinishLocked();
 }
 
@@ -128,6 +149,7 @@ void DecodeStreamReactor::OnWriteDone(bool ok) {
   } else if (!writes_.empty()) {
     StartWriteLocked();
   }
+  MaybeReadLocked();
   MaybeFinishLocked();
 }
 
@@ -142,8 +164,12 @@ void DecodeStreamReactor::MaybeFinishLocked() {
   if (!reads_done_ && !draining_ && !write_failed_) return;
   finished_ = true;
   // A read still pending completes (not ok) after Finish.
-  Finish(ToGrpcStatus(draining_ && !reads_done_ ? absl::UnavailableError(kDrainingMessage)
-                                                : absl::OkStatus()));
+  if (!ended_.ok()) {
+    Finish(ToGrpcStatus(ended_));
+  } else {
+    Finish(ToGrpcStatus(draining_ && !reads_done_ ? absl::UnavailableError(kDrainingMessage)
+                                                  : absl::OkStatus()));
+  }
 }
 
 void DecodeStreamReactor::OnDone() {

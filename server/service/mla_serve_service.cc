@@ -1,5 +1,7 @@
 #include "server/service/mla_serve_service.h"
 
+#include <memory>
+#include <optional>
 #include <string>
 
 #include "common/status_macros.h"
@@ -10,8 +12,14 @@
 #include "server/service/kv_request_codec.h"
 #include "server/service/server_info.h"
 #include "server/service/status_mapping.h"
+#include "server/service/wire_message.h"
 
 namespace mlaserve::service {
+namespace {
+
+constexpr char kDrainingMessage[] = "the server is shutting down; call another replica";
+
+}  // namespace
 
 MlaServeService::MlaServeService(engine::Engine& engine, ServiceMetrics& metrics,
                                  ServiceOptions options)
@@ -20,6 +28,16 @@ MlaServeService::MlaServeService(engine::Engine& engine, ServiceMetrics& metrics
 grpc::ServerUnaryReactor* MlaServeService::Answer(grpc::CallbackServerContext* context,
                                                   absl::string_view rpc, absl::Time start,
                                                   const absl::Status& status) {
+  metrics_.RecordRpc(rpc, status.code(), absl::Now() - start);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  calls_.EndUnary();
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* MlaServeService::Refuse(grpc::CallbackServerContext* context,
+                                                  absl::string_view rpc, absl::Time start) {
+  const absl::Status status = absl::UnavailableError(kDrainingMessage);
   metrics_.RecordRpc(rpc, status.code(), absl::Now() - start);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
@@ -36,98 +54,142 @@ absl::Status MlaServeService::DescribeSequence(absl::string_view sequence_id,
   return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* MlaServeService::GetServerInfo(grpc::CallbackServerContext* context,
-                                                         const v1::GetServerInfoRequest*,
-                                                         v1::GetServerInfoResponse* response) {
+template <typename Request, typename Response, typename Handler>
+grpc::ServerUnaryReactor* MlaServeService::Unary(grpc::CallbackServerContext* context,
+                                                 absl::string_view rpc,
+                                                 const grpc::ByteBuffer* request_bytes,
+                                                 grpc::ByteBuffer* response_bytes, Handler handle) {
   const absl::Time start = absl::Now();
-  *response = MakeServerInfo(engine_.Info(), options_.max_message_bytes);
-  return Answer(context, "GetServerInfo", start, absl::OkStatus());
+  if (!calls_.BeginUnary()) return Refuse(context, rpc, start);
+  Request request;
+  Response response;
+  absl::Status status = ParseWireMessage(*request_bytes, "request", &request);
+  if (status.ok()) status = handle(request, &response);
+  if (status.ok()) SerializeWireMessage(response, response_bytes);
+  return Answer(context, rpc, start, status);
+}
+
+grpc::ServerUnaryReactor* MlaServeService::GetServerInfo(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
+  return Unary<v1::GetServerInfoRequest, v1::GetServerInfoResponse>(
+      context, "GetServerInfo", request, response,
+      [this](const v1::GetServerInfoRequest&, v1::GetServerInfoResponse* info) {
+        *info = MakeServerInfo(engine_.Info(), options_.max_message_bytes);
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* MlaServeService::RegisterPrefix(grpc::CallbackServerContext* context,
-                                                          const v1::RegisterPrefixRequest* request,
-                                                          v1::RegisterPrefixResponse*) {
-  const absl::Time start = absl::Now();
-  const absl::Status status = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(Bf16Tensor latent, ParsePrefixLatent(*request, engine_.Info().model));
-    using LatentView = TensorView<const Bf16, 3>;
-    const LatentView::Index shape{latent.shape[0], latent.shape[1], latent.shape[2]};
-    ASSIGN_OR_RETURN(LatentView view, LatentView::Create(latent.values, shape, "latent"));
-    ASSIGN_OR_RETURN(const std::optional<KvDtype> kv_dtype,
-                     ParseKvDtype(request->kv_dtype(), "kv_dtype"));
-    return engine_.RegisterPrefix(request->prefix_id(), request->parent_id(), view, kv_dtype);
-  }();
-  return Answer(context, "RegisterPrefix", start, status);
+                                                          const grpc::ByteBuffer* request,
+                                                          grpc::ByteBuffer* response) {
+  return Unary<v1::RegisterPrefixRequest, v1::RegisterPrefixResponse>(
+      context, "RegisterPrefix", request, response,
+      [this](const v1::RegisterPrefixRequest& r, v1::RegisterPrefixResponse*) -> absl::Status {
+        ASSIGN_OR_RETURN(Bf16Tensor latent, ParsePrefixLatent(r, engine_.Info().model));
+        using LatentView = TensorView<const Bf16, 3>;
+        const LatentView::Index shape{latent.shape[0], latent.shape[1], latent.shape[2]};
+        ASSIGN_OR_RETURN(LatentView view, LatentView::Create(latent.values, shape, "latent"));
+        ASSIGN_OR_RETURN(const std::optional<KvDtype> kv_dtype,
+                         ParseKvDtype(r.kv_dtype(), "kv_dtype"));
+        return engine_.RegisterPrefix(r.prefix_id(), r.parent_id(), view, kv_dtype);
+      });
 }
 
 grpc::ServerUnaryReactor* MlaServeService::ReleasePrefix(grpc::CallbackServerContext* context,
-                                                         const v1::ReleasePrefixRequest* request,
-                                                         v1::ReleasePrefixResponse*) {
-  const absl::Time start = absl::Now();
-  return Answer(context, "ReleasePrefix", start, engine_.ReleasePrefix(request->prefix_id()));
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
+  return Unary<v1::ReleasePrefixRequest, v1::ReleasePrefixResponse>(
+      context, "ReleasePrefix", request, response,
+      [this](const v1::ReleasePrefixRequest& r, v1::ReleasePrefixResponse*) {
+        return engine_.ReleasePrefix(r.prefix_id());
+      });
 }
 
 grpc::ServerUnaryReactor* MlaServeService::CreateSequence(grpc::CallbackServerContext* context,
-                                                          const v1::CreateSequenceRequest* request,
-                                                          v1::CreateSequenceResponse* response) {
-  const absl::Time start = absl::Now();
-  absl::StatusOr<std::optional<KvDtype>> kv_dtype = ParseKvDtype(request->kv_dtype(), "kv_dtype");
-  absl::Status status = kv_dtype.ok() ? engine_.CreateSequence(request->sequence_id(),
-                                                               request->prefix_id(), *kv_dtype)
-                                      : kv_dtype.status();
-  if (status.ok()) status = DescribeSequence(request->sequence_id(), response->mutable_sequence());
-  return Answer(context, "CreateSequence", start, status);
+                                                          const grpc::ByteBuffer* request,
+                                                          grpc::ByteBuffer* response) {
+  return Unary<v1::CreateSequenceRequest, v1::CreateSequenceResponse>(
+      context, "CreateSequence", request, response,
+      [this](const v1::CreateSequenceRequest& r, v1::CreateSequenceResponse* created) {
+        absl::StatusOr<std::optional<KvDtype>> kv_dtype = ParseKvDtype(r.kv_dtype(), "kv_dtype");
+        absl::Status status =
+            kv_dtype.ok() ? engine_.CreateSequence(r.sequence_id(), r.prefix_id(), *kv_dtype)
+                          : kv_dtype.status();
+        if (status.ok()) status = DescribeSequence(r.sequence_id(), created->mutable_sequence());
+        return status;
+      });
 }
 
 grpc::ServerUnaryReactor* MlaServeService::ForkSequence(grpc::CallbackServerContext* context,
-                                                        const v1::ForkSequenceRequest* request,
-                                                        v1::ForkSequenceResponse* response) {
-  const absl::Time start = absl::Now();
-  absl::Status status =
-      engine_.ForkSequence(request->source_sequence_id(), request->new_sequence_id());
-  if (status.ok()) {
-    status = DescribeSequence(request->new_sequence_id(), response->mutable_sequence());
-  }
-  return Answer(context, "ForkSequence", start, status);
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  return Unary<v1::ForkSequenceRequest, v1::ForkSequenceResponse>(
+      context, "ForkSequence", request, response,
+      [this](const v1::ForkSequenceRequest& r, v1::ForkSequenceResponse* forked) {
+        absl::Status status = engine_.ForkSequence(r.source_sequence_id(), r.new_sequence_id());
+        if (status.ok()) status = DescribeSequence(r.new_sequence_id(), forked->mutable_sequence());
+        return status;
+      });
 }
 
-grpc::ServerUnaryReactor* MlaServeService::ReleaseSequence(
-    grpc::CallbackServerContext* context, const v1::ReleaseSequenceRequest* request,
-    v1::ReleaseSequenceResponse*) {
-  const absl::Time start = absl::Now();
-  return Answer(context, "ReleaseSequence", start, engine_.ReleaseSequence(request->sequence_id()));
+grpc::ServerUnaryReactor* MlaServeService::ReleaseSequence(grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer* request,
+                                                           grpc::ByteBuffer* response) {
+  return Unary<v1::ReleaseSequenceRequest, v1::ReleaseSequenceResponse>(
+      context, "ReleaseSequence", request, response,
+      [this](const v1::ReleaseSequenceRequest& r, v1::ReleaseSequenceResponse*) {
+        return engine_.ReleaseSequence(r.sequence_id());
+      });
 }
 
 grpc::ServerUnaryReactor* MlaServeService::GetSequence(grpc::CallbackServerContext* context,
-                                                       const v1::GetSequenceRequest* request,
-                                                       v1::GetSequenceResponse* response) {
-  const absl::Time start = absl::Now();
-  return Answer(context, "GetSequence", start,
-                DescribeSequence(request->sequence_id(), response->mutable_sequence()));
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  return Unary<v1::GetSequenceRequest, v1::GetSequenceResponse>(
+      context, "GetSequence", request, response,
+      [this](const v1::GetSequenceRequest& r, v1::GetSequenceResponse* found) {
+        return DescribeSequence(r.sequence_id(), found->mutable_sequence());
+      });
 }
 
-grpc::ServerReadReactor<v1::AppendKvChunk>* MlaServeService::AppendKv(
-    grpc::CallbackServerContext*, v1::AppendKvResponse* response) {
-  return new AppendKvReactor(engine_, metrics_, response);
+grpc::ServerReadReactor<grpc::ByteBuffer>* MlaServeService::AppendKv(grpc::CallbackServerContext*,
+                                                                     grpc::ByteBuffer* response) {
+  return new AppendKvReactor(engine_, metrics_, calls_, response);
 }
 
 grpc::ServerUnaryReactor* MlaServeService::Decode(grpc::CallbackServerContext* context,
-                                                  const v1::DecodeRequest* request,
-                                                  v1::DecodeResponse* response) {
+                                                  const grpc::ByteBuffer* request_bytes,
+                                                  grpc::ByteBuffer* response_bytes) {
   const absl::Time start = absl::Now();
+  if (!calls_.BeginUnary()) return Refuse(context, "Decode", start);
+  // The engine reads the request's tensors in place until it answers.
+  struct Call {
+    v1::DecodeRequest request;
+    v1::DecodeResponse response;
+  };
+  auto call = std::make_unique<Call>();
+  if (absl::Status parsed = ParseWireMessage(*request_bytes, "request", &call->request);
+      !parsed.ok()) {
+    return Answer(context, "Decode", start, parsed);
+  }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Call& ref = *call;
   dispatcher_.Dispatch(
-      *request, CallDeadline(*context), [context] { return context->IsCancelled(); }, response,
-      [this, reactor, start](absl::Status status) {
+      ref.request, CallDeadline(*context), [context] { return context->IsCancelled(); },
+      &ref.response,
+      [this, reactor, start, response_bytes, call = std::move(call)](absl::Status status) {
+        if (status.ok()) SerializeWireMessage(call->response, response_bytes);
         metrics_.RecordRpc("Decode", status.code(), absl::Now() - start);
         reactor->Finish(ToGrpcStatus(status));
+        calls_.EndUnary();
       });
   return reactor;
 }
 
-grpc::ServerBidiReactor<v1::DecodeStreamRequest, v1::DecodeStreamResponse>*
-MlaServeService::DecodeStream(grpc::CallbackServerContext* context) {
-  return new DecodeStreamReactor(context, dispatcher_, metrics_, streams_,
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MlaServeService::DecodeStream(
+    grpc::CallbackServerContext* context) {
+  return new DecodeStreamReactor(context, dispatcher_, metrics_, calls_,
                                  options_.stream_max_in_flight);
 }
 

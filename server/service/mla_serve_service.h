@@ -6,12 +6,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
 #include "mlaserve/v1/mlaserve.grpc.pb.h"
 #include "server/engine/engine.h"
+#include "server/service/call_registry.h"
 #include "server/service/decode_dispatcher.h"
 #include "server/service/service_metrics.h"
-#include "server/service/stream_registry.h"
 
 namespace mlaserve::service {
 
@@ -22,50 +23,77 @@ struct ServiceOptions {
   int stream_max_in_flight = 64;
 };
 
+// Every method of mlaserve.v1.MlaServe in its raw form: the service parses requests and
+// serializes answers itself (wire_message.h says why).
+using RawMlaServe = v1::MlaServe::WithRawCallbackMethod_GetServerInfo<
+    v1::MlaServe::WithRawCallbackMethod_RegisterPrefix<
+        v1::MlaServe::WithRawCallbackMethod_ReleasePrefix<
+            v1::MlaServe::WithRawCallbackMethod_CreateSequence<
+                v1::MlaServe::WithRawCallbackMethod_ForkSequence<
+                    v1::MlaServe::WithRawCallbackMethod_ReleaseSequence<
+                        v1::MlaServe::WithRawCallbackMethod_GetSequence<
+                            v1::MlaServe::WithRawCallbackMethod_AppendKv<
+                                v1::MlaServe::WithRawCallbackMethod_Decode<
+                                    v1::MlaServe::WithRawCallbackMethod_DecodeStream<
+                                        v1::MlaServe::Service>>>>>>>>>>;
+
 // mlaserve.v1.MlaServe on gRPC's callback API: no call holds a thread while the engine
 // batches it. KV calls run on the callback thread (they are bounded metadata updates and
-// copies); Decode is answered from the engine's completion callback.
-class MlaServeService final : public v1::MlaServe::CallbackService {
+// copies); Decode is answered from the engine's completion callback. A request that does
+// not parse is INVALID_ARGUMENT naming it, in a stream by its index.
+class MlaServeService final : public RawMlaServe {
  public:
   MlaServeService(engine::Engine& engine, ServiceMetrics& metrics, ServiceOptions options);
 
-  // Open DecodeStreams stop reading and end with UNAVAILABLE once answered; new ones are
-  // refused. Unary calls are left to Server::Shutdown and the engine's Drain.
-  void BeginDrain() { streams_.DrainAll(); }
+  // Open DecodeStreams stop reading and end with UNAVAILABLE once answered, open AppendKv
+  // streams end between chunks; new ones are refused. Unary calls are left to
+  // Server::Shutdown and the engine's Drain. Returns how many streams were open.
+  int BeginDrain() { return calls_.DrainAll(); }
+  // True once every call has ended; false if `deadline` came first.
+  bool WaitUntilIdle(absl::Time deadline) { return calls_.WaitUntilIdle(deadline); }
 
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
-                                          const v1::GetServerInfoRequest* request,
-                                          v1::GetServerInfoResponse* response) override;
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* RegisterPrefix(grpc::CallbackServerContext* context,
-                                           const v1::RegisterPrefixRequest* request,
-                                           v1::RegisterPrefixResponse* response) override;
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ReleasePrefix(grpc::CallbackServerContext* context,
-                                          const v1::ReleasePrefixRequest* request,
-                                          v1::ReleasePrefixResponse* response) override;
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* CreateSequence(grpc::CallbackServerContext* context,
-                                           const v1::CreateSequenceRequest* request,
-                                           v1::CreateSequenceResponse* response) override;
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ForkSequence(grpc::CallbackServerContext* context,
-                                         const v1::ForkSequenceRequest* request,
-                                         v1::ForkSequenceResponse* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ReleaseSequence(grpc::CallbackServerContext* context,
-                                            const v1::ReleaseSequenceRequest* request,
-                                            v1::ReleaseSequenceResponse* response) override;
+                                            const grpc::ByteBuffer* request,
+                                            grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetSequence(grpc::CallbackServerContext* context,
-                                        const v1::GetSequenceRequest* request,
-                                        v1::GetSequenceResponse* response) override;
-  grpc::ServerReadReactor<v1::AppendKvChunk>* AppendKv(grpc::CallbackServerContext* context,
-                                                       v1::AppendKvResponse* response) override;
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Decode(grpc::CallbackServerContext* context,
-                                   const v1::DecodeRequest* request,
-                                   v1::DecodeResponse* response) override;
-  grpc::ServerBidiReactor<v1::DecodeStreamRequest, v1::DecodeStreamResponse>* DecodeStream(
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* AppendKv(grpc::CallbackServerContext* context,
+                                                      grpc::ByteBuffer* response) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DecodeStream(
       grpc::CallbackServerContext* context) override;
 
  private:
-  // Records the call and finishes it with `status`.
+  // A unary call answered on the callback thread: parses the request, runs `handle`
+  // (absl::Status(const Request&, Response*)), serializes the response if OK.
+  template <typename Request, typename Response, typename Handler>
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, absl::string_view rpc,
+                                  const grpc::ByteBuffer* request_bytes,
+                                  grpc::ByteBuffer* response_bytes, Handler handle);
+  // Records the call, finishes it with `status` and takes it off the registry.
   grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, absl::string_view rpc,
                                    absl::Time start, const absl::Status& status);
+  // Answers a call that arrives while the server drains (UNAVAILABLE).
+  grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* context, absl::string_view rpc,
+                                   absl::Time start);
   // The sequence as the engine holds it now.
   absl::Status DescribeSequence(absl::string_view sequence_id, v1::Sequence* sequence) const;
 
@@ -73,7 +101,7 @@ class MlaServeService final : public v1::MlaServe::CallbackService {
   ServiceMetrics& metrics_;
   const ServiceOptions options_;
   DecodeDispatcher dispatcher_;
-  StreamRegistry streams_;
+  CallRegistry calls_;
 };
 
 }  // namespace mlaserve::service

@@ -39,9 +39,9 @@ engine::EngineOptions SmallEngineOptions(const engine::ModelConfig& model) {
   return options;
 }
 
-IntegrationServer::IntegrationServer(engine::EngineOptions options, std::string metrics_address)
+IntegrationServer::IntegrationServer(engine::EngineOptions options, std::string metrics_address,
+                                     service::ServerOptions server_options)
     : model_(options.model) {
-  service::ServerOptions server_options;
   server_options.listen_address = "127.0.0.1:0";
   server_options.metrics_address = std::move(metrics_address);
   auto server = service::MlaServer::Start(engine::CreateEngine, std::move(options), server_options);

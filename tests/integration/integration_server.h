@@ -29,7 +29,9 @@ engine::EngineOptions SmallEngineOptions(const engine::ModelConfig& model);
 // and SERVING, with a client connected to it.
 class IntegrationServer {
  public:
-  explicit IntegrationServer(engine::EngineOptions options, std::string metrics_address = "");
+  // `server_options` apart from its addresses (a loopback port, `metrics_address`).
+  explicit IntegrationServer(engine::EngineOptions options, std::string metrics_address = "",
+                             service::ServerOptions server_options = {});
   ~IntegrationServer();
 
   service::MlaServer& server() { return *server_; }
