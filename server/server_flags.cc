@@ -49,6 +49,18 @@ ABSL_FLAG(int, max_message_mb, 64, "Largest request message, MiB");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "Prometheus /metrics address, host:port; empty disables it");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
+ABSL_FLAG(std::string, grpc_memory, "1GiB",
+          "Memory gRPC may hold for messages in transit, all connections together; past it "
+          "the connection holding most is closed");
+ABSL_FLAG(int, max_streams_per_connection, 256, "Concurrent streams (calls) per connection");
+ABSL_FLAG(int, keepalive_s, 60,
+          "Ping a connection idle this long; close it if no answer in --keepalive_timeout_s");
+ABSL_FLAG(int, keepalive_timeout_s, 20, "How long a keepalive ping may go unanswered");
+ABSL_FLAG(int, max_connection_idle_s, 1800,
+          "Close a connection without calls for this long (0: never)");
+ABSL_FLAG(int, max_connection_age_s, 0, "Ask connections older than this to reconnect (0: never)");
+ABSL_FLAG(int, max_connection_age_grace_s, 30,
+          "How long an aged connection's calls may still run before it is closed");
 ABSL_FLAG(int, drain_timeout_s, 30,
           "On SIGTERM/SIGINT, how long in-flight calls may take before they are cancelled");
 
@@ -102,6 +114,53 @@ absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
   return absl::InvalidArgumentError(absl::StrCat(
       "\"", text, "\" has an unknown unit; use B, KiB, MiB, GiB, TiB, kB, MB, GB or TB"));
 }
+
+namespace {
+
+// Seconds flags of the connection limits: `value` seconds in [minimum, one day].
+absl::StatusOr<absl::Duration> SecondsFlag(absl::string_view flag, int value, int minimum) {
+  constexpr int kDay = 86400;
+  if (value < minimum || value > kDay) {
+    return BadFlag(flag, absl::StrCat(value, " is outside [", minimum, ", ", kDay, "]"));
+  }
+  return absl::Seconds(value);
+}
+
+absl::Status ParseConnectionFlags(service::ServerOptions& server) {
+  absl::StatusOr<int64_t> memory = ParseByteSize(absl::GetFlag(FLAGS_grpc_memory));
+  if (!memory.ok()) return BadFlag("grpc_memory", memory.status().message());
+  // Below two messages' worth, a single large request could never be received.
+  if (*memory < 2 * server.max_message_bytes) {
+    return BadFlag("grpc_memory",
+                   absl::StrCat(*memory, " bytes is less than twice ", "--max_message_mb (",
+                                server.max_message_bytes, " bytes)"));
+  }
+  server.grpc_memory_bytes = *memory;
+  const int streams = absl::GetFlag(FLAGS_max_streams_per_connection);
+  if (streams < 1 || streams > 65536) {
+    return BadFlag("max_streams_per_connection", absl::StrCat(streams, " is outside [1, 65536]"));
+  }
+  server.max_streams_per_connection = streams;
+  ASSIGN_OR_RETURN(server.keepalive_time,
+                   SecondsFlag("keepalive_s", absl::GetFlag(FLAGS_keepalive_s), 1));
+  ASSIGN_OR_RETURN(server.keepalive_timeout,
+                   SecondsFlag("keepalive_timeout_s", absl::GetFlag(FLAGS_keepalive_timeout_s), 1));
+  ASSIGN_OR_RETURN(
+      server.max_connection_idle,
+      SecondsFlag("max_connection_idle_s", absl::GetFlag(FLAGS_max_connection_idle_s), 0));
+  if (server.max_connection_idle == absl::ZeroDuration()) {
+    server.max_connection_idle = absl::InfiniteDuration();
+  }
+  ASSIGN_OR_RETURN(
+      server.max_connection_age,
+      SecondsFlag("max_connection_age_s", absl::GetFlag(FLAGS_max_connection_age_s), 0));
+  ASSIGN_OR_RETURN(server.max_connection_age_grace,
+                   SecondsFlag("max_connection_age_grace_s",
+                               absl::GetFlag(FLAGS_max_connection_age_grace_s), 0));
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv) {
   ASSIGN_OR_RETURN(const std::vector<std::string> positional, ParseFlags(argc, argv));
@@ -175,6 +234,7 @@ absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv) {
     return BadFlag("max_message_mb", absl::StrCat(max_message_mb, " is outside [1, 2047]"));
   }
   server.max_message_bytes = int64_t{max_message_mb} << 20;
+  RETURN_IF_ERROR(ParseConnectionFlags(server));
 
   ASSIGN_OR_RETURN(config.log_level, ParseLogLevel(absl::GetFlag(FLAGS_log_level)));
   const int drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);

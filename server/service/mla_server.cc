@@ -11,10 +11,12 @@
 #include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "kernels/core/tensor_view.h"
 #include "server/engine/owned_decode_query.h"
+#include "spdlog/spdlog.h"
 
 namespace mlaserve::service {
 namespace {
@@ -29,6 +31,35 @@ absl::StatusOr<std::unique_ptr<prometheus::Exposer>> StartExposer(const std::str
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
+  }
+}
+
+int Milliseconds(absl::Duration d) {
+  return static_cast<int>(
+      std::clamp<int64_t>(absl::ToInt64Milliseconds(d), 0, std::numeric_limits<int>::max()));
+}
+
+void ApplyConnectionLimits(const ServerOptions& options, grpc::ServerBuilder& builder) {
+  // gRPC's default SO_REUSEPORT lets a second server bind a port already served, and the
+  // kernel then splits connections between the two: sequences would seem to vanish.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  grpc::ResourceQuota quota("mlaserve");
+  quota.Resize(static_cast<size_t>(options.grpc_memory_bytes));
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_streams_per_connection);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, Milliseconds(options.keepalive_time));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             Milliseconds(options.keepalive_timeout));
+  // Clients may keep their own keepalives on idle channels, at most one ping per 10 s.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                             Milliseconds(options.max_connection_idle));
+  if (options.max_connection_age > absl::ZeroDuration()) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                               Milliseconds(options.max_connection_age));
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                               Milliseconds(options.max_connection_age_grace));
   }
 }
 
@@ -59,6 +90,7 @@ absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factor
                            &server->port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<int64_t>(options.max_message_bytes, std::numeric_limits<int>::max())));
+  ApplyConnectionLimits(options, builder);
   builder.RegisterService(server->service_.get());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
@@ -132,8 +164,21 @@ absl::Status MlaServer::Shutdown(absl::Duration timeout) {
   shut_down_ = true;
   const absl::Time deadline = absl::Now() + timeout;
   server_->GetHealthCheckService()->Shutdown();
-  service_->BeginDrain();
-  server_->Shutdown(absl::ToChronoTime(deadline));
+  const int streams = service_->BeginDrain();
+  // What the drain cuts, so that "drained cleanly" is not the only word on it.
+  if (streams > 0) {
+    spdlog::info(
+        "draining: {} open stream(s) asked to end (DecodeStreams once their requests "
+        "are answered, AppendKv streams between chunks; their clients get UNAVAILABLE)",
+        streams);
+  }
+  // Calls in flight finish (until the deadline); then connections still open are closed at
+  // once, after a moment for the last answers to leave: gRPC would otherwise wait for every
+  // idle client to hang up, up to the deadline.
+  constexpr absl::Duration kFlushGrace = absl::Milliseconds(100);
+  const bool idle = service_->WaitUntilIdle(deadline);
+  server_->Shutdown(
+      absl::ToChronoTime(idle ? std::min(deadline, absl::Now() + kFlushGrace) : deadline));
   const absl::Status drained = engine_->Drain(deadline);
   exposer_.reset();
   return drained;

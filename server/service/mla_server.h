@@ -27,6 +27,24 @@ struct ServerOptions {
   // request cannot make the server allocate without limit; long prompts use AppendKv.
   int64_t max_message_bytes = int64_t{64} << 20;
   int stream_max_in_flight = 64;
+
+  // Connection hygiene (docs/deploy.md, "Connections"). Memory gRPC may hold for requests
+  // being received and answers being sent, over all connections: past it gRPC stops reading
+  // and closes the connection holding the most (a 1 GB body or a stream-reset flood then
+  // costs this much, not what the client sends).
+  int64_t grpc_memory_bytes = int64_t{1} << 30;
+  // Streams one connection may have open at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS).
+  int max_streams_per_connection = 256;
+  // The server pings a connection idle this long and closes it if no answer comes within
+  // keepalive_timeout, so a vanished client's streams do not linger.
+  absl::Duration keepalive_time = absl::Seconds(60);
+  absl::Duration keepalive_timeout = absl::Seconds(20);
+  // A connection with no call for this long is closed (clients reconnect transparently).
+  absl::Duration max_connection_idle = absl::Minutes(30);
+  // Connections older than this are asked to reconnect (0: never), with a grace period for
+  // the calls they carry; spreads clients over replicas and bounds any one connection's life.
+  absl::Duration max_connection_age = absl::ZeroDuration();
+  absl::Duration max_connection_age_grace = absl::Seconds(30);
 };
 
 // The whole server in one object, for main and for in-process tests: the engine (with its
@@ -38,7 +56,8 @@ class MlaServer {
       absl::AnyInvocable<absl::StatusOr<std::unique_ptr<engine::Engine>>(engine::EngineOptions)>;
 
   // Creates the engine with `factory` (CreateEngine, or a test's) and starts listening.
-  // UNAVAILABLE if an address cannot be bound; the factory's error otherwise.
+  // UNAVAILABLE if an address cannot be bound (also when another server holds the port:
+  // the listener does not share ports); the factory's error otherwise.
   static absl::StatusOr<std::unique_ptr<MlaServer>> Start(EngineFactory factory,
                                                           engine::EngineOptions engine_options,
                                                           const ServerOptions& options);
