@@ -38,6 +38,8 @@ target_include_directories(mlaserve_dnnl SYSTEM INTERFACE ${DNNL_INCLUDE_DIR})
 # protobuf-compiler-grpc installed. libsystemd only for sd_notify.
 find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
+# The TLS files are checked at start with OpenSSL, the library gRPC itself uses on Debian.
+find_package(OpenSSL REQUIRED)
 find_package(prometheus-cpp CONFIG REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(SYSTEMD REQUIRED IMPORTED_TARGET libsystemd)

@@ -8,7 +8,7 @@ set -euo pipefail
 
 packages=(
   cmake ninja-build g++ make pkg-config
-  libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libssl-dev openssl
   libabsl-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-pthread-dev libdnnl-dev libsleef-dev prometheus-cpp-dev libsystemd-dev nlohmann-json3-dev
   python3 python3-grpcio python3-protobuf python3-numpy python3-h2

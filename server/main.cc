@@ -95,8 +95,8 @@ int main(int argc, char** argv) {
     spdlog::error("cannot start: {}", std::string(server.status().message()));
     return EXIT_FAILURE;
   }
-  spdlog::info("listening: gRPC on port {} ({}), metrics {}", (*server)->port(),
-               config->server.listen_address,
+  spdlog::info("listening: gRPC on port {} ({}, {}), metrics {}", (*server)->port(),
+               config->server.listen_address, config->server.tls.mode(),
                (*server)->metrics_port() > 0
                    ? absl::StrCat("on port ", (*server)->metrics_port(), " at /metrics")
                    : std::string("disabled"));

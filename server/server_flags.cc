@@ -49,6 +49,13 @@ ABSL_FLAG(int, max_message_mb, 64, "Largest request message, MiB");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "Prometheus /metrics address, host:port; empty disables it");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain for TLS on the gRPC port (with --tls_key); empty: plaintext");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: with it, every client must present a certificate it signed (mTLS)");
+ABSL_FLAG(int, tls_reload_s, 10,
+          "How often the TLS files are re-read (renewed certificates apply without a restart)");
 ABSL_FLAG(std::string, grpc_memory, "1GiB",
           "Memory gRPC may hold for messages in transit, all connections together; past it "
           "the connection holding most is closed");
@@ -136,6 +143,11 @@ absl::Status ParseConnectionFlags(service::ServerOptions& server) {
                                 server.max_message_bytes, " bytes)"));
   }
   server.grpc_memory_bytes = *memory;
+  server.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  server.tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  server.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  ASSIGN_OR_RETURN(server.tls.reload_interval,
+                   SecondsFlag("tls_reload_s", absl::GetFlag(FLAGS_tls_reload_s), 1));
   const int streams = absl::GetFlag(FLAGS_max_streams_per_connection);
   if (streams < 1 || streams > 65536) {
     return BadFlag("max_streams_per_connection", absl::StrCat(streams, " is outside [1, 65536]"));

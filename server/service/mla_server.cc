@@ -68,6 +68,8 @@ void ApplyConnectionLimits(const ServerOptions& options, grpc::ServerBuilder& bu
 absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factory,
                                                             engine::EngineOptions engine_options,
                                                             const ServerOptions& options) {
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   MakeServerCredentials(options.tls));
   std::unique_ptr<MlaServer> server(new MlaServer());
   server->metrics_ = std::make_unique<ServiceMetrics>();
   ServiceMetrics* metrics = server->metrics_.get();
@@ -86,8 +88,7 @@ absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factor
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(),
-                           &server->port_);
+  builder.AddListeningPort(options.listen_address, credentials, &server->port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<int64_t>(options.max_message_bytes, std::numeric_limits<int>::max())));
   ApplyConnectionLimits(options, builder);

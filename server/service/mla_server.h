@@ -15,6 +15,7 @@
 #include "server/service/engine_stats_collector.h"
 #include "server/service/mla_serve_service.h"
 #include "server/service/service_metrics.h"
+#include "server/service/transport_security.h"
 
 namespace mlaserve::service {
 
@@ -23,6 +24,8 @@ struct ServerOptions {
   std::string listen_address = "127.0.0.1:50051";
   // host:port for Prometheus' /metrics; empty for none; port 0 picks a free one.
   std::string metrics_address = "127.0.0.1:9464";
+  // TLS or mutual TLS on the gRPC port; plaintext when no certificate is given.
+  TlsOptions tls;
   // Largest request message accepted. Bounded (unlike Triton's INT32_MAX) so a single
   // request cannot make the server allocate without limit; long prompts use AppendKv.
   int64_t max_message_bytes = int64_t{64} << 20;
@@ -57,7 +60,8 @@ class MlaServer {
 
   // Creates the engine with `factory` (CreateEngine, or a test's) and starts listening.
   // UNAVAILABLE if an address cannot be bound (also when another server holds the port:
-  // the listener does not share ports); the factory's error otherwise.
+  // the listener does not share ports); INVALID_ARGUMENT naming the flag for unusable TLS
+  // files; the factory's error otherwise.
   static absl::StatusOr<std::unique_ptr<MlaServer>> Start(EngineFactory factory,
                                                           engine::EngineOptions engine_options,
                                                           const ServerOptions& options);
