@@ -1,6 +1,8 @@
 #include "client/mlaserve_client.h"
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -110,14 +112,51 @@ absl::Status DecodeStream::Finish() { return FromGrpcStatus(stream_->Finish()); 
 
 // --- MlaServeClient -----------------------------------------------------------------------
 
+absl::StatusOr<ClientTls> LoadClientTls(const std::string& ca_file, const std::string& cert_file,
+                                        const std::string& key_file) {
+  auto read = [](absl::string_view what, const std::string& path) -> absl::StatusOr<std::string> {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TLS ", what, " file '", path, "' cannot be read"));
+    }
+    std::ostringstream contents;
+    contents << in.rdbuf();
+    return contents.str();
+  };
+  if (ca_file.empty()) return absl::InvalidArgumentError("TLS needs a CA file");
+  if (cert_file.empty() != key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "TLS client certificate and key go together: give both files or neither");
+  }
+  ClientTls tls;
+  ASSIGN_OR_RETURN(tls.ca_pem, read("CA", ca_file));
+  if (!cert_file.empty()) {
+    ASSIGN_OR_RETURN(tls.cert_pem, read("certificate", cert_file));
+    ASSIGN_OR_RETURN(tls.key_pem, read("key", key_file));
+  }
+  return tls;
+}
+
 std::unique_ptr<MlaServeClient> MlaServeClient::Connect(const std::string& target,
                                                         ClientOptions options) {
   grpc::ChannelArguments arguments;
   // A Decode answer for a large batch exceeds gRPC's default 4 MiB receive limit; the server
   // is trusted to bound what it sends.
   arguments.SetMaxReceiveMessageSize(-1);
-  return std::make_unique<MlaServeClient>(
-      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), arguments), options);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (options.tls.enabled()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls.ca_pem;
+    ssl.pem_cert_chain = options.tls.cert_pem;
+    ssl.pem_private_key = options.tls.key_pem;
+    credentials = grpc::SslCredentials(ssl);
+    if (!options.tls.server_name.empty()) {
+      arguments.SetSslTargetNameOverride(options.tls.server_name);
+    }
+  }
+  return std::make_unique<MlaServeClient>(grpc::CreateCustomChannel(target, credentials, arguments),
+                                          options);
 }
 
 MlaServeClient::MlaServeClient(std::shared_ptr<grpc::Channel> channel, ClientOptions options)

@@ -19,6 +19,23 @@
 
 namespace mlaserve::client {
 
+// TLS to the server, as PEM text. Empty ca_pem: plaintext. cert_pem and key_pem (both or
+// neither): the client's certificate, for servers that require one (mutual TLS).
+struct ClientTls {
+  std::string ca_pem;
+  std::string cert_pem;
+  std::string key_pem;
+  // The name the server's certificate must carry when it differs from the target's host.
+  std::string server_name;
+
+  bool enabled() const { return !ca_pem.empty(); }
+};
+
+// Reads the PEM files of a ClientTls; `cert_file` and `key_file` may both be empty.
+// INVALID_ARGUMENT naming the file that cannot be read or the one missing from a pair.
+absl::StatusOr<ClientTls> LoadClientTls(const std::string& ca_file, const std::string& cert_file,
+                                        const std::string& key_file);
+
 struct ClientOptions {
   // Budget of one call, all retries included.
   absl::Duration timeout = absl::Seconds(30);
@@ -31,6 +48,7 @@ struct ClientOptions {
   // AppendKv splits rows into chunks of at most this many bytes (at least one row each),
   // far below gRPC's default 4 MiB receive limit.
   int64_t append_chunk_bytes = int64_t{1} << 20;
+  ClientTls tls;
 };
 
 // One KV append: rows [n][dl + dr] for one layer of one sequence, starting at
@@ -87,7 +105,8 @@ class DecodeStream {
 // holds one channel).
 class MlaServeClient {
  public:
-  // An insecure channel to `target` ("127.0.0.1:50051") that accepts answers of any size.
+  // A channel to `target` ("127.0.0.1:50051"), plaintext or with options.tls, that accepts
+  // answers of any size.
   static std::unique_ptr<MlaServeClient> Connect(const std::string& target,
                                                  ClientOptions options = {});
   MlaServeClient(std::shared_ptr<grpc::Channel> channel, ClientOptions options);

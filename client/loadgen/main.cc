@@ -30,6 +30,12 @@ ABSL_FLAG(double, connect_timeout_s, 30, "how long to wait for the server");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the generated queries and KV rows");
 ABSL_FLAG(std::string, run_id, "loadgen", "prefix of every id the run creates");
 ABSL_FLAG(bool, json, false, "print the summary as one JSON object");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA that signed the server's certificate: TLS (else plaintext)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate, for servers that require one (mTLS)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "name the server's certificate carries, when it is not the target's host");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -71,6 +77,19 @@ int main(int argc, char** argv) {
   const std::string target = absl::GetFlag(FLAGS_target);
   mlaserve::client::ClientOptions client_options;
   client_options.timeout = absl::Seconds(120);
+  if (const std::string ca = absl::GetFlag(FLAGS_tls_ca); !ca.empty()) {
+    absl::StatusOr<mlaserve::client::ClientTls> tls = mlaserve::client::LoadClientTls(
+        ca, absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key));
+    if (!tls.ok()) {
+      std::cerr << "--tls_ca/--tls_cert/--tls_key: " << tls.status().message() << "\n";
+      return 2;
+    }
+    client_options.tls = *std::move(tls);
+    client_options.tls.server_name = absl::GetFlag(FLAGS_tls_server_name);
+  } else if (!absl::GetFlag(FLAGS_tls_cert).empty()) {
+    std::cerr << "--tls_cert: needs --tls_ca\n";
+    return 2;
+  }
   auto client = mlaserve::client::MlaServeClient::Connect(target, client_options);
   if (!client->WaitForConnected(absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s)))) {
     std::cerr << "mlaserve-loadgen: cannot connect to " << target << "\n";

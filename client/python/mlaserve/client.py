@@ -57,6 +57,22 @@ def _with_append(query, rows, position, dtype):
     return query
 
 
+def tls_channel_credentials(ca, cert=None, key=None):
+    """gRPC channel credentials from PEM files: the CA that signed the server's certificate,
+    and the client's certificate and key (both or neither) for mutual TLS."""
+    if (cert is None) != (key is None):
+        raise ValueError("tls_cert and tls_key go together: give both or neither")
+
+    def read(path):
+        with open(path, "rb") as f:
+            return f.read()
+
+    return grpc.ssl_channel_credentials(
+        root_certificates=read(ca),
+        private_key=read(key) if key is not None else None,
+        certificate_chain=read(cert) if cert is not None else None)
+
+
 class Client:
     """One channel to a server. Thread-safe; reuse it.
 
@@ -66,10 +82,23 @@ class Client:
     """
 
     def __init__(self, target="127.0.0.1:50051", timeout=30.0, max_attempts=4,
-                 initial_backoff=0.025, max_backoff=1.0, append_chunk_bytes=1 << 20):
+                 initial_backoff=0.025, max_backoff=1.0, append_chunk_bytes=1 << 20,
+                 tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None):
+        """tls_ca: path of the PEM CA that signed the server's certificate (TLS; plaintext
+        without it). tls_cert, tls_key: the client's certificate and key, for a server that
+        requires one (mutual TLS). tls_server_name: the name the server's certificate
+        carries, when it is not the target's host."""
         # Decode answers for large batches exceed gRPC's default 4 MiB receive limit.
-        self._channel = grpc.insecure_channel(
-            target, options=[("grpc.max_receive_message_length", -1)])
+        options = [("grpc.max_receive_message_length", -1)]
+        if tls_ca is None:
+            if tls_cert is not None or tls_key is not None:
+                raise ValueError("tls_cert and tls_key need tls_ca")
+            self._channel = grpc.insecure_channel(target, options=options)
+        else:
+            credentials = tls_channel_credentials(tls_ca, tls_cert, tls_key)
+            if tls_server_name:
+                options.append(("grpc.ssl_target_name_override", tls_server_name))
+            self._channel = grpc.secure_channel(target, credentials, options=options)
         self._stub = mlaserve_pb2_grpc.MlaServeStub(self._channel)
         self._timeout = timeout
         self._max_attempts = max_attempts

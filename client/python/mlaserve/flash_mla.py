@@ -52,13 +52,14 @@ _lock = threading.Lock()
 _settings = {"client": None, "layer": 0, "kv_dtype": None}
 
 
-def configure(target=None, client=None, layer=0, kv_dtype=None):
+def configure(target=None, client=None, layer=0, kv_dtype=None, **tls):
     """Chooses the server (an address or a Client), the layer the queries run on, and how the
     server holds the cache rows each call ships: "bf16", "fp8" (SnapMLA's per-token FP8, the
-    caller's bf16 cache quantised on the server) or None (the server's default)."""
+    caller's bf16 cache quantised on the server) or None (the server's default). `tls`:
+    Client's tls_ca, tls_cert, tls_key, tls_server_name for a server that speaks TLS."""
     with _lock:
         _settings["client"] = client if client is not None else (
-            Client(target) if target is not None else None)
+            Client(target, **tls) if target is not None else None)
         _settings["layer"] = layer
         _settings["kv_dtype"] = kv_dtype
 

@@ -1,0 +1,124 @@
+#!/usr/bin/python3
+"""The server binary under mutual TLS with certificates made by openssl at run time, and
+every client that can reach it: the Python client, the FlashMLA-compatible entry point, the
+health probe (deploy/mlaserve-health) and mlaserve-loadgen. A plaintext client and a client
+without a certificate are refused.
+
+    /usr/bin/python3 tests/integration/tls_clients_test.py --server build/bin/mlaserve-server \
+        --loadgen build/bin/mlaserve-loadgen --health deploy/mlaserve-health  (PYTHONPATH=build/python)
+"""
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import grpc
+import numpy as np
+
+import mlaserve
+from mlaserve import flash_mla
+
+KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_pki(d):
+    def openssl(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    openssl("req", "-x509", *KEY, "-days", "1", "-subj", "/CN=test-ca",
+            "-keyout", f"{d}/ca.key", "-out", f"{d}/ca.pem")
+    with open(f"{d}/san.ext", "w") as ext:
+        ext.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for name, subject, extra in (("server", "/CN=localhost", ["-extfile", f"{d}/san.ext"]),
+                                 ("client", "/CN=tenant-a", [])):
+        openssl("req", *KEY, "-subj", subject, "-keyout", f"{d}/{name}.key",
+                "-out", f"{d}/{name}.csr")
+        openssl("x509", "-req", "-in", f"{d}/{name}.csr", "-CA", f"{d}/ca.pem",
+                "-CAkey", f"{d}/ca.key", "-CAcreateserial", "-days", "1", *extra,
+                "-out", f"{d}/{name}.pem")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--server", required=True)
+    parser.add_argument("--loadgen", required=True)
+    parser.add_argument("--health", required=True)
+    args = parser.parse_args()
+    failures = []
+    with tempfile.TemporaryDirectory(prefix="mlaserve-tls-") as d:
+        make_pki(d)
+        tls = {"tls_ca": f"{d}/ca.pem", "tls_cert": f"{d}/client.pem",
+               "tls_key": f"{d}/client.key"}
+        target = f"127.0.0.1:{free_port()}"
+        server = subprocess.Popen([
+            args.server, f"--listen={target}", "--metrics_listen=", "--layers=1",
+            "--devices=1", "--kv_budget=256MiB", f"--tls_cert={d}/server.pem",
+            f"--tls_key={d}/server.key", f"--tls_client_ca={d}/ca.pem", "--log_level=warn"])
+        try:
+            probe = [sys.executable, args.health, "--target", target, "--tls-ca", tls["tls_ca"],
+                     "--tls-cert", tls["tls_cert"], "--tls-key", tls["tls_key"]]
+            ready = subprocess.run(probe + ["--wait", "30"], capture_output=True, text=True)
+            print("health probe:", ready.stdout.strip())
+            if ready.returncode != 0:
+                failures.append(f"mlaserve-health over mTLS: {ready.stdout} {ready.stderr}")
+            no_cert = subprocess.run(probe[:6], capture_output=True, text=True)
+            if no_cert.returncode != 2:
+                failures.append(f"mlaserve-health without a client certificate: {no_cert.stdout}")
+
+            with mlaserve.Client(target, **tls) as client:
+                heads = client.server_info().model.heads
+                client.create_sequence("s")
+                rng = np.random.default_rng()
+                client.append_kv("s", 0, 0, rng.standard_normal((40, 576)).astype(np.float32))
+                answers = client.decode([mlaserve.latent_query(
+                    "s", 0, rng.standard_normal((1, heads, 576)).astype(np.float32))])
+                print("python client over mTLS: decode out", answers[0].out.shape)
+            for name, kwargs in (("plaintext", {}), ("no client certificate",
+                                                     {"tls_ca": tls["tls_ca"]})):
+                try:
+                    with mlaserve.Client(target, timeout=3, max_attempts=1, **kwargs) as c:
+                        c.server_info()
+                    failures.append(f"a {name} client was answered")
+                except grpc.RpcError as e:
+                    print(f"{name} client refused: {e.code()}")
+
+            flash_mla.configure(target=target, **tls)
+            seqlens = np.array([50], dtype=np.int32)
+            q = mlaserve.float_to_bf16_bits(rng.standard_normal((1, 1, heads, 576)))
+            cache = mlaserve.float_to_bf16_bits(rng.standard_normal((1, 64, 1, 576)))
+            metadata, splits = flash_mla.get_mla_metadata(seqlens, heads, 1)
+            out, lse = flash_mla.flash_mla_with_kvcache(q, cache, np.zeros((1, 1), np.int32),
+                                                        seqlens, 512, metadata, splits)
+            print("flash_mla over mTLS: out", out.shape, "lse", lse.shape)
+            if not np.all(np.isfinite(lse)):
+                failures.append("flash_mla over mTLS: non-finite lse")
+
+            loadgen = subprocess.run([
+                args.loadgen, f"--target={target}", f"--tls_ca={tls['tls_ca']}",
+                f"--tls_cert={tls['tls_cert']}", f"--tls_key={tls['tls_key']}",
+                "--workers=1", "--sequences=2", "--prefix_tokens=32", "--context_tokens=8",
+                "--duration_s=1", "--connect_timeout_s=10", "--json"],
+                capture_output=True, text=True, timeout=120)
+            print("loadgen over mTLS: exit", loadgen.returncode)
+            if loadgen.returncode != 0:
+                failures.append(f"mlaserve-loadgen over mTLS: {loadgen.stderr[-500:]}")
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+    for failure in failures:
+        print("FAIL:", failure, file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
