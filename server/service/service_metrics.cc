@@ -1,8 +1,21 @@
 #include "server/service/service_metrics.h"
 
-#include <string>
+#include <dirent.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace mlaserve::service {
 namespace {
@@ -24,10 +37,114 @@ prometheus::Histogram& LatencyHistogram(prometheus::Registry& registry, const st
       {}, LatencyBuckets());
 }
 
+std::optional<double> StatusField(const std::string& status, absl::string_view field) {
+  for (absl::string_view line : absl::StrSplit(status, '\n')) {
+    if (!absl::ConsumePrefix(&line, field) || !absl::ConsumePrefix(&line, ":")) continue;
+    // "VmRSS:\t  123456 kB" or "Threads:\t17".
+    std::vector<absl::string_view> words = absl::StrSplit(line, ' ', absl::SkipWhitespace());
+    if (words.empty()) return std::nullopt;
+    double value = 0;
+    if (!absl::SimpleAtod(absl::StripAsciiWhitespace(words[0]), &value)) return std::nullopt;
+    if (words.size() > 1 && words[1] == "kB") value *= 1024;
+    return value;
+  }
+  return std::nullopt;
+}
+
+std::optional<double> OpenFds() {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return std::nullopt;
+  double count = 0;
+  while (const dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] != '.') ++count;
+  }
+  closedir(dir);
+  // The listing includes the descriptor opendir itself held, which is not the server's.
+  return count - 1;
+}
+
+// utime + stime of /proc/self/stat (fields 14 and 15, counted after the command name, which
+// may hold spaces and so is skipped through its closing parenthesis).
+std::optional<double> CpuSeconds() {
+  std::ifstream in("/proc/self/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return std::nullopt;
+  std::istringstream fields(stat.substr(paren + 1));
+  std::string field;
+  double utime = 0, stime = 0;
+  // After ')': state is field 3, so utime (14) is the 12th word and stime (15) the 13th.
+  for (int i = 3; i <= 15 && (fields >> field); ++i) {
+    if (i == 14 && !absl::SimpleAtod(field, &utime)) return std::nullopt;
+    if (i == 15 && !absl::SimpleAtod(field, &stime)) return std::nullopt;
+  }
+  const long ticks = sysconf(_SC_CLK_TCK);
+  if (ticks <= 0) return std::nullopt;
+  return (utime + stime) / static_cast<double>(ticks);
+}
+
+void AddFamily(std::vector<prometheus::MetricFamily>& families, std::string name, std::string help,
+               prometheus::MetricType type, std::optional<double> value) {
+  if (!value.has_value()) return;
+  prometheus::MetricFamily family;
+  family.name = std::move(name);
+  family.help = std::move(help);
+  family.type = type;
+  prometheus::ClientMetric metric;
+  if (type == prometheus::MetricType::Counter) {
+    metric.counter.value = *value;
+  } else {
+    metric.gauge.value = *value;
+  }
+  family.metric.push_back(std::move(metric));
+  families.push_back(std::move(family));
+}
+
+// The service's registry plus the process families, read at each scrape (the server's wiring
+// registers only the registry with the exposer, and the process metrics must be current).
+class RegistryWithProcessMetrics final : public prometheus::Registry {
+ public:
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> families = prometheus::Registry::Collect();
+    for (prometheus::MetricFamily& family : ProcessMetricFamilies()) {
+      families.push_back(std::move(family));
+    }
+    return families;
+  }
+};
+
 }  // namespace
 
+std::vector<prometheus::MetricFamily> ProcessMetricFamilies() {
+  std::string status;
+  {
+    // Closed before the descriptors are counted, so the count does not include it.
+    std::ifstream in("/proc/self/status");
+    status.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::optional<double> max_fds;
+  if (rlimit limit{}; getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+    max_fds = static_cast<double>(limit.rlim_cur);
+  }
+  using prometheus::MetricType;
+  std::vector<prometheus::MetricFamily> families;
+  AddFamily(families, "process_resident_memory_bytes", "Resident memory size in bytes",
+            MetricType::Gauge, StatusField(status, "VmRSS"));
+  AddFamily(families, "process_virtual_memory_bytes", "Virtual memory size in bytes",
+            MetricType::Gauge, StatusField(status, "VmSize"));
+  AddFamily(families, "process_threads", "Number of OS threads in the process", MetricType::Gauge,
+            StatusField(status, "Threads"));
+  AddFamily(families, "process_open_fds", "Number of open file descriptors", MetricType::Gauge,
+            OpenFds());
+  AddFamily(families, "process_max_fds", "Maximum number of open file descriptors",
+            MetricType::Gauge, max_fds);
+  AddFamily(families, "process_cpu_seconds_total", "Total user and system CPU time in seconds",
+            MetricType::Counter, CpuSeconds());
+  return families;
+}
+
 ServiceMetrics::ServiceMetrics()
-    : registry_(std::make_shared<prometheus::Registry>()),
+    : registry_(std::make_shared<RegistryWithProcessMetrics>()),
       requests_(prometheus::BuildCounter()
                     .Name("mlaserve_requests_total")
                     .Help("Finished RPCs by method and gRPC status code")

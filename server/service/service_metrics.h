@@ -2,6 +2,7 @@
 #define MLASERVE_SERVER_SERVICE_SERVICE_METRICS_H_
 
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -9,14 +10,24 @@
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/histogram.h"
+#include "prometheus/metric_family.h"
 #include "prometheus/registry.h"
 #include "server/engine/engine.h"
 
 namespace mlaserve::service {
 
+// The process as Prometheus' client libraries report it, read now from /proc/self (status,
+// stat, fd) and getrlimit: process_resident_memory_bytes, process_virtual_memory_bytes,
+// process_threads, process_open_fds, process_max_fds, process_cpu_seconds_total. A value that
+// cannot be read is left out rather than reported as 0.
+std::vector<prometheus::MetricFamily> ProcessMetricFamilies();
+
 // The server's Prometheus metrics that are observed as things happen (names prefixed
 // `mlaserve_`, times in seconds as Prometheus expects). Gauges read from the engine at
-// scrape time live in EngineStatsCollector. Thread-safe.
+// scrape time live in EngineStatsCollector. The registry also reports the process itself at
+// scrape time under Prometheus' standard names (process_resident_memory_bytes,
+// process_open_fds, process_threads, ...; see ProcessMetricFamilies), which prometheus-cpp
+// does not export: a soak run watches them for leaks. Thread-safe.
 class ServiceMetrics {
  public:
   ServiceMetrics();
