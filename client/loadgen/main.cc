@@ -1,15 +1,20 @@
 // mlaserve-loadgen: drives a running mlaserve-server the way serving frameworks do and
 // prints what a serving engineer asks about (throughput, latency percentiles, where the time
-// went, how batches were planned). See docs/loadgen.md.
+// went, how batches were planned). With --soak, a long run with a churn of sequences whose
+// answers are checked against the fp64 golden while the server's resources are watched for
+// drift. See docs/loadgen.md.
 #include <iostream>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/time/time.h"
 #include "client/loadgen/grpc_load_target.h"
 #include "client/loadgen/load_report.h"
+#include "client/loadgen/soak.h"
+#include "client/loadgen/soak_report.h"
 #include "client/loadgen/workload.h"
 #include "client/mlaserve_client.h"
 #include "common/command_line.h"
@@ -37,9 +42,116 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_server_name, "",
           "name the server's certificate carries, when it is not the target's host");
 
+ABSL_FLAG(bool, soak, false,
+          "soak mode: churn of sequences at saturation for --duration-s, answers checked "
+          "against the fp64 golden, the server's RSS/threads/fds read from --metrics-target");
+ABSL_FLAG(std::string, metrics_target, "",
+          "soak: host:port of the server's Prometheus endpoint (its --metrics_listen)");
+ABSL_FLAG(int, soak_check_every, 10,
+          "soak: check every answer of every N-th decode call of each worker");
+ABSL_FLAG(double, soak_sample_s, 5, "soak: seconds between reads of the server's /metrics");
+ABSL_FLAG(double, soak_warmup_s, 60, "soak: seconds at the start left out of the resource drift");
+ABSL_FLAG(double, soak_max_rss_drift, 0.05,
+          "soak: largest RSS drift (last window mean - first window mean) / first that passes");
+ABSL_FLAG(int, soak_min_life, 4, "soak: fewest decode steps a sequence lives");
+ABSL_FLAG(int, soak_max_life, 64, "soak: most decode steps a sequence lives");
+ABSL_FLAG(double, soak_prefix_fraction, 0.7,
+          "soak: share of new sequences created on the shared prefix (the rest bare)");
+ABSL_FLAG(double, soak_fork_fraction, 0.2,
+          "soak: share of retired sequences replaced by a fork of a live one");
+
+namespace {
+
+// Whether `flag` was given a value other than its default. (This abseil keeps "specified on
+// the command line" private; a flag set to its own default counts as unset, which only
+// matters where the soak's default differs, and is documented there.)
+bool Specified(absl::string_view flag) {
+  const absl::CommandLineFlag* f = absl::FindCommandLineFlag(flag);
+  return f != nullptr && f->CurrentValue() != f->DefaultValue();
+}
+
+// Validates the soak's flags (naming the flag), runs it and prints the report. The exit
+// status: 0 passed, 1 failed (wrong answer, unexpected error, drift), 2 bad flags.
+int RunSoakMode(mlaserve::client::MlaServeClient& client, const std::string& target) {
+  using mlaserve::loadgen::SoakOptions;
+  SoakOptions o;
+  // The workload flags keep their meaning; where unset, the soak's own defaults apply (the
+  // closed-loop load's 72 sequences on 1024 prefix tokens would make every golden check slow).
+  o.workers = absl::GetFlag(FLAGS_workers);
+  o.sequences = Specified("sequences") ? absl::GetFlag(FLAGS_sequences) : 8;
+  o.prefix_tokens = Specified("prefix_tokens") ? absl::GetFlag(FLAGS_prefix_tokens) : 256;
+  o.max_prompt = Specified("context_tokens") ? absl::GetFlag(FLAGS_context_tokens) : 64;
+  o.min_prompt = 1;
+  o.sq = absl::GetFlag(FLAGS_sq);
+  o.layers = absl::GetFlag(FLAGS_layers);
+  o.duration = absl::Seconds(Specified("duration_s") ? absl::GetFlag(FLAGS_duration_s) : 600);
+  o.check_every = absl::GetFlag(FLAGS_soak_check_every);
+  o.sample_s = absl::GetFlag(FLAGS_soak_sample_s);
+  o.warmup_s = absl::GetFlag(FLAGS_soak_warmup_s);
+  o.max_rss_drift = absl::GetFlag(FLAGS_soak_max_rss_drift);
+  o.min_life = absl::GetFlag(FLAGS_soak_min_life);
+  o.max_life = absl::GetFlag(FLAGS_soak_max_life);
+  o.prefix_fraction = absl::GetFlag(FLAGS_soak_prefix_fraction);
+  o.fork_fraction = absl::GetFlag(FLAGS_soak_fork_fraction);
+  o.metrics_target = absl::GetFlag(FLAGS_metrics_target);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.run_id = Specified("run_id") ? absl::GetFlag(FLAGS_run_id) : "soak";
+  auto bad = [](absl::string_view flag, absl::string_view why) {
+    std::cerr << "--" << flag << ": " << why << "\n";
+    return 2;
+  };
+  if (absl::GetFlag(FLAGS_space) != "latent" && Specified("space")) {
+    return bad("space", "the soak checks latent-space answers (FlashMLA's q) only");
+  }
+  if (!absl::GetFlag(FLAGS_kv_dtype).empty() && absl::GetFlag(FLAGS_kv_dtype) != "bf16") {
+    return bad("kv_dtype",
+               "the soak holds its sequences in the bf16 cache, whose bounds it checks");
+  }
+  if (o.workers < 1) return bad("workers", "must be at least 1");
+  if (o.sequences < 1) return bad("sequences", "must be at least 1");
+  if (o.prefix_tokens < 0) return bad("prefix_tokens", "must be 0 (no prefix) or more");
+  if (o.max_prompt < 1)
+    return bad("context_tokens", "the soak's own prompts need at least 1 token");
+  if (o.sq < 1) return bad("sq", "must be at least 1");
+  if (!(absl::ToDoubleSeconds(o.duration) > 0)) return bad("duration_s", "must be positive");
+  if (o.check_every < 1) return bad("soak_check_every", "must be at least 1");
+  if (!(o.sample_s > 0)) return bad("soak_sample_s", "must be positive");
+  if (!(o.warmup_s >= 0)) return bad("soak_warmup_s", "must be 0 or more");
+  if (!(o.warmup_s < absl::ToDoubleSeconds(o.duration))) {
+    return bad("soak_warmup_s", "must be shorter than --duration-s");
+  }
+  if (!(o.max_rss_drift >= 0)) return bad("soak_max_rss_drift", "must be 0 or more");
+  if (o.min_life < 1) return bad("soak_min_life", "must be at least 1");
+  if (o.max_life < o.min_life) return bad("soak_max_life", "must be at least --soak-min-life");
+  if (!(o.prefix_fraction >= 0 && o.prefix_fraction <= 1)) {
+    return bad("soak_prefix_fraction", "must be in [0, 1]");
+  }
+  if (!(o.fork_fraction >= 0 && o.fork_fraction <= 1)) {
+    return bad("soak_fork_fraction", "must be in [0, 1]");
+  }
+  if (o.metrics_target.empty()) {
+    return bad("metrics_target",
+               "the soak needs the server's /metrics (host:port of its --metrics_listen)");
+  }
+  absl::StatusOr<mlaserve::loadgen::SoakResult> result = mlaserve::loadgen::RunSoak(client, o);
+  if (!result.ok()) {
+    std::cerr << "mlaserve-loadgen --soak: " << result.status() << "\n";
+    return result.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  if (absl::GetFlag(FLAGS_json)) {
+    std::cout << mlaserve::loadgen::SoakToJson(*result).dump() << "\n";
+  } else {
+    mlaserve::loadgen::PrintSoakReport(*result, target, std::cout);
+  }
+  return result->failures.empty() ? 0 : 1;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "mlaserve-loadgen [--target host:port] [flags]: closed-loop decode load");
+      "mlaserve-loadgen [--target host:port] [flags]: closed-loop decode load; with --soak "
+      "--metrics-target host:port, a soak run (docs/loadgen.md)");
   // Flag names take dashes or underscores (--duration-s = --duration_s), and --flagfile.
   absl::StatusOr<std::vector<std::string>> positional = mlaserve::ParseFlags(argc, argv);
   if (!positional.ok() || !positional->empty()) {
@@ -90,11 +202,14 @@ int main(int argc, char** argv) {
     std::cerr << "--tls_cert: needs --tls_ca\n";
     return 2;
   }
+  // A soak counts every failed call, so the client must not hide one behind a retry.
+  if (absl::GetFlag(FLAGS_soak)) client_options.max_attempts = 1;
   auto client = mlaserve::client::MlaServeClient::Connect(target, client_options);
   if (!client->WaitForConnected(absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s)))) {
     std::cerr << "mlaserve-loadgen: cannot connect to " << target << "\n";
     return 1;
   }
+  if (absl::GetFlag(FLAGS_soak)) return RunSoakMode(*client, target);
   auto load_target = mlaserve::loadgen::GrpcLoadTarget::Create(std::move(client));
   if (!load_target.ok()) {
     std::cerr << "mlaserve-loadgen: " << load_target.status() << "\n";
