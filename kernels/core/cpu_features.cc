@@ -23,7 +23,7 @@ CpuFeatures Detect() {
   CpuFeatures f;
   f.logical_cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   unsigned a = 0, b = 0, c = 0, d = 0;
-  if (__get_cpuid_max(0x80000000, nullptr) >= 0x80000004) {
+  if (static_cast<unsigned>(__get_cpuid_max(0x80000000, nullptr)) >= 0x80000004u) {
     char brand[49] = {};
     for (unsigned leaf = 0; leaf < 3; ++leaf) {
       __get_cpuid(0x80000002 + leaf, &a, &b, &c, &d);

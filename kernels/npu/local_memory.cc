@@ -48,8 +48,7 @@ absl::StatusOr<LocalTensor> LocalArena::Allocate(int64_t bytes, absl::string_vie
 }
 
 LocalMemoryStorage::LocalMemoryStorage(const DeviceProfile& profile)
-    : cores_(new CoreStorage[profile.cube_cores + profile.vector_cores()]),
-      cube_cores_(profile.cube_cores) {
+    : cores_(new CoreStorage[profile.cube_cores + profile.vector_cores()]) {
   for (int c = 0; c < profile.cube_cores; ++c) {
     cores_[c].l1.reset(new std::byte[profile.l1_bytes * HostScale(Space::kL1)]);
     cores_[c].l0c.reset(new std::byte[profile.l0c_bytes * HostScale(Space::kL0C)]);

@@ -77,7 +77,6 @@ class LocalMemoryStorage {
     std::unique_ptr<std::byte[]> l1, l0c, ub;
   };
   std::unique_ptr<CoreStorage[]> cores_;
-  int cube_cores_;
 };
 
 }  // namespace mlaserve::npu

@@ -519,8 +519,9 @@ TEST(GlobalMemoryTest, AtomicGuardsOverWrappingStripeRangesExcludeEachOtherWitho
   std::atomic<int> counter{0};
   constexpr int kRounds = 3000;
   std::vector<std::thread> threads;
-  for (const auto& [addr, bytes] : ranges) {
-    threads.emplace_back([&gm, &counter, addr, bytes] {
+  for (const auto& range : ranges) {
+    // Named copies: clang 14 (the asan preset) cannot capture structured bindings.
+    threads.emplace_back([&gm, &counter, addr = range.first, bytes = range.second] {
       for (int i = 0; i < kRounds; ++i) {
         GlobalMemory::AtomicGuard guard(gm, addr, bytes);
         // A read-modify-write in two steps: only mutual exclusion keeps every increment.
