@@ -13,6 +13,8 @@
 #include "kernels/core/bfloat16.h"
 #include "kernels/core/tensor_view.h"
 #include "server/engine/engine_types.h"
+#include "server/engine/kv/kv_checkpoint.h"
+#include "server/engine/kv/kv_state.h"
 #include "server/engine/kv/kv_types.h"
 #include "server/engine/model/model_config.h"
 
@@ -59,6 +61,11 @@ class Engine {
   // Stops accepting decodes (UNAVAILABLE) and waits for those in flight, at most until
   // `deadline`; DEADLINE_EXCEEDED if some were still running.
   virtual absl::Status Drain(absl::Time deadline) = 0;
+
+  // Restarts that keep the cache (server/state/): KvStore::Checkpoint and KvStore::Restore
+  // on the engine's store. Restore before the engine serves anything.
+  virtual KvCheckpoint CheckpointKv() = 0;
+  virtual absl::Status RestoreKv(const KvStateManifest& manifest, KvStatePageReader read_page) = 0;
 };
 
 // Where the up-projection weights come from.

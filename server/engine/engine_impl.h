@@ -47,6 +47,10 @@ class EngineImpl final : public Engine {
               DecodeCallback done) override;
   EngineStats Stats() const override;
   absl::Status Drain(absl::Time deadline) override;
+  KvCheckpoint CheckpointKv() override { return store_->Checkpoint(); }
+  absl::Status RestoreKv(const KvStateManifest& manifest, KvStatePageReader read_page) override {
+    return store_->Restore(manifest, read_page);
+  }
 
   const Planner& planner() const { return planner_; }
   KvStore& store() { return *store_; }

@@ -19,7 +19,9 @@
 #include "kernels/core/tensor_view.h"
 #include "server/engine/kv/expanded_kv.h"
 #include "server/engine/kv/expanded_kv_cache.h"
+#include "server/engine/kv/kv_checkpoint.h"
 #include "server/engine/kv/kv_snapshot.h"
+#include "server/engine/kv/kv_state.h"
 #include "server/engine/kv/kv_types.h"
 #include "server/engine/kv/page_allocator.h"
 #include "server/engine/kv/page_pool.h"
@@ -155,9 +157,26 @@ class KvStore {
 
   KvStoreStats Stats() const;
 
+  // --- Restarts (kv_state.h) ------------------------------------------------------------
+
+  // Everything the store holds, as one consistent picture taken under the lock, its pages
+  // pinned while the checkpoint lives (so read them soon: pinned pages count in the budget).
+  // Registrations and appends still in flight are left out: their callers have no answer
+  // yet and retry.
+  KvCheckpoint Checkpoint();
+
+  // Loads a saved state into this store, which must hold nothing (FAILED_PRECONDITION).
+  // INVALID_ARGUMENT naming the part for a manifest of another model or page size, or one
+  // that does not hold together (a page list that does not cover its length, an index out of
+  // range, an id twice, a sequence whose pages do not start with its prefix's);
+  // RESOURCE_EXHAUSTED if it does not fit the budget; `read_page`'s error if a page cannot be
+  // read. On any error the store is left as empty as it was.
+  absl::Status Restore(const KvStateManifest& manifest, KvStatePageReader read_page);
+
  private:
   friend class KvSnapshot;
   friend class ExpandedKv;
+  friend class KvCheckpoint;
 
   struct Sequence;
   struct AppendReservation;
@@ -169,6 +188,7 @@ class KvStore {
   void ReleaseSnapshot(std::span<const SequenceSnapshot> sequences,
                        std::span<const PrefixKey> prefixes) ABSL_LOCKS_EXCLUDED(mu_);
   void ReleaseExpanded(PrefixKey prefix, int layer) ABSL_LOCKS_EXCLUDED(mu_);
+  void ReleaseCheckpoint(std::span<const int32_t> pages) ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Status CheckLayer(int layer) const;
 
@@ -193,9 +213,12 @@ class KvStore {
   // True while `sequence` has an append in flight on any layer.
   static bool Appending(const Sequence& sequence);
 
-  // Makes `bytes` more fit in the budget, evicting if it must; RESOURCE_EXHAUSTED and no
-  // change otherwise.
-  absl::Status Reserve(int64_t bytes, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes `bytes` more fit in the budget (and in `account`'s quota, for latent pages charged
+  // to a tenant), evicting if it must; RESOURCE_EXHAUSTED and no change otherwise.
+  absl::Status Reserve(int64_t bytes, absl::string_view what, int32_t account = 0)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The page account of the namespace `id` lives in (0: none), made on first use.
+  int32_t AccountOf(absl::string_view id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t UsedBytes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Drops a reference (or the registration) and frees the node if it is then dead.
@@ -218,6 +241,10 @@ class KvStore {
   absl::flat_hash_map<std::string, std::unique_ptr<Sequence>> sequences_ ABSL_GUARDED_BY(mu_);
   PrefixTree tree_ ABSL_GUARDED_BY(mu_);
   ExpandedKvCache expanded_ ABSL_GUARDED_BY(mu_);
+  // Tenants' namespaces as page accounts (index 0: no namespace) and their quotas.
+  const std::map<std::string, int64_t> namespace_budgets_;
+  absl::flat_hash_map<std::string, int32_t> accounts_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> account_names_ ABSL_GUARDED_BY(mu_){""};
   int64_t prefix_evictions_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t expanded_evictions_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -2,6 +2,7 @@
 #define MLASERVE_SERVER_ENGINE_KV_KV_TYPES_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,10 @@ struct KvStoreOptions {
   // The format of a prefix or sequence created without one (and with no parent to inherit
   // from): the server's --kv_dtype.
   KvDtype default_kv_dtype = KvDtype::kBf16;
+  // Tenants' KV quotas, by namespace (client_id.h): the latent pages a tenant's prefixes and
+  // sequences hold stay within its quota, inside the global budget. A namespace not listed
+  // has none but the global budget.
+  std::map<std::string, int64_t> namespace_budget_bytes = {};
 };
 
 struct KvStoreStats {
@@ -44,6 +49,8 @@ struct KvStoreStats {
   int32_t sequences = 0;
   int64_t prefix_evictions = 0;
   int64_t expanded_evictions = 0;
+  // Latent page bytes each tenant's namespace holds (those that ever held any).
+  std::map<std::string, int64_t> namespace_used_bytes = {};
 
   friend bool operator==(const KvStoreStats&, const KvStoreStats&) = default;
 };

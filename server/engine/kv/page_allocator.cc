@@ -30,14 +30,18 @@ bool PageAllocator::Update(int32_t page, Change change) {
   ++kind_counts_[after];
   if (after == kFree && before != kFree) {
     free_list_.push_back(page);
+    --account_pages_[r.account];
     return true;
   }
   return false;
 }
 
-int32_t PageAllocator::Allocate(PageOwner kind) {
+int32_t PageAllocator::Allocate(PageOwner kind, int32_t account) {
   const int32_t page = free_list_.back();
   free_list_.pop_back();
+  if (account >= static_cast<int32_t>(account_pages_.size())) account_pages_.resize(account + 1);
+  refs_[page].account = account;
+  ++account_pages_[account];
   AddOwner(page, kind);
   return page;
 }

@@ -36,9 +36,14 @@ class PageAllocator {
   int32_t num_free() const { return static_cast<int32_t>(free_list_.size()); }
   PageCounts counts() const;
 
-  // Takes a free page, which starts with one owner of `kind`. Precondition: num_free() > 0.
+  // Takes a free page, which starts with one owner of `kind`, charged to `account` (a
+  // tenant's namespace, 0 for none) until it is free again. Precondition: num_free() > 0.
   // Pages come out lowest id first from a fresh allocator, most recently freed first after.
-  int32_t Allocate(PageOwner kind);
+  int32_t Allocate(PageOwner kind, int32_t account = 0);
+  // Pages in use charged to `account`.
+  int32_t account_pages(int32_t account) const {
+    return account < static_cast<int32_t>(account_pages_.size()) ? account_pages_[account] : 0;
+  }
 
   void AddOwner(int32_t page, PageOwner kind);
   // Returns true if the page became free.
@@ -59,6 +64,7 @@ class PageAllocator {
     int32_t prefix_owners = 0;
     int32_t sequence_owners = 0;
     int32_t pins = 0;
+    int32_t account = 0;
   };
   enum Kind { kFree, kPrefix, kSequence, kPinned, kNumKinds };
 
@@ -70,6 +76,7 @@ class PageAllocator {
   std::vector<Refs> refs_;
   std::vector<int32_t> free_list_;  // a stack
   std::array<int32_t, kNumKinds> kind_counts_{};
+  std::vector<int32_t> account_pages_;  // [account] pages in use
 };
 
 }  // namespace mlaserve::engine

@@ -123,6 +123,31 @@ bool PagePool::HoldsRows(KvDtype dtype, std::span<const int32_t> pages, int64_t 
   return true;
 }
 
+void PagePool::ReadRecords(KvDtype dtype, int32_t page, int n, std::byte* out) const {
+  if (dtype == KvDtype::kBf16) {
+    std::memcpy(out, Row(page, 0), static_cast<std::size_t>(n) * row_width_ * sizeof(Bf16));
+    return;
+  }
+  const Fp8PageLayout& l = fp8_layout_;
+  const int64_t record = Fp8PageLayout::BytesPerToken(l.dl, l.dr);
+  const std::byte* slot = Slot(page);
+  for (int row = 0; row < n; ++row) {
+    std::byte* dst = out + row * record;
+    std::memcpy(dst, slot + l.content_offset(row), l.dl);
+    std::memcpy(dst + l.dl, slot + l.scale_offset(row), sizeof(float));
+    std::memcpy(dst + l.dl + sizeof(float), slot + l.rope_offset(row), l.dr * sizeof(Bf16));
+  }
+}
+
+void PagePool::WriteRecords(KvDtype dtype, int32_t page, int n, const std::byte* records) const {
+  if (dtype == KvDtype::kBf16) {
+    std::memcpy(Row(page, 0), records, static_cast<std::size_t>(n) * row_width_ * sizeof(Bf16));
+    return;
+  }
+  const int32_t pages[] = {page};
+  WriteFp8Records(pages, 0, records, n);
+}
+
 void PagePool::CopyRows(KvDtype dtype, int32_t from, int32_t to, int rows) const {
   if (dtype == KvDtype::kBf16) {
     std::memcpy(Row(to, 0), Row(from, 0),

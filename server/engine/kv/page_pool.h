@@ -71,6 +71,12 @@ class PagePool {
   bool HoldsRows(KvDtype dtype, std::span<const int32_t> pages, int64_t first_token,
                  const Bf16* rows, int64_t row_stride, int64_t n) const;
 
+  // Tokens [0, n) of page `page` as records (kv_state.h: a bf16 row, or the FP8 record
+  // WriteFp8Records takes) into `out`, and back. Reads only those tokens' bytes, so a single
+  // owner may append past them meanwhile.
+  void ReadRecords(KvDtype dtype, int32_t page, int n, std::byte* out) const;
+  void WriteRecords(KvDtype dtype, int32_t page, int n, const std::byte* records) const;
+
   // Copies tokens [0, rows) of page `from` to page `to`: the copy half of copy-on-write.
   void CopyRows(KvDtype dtype, int32_t from, int32_t to, int rows) const;
 

@@ -17,7 +17,7 @@ PrefixNode* PrefixTree::FindLive(PrefixKey key) const {
 PrefixNode* PrefixTree::Insert(std::unique_ptr<PrefixNode> node) {
   node->key = next_key_++;
   PrefixNode* raw = node.get();
-  ids_.emplace(raw->id, raw);
+  if (raw->registered) ids_.emplace(raw->id, raw);
   nodes_.emplace(raw->key, std::move(node));
   return raw;
 }

@@ -44,7 +44,8 @@ class PrefixTree {
   PrefixNode* FindRegistered(absl::string_view id) const;
   // The ready node of `key` (registered or only referenced), or nullptr.
   PrefixNode* FindLive(PrefixKey key) const;
-  // Takes a new node, gives it the next key and registers its id.
+  // Takes a new node, gives it the next key and registers its id (unless the node comes
+  // unregistered: a released prefix brought back by a restore).
   PrefixNode* Insert(std::unique_ptr<PrefixNode> node);
 
   // The LRU clock: every use of a prefix (or of its expansions) gets the next tick.

@@ -31,6 +31,9 @@ class MockEngine : public engine::Engine {
               (override));
   MOCK_METHOD(engine::EngineStats, Stats, (), (const, override));
   MOCK_METHOD(absl::Status, Drain, (absl::Time), (override));
+  MOCK_METHOD(engine::KvCheckpoint, CheckpointKv, (), (override));
+  MOCK_METHOD(absl::Status, RestoreKv, (const engine::KvStateManifest&, engine::KvStatePageReader),
+              (override));
 };
 
 // A small model the tests can reason about: 4 heads, DeepSeek's head dims, 3 layers.
