@@ -277,9 +277,20 @@ def server_env(notify, profiles, unit_environment):
     return env
 
 
+def state_dir_override(scratch, name):
+    """--state_dir on a directory of the scratch's (the unit's StateDirectory= stands for
+    /var/lib/mlaserve), writable by the unprivileged server, so its drain saves the KV state
+    there: through the same syscalls as on a real host."""
+    state = os.path.join(scratch, name)
+    os.mkdir(state)
+    os.chmod(state, 0o777)
+    return [f"--state_dir={state}"]
+
+
 def check_lifecycle(installed, unit_environment, scratch, failures):
     as_nobody = os.geteuid() == 0
-    command = [installed["binary"], f"--flagfile={installed['flags']}"] + TEST_OVERRIDES
+    command = ([installed["binary"], f"--flagfile={installed['flags']}"] + TEST_OVERRIDES +
+               state_dir_override(scratch, "state"))
     health = installed["health probe"]
     with open(installed["unit"]) as f:
         unit_denies_write_execute = re.search(r"^MemoryDenyWriteExecute=yes", f.read(), re.M) is not None
@@ -396,7 +407,8 @@ def check_under_strace(installed, prefix, unit_environment, scratch, failures):
         return
 
     trace = os.path.join(scratch, "strace.txt")
-    command = [installed["binary"], f"--flagfile={installed['flags']}"] + TEST_OVERRIDES
+    command = ([installed["binary"], f"--flagfile={installed['flags']}"] + TEST_OVERRIDES +
+               state_dir_override(scratch, "strace-state"))
     notify_dir = os.path.join(scratch, "strace")
     os.mkdir(notify_dir)
     notify = NotifySocket(notify_dir)
