@@ -18,6 +18,12 @@
 namespace mlaserve::client {
 namespace {
 
+void Authorize(const ClientOptions& options, grpc::ClientContext& context) {
+  if (!options.bearer_token.empty()) {
+    context.AddMetadata("authorization", "Bearer " + options.bearer_token);
+  }
+}
+
 // Runs `attempt(context)` until it is not UNAVAILABLE, attempts run out, or the next
 // backoff would pass the call's deadline. Each attempt gets the remaining time.
 template <typename Attempt>
@@ -28,6 +34,7 @@ absl::Status CallWithRetry(const ClientOptions& options, absl::Duration timeout,
   for (int attempts = 1;; ++attempts) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(deadline));
+    Authorize(options, context);
     const grpc::Status status = attempt(context);
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE || attempts >= options.max_attempts) {
       return FromGrpcStatus(status);
@@ -342,6 +349,7 @@ absl::StatusOr<v1::DecodeResponse> MlaServeClient::DecodeRaw(const v1::DecodeReq
 
 std::unique_ptr<DecodeStream> MlaServeClient::OpenDecodeStream(absl::Duration timeout) {
   auto context = std::make_unique<grpc::ClientContext>();
+  Authorize(options_, *context);
   context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   return std::make_unique<DecodeStream>(std::move(context), *stub_);
 }

@@ -49,6 +49,10 @@ struct ClientOptions {
   // far below gRPC's default 4 MiB receive limit.
   int64_t append_chunk_bytes = int64_t{1} << 20;
   ClientTls tls;
+  // The tenant's bearer token, sent as `authorization: Bearer TOKEN` on every call, for a
+  // server with --auth_tokens_file (docs/api.md, "Tenants"); empty: none. Over plaintext it
+  // travels in the clear: use it with TLS.
+  std::string bearer_token;
 };
 
 // One KV append: rows [n][dl + dr] for one layer of one sequence, starting at

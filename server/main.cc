@@ -101,6 +101,24 @@ int main(int argc, char** argv) {
                    ? absl::StrCat("on port ", (*server)->metrics_port(), " at /metrics")
                    : std::string("disabled"));
 
+  const mlaserve::service::Tenancy* tenancy = config->server.tenancy.get();
+  switch (tenancy == nullptr ? mlaserve::service::Tenancy::Mode::kSingleTenant : tenancy->mode()) {
+    case mlaserve::service::Tenancy::Mode::kSingleTenant:
+      spdlog::info(
+          "tenants: single-tenant (no --auth_tokens_file, no --tls_client_ca): every client "
+          "reaches every prefix and sequence id");
+      break;
+    case mlaserve::service::Tenancy::Mode::kTokens:
+      spdlog::info(
+          "tenants: {} from --auth_tokens_file; calls without a known bearer token "
+          "get UNAUTHENTICATED",
+          tenancy->Known().size());
+      break;
+    case mlaserve::service::Tenancy::Mode::kCertificates:
+      spdlog::info("tenants: one per client certificate common name (mutual TLS)");
+      break;
+  }
+
   if (absl::Status warm = (*server)->WarmUp(); !warm.ok()) {
     spdlog::error("warm-up failed: {}", std::string(warm.message()));
     (*server)->Shutdown(absl::ZeroDuration()).IgnoreError();

@@ -1,8 +1,15 @@
 #include "server/server_flags.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
+#include <memory>
+#include <system_error>
 #include <utility>
 
 #include "absl/flags/flag.h"
@@ -70,6 +77,19 @@ ABSL_FLAG(int, max_connection_age_grace_s, 30,
           "How long an aged connection's calls may still run before it is closed");
 ABSL_FLAG(int, drain_timeout_s, 30,
           "On SIGTERM/SIGINT, how long in-flight calls may take before they are cancelled");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "JSON file of tenants: each a name, the SHA-256 of its bearer token (or, under mutual "
+          "TLS, its certificate's common name), a KV quota, a queue share and rights "
+          "(docs/deploy.md, Tenants). Empty: one tenant, or under --tls_client_ca each client "
+          "certificate's common name");
+ABSL_FLAG(double, tenant_queue_share, 0.5,
+          "Share of --max_queue one tenant may fill, for tenants that name none (0 < x <= 1)");
+ABSL_FLAG(std::string, state_dir, "",
+          "Directory the KV store is saved to after a drain and loaded from at start, so a "
+          "restart keeps every sequence (the unit's StateDirectory=); empty: keep no state");
+ABSL_FLAG(double, snapshot_interval_s, 0,
+          "Also save the KV state this often while serving (0: only on a drain); a kill -9 "
+          "loses at most this much. Needs --state_dir");
 
 namespace mlaserve {
 namespace {
@@ -254,6 +274,46 @@ absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv) {
     return BadFlag("drain_timeout_s", absl::StrCat(drain_timeout_s, " is negative"));
   }
   config.drain_timeout = absl::Seconds(drain_timeout_s);
+
+  server.state_dir = absl::GetFlag(FLAGS_state_dir);
+  if (!server.state_dir.empty()) {
+    std::error_code error;
+    if (!std::filesystem::is_directory(server.state_dir, error)) {
+      return BadFlag("state_dir", absl::StrCat("'", server.state_dir, "' is not a directory"));
+    }
+    if (::access(server.state_dir.c_str(), W_OK | X_OK) != 0) {
+      return BadFlag("state_dir", absl::StrCat("'", server.state_dir, "' is not writable"));
+    }
+  }
+  const double snapshot_interval_s = absl::GetFlag(FLAGS_snapshot_interval_s);
+  if (!(snapshot_interval_s >= 0) || snapshot_interval_s > 86400 * 365) {
+    return BadFlag("snapshot_interval_s",
+                   absl::StrCat(snapshot_interval_s, " is outside [0, a year]"));
+  }
+  if (snapshot_interval_s > 0 && server.state_dir.empty()) {
+    return BadFlag("snapshot_interval_s", "needs --state_dir");
+  }
+  server.snapshot_interval = absl::Seconds(snapshot_interval_s);
+
+  const double share = absl::GetFlag(FLAGS_tenant_queue_share);
+  if (!(share > 0 && share <= 1)) {
+    return BadFlag("tenant_queue_share", absl::StrCat(share, " is outside (0, 1]"));
+  }
+  const service::Tenancy::Defaults defaults{
+      std::max<int64_t>(1, static_cast<int64_t>(share * config.engine.max_queue))};
+  if (const std::string path = absl::GetFlag(FLAGS_auth_tokens_file); !path.empty()) {
+    std::ifstream in(path);
+    if (!in) return BadFlag("auth_tokens_file", absl::StrCat("cannot read '", path, "'"));
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSIGN_OR_RETURN(std::unique_ptr<service::Tenancy> tenancy,
+                     service::Tenancy::FromTokensFile(text, path, defaults));
+    server.tenancy = std::move(tenancy);
+  } else if (!server.tls.client_ca_file.empty()) {
+    server.tenancy = service::Tenancy::ByCertificate(defaults);
+  } else {
+    server.tenancy = service::Tenancy::SingleTenant();
+  }
+  config.engine.kv.namespace_budget_bytes = server.tenancy->KvQuotas();
   return config;
 }
 

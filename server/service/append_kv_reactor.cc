@@ -6,8 +6,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/core/tensor_view.h"
-#include "server/service/kv_request_codec.h"
+#include "server/service/kv_requests.h"
 #include "server/service/status_mapping.h"
+#include "server/service/tenant_scope.h"
 #include "server/service/wire_message.h"
 
 namespace mlaserve::service {
@@ -23,15 +24,21 @@ absl::Status Draining(int64_t chunks) {
 
 }  // namespace
 
-AppendKvReactor::AppendKvReactor(engine::Engine& engine, ServiceMetrics& metrics,
-                                 CallRegistry& registry, grpc::ByteBuffer* response)
-    : engine_(engine),
+AppendKvReactor::AppendKvReactor(absl::StatusOr<Tenant*> admitted, engine::Engine& engine,
+                                 ServiceMetrics& metrics, CallRegistry& registry,
+                                 grpc::ByteBuffer* response)
+    : tenant_(admitted.ok() ? *admitted : nullptr),
+      engine_(engine),
       metrics_(metrics),
       registry_(registry),
       response_(response),
       registered_(registry.Add(this)) {
   std::lock_guard lock(mu_);
-  if (!registered_) CompleteLocked(Draining(0));
+  if (!admitted.ok()) {
+    CompleteLocked(admitted.status());
+  } else if (!registered_) {
+    CompleteLocked(Draining(0));
+  }
   if (!finished_) StartRead(&chunk_bytes_);
 }
 
@@ -66,33 +73,14 @@ void AppendKvReactor::OnDone() {
   delete this;
 }
 
-absl::Status AppendKvReactor::Apply(const v1::AppendKvChunk& chunk) {
+absl::Status AppendKvReactor::Apply(v1::AppendKvChunk& chunk) {
   const std::string field = absl::StrCat("chunks[", chunks_, "]");
-  if (chunk.has_fp8_rows()) {
-    RETURN_IF_ERROR(CheckFp8AppendChunk(chunk, engine_.Info().model, field));
-    const std::string& data = chunk.fp8_rows().data();
-    if (absl::Status status =
-            engine_.AppendKvFp8(chunk.sequence_id(), chunk.layer(), chunk.start_position(),
-                                std::as_bytes(std::span<const char>(data.data(), data.size())),
-                                chunk.fp8_rows().count());
-        !status.ok()) {
-      return absl::Status(status.code(), absl::StrCat(field, ": ", status.message()));
-    }
-    ++chunks_;
-    rows_ += chunk.fp8_rows().count();
-    return absl::OkStatus();
-  }
-  ASSIGN_OR_RETURN(Bf16Tensor rows, ParseAppendChunk(chunk, engine_.Info().model, field));
-  using RowsView = TensorView<const Bf16, 2>;
-  const RowsView::Index shape{rows.shape[0], rows.shape[1]};
-  ASSIGN_OR_RETURN(RowsView view, RowsView::Create(rows.values, shape, field));
-  if (absl::Status status =
-          engine_.AppendKv(chunk.sequence_id(), chunk.layer(), chunk.start_position(), view);
-      !status.ok()) {
-    return absl::Status(status.code(), absl::StrCat(field, ": ", status.message()));
-  }
+  RETURN_IF_ERROR(ScopeIds(tenant_, chunk, field));
+  absl::StatusOr<int64_t> applied = ApplyAppendChunk(engine_, chunk, field);
+  if (!applied.ok()) return UnscopeStatus(tenant_, applied.status());
+  const int64_t rows = *applied;
   ++chunks_;
-  rows_ += rows.shape[0];
+  rows_ += rows;
   return absl::OkStatus();
 }
 

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
@@ -12,6 +13,7 @@
 #include "server/engine/engine.h"
 #include "server/service/call_registry.h"
 #include "server/service/service_metrics.h"
+#include "server/service/tenancy.h"
 
 namespace mlaserve::service {
 
@@ -24,18 +26,21 @@ namespace mlaserve::service {
 // how many chunks were applied; an idle stream does not hold the shutdown.
 class AppendKvReactor : public grpc::ServerReadReactor<grpc::ByteBuffer>, public DrainableStream {
  public:
-  AppendKvReactor(engine::Engine& engine, ServiceMetrics& metrics, CallRegistry& registry,
-                  grpc::ByteBuffer* response);
+  // `admitted`: the caller's tenant (nullptr: single-tenant), or why the stream is refused
+  // (it then ends at once with that status).
+  AppendKvReactor(absl::StatusOr<Tenant*> admitted, engine::Engine& engine, ServiceMetrics& metrics,
+                  CallRegistry& registry, grpc::ByteBuffer* response);
 
   void OnReadDone(bool ok) override;
   void OnDone() override;
   void Drain() override;
 
  private:
-  absl::Status Apply(const v1::AppendKvChunk& chunk);
+  absl::Status Apply(v1::AppendKvChunk& chunk);
   // Finishes the call with `status` (once: finished_ is set).
   void CompleteLocked(const absl::Status& status);
 
+  Tenant* const tenant_;
   engine::Engine& engine_;
   ServiceMetrics& metrics_;
   CallRegistry& registry_;

@@ -4,17 +4,41 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "server/service/decode_codec.h"
+#include "server/service/tenant_scope.h"
 
 namespace mlaserve::service {
 
-void DecodeDispatcher::Dispatch(const v1::DecodeRequest& request, absl::Time deadline,
+void DecodeDispatcher::Dispatch(v1::DecodeRequest& request, Tenant* tenant, absl::Time deadline,
                                 std::function<bool()> cancelled, v1::DecodeResponse* response,
                                 Done done) {
+  if (absl::Status scoped = ScopeIds(tenant, request); !scoped.ok()) {
+    std::move(done)(scoped);
+    return;
+  }
   absl::StatusOr<std::unique_ptr<ParsedDecode>> parsed = ParseDecodeRequest(request);
   if (!parsed.ok()) {
-    std::move(done)(parsed.status());
+    std::move(done)(UnscopeStatus(tenant, parsed.status()));
     return;
+  }
+  const int64_t queued = request.queries_size();
+  if (tenant != nullptr) {
+    if (!tenant->TryQueue(queued)) {
+      tenant->queue_refusals.fetch_add(1, std::memory_order_relaxed);
+      std::move(done)(absl::UnavailableError(
+          absl::StrCat("tenant '", tenant->name, "' has ", tenant->queued_queries.load(),
+                       " queries queued or running, its share of the queue is ",
+                       tenant->max_queued_queries, "; retry after its answers")));
+      return;
+    }
+    tenant->decode_queries.fetch_add(queued, std::memory_order_relaxed);
+    // Its share is back when the answers are, however the call ends.
+    done = [tenant, queued, response, done = std::move(done)](absl::Status status) mutable {
+      tenant->Unqueue(queued);
+      if (status.ok()) UnscopeIds(tenant, *response);
+      std::move(done)(UnscopeStatus(tenant, status));
+    };
   }
   // The engine gets views of the request's bytes; the parsed call (views, converted inputs)
   // lives in the callback until the answers are encoded.

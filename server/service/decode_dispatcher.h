@@ -9,6 +9,7 @@
 #include "mlaserve/v1/decode.pb.h"
 #include "server/engine/engine.h"
 #include "server/service/service_metrics.h"
+#include "server/service/tenancy.h"
 
 namespace mlaserve::service {
 
@@ -25,9 +26,11 @@ class DecodeDispatcher {
   DecodeDispatcher(engine::Engine& engine, ServiceMetrics& metrics)
       : engine_(engine), metrics_(metrics) {}
 
-  // `response` must stay valid until `done` runs. `done` runs exactly once, possibly before
-  // Dispatch returns, possibly on an engine thread.
-  void Dispatch(const v1::DecodeRequest& request, absl::Time deadline,
+  // `request` (its ids moved into `tenant`'s namespace here) and `response` must stay valid
+  // until `done` runs. `done` runs exactly once, possibly before Dispatch returns, possibly
+  // on an engine thread. A tenant's queries count against its share of the queue while
+  // they are queued or running: past it, UNAVAILABLE at once.
+  void Dispatch(v1::DecodeRequest& request, Tenant* tenant, absl::Time deadline,
                 std::function<bool()> cancelled, v1::DecodeResponse* response, Done done);
 
  private:

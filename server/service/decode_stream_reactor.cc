@@ -22,9 +22,11 @@ void SetStatus(const absl::Status& status, v1::RequestStatus* wire) {
 }  // namespace
 
 DecodeStreamReactor::DecodeStreamReactor(grpc::CallbackServerContext* context,
+                                         absl::StatusOr<Tenant*> admitted,
                                          DecodeDispatcher& dispatcher, ServiceMetrics& metrics,
                                          CallRegistry& registry, int max_in_flight)
     : context_(context),
+      tenant_(admitted.ok() ? *admitted : nullptr),
       dispatcher_(dispatcher),
       metrics_(metrics),
       registry_(registry),
@@ -32,7 +34,11 @@ DecodeStreamReactor::DecodeStreamReactor(grpc::CallbackServerContext* context,
       registered_(registry.Add(this)) {
   std::lock_guard lock(mu_);
   if (!registered_) draining_ = true;
-  if (draining_) {
+  if (!admitted.ok()) {
+    ended_ = admitted.status();
+    reads_done_ = true;
+  }
+  if (draining_ || !ended_.ok()) {
     MaybeFinishLocked();
     return;
   }
@@ -108,9 +114,9 @@ void DecodeStreamReactor::Dispatch(std::unique_ptr<v1::DecodeStreamRequest> requ
                                          std::min<uint64_t>(request->timeout_us(), INT64_MAX))));
   }
   v1::DecodeResponse* body = response->mutable_response();
-  const v1::DecodeRequest& decode = request->request();
+  v1::DecodeRequest& decode = *request->mutable_request();
   dispatcher_.Dispatch(
-      decode, deadline, [context = context_] { return context->IsCancelled(); }, body,
+      decode, tenant_, deadline, [context = context_] { return context->IsCancelled(); }, body,
       [this, arrival, request = std::move(request),
        response = std::move(response)](absl::Status status) mutable {
         request.reset();  // the engine is done with its bytes

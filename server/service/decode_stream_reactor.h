@@ -7,12 +7,14 @@
 #include <mutex>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
 #include "mlaserve/v1/decode.pb.h"
 #include "server/service/call_registry.h"
 #include "server/service/decode_dispatcher.h"
 #include "server/service/service_metrics.h"
+#include "server/service/tenancy.h"
 
 namespace mlaserve::service {
 
@@ -35,8 +37,11 @@ namespace mlaserve::service {
 class DecodeStreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
                             public DrainableStream {
  public:
-  DecodeStreamReactor(grpc::CallbackServerContext* context, DecodeDispatcher& dispatcher,
-                      ServiceMetrics& metrics, CallRegistry& registry, int max_in_flight);
+  // `admitted`: the caller's tenant (nullptr: single-tenant), or why the stream is refused
+  // (it then ends at once with that status).
+  DecodeStreamReactor(grpc::CallbackServerContext* context, absl::StatusOr<Tenant*> admitted,
+                      DecodeDispatcher& dispatcher, ServiceMetrics& metrics, CallRegistry& registry,
+                      int max_in_flight);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -55,6 +60,7 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   void MaybeFinishLocked();
 
   grpc::CallbackServerContext* const context_;
+  Tenant* const tenant_;
   DecodeDispatcher& dispatcher_;
   ServiceMetrics& metrics_;
   CallRegistry& registry_;

@@ -1,5 +1,6 @@
 #include "server/service/engine_stats_collector.h"
 
+#include <map>
 #include <string>
 #include <utility>
 
@@ -75,6 +76,46 @@ std::vector<prometheus::MetricFamily> EngineStatsCollector::Collect() const {
   families.push_back(std::move(info));
   families.push_back(Family("mlaserve_decode_queued", "Decode queries waiting to be batched",
                             MetricType::Gauge, "", {{"", static_cast<double>(stats.queued)}}));
+  if (tenancy_ != nullptr && tenancy_->mode() != Tenancy::Mode::kSingleTenant) {
+    std::vector<Sample> queued, share, kv_bytes, quota, queries, refusals, denials;
+    const std::map<std::string, int64_t> quotas = tenancy_->KvQuotas();
+    for (const Tenant* t : tenancy_->Known()) {
+      queued.push_back({t->name, static_cast<double>(t->queued_queries.load())});
+      share.push_back({t->name, static_cast<double>(t->max_queued_queries)});
+      const auto used = kv.namespace_used_bytes.find(t->name);
+      kv_bytes.push_back({t->name, used == kv.namespace_used_bytes.end()
+                                       ? 0.0
+                                       : static_cast<double>(used->second)});
+      if (const auto q = quotas.find(t->name); q != quotas.end()) {
+        quota.push_back({t->name, static_cast<double>(q->second)});
+      }
+      queries.push_back({t->name, static_cast<double>(t->decode_queries.load())});
+      refusals.push_back({t->name, static_cast<double>(t->queue_refusals.load())});
+      denials.push_back({t->name, static_cast<double>(t->permission_denials.load())});
+    }
+    families.push_back(Family("mlaserve_tenant_queued_queries",
+                              "Decode queries a tenant has queued or running", MetricType::Gauge,
+                              "tenant", std::move(queued)));
+    families.push_back(Family("mlaserve_tenant_queue_share_queries",
+                              "Decode queries a tenant may have queued or running",
+                              MetricType::Gauge, "tenant", std::move(share)));
+    families.push_back(Family("mlaserve_tenant_kv_bytes", "Latent KV page bytes a tenant holds",
+                              MetricType::Gauge, "tenant", std::move(kv_bytes)));
+    families.push_back(Family("mlaserve_tenant_kv_quota_bytes", "A tenant's KV quota",
+                              MetricType::Gauge, "tenant", std::move(quota)));
+    families.push_back(Family("mlaserve_tenant_decode_queries_total",
+                              "Decode queries a tenant had accepted", MetricType::Counter, "tenant",
+                              std::move(queries)));
+    families.push_back(Family("mlaserve_tenant_queue_refusals_total",
+                              "Decode calls refused because the tenant's queue share was full",
+                              MetricType::Counter, "tenant", std::move(refusals)));
+    families.push_back(Family("mlaserve_tenant_permission_denials_total",
+                              "Calls refused for a right the tenant lacks", MetricType::Counter,
+                              "tenant", std::move(denials)));
+    families.push_back(Family("mlaserve_unauthenticated_total",
+                              "Calls refused without known credentials", MetricType::Counter, "",
+                              {{"", static_cast<double>(tenancy_->unauthenticated())}}));
+  }
   return families;
 }
 

@@ -6,6 +6,7 @@
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
 #include "server/engine/engine.h"
+#include "server/service/tenancy.h"
 
 namespace mlaserve::service {
 
@@ -14,12 +15,16 @@ namespace mlaserve::service {
 // between scrapes. The engine must outlive the exposer this is registered with.
 class EngineStatsCollector : public prometheus::Collectable {
  public:
-  explicit EngineStatsCollector(const engine::Engine& engine) : engine_(engine) {}
+  // With `tenancy` (not single-tenant), also each tenant's queue, KV use and quota, and
+  // counts of what it was refused.
+  explicit EngineStatsCollector(const engine::Engine& engine, const Tenancy* tenancy = nullptr)
+      : engine_(engine), tenancy_(tenancy) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
   const engine::Engine& engine_;
+  const Tenancy* tenancy_;
 };
 
 }  // namespace mlaserve::service

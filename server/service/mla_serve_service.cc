@@ -10,8 +10,10 @@
 #include "server/service/call_deadline.h"
 #include "server/service/decode_stream_reactor.h"
 #include "server/service/kv_request_codec.h"
+#include "server/service/kv_requests.h"
 #include "server/service/server_info.h"
 #include "server/service/status_mapping.h"
+#include "server/service/tenant_scope.h"
 #include "server/service/wire_message.h"
 
 namespace mlaserve::service {
@@ -44,6 +46,12 @@ grpc::ServerUnaryReactor* MlaServeService::Refuse(grpc::CallbackServerContext* c
   return reactor;
 }
 
+void MlaServeService::StampInstance(grpc::CallbackServerContext* context) const {
+  if (!options_.state.instance_id().empty()) {
+    context->AddInitialMetadata(kInstanceIdMetadata, options_.state.instance_id());
+  }
+}
+
 absl::Status MlaServeService::DescribeSequence(absl::string_view sequence_id,
                                                v1::Sequence* sequence) const {
   ASSIGN_OR_RETURN(engine::SequenceInfo info, engine_.GetSequence(sequence_id));
@@ -56,26 +64,44 @@ absl::Status MlaServeService::DescribeSequence(absl::string_view sequence_id,
 
 template <typename Request, typename Response, typename Handler>
 grpc::ServerUnaryReactor* MlaServeService::Unary(grpc::CallbackServerContext* context,
-                                                 absl::string_view rpc,
+                                                 absl::string_view rpc, int right,
                                                  const grpc::ByteBuffer* request_bytes,
                                                  grpc::ByteBuffer* response_bytes, Handler handle) {
   const absl::Time start = absl::Now();
+  StampInstance(context);
   if (!calls_.BeginUnary()) return Refuse(context, rpc, start);
+  absl::StatusOr<Tenant*> tenant = Admit(*context, right, rpc);
+  if (!tenant.ok()) return Answer(context, rpc, start, tenant.status());
   Request request;
   Response response;
   absl::Status status = ParseWireMessage(*request_bytes, "request", &request);
+  if constexpr (requires { ScopeIds(*tenant, request); }) {
+    if (status.ok()) status = ScopeIds(*tenant, request);
+  }
   if (status.ok()) status = handle(request, &response);
+  if constexpr (requires { response.mutable_sequence(); }) {
+    if (status.ok()) UnscopeIds(*tenant, *response.mutable_sequence());
+  }
   if (status.ok()) SerializeWireMessage(response, response_bytes);
-  return Answer(context, rpc, start, status);
+  return Answer(context, rpc, start, UnscopeStatus(*tenant, status));
+}
+
+absl::StatusOr<Tenant*> MlaServeService::Admit(const grpc::CallbackServerContext& context,
+                                               int right, absl::string_view rpc) {
+  if (options_.tenancy == nullptr) return nullptr;
+  ASSIGN_OR_RETURN(Tenant * tenant, options_.tenancy->Authenticate(context));
+  RETURN_IF_ERROR(CheckRight(tenant, right, rpc));
+  return tenant;
 }
 
 grpc::ServerUnaryReactor* MlaServeService::GetServerInfo(grpc::CallbackServerContext* context,
                                                          const grpc::ByteBuffer* request,
                                                          grpc::ByteBuffer* response) {
   return Unary<v1::GetServerInfoRequest, v1::GetServerInfoResponse>(
-      context, "GetServerInfo", request, response,
+      context, "GetServerInfo", kRead, request, response,
       [this](const v1::GetServerInfoRequest&, v1::GetServerInfoResponse* info) {
         *info = MakeServerInfo(engine_.Info(), options_.max_message_bytes);
+        *info->mutable_state() = options_.state;
         return absl::OkStatus();
       });
 }
@@ -84,15 +110,9 @@ grpc::ServerUnaryReactor* MlaServeService::RegisterPrefix(grpc::CallbackServerCo
                                                           const grpc::ByteBuffer* request,
                                                           grpc::ByteBuffer* response) {
   return Unary<v1::RegisterPrefixRequest, v1::RegisterPrefixResponse>(
-      context, "RegisterPrefix", request, response,
-      [this](const v1::RegisterPrefixRequest& r, v1::RegisterPrefixResponse*) -> absl::Status {
-        ASSIGN_OR_RETURN(Bf16Tensor latent, ParsePrefixLatent(r, engine_.Info().model));
-        using LatentView = TensorView<const Bf16, 3>;
-        const LatentView::Index shape{latent.shape[0], latent.shape[1], latent.shape[2]};
-        ASSIGN_OR_RETURN(LatentView view, LatentView::Create(latent.values, shape, "latent"));
-        ASSIGN_OR_RETURN(const std::optional<KvDtype> kv_dtype,
-                         ParseKvDtype(r.kv_dtype(), "kv_dtype"));
-        return engine_.RegisterPrefix(r.prefix_id(), r.parent_id(), view, kv_dtype);
+      context, "RegisterPrefix", kWrite, request, response,
+      [this](const v1::RegisterPrefixRequest& r, v1::RegisterPrefixResponse*) {
+        return RegisterPrefixOnEngine(engine_, r);
       });
 }
 
@@ -100,7 +120,7 @@ grpc::ServerUnaryReactor* MlaServeService::ReleasePrefix(grpc::CallbackServerCon
                                                          const grpc::ByteBuffer* request,
                                                          grpc::ByteBuffer* response) {
   return Unary<v1::ReleasePrefixRequest, v1::ReleasePrefixResponse>(
-      context, "ReleasePrefix", request, response,
+      context, "ReleasePrefix", kWrite, request, response,
       [this](const v1::ReleasePrefixRequest& r, v1::ReleasePrefixResponse*) {
         return engine_.ReleasePrefix(r.prefix_id());
       });
@@ -110,7 +130,7 @@ grpc::ServerUnaryReactor* MlaServeService::CreateSequence(grpc::CallbackServerCo
                                                           const grpc::ByteBuffer* request,
                                                           grpc::ByteBuffer* response) {
   return Unary<v1::CreateSequenceRequest, v1::CreateSequenceResponse>(
-      context, "CreateSequence", request, response,
+      context, "CreateSequence", kWrite, request, response,
       [this](const v1::CreateSequenceRequest& r, v1::CreateSequenceResponse* created) {
         absl::StatusOr<std::optional<KvDtype>> kv_dtype = ParseKvDtype(r.kv_dtype(), "kv_dtype");
         absl::Status status =
@@ -125,7 +145,7 @@ grpc::ServerUnaryReactor* MlaServeService::ForkSequence(grpc::CallbackServerCont
                                                         const grpc::ByteBuffer* request,
                                                         grpc::ByteBuffer* response) {
   return Unary<v1::ForkSequenceRequest, v1::ForkSequenceResponse>(
-      context, "ForkSequence", request, response,
+      context, "ForkSequence", kWrite, request, response,
       [this](const v1::ForkSequenceRequest& r, v1::ForkSequenceResponse* forked) {
         absl::Status status = engine_.ForkSequence(r.source_sequence_id(), r.new_sequence_id());
         if (status.ok()) status = DescribeSequence(r.new_sequence_id(), forked->mutable_sequence());
@@ -137,7 +157,7 @@ grpc::ServerUnaryReactor* MlaServeService::ReleaseSequence(grpc::CallbackServerC
                                                            const grpc::ByteBuffer* request,
                                                            grpc::ByteBuffer* response) {
   return Unary<v1::ReleaseSequenceRequest, v1::ReleaseSequenceResponse>(
-      context, "ReleaseSequence", request, response,
+      context, "ReleaseSequence", kWrite, request, response,
       [this](const v1::ReleaseSequenceRequest& r, v1::ReleaseSequenceResponse*) {
         return engine_.ReleaseSequence(r.sequence_id());
       });
@@ -147,27 +167,32 @@ grpc::ServerUnaryReactor* MlaServeService::GetSequence(grpc::CallbackServerConte
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* response) {
   return Unary<v1::GetSequenceRequest, v1::GetSequenceResponse>(
-      context, "GetSequence", request, response,
+      context, "GetSequence", kRead, request, response,
       [this](const v1::GetSequenceRequest& r, v1::GetSequenceResponse* found) {
         return DescribeSequence(r.sequence_id(), found->mutable_sequence());
       });
 }
 
-grpc::ServerReadReactor<grpc::ByteBuffer>* MlaServeService::AppendKv(grpc::CallbackServerContext*,
-                                                                     grpc::ByteBuffer* response) {
-  return new AppendKvReactor(engine_, metrics_, calls_, response);
+grpc::ServerReadReactor<grpc::ByteBuffer>* MlaServeService::AppendKv(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
+  StampInstance(context);
+  return new AppendKvReactor(Admit(*context, kWrite, "AppendKv"), engine_, metrics_, calls_,
+                             response);
 }
 
 grpc::ServerUnaryReactor* MlaServeService::Decode(grpc::CallbackServerContext* context,
                                                   const grpc::ByteBuffer* request_bytes,
                                                   grpc::ByteBuffer* response_bytes) {
   const absl::Time start = absl::Now();
+  StampInstance(context);
   if (!calls_.BeginUnary()) return Refuse(context, "Decode", start);
   // The engine reads the request's tensors in place until it answers.
   struct Call {
     v1::DecodeRequest request;
     v1::DecodeResponse response;
   };
+  absl::StatusOr<Tenant*> tenant = Admit(*context, kDecode, "Decode");
+  if (!tenant.ok()) return Answer(context, "Decode", start, tenant.status());
   auto call = std::make_unique<Call>();
   if (absl::Status parsed = ParseWireMessage(*request_bytes, "request", &call->request);
       !parsed.ok()) {
@@ -176,7 +201,7 @@ grpc::ServerUnaryReactor* MlaServeService::Decode(grpc::CallbackServerContext* c
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   Call& ref = *call;
   dispatcher_.Dispatch(
-      ref.request, CallDeadline(*context), [context] { return context->IsCancelled(); },
+      ref.request, *tenant, CallDeadline(*context), [context] { return context->IsCancelled(); },
       &ref.response,
       [this, reactor, start, response_bytes, call = std::move(call)](absl::Status status) {
         if (status.ok()) SerializeWireMessage(call->response, response_bytes);
@@ -189,8 +214,9 @@ grpc::ServerUnaryReactor* MlaServeService::Decode(grpc::CallbackServerContext* c
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MlaServeService::DecodeStream(
     grpc::CallbackServerContext* context) {
-  return new DecodeStreamReactor(context, dispatcher_, metrics_, calls_,
-                                 options_.stream_max_in_flight);
+  StampInstance(context);
+  return new DecodeStreamReactor(context, Admit(*context, kDecode, "DecodeStream"), dispatcher_,
+                                 metrics_, calls_, options_.stream_max_in_flight);
 }
 
 }  // namespace mlaserve::service

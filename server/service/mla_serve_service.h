@@ -2,6 +2,7 @@
 #define MLASERVE_SERVER_SERVICE_MLA_SERVE_SERVICE_H_
 
 #include <cstdint>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -9,10 +10,12 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
 #include "mlaserve/v1/mlaserve.grpc.pb.h"
+#include "mlaserve/v1/server_info.pb.h"
 #include "server/engine/engine.h"
 #include "server/service/call_registry.h"
 #include "server/service/decode_dispatcher.h"
 #include "server/service/service_metrics.h"
+#include "server/service/tenancy.h"
 
 namespace mlaserve::service {
 
@@ -21,7 +24,16 @@ struct ServiceOptions {
   int64_t max_message_bytes = int64_t{64} << 20;
   // Requests one DecodeStream may have in the engine before the server stops reading it.
   int stream_max_in_flight = 64;
+  // This start's instance id and what it restored (GetServerInfo.state); the id also goes
+  // out as kInstanceIdMetadata on every call's initial metadata.
+  v1::StateInfo state;
+  // Who the callers are (tenancy.h); null: single-tenant.
+  std::shared_ptr<Tenancy> tenancy;
 };
+
+// The initial-metadata key that carries the server's instance id on every call's answer, so
+// a client sees a restart (and, from GetServerInfo.state, whether it kept the cache).
+inline constexpr char kInstanceIdMetadata[] = "mlaserve-instance-id";
 
 // Every method of mlaserve.v1.MlaServe in its raw form: the service parses requests and
 // serializes answers itself (wire_message.h says why).
@@ -82,12 +94,18 @@ class MlaServeService final : public RawMlaServe {
       grpc::CallbackServerContext* context) override;
 
  private:
-  // A unary call answered on the callback thread: parses the request, runs `handle`
-  // (absl::Status(const Request&, Response*)), serializes the response if OK.
+  // A unary call answered on the callback thread: admits the caller (tenant, `right`),
+  // parses the request, moves its ids into the tenant's namespace, runs `handle`
+  // (absl::Status(const Request&, Response*)), brings the answer's ids and status back out,
+  // serializes the response if OK.
   template <typename Request, typename Response, typename Handler>
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, absl::string_view rpc,
-                                  const grpc::ByteBuffer* request_bytes,
+                                  int right, const grpc::ByteBuffer* request_bytes,
                                   grpc::ByteBuffer* response_bytes, Handler handle);
+  // The caller's tenant (nullptr when single-tenant) if it may call `rpc`, which needs
+  // `right`: UNAUTHENTICATED or PERMISSION_DENIED otherwise.
+  absl::StatusOr<Tenant*> Admit(const grpc::CallbackServerContext& context, int right,
+                                absl::string_view rpc);
   // Records the call, finishes it with `status` and takes it off the registry.
   grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, absl::string_view rpc,
                                    absl::Time start, const absl::Status& status);
@@ -96,6 +114,8 @@ class MlaServeService final : public RawMlaServe {
                                    absl::Time start);
   // The sequence as the engine holds it now.
   absl::Status DescribeSequence(absl::string_view sequence_id, v1::Sequence* sequence) const;
+  // Adds the instance id to the call's initial metadata; before the reactor sends anything.
+  void StampInstance(grpc::CallbackServerContext* context) const;
 
   engine::Engine& engine_;
   ServiceMetrics& metrics_;

@@ -7,7 +7,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -63,6 +65,12 @@ void ApplyConnectionLimits(const ServerOptions& options, grpc::ServerBuilder& bu
   }
 }
 
+// 128 random bits: unique per start, so clients can tell restarts apart.
+std::string NewInstanceId() {
+  absl::BitGen gen;
+  return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen), absl::Uniform<uint64_t>(gen));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factory,
@@ -80,7 +88,28 @@ absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factor
       };
   ASSIGN_OR_RETURN(server->engine_, factory(std::move(engine_options)));
 
+  // The saved state is in the store before anyone can call.
+  server->state_.set_instance_id(NewInstanceId());
+  server->snapshot_interval_ = options.snapshot_interval;
+  if (!options.state_dir.empty()) {
+    server->state_keeper_ = std::make_unique<state::KvStateKeeper>(
+        *server->engine_, options.state_dir, server->state_.instance_id(),
+        server->engine_->Info().model.name);
+    if (const std::optional<state::KvStateFileInfo> restored = server->state_keeper_->Restore()) {
+      server->state_.set_restored_from_instance_id(restored->instance_id);
+      server->state_.set_restored_prefixes(restored->prefixes);
+      server->state_.set_restored_sequences(restored->sequences);
+    }
+    server->state_.set_state_dir(options.state_dir);
+    server->state_.set_snapshot_interval_s(absl::ToDoubleSeconds(options.snapshot_interval));
+  }
+
   ServiceOptions service_options;
+  service_options.state = server->state_;
+  server->tenancy_ = options.tenancy;
+  if (options.tenancy != nullptr && options.tenancy->mode() != Tenancy::Mode::kSingleTenant) {
+    service_options.tenancy = options.tenancy;
+  }
   service_options.max_message_bytes = options.max_message_bytes;
   service_options.stream_max_in_flight = options.stream_max_in_flight;
   server->service_ = std::make_unique<MlaServeService>(*server->engine_, *metrics, service_options);
@@ -101,7 +130,8 @@ absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factor
 
   if (!options.metrics_address.empty()) {
     ASSIGN_OR_RETURN(server->exposer_, StartExposer(options.metrics_address));
-    server->stats_collector_ = std::make_shared<EngineStatsCollector>(*server->engine_);
+    server->stats_collector_ =
+        std::make_shared<EngineStatsCollector>(*server->engine_, server->tenancy_.get());
     server->exposer_->RegisterCollectable(metrics->registry());
     server->exposer_->RegisterCollectable(server->stats_collector_);
     const std::vector<int> ports = server->exposer_->GetListeningPorts();
@@ -118,6 +148,11 @@ void MlaServer::SetServing(bool serving) {
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   health->SetServingStatus("", serving);
   health->SetServingStatus(kServiceName, serving);
+  if (serving && state_keeper_ != nullptr && snapshot_interval_ > absl::ZeroDuration() &&
+      !periodic_saves_started_) {
+    periodic_saves_started_ = true;
+    state_keeper_->StartPeriodicSaves(snapshot_interval_);
+  }
 }
 
 absl::Status MlaServer::WarmUp() {
@@ -182,6 +217,19 @@ absl::Status MlaServer::Shutdown(absl::Duration timeout) {
       absl::ToChronoTime(idle ? std::min(deadline, absl::Now() + kFlushGrace) : deadline));
   const absl::Status drained = engine_->Drain(deadline);
   exposer_.reset();
+  if (state_keeper_ == nullptr) return drained;
+  // Nothing changes the store any more: this save is the state the next start resumes.
+  const absl::Time save_start = absl::Now();
+  absl::StatusOr<state::KvStateFileInfo> saved = state_keeper_->Save();
+  if (!saved.ok()) {
+    spdlog::error("state: cannot save the KV state: {}", std::string(saved.status().message()));
+    return drained.ok() ? saved.status() : drained;
+  }
+  spdlog::info(
+      "state: saved {} sequence(s), {} prefix(es), {} tokens ({:.1f} MiB) to {} in {:.2f} s",
+      saved->sequences, saved->prefixes, saved->tokens,
+      static_cast<double>(saved->bytes) / (1 << 20), state_keeper_->path(),
+      absl::ToDoubleSeconds(absl::Now() - save_start));
   return drained;
 }
 

@@ -16,6 +16,7 @@
 #include "server/service/mla_serve_service.h"
 #include "server/service/service_metrics.h"
 #include "server/service/transport_security.h"
+#include "server/state/kv_state_keeper.h"
 
 namespace mlaserve::service {
 
@@ -48,6 +49,16 @@ struct ServerOptions {
   // the calls they carry; spreads clients over replicas and bounds any one connection's life.
   absl::Duration max_connection_age = absl::ZeroDuration();
   absl::Duration max_connection_age_grace = absl::Seconds(30);
+
+  // Who the callers are (tenancy.h): set by the command line; null is single-tenant. Its KV
+  // quotas must also be in the engine options (KvStoreOptions::namespace_budget_bytes).
+  std::shared_ptr<Tenancy> tenancy;
+
+  // Restarts that keep the cache (docs/deploy.md): the KV store is loaded from this directory
+  // before the server listens and saved there after a drain; "" keeps no state.
+  std::string state_dir;
+  // Also saved this often while serving (0: only on a drain), so a kill -9 loses at most this.
+  absl::Duration snapshot_interval = absl::ZeroDuration();
 };
 
 // The whole server in one object, for main and for in-process tests: the engine (with its
@@ -58,7 +69,8 @@ class MlaServer {
   using EngineFactory =
       absl::AnyInvocable<absl::StatusOr<std::unique_ptr<engine::Engine>>(engine::EngineOptions)>;
 
-  // Creates the engine with `factory` (CreateEngine, or a test's) and starts listening.
+  // Creates the engine with `factory` (CreateEngine, or a test's), restores the saved KV
+  // state if `options.state_dir` is set, and starts listening.
   // UNAVAILABLE if an address cannot be bound (also when another server holds the port:
   // the listener does not share ports); INVALID_ARGUMENT naming the flag for unusable TLS
   // files; the factory's error otherwise.
@@ -81,13 +93,18 @@ class MlaServer {
   // not pay for first-touch costs, and checks the engine answers at all.
   absl::Status WarmUp();
 
-  // grpc.health.v1 status of the server ("") and of mlaserve.v1.MlaServe.
+  // grpc.health.v1 status of the server ("") and of mlaserve.v1.MlaServe. The first
+  // SetServing(true) also starts the periodic KV state saves, if configured.
   void SetServing(bool serving);
+
+  // This start's instance id and the KV state it restored (GetServerInfo.state).
+  const v1::StateInfo& state() const { return state_; }
 
   // Graceful stop: health NOT_SERVING for good, DecodeStreams end once answered, no new
   // calls, in-flight calls run until `timeout` (then they are cancelled), then the engine
-  // drains. Returns the engine's Drain status (DEADLINE_EXCEEDED if work was cut short).
-  // Later calls do nothing.
+  // drains, then the KV state is saved to the state directory, if any. Returns the engine's
+  // Drain status (DEADLINE_EXCEEDED if work was cut short) or the save's error. Later calls
+  // do nothing.
   absl::Status Shutdown(absl::Duration timeout);
 
  private:
@@ -96,7 +113,12 @@ class MlaServer {
   // Destruction runs bottom-up: the endpoints go before the engine they read, the engine
   // (whose batch reports the metrics receive) before the metrics.
   std::unique_ptr<ServiceMetrics> metrics_;
+  std::shared_ptr<Tenancy> tenancy_;  // the service and the metrics read it
   std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<state::KvStateKeeper> state_keeper_;  // reads the engine
+  v1::StateInfo state_;
+  absl::Duration snapshot_interval_;
+  bool periodic_saves_started_ = false;
   std::unique_ptr<MlaServeService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<EngineStatsCollector> stats_collector_;

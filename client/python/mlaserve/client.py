@@ -83,11 +83,14 @@ class Client:
 
     def __init__(self, target="127.0.0.1:50051", timeout=30.0, max_attempts=4,
                  initial_backoff=0.025, max_backoff=1.0, append_chunk_bytes=1 << 20,
-                 tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None):
+                 tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None, token=None):
         """tls_ca: path of the PEM CA that signed the server's certificate (TLS; plaintext
         without it). tls_cert, tls_key: the client's certificate and key, for a server that
         requires one (mutual TLS). tls_server_name: the name the server's certificate
-        carries, when it is not the target's host."""
+        carries, when it is not the target's host. token: the tenant's bearer token, for a
+        server with --auth_tokens_file (sent as `authorization: Bearer TOKEN` on every call;
+        in the clear without TLS)."""
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         # Decode answers for large batches exceed gRPC's default 4 MiB receive limit.
         options = [("grpc.max_receive_message_length", -1)]
         if tls_ca is None:
@@ -128,7 +131,8 @@ class Client:
             # A client stream's messages (a list) are sent afresh by every attempt.
             message = iter(request) if isinstance(request, list) else request
             try:
-                return method(message, timeout=max(0.0, deadline - time.monotonic()))
+                return method(message, timeout=max(0.0, deadline - time.monotonic()),
+                              metadata=self._metadata)
             except grpc.RpcError as error:
                 if error.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self._max_attempts:
                     raise
@@ -232,7 +236,8 @@ class Client:
             for request_id, queries in requests:
                 yield decode_pb2.DecodeStreamRequest(
                     request_id=request_id, request=decode_pb2.DecodeRequest(queries=queries))
-        for answer in self._stub.DecodeStream(wire_requests(), timeout=timeout):
+        for answer in self._stub.DecodeStream(wire_requests(), timeout=timeout,
+                                              metadata=self._metadata):
             if answer.status.code != 0:
                 yield answer.request_id, StreamError(_STATUS_CODES[answer.status.code],
                                                      answer.status.message)

@@ -56,7 +56,8 @@ def configure(target=None, client=None, layer=0, kv_dtype=None, **tls):
     """Chooses the server (an address or a Client), the layer the queries run on, and how the
     server holds the cache rows each call ships: "bf16", "fp8" (SnapMLA's per-token FP8, the
     caller's bf16 cache quantised on the server) or None (the server's default). `tls`:
-    Client's tls_ca, tls_cert, tls_key, tls_server_name for a server that speaks TLS."""
+    Client's tls_ca, tls_cert, tls_key, tls_server_name for a server that speaks TLS, and
+    token, the tenant's bearer token for a server with tenants."""
     with _lock:
         _settings["client"] = client if client is not None else (
             Client(target, **tls) if target is not None else None)
