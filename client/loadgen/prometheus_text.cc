@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -17,16 +18,19 @@ bool IsNameChar(char c, bool first) {
 }
 
 bool ParseValue(absl::string_view text, double& value) {
-  // The exposition format spells the special values this way; SimpleAtod does not know +Inf.
-  if (text == "+Inf" || text == "Inf") {
+  // Go's ParseFloat reads the exposition format, so the special values may come in any case:
+  // prometheus-cpp writes its summaries' empty quantiles as "Nan". SimpleAtod knows none of
+  // "+Inf", "Nan".
+  const std::string lower = absl::AsciiStrToLower(text);
+  if (lower == "+inf" || lower == "inf") {
     value = std::numeric_limits<double>::infinity();
     return true;
   }
-  if (text == "-Inf") {
+  if (lower == "-inf") {
     value = -std::numeric_limits<double>::infinity();
     return true;
   }
-  if (text == "NaN") {
+  if (lower == "nan") {
     value = std::numeric_limits<double>::quiet_NaN();
     return true;
   }
