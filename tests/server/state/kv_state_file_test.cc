@@ -17,6 +17,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/engine/kv/client_id.h"
 #include "server/state/kv_state_keeper.h"
 #include "tests/server/engine/engine_scenario.h"
 #include "tests/testing/scratch_dir.h"
@@ -159,6 +160,27 @@ TEST_F(KvStateFileTest, RestartedEngineAnswersBitForBitAsBefore) {
     ASSERT_TRUE(new_info.ok());
     EXPECT_EQ(*new_info, *old_info);
   }
+}
+
+// A tenant's ids carry its namespace (0xff, name, 0xff), which is not UTF-8: the file keeps
+// them as bytes, so tenants come back with their state.
+TEST_F(KvStateFileTest, TenantsIdsComeBackInTheirNamespaces) {
+  const std::string id = engine::NamespacedId("team-a", "s");
+  ASSERT_TRUE(scenario_->engine().CreateSequence(id, "").ok());
+  const std::vector<Bf16> rows = scenario_->RandomRows(5);
+  ASSERT_TRUE(
+      scenario_->engine()
+          .AppendKv(id, 0, 0,
+                    *TensorView<const Bf16, 2>::Create(std::span<const Bf16>(rows), {5, 576}))
+          .ok());
+  const engine::KvCheckpoint checkpoint = scenario_->engine().CheckpointKv();
+  ASSERT_TRUE(WriteKvStateFile(path_, checkpoint, "instance-t", "test-mla").ok());
+  auto restarted = MakeEngine();
+  ASSERT_TRUE(LoadKvStateFile(path_, *restarted).ok());
+  const absl::StatusOr<engine::SequenceInfo> info = restarted->GetSequence(id);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->lengths[0], 5);
+  EXPECT_TRUE(absl::IsNotFound(restarted->GetSequence("s").status()));
 }
 
 TEST_F(KvStateFileTest, MissingFileIsNotFound) {
