@@ -4,11 +4,11 @@ PRESET ?= default
 BUILD_DIR := build
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps bench-deps configure build test test-tsan format format-check demo install uninstall clean
+.PHONY: all deps bench-deps configure build test test-tsan test-asan fuzz format format-check demo install uninstall clean
 
 # The concurrency tests that also run under ThreadSanitizer (engine and emulator; Debian's
 # gRPC and abseil are not TSan-instrumented, so the gRPC edge stays out).
-TSAN_TESTS := engine_test\.(EngineStressTest|StressTest|NpuAttentionDeviceTest|EngineTest)|kernels_npu_test\.(DeviceTest|Programs/ProgramOrderTest|(Fp8)?Batches/StepsOnDevicesTest.*(NpuTwoThreads|NpuFp8CubeTwoThreads))
+TSAN_TESTS := engine_test\.(EngineStressTest|StressTest|KvStoreStateConcurrencyTest|NpuAttentionDeviceTest|EngineTest)|kernels_npu_test\.(DeviceTest|Programs/ProgramOrderTest|(Fp8)?Batches/StepsOnDevicesTest.*(NpuTwoThreads|NpuFp8CubeTwoThreads))
 
 all: build
 
@@ -28,11 +28,28 @@ build: configure
 test: format-check build
 	@ctest --preset $(PRESET) -j $(JOBS)
 	@$(MAKE) --no-print-directory test-tsan
+	@$(MAKE) --no-print-directory test-asan
 
 test-tsan: deps
 	@test -f build-tsan/build.ninja || cmake --preset tsan
 	@cmake --build --preset tsan -j $(JOBS) --target engine_test kernels_npu_test
 	@ctest --preset tsan -j $(JOBS) -R '$(TSAN_TESTS)'
+
+# The whole default suite again under AddressSanitizer + UBSan (clang; every finding fails),
+# then every fuzzer for FUZZ_TEST_SECONDS from its seed corpus.
+FUZZ_TEST_SECONDS ?= 10
+test-asan: deps
+	@test -f build-asan/build.ninja || cmake --preset asan
+	@cmake --build --preset asan -j $(JOBS)
+	@ctest --preset asan -j $(JOBS)
+	@scripts/fuzz.sh $(FUZZ_TEST_SECONDS)
+
+# The libFuzzer harnesses (tests/fuzz/) for FUZZ_SECONDS each; HARNESS=name runs one.
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	@test -f build-asan/build.ninja || cmake --preset asan
+	@cmake --build --preset asan -j $(JOBS) --target fuzzers
+	@scripts/fuzz.sh $(FUZZ_SECONDS) $(HARNESS)
 
 # The C++ sources follow .clang-format (Google style, 100 columns); `make format` applies it.
 FORMATTED = $(shell git ls-files --cached --others --exclude-standard '*.cc' '*.h' 2>/dev/null || find . -path ./build\* -prune -o \( -name '*.cc' -o -name '*.h' \) -print)

@@ -28,9 +28,17 @@ pkg_check_modules(SLEEF REQUIRED IMPORTED_TARGET sleef)
 # its GPU runtime, which mlaserve does not use. OpenMP only to run oneDNN one thread per call.
 find_library(DNNL_LIBRARY dnnl REQUIRED)
 find_path(DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.hpp REQUIRED)
-find_package(OpenMP REQUIRED COMPONENTS CXX)
 add_library(mlaserve_dnnl INTERFACE)
-target_link_libraries(mlaserve_dnnl INTERFACE ${DNNL_LIBRARY} OpenMP::OpenMP_CXX)
+if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+  # clang's OpenMP runtime is libomp, Debian's oneDNN is built against GCC's libgomp, and a
+  # process must hold only one: omp.h from clang (libomp-14-dev), the library from GCC.
+  # mlaserve calls only omp_set_num_threads, which both provide; it has no OpenMP pragmas.
+  target_compile_options(mlaserve_dnnl INTERFACE -fopenmp)
+  target_link_libraries(mlaserve_dnnl INTERFACE ${DNNL_LIBRARY} gomp)
+else()
+  find_package(OpenMP REQUIRED COMPONENTS CXX)
+  target_link_libraries(mlaserve_dnnl INTERFACE ${DNNL_LIBRARY} OpenMP::OpenMP_CXX)
+endif()
 target_include_directories(mlaserve_dnnl SYSTEM INTERFACE ${DNNL_INCLUDE_DIR})
 
 # The gRPC edge (server/service, client/). Protobuf 3.21 ships no CMake config: CMake's own

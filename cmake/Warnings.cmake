@@ -10,7 +10,12 @@ if(MLASERVE_NATIVE)
   target_compile_options(mlaserve_compile_options INTERFACE -march=native)
 endif()
 if(MLASERVE_SANITIZE)
+  # A sanitizer finding fails the run: nothing recovers and goes on.
   target_compile_options(mlaserve_compile_options INTERFACE
-    -fsanitize=${MLASERVE_SANITIZE} -fno-omit-frame-pointer)
+    -fsanitize=${MLASERVE_SANITIZE} -fno-sanitize-recover=all -fno-omit-frame-pointer)
   target_link_options(mlaserve_compile_options INTERFACE -fsanitize=${MLASERVE_SANITIZE})
+endif()
+if(MLASERVE_FUZZ)
+  # Coverage feedback from all of mlaserve's code; the harnesses link libFuzzer's main.
+  target_compile_options(mlaserve_compile_options INTERFACE -fsanitize=fuzzer-no-link)
 endif()

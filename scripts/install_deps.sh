@@ -13,6 +13,7 @@ packages=(
   libopenblas-pthread-dev libdnnl-dev libsleef-dev prometheus-cpp-dev libsystemd-dev nlohmann-json3-dev
   python3 python3-grpcio python3-protobuf python3-numpy python3-h2
   systemd strace clang-format
+  clang-14 libclang-rt-14-dev libomp-14-dev
 )
 if [ "${1:-}" = "--bench" ]; then
   packages+=(python3-torch)

@@ -1,0 +1,77 @@
+#!/usr/bin/python3
+"""Writes the fuzzers' seed corpus (tests/fuzz/corpus/<harness>/): one valid message of each
+kind the harness takes, against the fuzz engine's fixture (tests/fuzz/fuzz_engine.h: 16
+heads, 2 layers, prefix "p", bf16 sequence "s" of 32 tokens, FP8 sequence "f" of 30). The
+fuzzers mutate these; the device profiles and the example flag file are further seeds that
+scripts/fuzz.sh passes from where they live.
+
+    PYTHONPATH=build/python /usr/bin/python3 tests/fuzz/make_seeds.py
+"""
+
+import json
+import os
+import struct
+
+import numpy as np
+
+import mlaserve
+from mlaserve import fp8
+from mlaserve.v1 import decode_pb2, kv_cache_pb2, tensor_pb2
+
+HEADS, LAYERS, DL, DR = 16, 2, 512, 64
+WIDTH = DL + DR
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+
+
+def write(harness, name, data):
+    os.makedirs(os.path.join(ROOT, harness), exist_ok=True)
+    with open(os.path.join(ROOT, harness, name), "wb") as f:
+        f.write(data)
+
+
+def bf16(shape, rng):
+    return mlaserve.float_to_bf16_bits(rng.standard_normal(shape) * 0.5)
+
+
+def main():
+    rng = np.random.default_rng(1)
+    latent = mlaserve.latent_query("s", 1, bf16((1, HEADS, WIDTH), rng))
+    head = mlaserve.head_query("f", 0, bf16((2, HEADS, 128), rng), bf16((2, HEADS, DR), rng))
+    appending = mlaserve.latent_query("s", 0, bf16((1, HEADS, WIDTH), rng),
+                                      append_rows=bf16((1, WIDTH), rng), append_position=32)
+    fp32 = mlaserve.latent_query("f", 1, rng.standard_normal((1, HEADS, WIDTH)).astype(np.float32))
+    for i, queries in enumerate(([latent], [head, fp32], [appending])):
+        request = decode_pb2.DecodeRequest(queries=queries, output_dtype=tensor_pb2.DTYPE_FP32
+                                           if i == 1 else tensor_pb2.DTYPE_BF16)
+        write("decode_fuzzer", f"seed-{i}", request.SerializeToString())
+        stream = decode_pb2.DecodeStreamRequest(request_id=i, request=request, timeout_us=5000000)
+        write("decode_stream_fuzzer", f"seed-{i}", stream.SerializeToString())
+
+    prefix = kv_cache_pb2.RegisterPrefixRequest(
+        prefix_id="q", parent_id="p",
+        latent=mlaserve.to_tensor(bf16((LAYERS, 3, WIDTH), rng)))
+    write("register_prefix_fuzzer", "seed-0", prefix.SerializeToString())
+    root = kv_cache_pb2.RegisterPrefixRequest(
+        prefix_id="r", latent=mlaserve.to_tensor(bf16((LAYERS, 2, WIDTH), rng)),
+        kv_dtype=tensor_pb2.KV_DTYPE_FP8)
+    write("register_prefix_fuzzer", "seed-1", root.SerializeToString())
+
+    chunk = kv_cache_pb2.AppendKvChunk(sequence_id="s", layer=1, start_position=32,
+                                       rows=mlaserve.to_tensor(bf16((2, WIDTH), rng)))
+    write("append_kv_fuzzer", "seed-0", chunk.SerializeToString())
+    records = fp8.quantize_rows(rng.standard_normal((2, WIDTH)).astype(np.float32), DL)
+    fp8_chunk = kv_cache_pb2.AppendKvChunk(sequence_id="f", layer=0, start_position=30)
+    fp8_chunk.fp8_rows.count = 2
+    fp8_chunk.fp8_rows.data = bytes(records)
+    write("append_kv_fuzzer", "seed-1", fp8_chunk.SerializeToString())
+
+    header = json.dumps({"__metadata__": {"format": "pt"},
+                         "x": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+                         "y": {"dtype": "BF16", "shape": [3], "data_offsets": [16, 22]}})
+    header = header.encode() + b" " * (-len(header) % 8)
+    body = struct.pack("<4f", 1, 2, 3, 4) + b"\x80\x3f" * 3
+    write("safetensors_fuzzer", "seed-0", struct.pack("<Q", len(header)) + header + body)
+
+
+if __name__ == "__main__":
+    main()
