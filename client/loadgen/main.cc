@@ -3,6 +3,7 @@
 // went, how batches were planned). With --soak, a long run with a churn of sequences whose
 // answers are checked against the fp64 golden while the server's resources are watched for
 // drift. See docs/loadgen.md.
+#include <fstream>
 #include <iostream>
 #include <string>
 
@@ -41,6 +42,9 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate, for servers that r
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_server_name, "",
           "name the server's certificate carries, when it is not the target's host");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "file holding the tenant's bearer token, for a server with --auth_tokens_file (a file, "
+          "so the token is not in the process list)");
 
 ABSL_FLAG(bool, soak, false,
           "soak mode: churn of sequences at saturation for --duration-s, answers checked "
@@ -201,6 +205,15 @@ int main(int argc, char** argv) {
   } else if (!absl::GetFlag(FLAGS_tls_cert).empty()) {
     std::cerr << "--tls_cert: needs --tls_ca\n";
     return 2;
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_auth_token_file); !path.empty()) {
+    std::ifstream in(path);
+    std::string token;
+    if (!in || !std::getline(in, token) || token.empty()) {
+      std::cerr << "--auth_token_file: cannot read a token from '" << path << "'\n";
+      return 2;
+    }
+    client_options.bearer_token = token;
   }
   // A soak counts every failed call, so the client must not hide one behind a retry.
   if (absl::GetFlag(FLAGS_soak)) client_options.max_attempts = 1;

@@ -139,6 +139,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--server", required=True)
     parser.add_argument("--kills", type=int, default=5)
+    parser.add_argument("--loadgen", help="mlaserve-loadgen, run as the tenant at the end")
     args = parser.parse_args()
     rng = np.random.default_rng()
     failures = []
@@ -215,6 +216,21 @@ def main():
                 failures.append(f"get_sequence after a corrupt file: {error.code()}")
         if not os.path.exists(path + ".bad"):
             failures.append("the corrupt file was not kept aside as kv-state.mlakv.bad")
+        if args.loadgen:
+            # The load generator as the tenant (its token from a file), and without a token.
+            token_file = state_dir + "/loadgen.token"
+            with open(token_file, "w") as f:
+                f.write(TOKEN + "\n")
+            common = [args.loadgen, f"--target={empty.target}", "--duration-s=2", "--workers=1",
+                      "--sequences=4", "--prefix-tokens=64", "--context-tokens=16"]
+            run = subprocess.run(common + [f"--auth_token_file={token_file}"],
+                                 capture_output=True, text=True, timeout=120)
+            if run.returncode != 0:
+                failures.append(f"loadgen with the tenant's token exited {run.returncode}: "
+                                f"{run.stderr[-2000:]}")
+            run = subprocess.run(common, capture_output=True, text=True, timeout=120)
+            if run.returncode == 0 or "UNAUTHENTICATED" not in run.stdout + run.stderr:
+                failures.append("loadgen without a token was not refused UNAUTHENTICATED")
         empty.stop()
     finally:
         log.seek(0)
