@@ -264,27 +264,30 @@ class VectorProgram {
       b_.in.Consume(i);
       const int o = b_.out.Acquire();
       float* out = b_.out.slot(o).as<float>();
-      float* lse = out + static_cast<int64_t>(kChunkRows) * kKvBlockTokens;
+      // The LSE rows follow the values in the slot (offsets, not pointers: a launch that only
+      // models its time has no slot memory, and null plus an offset is undefined).
+      const int64_t lse_at = static_cast<int64_t>(kChunkRows) * kKvBlockTokens;
       const int state_base = t.group_slot * kRowsPerCore + (r0 - lo);
-      aiv_.Vector({{VecClass::kDiv, rc},
-                   {VecClass::kBinary, static_cast<int64_t>(rc) * dv},
-                   {VecClass::kExp, rc},
-                   {VecClass::kUnary, rc}},
-                  Maybe([=, st = b_.amla_state, bs = b_.base_state, snap = b_.snap_state,
-                         fp8 = std::holds_alternative<Fp8Keys>(g.keys)] {
-                    for (int r = 0; r < rc; ++r) {
-                      const float* in_row = rows + static_cast<int64_t>(r) * dv;
-                      float* out_row = out + static_cast<int64_t>(r) * dv;
-                      if (fp8) {
-                        SnapAmlaFinalizeRow(in_row, dv, snap[state_base + r], out_row, lse + r);
-                      } else if (amla) {
-                        AmlaFinalizeRow(in_row, dv, st[state_base + r], out_row, lse + r);
-                      } else {
-                        FlashBaseFinalizeRow(in_row, dv, bs[state_base + r], out_row, lse + r);
-                      }
-                    }
-                  }),
-                  "normalise");
+      aiv_.Vector(
+          {{VecClass::kDiv, rc},
+           {VecClass::kBinary, static_cast<int64_t>(rc) * dv},
+           {VecClass::kExp, rc},
+           {VecClass::kUnary, rc}},
+          Maybe([=, st = b_.amla_state, bs = b_.base_state, snap = b_.snap_state,
+                 fp8 = std::holds_alternative<Fp8Keys>(g.keys)] {
+            for (int r = 0; r < rc; ++r) {
+              const float* in_row = rows + static_cast<int64_t>(r) * dv;
+              float* out_row = out + static_cast<int64_t>(r) * dv;
+              if (fp8) {
+                SnapAmlaFinalizeRow(in_row, dv, snap[state_base + r], out_row, out + lse_at + r);
+              } else if (amla) {
+                AmlaFinalizeRow(in_row, dv, st[state_base + r], out_row, out + lse_at + r);
+              } else {
+                FlashBaseFinalizeRow(in_row, dv, bs[state_base + r], out_row, out + lse_at + r);
+              }
+            }
+          }),
+          "normalise");
       b_.in.Release(i);
       b_.out.Publish(o);
       b_.out.Consume(o);
@@ -310,7 +313,9 @@ class VectorProgram {
       aiv_.WriteGm(
           GmRegion::Rows(g.lse, static_cast<int64_t>(r0) * lse_stride * 4, rc, 4, lse_stride * 4),
           AtomicMode::kNone, Maybe([=, dst = g.lse.as<float>()] {
-            for (int r = 0; r < rc; ++r) dst[static_cast<int64_t>(r0 + r) * lse_stride] = lse[r];
+            for (int r = 0; r < rc; ++r) {
+              dst[static_cast<int64_t>(r0 + r) * lse_stride] = out[lse_at + r];
+            }
           }),
           "lse rows");
       b_.out.Release(o);

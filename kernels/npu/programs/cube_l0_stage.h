@@ -76,8 +76,10 @@ void WidenFp8RowsToL1(const std::byte* content, int64_t content_stride, const st
                       int64_t rope_stride, int dl, int rows, int col0, int width, int block,
                       Bf16* dst, int buffer_rows, int row0);
 
-// Block b of such a buffer.
+// Block b of such a buffer. A launch that only models its time has no memory (null): no
+// block of it exists, and offsetting a null pointer would be undefined.
 inline const Bf16* L1Block(const Bf16* buffer, int buffer_rows, int block, int b) {
+  if (buffer == nullptr) return nullptr;
   return buffer + static_cast<int64_t>(b) * buffer_rows * block;
 }
 
