@@ -7,6 +7,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -130,8 +131,21 @@ class MlaServeServiceTest : public ::testing::Test {
   }
 
   void TearDown() override {
-    for (std::thread& thread : threads_) thread.join();
+    std::vector<std::thread> threads;
+    {
+      std::lock_guard lock(threads_mu_);
+      threads.swap(threads_);
+    }
+    for (std::thread& thread : threads) thread.join();
     server_.reset();
+  }
+
+  // Answers the engine's callback on a thread of its own, as devices do. Calls in flight at
+  // once reach the mock from several gRPC threads, hence the lock (ASan caught the race).
+  template <typename Work>
+  void AnswerLater(Work work) {
+    std::lock_guard lock(threads_mu_);
+    threads_.emplace_back(std::move(work));
   }
 
   v1::Tensor LatentQ(int sq = 1) const {
@@ -163,6 +177,7 @@ class MlaServeServiceTest : public ::testing::Test {
   std::function<void(const engine::BatchReport&)> on_batch_;
   std::unique_ptr<MlaServer> server_;
   std::unique_ptr<client::MlaServeClient> client_;
+  std::mutex threads_mu_;
   std::vector<std::thread> threads_;
 };
 
@@ -402,7 +417,7 @@ TEST_F(MlaServeServiceTest, AFullQueueIsUnavailableButAFullKvCacheStaysResourceE
       // An append in the batch that did not fit: not retryable as is.
       .WillOnce([this](std::vector<engine::DecodeQuery>, engine::DecodeOptions,
                        engine::DecodeCallback done) {
-        threads_.emplace_back([done = std::move(done)]() mutable {
+        AnswerLater([done = std::move(done)]() mutable {
           std::move(done)(absl::ResourceExhaustedError("KV budget exhausted"));
         });
       });
@@ -418,15 +433,14 @@ TEST_F(MlaServeServiceTest, ADeviceFailureFailsOnlyItsOwnCall) {
   ON_CALL(*engine_, Decode(_, _, _))
       .WillByDefault([this](std::vector<engine::DecodeQuery> queries, engine::DecodeOptions,
                             engine::DecodeCallback done) {
-        threads_.emplace_back(
-            [this, queries = std::move(queries), done = std::move(done)]() mutable {
-              if (queries[0].sequence_id == "on-broken-device") {
-                std::move(done)(absl::InternalError("device 1: kernel fault"));
-                return;
-              }
-              auto answers = Answers({queries[0]}, info_);
-              std::move(done)(answers->span());
-            });
+        AnswerLater([this, queries = std::move(queries), done = std::move(done)]() mutable {
+          if (queries[0].sequence_id == "on-broken-device") {
+            std::move(done)(absl::InternalError("device 1: kernel fault"));
+            return;
+          }
+          auto answers = Answers({queries[0]}, info_);
+          std::move(done)(answers->span());
+        });
       });
   auto broken =
       std::async(std::launch::async, [&] { return client_->Decode({Latent("on-broken-device")}); });
