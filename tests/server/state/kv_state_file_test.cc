@@ -35,9 +35,10 @@ using engine::testing::Scenario;
 using engine::testing::SmallModel;
 using ::testing::HasSubstr;
 
+// Removed with everything in it at the test process's exit.
 const mlaserve::testing::ScratchDir& Scratch() {
-  static const auto* dir = new mlaserve::testing::ScratchDir("kv-state-file-test");
-  return *dir;
+  static const mlaserve::testing::ScratchDir dir("kv-state-file-test");
+  return dir;
 }
 
 EngineOptions Options(int layers = 2, int64_t budget_mib = 64) {
