@@ -11,8 +11,15 @@ namespace mlaserve {
 // 128 KiB (per thread arena) and map large blocks afresh, so each call page-faulted its
 // request in again: about 900 faults for a 72-query call. Keeping up to 64 MiB per arena and
 // mapping only blocks above 32 MiB makes the steady state nearly fault-free
-// (docs/performance.md, "Edge"). The cost is memory held: at most 64 MiB per arena.
+// (docs/performance.md, "Edge"). The cost is memory held, up to 64 MiB per arena, so the
+// arenas are bounded too: glibc's default of 8 per core let a soak's RSS climb for as long
+// as it ran (+12 % over 25 minutes on 2 cores, with in-use memory flat) as each of 16 arenas
+// kept its own freed blocks; one arena per core, 2 to 8, held it flat at no measured cost in
+// faults or throughput (docs/performance.md, "Soak").
 void TuneAllocatorForServing();
+
+// The arenas TuneAllocatorForServing allows: the logical cores, at least 2 and at most 8.
+int ServingArenaCount();
 
 }  // namespace mlaserve
 
