@@ -51,6 +51,8 @@ find_package(OpenSSL REQUIRED)
 find_package(prometheus-cpp CONFIG REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(SYSTEMD REQUIRED IMPORTED_TARGET libsystemd)
+# /metrics over HTTP or HTTPS (server) and its scraper (loadgen): cpp-httplib on OpenSSL.
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 find_program(GRPC_PYTHON_PLUGIN grpc_python_plugin REQUIRED)
 # Debian's python3-grpcio and python3-protobuf live in the system interpreter only (a
 # pyenv or venv python3 earlier on PATH lacks them), so the Python client and its tests use

@@ -98,7 +98,8 @@ int main(int argc, char** argv) {
   spdlog::info("listening: gRPC on port {} ({}, {}), metrics {}", (*server)->port(),
                config->server.listen_address, config->server.tls.mode(),
                (*server)->metrics_port() > 0
-                   ? absl::StrCat("on port ", (*server)->metrics_port(), " at /metrics")
+                   ? absl::StrCat("on port ", (*server)->metrics_port(), " at /metrics (",
+                                  (*server)->metrics_mode(), ")")
                    : std::string("disabled"));
 
   const mlaserve::service::Tenancy* tenancy = config->server.tenancy.get();

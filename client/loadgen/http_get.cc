@@ -1,110 +1,92 @@
 #include "client/loadgen/http_get.h"
 
-#include <netdb.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <unistd.h>
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 
-#include <cerrno>
-#include <cstring>
+#include <memory>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/host_port.h"
+#include "httplib.h"
 
 namespace mlaserve::loadgen {
 namespace {
 
-// Closes the descriptor on every path out.
-class Socket {
- public:
-  explicit Socket(int fd) : fd_(fd) {}
-  ~Socket() {
-    if (fd_ >= 0) close(fd_);
-  }
-  Socket(const Socket&) = delete;
-  Socket& operator=(const Socket&) = delete;
-  int fd() const { return fd_; }
-
- private:
-  int fd_;
+struct BioDeleter {
+  void operator()(BIO* bio) const { BIO_free(bio); }
+};
+struct X509Deleter {
+  void operator()(X509* x509) const { X509_free(x509); }
+};
+struct KeyDeleter {
+  void operator()(EVP_PKEY* key) const { EVP_PKEY_free(key); }
 };
 
-absl::Status SplitHostPort(const std::string& host_port, std::string& host, std::string& port) {
-  const size_t colon = host_port.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == host_port.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("'", host_port, "' is not host:port"));
+std::unique_ptr<BIO, BioDeleter> MemoryBio(const std::string& pem) {
+  return std::unique_ptr<BIO, BioDeleter>(
+      BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+}
+
+// The CA bundle as a store; httplib's client takes ownership of it.
+X509_STORE* CaStore(const std::string& ca_pem) {
+  X509_STORE* store = X509_STORE_new();
+  auto bio = MemoryBio(ca_pem);
+  while (X509* cert = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) {
+    X509_STORE_add_cert(store, cert);
+    X509_free(cert);
   }
-  host = host_port.substr(0, colon);
-  port = host_port.substr(colon + 1);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
+  ERR_clear_error();
+  return store;
+}
+
+std::unique_ptr<httplib::ClientImpl> NewClient(const HostPort& at, const client::ClientTls& tls) {
+  if (!tls.enabled()) return std::make_unique<httplib::ClientImpl>(at.host, at.port);
+  std::unique_ptr<httplib::SSLClient> https;
+  if (!tls.cert_pem.empty()) {
+    auto cert_bio = MemoryBio(tls.cert_pem);
+    std::unique_ptr<X509, X509Deleter> cert(
+        PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr));
+    auto key_bio = MemoryBio(tls.key_pem);
+    std::unique_ptr<EVP_PKEY, KeyDeleter> key(
+        PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr));
+    ERR_clear_error();
+    https = std::make_unique<httplib::SSLClient>(at.host, at.port, cert.get(), key.get());
+  } else {
+    https = std::make_unique<httplib::SSLClient>(at.host, at.port);
   }
-  return absl::OkStatus();
+  https->set_ca_cert_store(CaStore(tls.ca_pem));
+  https->enable_server_certificate_verification(true);
+  return https;
 }
 
 }  // namespace
 
 absl::StatusOr<std::string> HttpGet(const std::string& host_port, const std::string& path,
-                                    absl::Duration timeout) {
-  std::string host, port;
-  if (absl::Status s = SplitHostPort(host_port, host, port); !s.ok()) return s;
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (const int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+                                    absl::Duration timeout, const client::ClientTls& tls) {
+  absl::StatusOr<HostPort> at = ParseHostPort(host_port, "--metrics-target");
+  if (!at.ok()) return at.status();
+  std::unique_ptr<httplib::ClientImpl> http = NewClient(*at, tls);
+  if (!http->is_valid()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tls_cert/--tls_key: cannot use them to reach ", host_port));
+  }
+  const std::chrono::microseconds limit = absl::ToChronoMicroseconds(timeout);
+  http->set_connection_timeout(limit);
+  http->set_read_timeout(limit);
+  http->set_write_timeout(limit);
+  const httplib::Result answer = http->Get(path.c_str());
+  const std::string url = absl::StrCat(tls.enabled() ? "https://" : "http://", host_port, path);
+  if (!answer) {
     return absl::UnavailableError(
-        absl::StrCat("cannot resolve ", host_port, ": ", gai_strerror(rc)));
+        absl::StrCat("GET ", url, ": ", httplib::to_string(answer.error())));
   }
-  std::string error = "no address";
-  std::string answer;
-  bool answered = false;
-  for (const addrinfo* a = found; a != nullptr && !answered; a = a->ai_next) {
-    Socket socket_fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
-    if (socket_fd.fd() < 0) {
-      error = std::strerror(errno);
-      continue;
-    }
-    // One timeout for connect (SO_SNDTIMEO bounds it on Linux) and for each read.
-    const timeval tv = absl::ToTimeval(timeout);
-    setsockopt(socket_fd.fd(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(socket_fd.fd(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    if (connect(socket_fd.fd(), a->ai_addr, a->ai_addrlen) != 0) {
-      error = std::strerror(errno);
-      continue;
-    }
-    const std::string request =
-        absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", host_port, "\r\n\r\n");
-    if (send(socket_fd.fd(), request.data(), request.size(), MSG_NOSIGNAL) !=
-        static_cast<ssize_t>(request.size())) {
-      error = std::strerror(errno);
-      continue;
-    }
-    char buffer[16384];
-    ssize_t n = 0;
-    while ((n = recv(socket_fd.fd(), buffer, sizeof(buffer), 0)) > 0) answer.append(buffer, n);
-    if (n < 0) {
-      error = absl::StrCat("reading the answer: ", std::strerror(errno));
-      answer.clear();
-      continue;
-    }
-    answered = true;
+  if (answer->status != 200) {
+    return absl::InternalError(absl::StrCat("GET ", url, ": HTTP status ", answer->status));
   }
-  freeaddrinfo(found);
-  if (!answered) {
-    return absl::UnavailableError(absl::StrCat("GET ", host_port, path, ": ", error));
-  }
-  const size_t headers_end = answer.find("\r\n\r\n");
-  if (headers_end == std::string::npos) {
-    return absl::InternalError(absl::StrCat("GET ", host_port, path, ": no HTTP headers"));
-  }
-  absl::string_view status_line(answer.data(), answer.find("\r\n"));
-  // "HTTP/1.0 200 OK" or "HTTP/1.1 200 OK": the code is the second word.
-  const size_t space = status_line.find(' ');
-  if (space == absl::string_view::npos || !absl::StartsWith(status_line.substr(space + 1), "200")) {
-    return absl::InternalError(absl::StrCat("GET ", host_port, path, ": ", status_line));
-  }
-  return answer.substr(headers_end + 4);
+  return answer->body;
 }
 
 }  // namespace mlaserve::loadgen

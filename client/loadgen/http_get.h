@@ -5,16 +5,18 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/mlaserve_client.h"
 
 namespace mlaserve::loadgen {
 
-// GET http://`host_port``path` over plain HTTP/1.0 (so the answer is neither chunked nor kept
-// alive: the body is everything after the headers until the server closes), the way
-// Prometheus scrapes /metrics. The body of a 200 answer; UNAVAILABLE if the server cannot
-// be reached or answers late (`timeout` bounds connect and each read), INTERNAL for any
-// other status line. `host_port` is "host:port" or "[v6]:port".
+// GET `path` from `host_port` ("host:port" or "[v6]:port") the way Prometheus scrapes
+// /metrics: plain HTTP, or HTTPS when `tls` is enabled (the server's certificate checked
+// against tls.ca_pem and the target's host; tls.cert_pem/key_pem presented when set, for a
+// server under mutual TLS). The body of a 200 answer; UNAVAILABLE if the server cannot be
+// reached, refuses the handshake or answers late (`timeout` bounds connect and each read),
+// INTERNAL for any other status.
 absl::StatusOr<std::string> HttpGet(const std::string& host_port, const std::string& path,
-                                    absl::Duration timeout);
+                                    absl::Duration timeout, const client::ClientTls& tls = {});
 
 }  // namespace mlaserve::loadgen
 

@@ -76,7 +76,8 @@ bool Specified(absl::string_view flag) {
 
 // Validates the soak's flags (naming the flag), runs it and prints the report. The exit
 // status: 0 passed, 1 failed (wrong answer, unexpected error, drift), 2 bad flags.
-int RunSoakMode(mlaserve::client::MlaServeClient& client, const std::string& target) {
+int RunSoakMode(mlaserve::client::MlaServeClient& client, const std::string& target,
+                const mlaserve::client::ClientTls& tls) {
   using mlaserve::loadgen::SoakOptions;
   SoakOptions o;
   // The workload flags keep their meaning; where unset, the soak's own defaults apply (the
@@ -98,6 +99,7 @@ int RunSoakMode(mlaserve::client::MlaServeClient& client, const std::string& tar
   o.prefix_fraction = absl::GetFlag(FLAGS_soak_prefix_fraction);
   o.fork_fraction = absl::GetFlag(FLAGS_soak_fork_fraction);
   o.metrics_target = absl::GetFlag(FLAGS_metrics_target);
+  o.metrics_tls = tls;
   o.seed = absl::GetFlag(FLAGS_seed);
   o.run_id = Specified("run_id") ? absl::GetFlag(FLAGS_run_id) : "soak";
   auto bad = [](absl::string_view flag, absl::string_view why) {
@@ -222,7 +224,8 @@ int main(int argc, char** argv) {
     std::cerr << "mlaserve-loadgen: cannot connect to " << target << "\n";
     return 1;
   }
-  if (absl::GetFlag(FLAGS_soak)) return RunSoakMode(*client, target);
+  const mlaserve::client::ClientTls tls = client_options.tls;
+  if (absl::GetFlag(FLAGS_soak)) return RunSoakMode(*client, target, tls);
   auto load_target = mlaserve::loadgen::GrpcLoadTarget::Create(std::move(client));
   if (!load_target.ok()) {
     std::cerr << "mlaserve-loadgen: " << load_target.status() << "\n";

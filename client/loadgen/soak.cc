@@ -200,8 +200,9 @@ class Checker {
   std::thread thread_;  // last: starts once everything above exists
 };
 
-absl::StatusOr<ResourceSample> ScrapeResources(const std::string& target) {
-  absl::StatusOr<std::string> body = HttpGet(target, "/metrics", absl::Seconds(10));
+absl::StatusOr<ResourceSample> ScrapeResources(const std::string& target,
+                                               const client::ClientTls& tls) {
+  absl::StatusOr<std::string> body = HttpGet(target, "/metrics", absl::Seconds(10), tls);
   if (!body.ok()) return body.status();
   absl::StatusOr<std::vector<PrometheusSample>> samples = ParsePrometheusText(*body);
   if (!samples.ok()) return samples.status();
@@ -348,7 +349,7 @@ absl::StatusOr<SoakResult> RunSoak(client::MlaServeClient& client, const SoakOpt
       }
       if (due > stop) return;
       const double t = since_start();
-      absl::StatusOr<ResourceSample> s = ScrapeResources(o.metrics_target);
+      absl::StatusOr<ResourceSample> s = ScrapeResources(o.metrics_target, o.metrics_tls);
       if (s.ok()) {
         s->t_s = t;
         tally.Sample(*s);

@@ -38,6 +38,8 @@ struct SoakOptions {
   double warmup_s = 60;
   double max_rss_drift = 0.05;
   std::string metrics_target;  // host:port of the server's /metrics
+  // /metrics follows the gRPC port's security: the same CA and client certificate reach it.
+  client::ClientTls metrics_tls;
   uint64_t seed = 1;
   std::string run_id = "soak";
 };

@@ -26,16 +26,6 @@ namespace {
 constexpr char kServiceName[] = "mlaserve.v1.MlaServe";
 constexpr char kWarmUpSequence[] = "__mlaserve_warmup__";
 
-// civetweb (under prometheus-cpp) throws when it cannot bind.
-absl::StatusOr<std::unique_ptr<prometheus::Exposer>> StartExposer(const std::string& address) {
-  try {
-    return std::make_unique<prometheus::Exposer>(address, /*num_threads=*/1);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
-  }
-}
-
 int Milliseconds(absl::Duration d) {
   return static_cast<int>(
       std::clamp<int64_t>(absl::ToInt64Milliseconds(d), 0, std::numeric_limits<int>::max()));
@@ -129,13 +119,12 @@ absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factor
   server->SetServing(false);
 
   if (!options.metrics_address.empty()) {
-    ASSIGN_OR_RETURN(server->exposer_, StartExposer(options.metrics_address));
     server->stats_collector_ =
         std::make_shared<EngineStatsCollector>(*server->engine_, server->tenancy_.get());
-    server->exposer_->RegisterCollectable(metrics->registry());
-    server->exposer_->RegisterCollectable(server->stats_collector_);
-    const std::vector<int> ports = server->exposer_->GetListeningPorts();
-    server->metrics_port_ = ports.empty() ? 0 : ports.front();
+    ASSIGN_OR_RETURN(server->metrics_endpoint_,
+                     MetricsEndpoint::Start(options.metrics_address, options.tls,
+                                            {metrics->registry(), server->stats_collector_}));
+    server->metrics_port_ = server->metrics_endpoint_->port();
   }
   return server;
 }
@@ -216,7 +205,7 @@ absl::Status MlaServer::Shutdown(absl::Duration timeout) {
   server_->Shutdown(
       absl::ToChronoTime(idle ? std::min(deadline, absl::Now() + kFlushGrace) : deadline));
   const absl::Status drained = engine_->Drain(deadline);
-  exposer_.reset();
+  metrics_endpoint_.reset();
   if (state_keeper_ == nullptr) return drained;
   // Nothing changes the store any more: this save is the state the next start resumes.
   const absl::Time save_start = absl::Now();

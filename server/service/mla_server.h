@@ -10,9 +10,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/server.h"
-#include "prometheus/exposer.h"
 #include "server/engine/engine.h"
 #include "server/service/engine_stats_collector.h"
+#include "server/service/metrics_endpoint.h"
 #include "server/service/mla_serve_service.h"
 #include "server/service/service_metrics.h"
 #include "server/service/transport_security.h"
@@ -86,6 +86,10 @@ class MlaServer {
   int port() const { return port_; }
   // 0 without a metrics endpoint.
   int metrics_port() const { return metrics_port_; }
+  // "HTTP", "HTTPS" or "HTTPS with client certificates": the gRPC port's security.
+  const char* metrics_mode() const {
+    return metrics_endpoint_ != nullptr ? metrics_endpoint_->mode() : "disabled";
+  }
   engine::Engine& engine() { return *engine_; }
   const ServiceMetrics& metrics() const { return *metrics_; }
 
@@ -122,7 +126,7 @@ class MlaServer {
   std::unique_ptr<MlaServeService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<EngineStatsCollector> stats_collector_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
   int port_ = 0;
   int metrics_port_ = 0;
   bool shut_down_ = false;

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "client/loadgen/http_get.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -79,6 +80,20 @@ TEST_F(TlsTest, UnderMutualTlsAClientNeedsACertificateTheClientCaSigned) {
       GetServerInfo(server, Tls(pki_.ca(), pki_.other_ca(), pki_.other_ca_key()));
   EXPECT_EQ(foreign.code(), absl::StatusCode::kUnavailable) << foreign;
   EXPECT_EQ(GetServerInfo(server, {}).code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(TlsTest, TheMetricsPortFollowsTheGrpcPortsSecurity) {
+  IntegrationServer server(SmallEngineOptions(TinyModel()), "127.0.0.1:0",
+                           TlsServerOptions(pki_, true));
+  EXPECT_STREQ(server.server().metrics_mode(), "HTTPS with client certificates");
+  const std::string metrics = absl::StrCat("127.0.0.1:", server.server().metrics_port());
+  absl::StatusOr<std::string> body = loadgen::HttpGet(
+      metrics, "/metrics", absl::Seconds(5), Tls(pki_.ca(), pki_.client_cert(), pki_.client_key()));
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_THAT(*body, HasSubstr("mlaserve_kv_bytes"));
+  EXPECT_FALSE(loadgen::HttpGet(metrics, "/metrics", absl::Seconds(5)).ok());
+  EXPECT_EQ(loadgen::HttpGet(metrics, "/metrics", absl::Seconds(5), Tls(pki_.ca())).status().code(),
+            absl::StatusCode::kUnavailable);
 }
 
 TEST_F(TlsTest, ARenewedCertificateIsServedWithoutARestart) {
