@@ -22,6 +22,7 @@
 #include "common/command_line.h"
 #include "common/serving_allocator.h"
 #include "common/status_macros.h"
+#include "kernels/core/matmul.h"
 
 ABSL_FLAG(bool, json, false, "print one JSON object per line instead of a table");
 ABSL_FLAG(int, seeds, 5, "accuracy: random draws per distribution");
@@ -245,7 +246,8 @@ int main(int argc, char** argv) {
   mlaserve::TuneAllocatorForServing();
   absl::SetProgramUsageMessage(kUsage);
   // Flag names take dashes or underscores (--model-only = --model_only).
-  absl::StatusOr<std::vector<std::string>> args = mlaserve::ParseFlags(argc, argv);
+  absl::StatusOr<std::vector<std::string>> args =
+      mlaserve::ParseFlags(argc, argv, mlaserve::MatrixPathDescription);
   if (!args.ok()) {
     std::cerr << "mlaserve-bench: " << args.status() << "\n";
     return 2;

@@ -1,10 +1,17 @@
 #include "common/command_line.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <fstream>
+#include <iostream>
 
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
@@ -84,9 +91,46 @@ absl::StatusOr<std::vector<std::string>> NormalizeFlagArguments(std::vector<std:
   return out;
 }
 
-absl::StatusOr<std::vector<std::string>> ParseFlags(int argc, char** argv) {
+std::string FlagsHelp() {
+  std::vector<const absl::CommandLineFlag*> flags;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    // abseil's own flags (--flagfile, --fromenv, --help...) are defined in its sources.
+    if (absl::StrContains(flag->Filename(), "absl/")) continue;
+    flags.push_back(flag);
+  }
+  std::sort(flags.begin(), flags.end(),
+            [](const auto* a, const auto* b) { return a->Name() < b->Name(); });
+  std::string out = "Flags (--name=value; dashes and underscores are the same in names):\n";
+  for (const absl::CommandLineFlag* flag : flags) {
+    absl::StrAppend(&out, "  --", flag->Name(), " (default \"", flag->DefaultValue(), "\")\n      ",
+                    flag->Help(), "\n");
+  }
+  absl::StrAppend(&out,
+                  "  --flagfile=PATH\n      read further flags from PATH, one per line (# "
+                  "comments)\n  --help, --version\n      print this, or the version, and exit\n");
+  return out;
+}
+
+absl::StatusOr<std::vector<std::string>> ParseFlags(
+    int argc, char** argv, const std::function<std::string()>& build_description) {
   ASSIGN_OR_RETURN(std::vector<std::string> args,
                    NormalizeFlagArguments(std::vector<std::string>(argv, argv + argc)));
+  // abseil 20220623 exits 1 after --help (a script reads that as a failure) and lists only
+  // flags defined in a file named after the program, which none of ours is.
+  for (const std::string& arg : args) {
+    if (arg == "--") break;
+    if (arg == "--help" || arg == "--helpfull" || arg == "--helpshort") {
+      std::cout << absl::ProgramUsageMessage() << "\n\n" << FlagsHelp();
+      std::exit(EXIT_SUCCESS);
+    }
+    if (arg == "--version") {
+      const std::string program = args.empty() ? "mlaserve" : args[0];
+      std::cout << program.substr(program.rfind('/') + 1) << " " << MLASERVE_VERSION;
+      if (build_description) std::cout << " (" << build_description() << ")";
+      std::cout << "\n";
+      std::exit(EXIT_SUCCESS);
+    }
+  }
   std::vector<char*> normalized;
   for (std::string& arg : args) normalized.push_back(arg.data());
   const std::vector<char*> parsed =

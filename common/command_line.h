@@ -1,6 +1,7 @@
 #ifndef MLASERVE_COMMON_COMMAND_LINE_H_
 #define MLASERVE_COMMON_COMMAND_LINE_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -15,10 +16,18 @@ namespace mlaserve {
 // as they are. NOT_FOUND for a flagfile that cannot be read.
 absl::StatusOr<std::vector<std::string>> NormalizeFlagArguments(std::vector<std::string> args);
 
-// NormalizeFlagArguments, then abseil's ParseCommandLine (which ends the process on an
-// unknown flag or --help, with the usage message). Returns the positional arguments after
-// the program name.
-absl::StatusOr<std::vector<std::string>> ParseFlags(int argc, char** argv);
+// NormalizeFlagArguments, then abseil's ParseCommandLine (which ends the process with status
+// 1 and a message on an unknown flag). `--help` prints the program's usage message
+// (absl::SetProgramUsageMessage) and every flag it defines, with its default and meaning,
+// to stdout and exits 0; `--version` prints the program's name, mlaserve's version and, when
+// given, `build_description()` (the matrix path, say), and exits 0. Returns the positional
+// arguments after the program name.
+absl::StatusOr<std::vector<std::string>> ParseFlags(
+    int argc, char** argv, const std::function<std::string()>& build_description = nullptr);
+
+// What --help prints after the usage message: each flag the program defines (abseil's own
+// are left out), sorted by name.
+std::string FlagsHelp();
 
 }  // namespace mlaserve
 

@@ -23,6 +23,7 @@
 #include "absl/strings/strip.h"
 #include "common/command_line.h"
 #include "common/status_macros.h"
+#include "kernels/core/matmul.h"
 #include "server/engine/model/model_config.h"
 
 // The defaults serve a small demo model on loopback: `mlaserve-server` alone starts in
@@ -195,7 +196,8 @@ absl::Status ParseConnectionFlags(service::ServerOptions& server) {
 }  // namespace
 
 absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv) {
-  ASSIGN_OR_RETURN(const std::vector<std::string> positional, ParseFlags(argc, argv));
+  ASSIGN_OR_RETURN(const std::vector<std::string> positional,
+                   ParseFlags(argc, argv, MatrixPathDescription));
   if (!positional.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("unexpected argument \"", positional[0], "\"; every option is a flag"));

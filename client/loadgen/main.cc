@@ -19,6 +19,7 @@
 #include "client/loadgen/workload.h"
 #include "client/mlaserve_client.h"
 #include "common/command_line.h"
+#include "kernels/core/matmul.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "server address, host:port");
 ABSL_FLAG(int, workers, 2, "concurrent callers (serving-framework ranks), one call in flight each");
@@ -159,7 +160,8 @@ int main(int argc, char** argv) {
       "mlaserve-loadgen [--target host:port] [flags]: closed-loop decode load; with --soak "
       "--metrics-target host:port, a soak run (docs/loadgen.md)");
   // Flag names take dashes or underscores (--duration-s = --duration_s), and --flagfile.
-  absl::StatusOr<std::vector<std::string>> positional = mlaserve::ParseFlags(argc, argv);
+  absl::StatusOr<std::vector<std::string>> positional =
+      mlaserve::ParseFlags(argc, argv, mlaserve::MatrixPathDescription);
   if (!positional.ok() || !positional->empty()) {
     std::cerr << "mlaserve-loadgen: "
               << (positional.ok() ? "unexpected argument " + positional->front()

@@ -224,6 +224,11 @@ std::string MatrixUnitBackend() {
                       : "OpenBLAS (" + OpenBlasReason() + ")";
 }
 
+std::string MatrixPathDescription() {
+  return "matrix unit: " + MatrixUnitBackend() + "; CPU: " + HostCpu().model + ", " +
+         HostCpu().MatrixIsa();
+}
+
 void MatmulTileNN(int m, int n, int k, const Bf16* a, const Bf16* b, float* c) {
   TileCall(m, n, k, /*b_transposed=*/false, a, b, c);
 }

@@ -59,6 +59,10 @@ void MatmulTileNT(int m, int n, int k, const Bf16* a, const Bf16* b, float* c);
 // caller gets the same backend, so host and device keep agreeing bit for bit.
 std::string MatrixUnitBackend();
 
+// "matrix unit: <MatrixUnitBackend()>; CPU: <model>, <matrix ISA>": what --version reports,
+// since the same binary computes on different paths on different machines.
+std::string MatrixPathDescription();
+
 // Plain fp64 GEMM, C = A * B^T, for golden references only.
 void MatmulNTDouble(int m, int n, int k, const double* a, int64_t lda, const double* b, int64_t ldb,
                     double* c, int64_t ldc);
