@@ -12,7 +12,7 @@ packages=(
   libabsl-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-pthread-dev libdnnl-dev libsleef-dev prometheus-cpp-dev libcpp-httplib-dev libsystemd-dev nlohmann-json3-dev
   python3 python3-grpcio python3-protobuf python3-numpy python3-h2
-  systemd strace clang-format
+  systemd strace clang-format prometheus
   clang-14 libclang-rt-14-dev libomp-14-dev
 )
 if [ "${1:-}" = "--bench" ]; then

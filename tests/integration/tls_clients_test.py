@@ -9,43 +9,16 @@ without a certificate are refused.
 """
 
 import argparse
-import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 
 import grpc
 import numpy as np
 
 import mlaserve
+from harness import free_port, make_pki
 from mlaserve import flash_mla
-
-KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def make_pki(d):
-    def openssl(*args):
-        subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-    openssl("req", "-x509", *KEY, "-days", "1", "-subj", "/CN=test-ca",
-            "-keyout", f"{d}/ca.key", "-out", f"{d}/ca.pem")
-    with open(f"{d}/san.ext", "w") as ext:
-        ext.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for name, subject, extra in (("server", "/CN=localhost", ["-extfile", f"{d}/san.ext"]),
-                                 ("client", "/CN=tenant-a", [])):
-        openssl("req", *KEY, "-subj", subject, "-keyout", f"{d}/{name}.key",
-                "-out", f"{d}/{name}.csr")
-        openssl("x509", "-req", "-in", f"{d}/{name}.csr", "-CA", f"{d}/ca.pem",
-                "-CAkey", f"{d}/ca.key", "-CAcreateserial", "-days", "1", *extra,
-                "-out", f"{d}/{name}.pem")
 
 
 def main():
