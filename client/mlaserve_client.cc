@@ -249,6 +249,40 @@ absl::StatusOr<v1::Sequence> MlaServeClient::GetSequence(absl::string_view seque
   return response.sequence();
 }
 
+absl::StatusOr<v1::ListPrefixesResponse> MlaServeClient::ListPrefixes(
+    int page_size, const std::string& page_token) {
+  v1::ListPrefixesRequest request;
+  request.set_page_size(page_size);
+  request.set_page_token(page_token);
+  v1::ListPrefixesResponse response;
+  RETURN_IF_ERROR(CallWithRetry(options_, options_.timeout, [&](grpc::ClientContext& context) {
+    return stub_->ListPrefixes(&context, request, &response);
+  }));
+  return response;
+}
+
+absl::StatusOr<v1::ListSequencesResponse> MlaServeClient::ListSequences(
+    int page_size, const std::string& page_token, const std::string& prefix_id) {
+  v1::ListSequencesRequest request;
+  request.set_page_size(page_size);
+  request.set_page_token(page_token);
+  request.set_prefix_id(prefix_id);
+  v1::ListSequencesResponse response;
+  RETURN_IF_ERROR(CallWithRetry(options_, options_.timeout, [&](grpc::ClientContext& context) {
+    return stub_->ListSequences(&context, request, &response);
+  }));
+  return response;
+}
+
+absl::StatusOr<v1::GetStatsResponse> MlaServeClient::GetStats() {
+  v1::GetStatsRequest request;
+  v1::GetStatsResponse response;
+  RETURN_IF_ERROR(CallWithRetry(options_, options_.timeout, [&](grpc::ClientContext& context) {
+    return stub_->GetStats(&context, request, &response);
+  }));
+  return response;
+}
+
 absl::Status MlaServeClient::AppendKv(std::span<const KvAppend> appends) {
   // Chunk once; every attempt streams the same chunks.
   std::vector<v1::AppendKvChunk> chunks;

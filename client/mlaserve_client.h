@@ -116,6 +116,8 @@ class MlaServeClient {
   MlaServeClient(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
 
   // Waits until the channel is connected (or `timeout` passes).
+  // The channel, for other services on the same server (grpc.health.v1: health_check.h).
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
   bool WaitForConnected(absl::Duration timeout);
 
   absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo();
@@ -133,6 +135,14 @@ class MlaServeClient {
   absl::StatusOr<v1::Sequence> ForkSequence(absl::string_view source_id, absl::string_view new_id);
   absl::Status ReleaseSequence(absl::string_view sequence_id);
   absl::StatusOr<v1::Sequence> GetSequence(absl::string_view sequence_id);
+  // Admin listings, one page each (admin.proto): `page_size` 0 asks for the server's
+  // default; pass the answer's next_page_token back for the next page.
+  absl::StatusOr<v1::ListPrefixesResponse> ListPrefixes(int page_size,
+                                                        const std::string& page_token = "");
+  absl::StatusOr<v1::ListSequencesResponse> ListSequences(int page_size,
+                                                          const std::string& page_token = "",
+                                                          const std::string& prefix_id = "");
+  absl::StatusOr<v1::GetStatsResponse> GetStats();
 
   // Streams the appends in chunks of at most options.append_chunk_bytes. On UNAVAILABLE the
   // whole stream is retried (rows already appended are skipped by the server).

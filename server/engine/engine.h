@@ -48,6 +48,10 @@ class Engine {
   virtual absl::Status AppendKvFp8(absl::string_view sequence_id, int layer, int64_t start_position,
                                    std::span<const std::byte> records, int64_t n) = 0;
   virtual absl::StatusOr<SequenceInfo> GetSequence(absl::string_view sequence_id) const = 0;
+  // Admin listings (KvStore::ListPrefixes, KvStore::ListSequences).
+  virtual ListPage<PrefixListing> ListPrefixes(const ListRange& range) const = 0;
+  virtual ListPage<SequenceListing> ListSequences(const ListRange& range,
+                                                  absl::string_view on_prefix_id) const = 0;
 
   // Validates the queries (INVALID_ARGUMENT / NOT_FOUND naming the field, nothing changed),
   // queues them to be batched with other callers' queries, and answers through `done`.

@@ -43,6 +43,13 @@ class EngineImpl final : public Engine {
   absl::Status AppendKvFp8(absl::string_view sequence_id, int layer, int64_t start_position,
                            std::span<const std::byte> records, int64_t n) override;
   absl::StatusOr<SequenceInfo> GetSequence(absl::string_view sequence_id) const override;
+  ListPage<PrefixListing> ListPrefixes(const ListRange& range) const override {
+    return store_->ListPrefixes(range);
+  }
+  ListPage<SequenceListing> ListSequences(const ListRange& range,
+                                          absl::string_view on_prefix_id) const override {
+    return store_->ListSequences(range, on_prefix_id);
+  }
   void Decode(std::vector<DecodeQuery> queries, DecodeOptions options,
               DecodeCallback done) override;
   EngineStats Stats() const override;

@@ -3,9 +3,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include "common/status_macros.h"
 #include "kernels/core/tensor_view.h"
+#include "server/service/admin_requests.h"
 #include "server/service/append_kv_reactor.h"
 #include "server/service/call_deadline.h"
 #include "server/service/decode_stream_reactor.h"
@@ -78,7 +80,13 @@ grpc::ServerUnaryReactor* MlaServeService::Unary(grpc::CallbackServerContext* co
   if constexpr (requires { ScopeIds(*tenant, request); }) {
     if (status.ok()) status = ScopeIds(*tenant, request);
   }
-  if (status.ok()) status = handle(request, &response);
+  if (status.ok()) {
+    if constexpr (std::is_invocable_v<Handler, const Request&, Response*, Tenant*>) {
+      status = handle(request, &response, *tenant);
+    } else {
+      status = handle(request, &response);
+    }
+  }
   if constexpr (requires { response.mutable_sequence(); }) {
     if (status.ok()) UnscopeIds(*tenant, *response.mutable_sequence());
   }
@@ -170,6 +178,36 @@ grpc::ServerUnaryReactor* MlaServeService::GetSequence(grpc::CallbackServerConte
       context, "GetSequence", kRead, request, response,
       [this](const v1::GetSequenceRequest& r, v1::GetSequenceResponse* found) {
         return DescribeSequence(r.sequence_id(), found->mutable_sequence());
+      });
+}
+
+grpc::ServerUnaryReactor* MlaServeService::ListPrefixes(grpc::CallbackServerContext* context,
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  return Unary<v1::ListPrefixesRequest, v1::ListPrefixesResponse>(
+      context, "ListPrefixes", kRead, request, response,
+      [this](const v1::ListPrefixesRequest& r, v1::ListPrefixesResponse* listed, Tenant* tenant) {
+        return ListPrefixesOnEngine(engine_, tenant, r, listed);
+      });
+}
+
+grpc::ServerUnaryReactor* MlaServeService::ListSequences(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
+  return Unary<v1::ListSequencesRequest, v1::ListSequencesResponse>(
+      context, "ListSequences", kRead, request, response,
+      [this](const v1::ListSequencesRequest& r, v1::ListSequencesResponse* listed, Tenant* tenant) {
+        return ListSequencesOnEngine(engine_, tenant, r, listed);
+      });
+}
+
+grpc::ServerUnaryReactor* MlaServeService::GetStats(grpc::CallbackServerContext* context,
+                                                    const grpc::ByteBuffer* request,
+                                                    grpc::ByteBuffer* response) {
+  return Unary<v1::GetStatsRequest, v1::GetStatsResponse>(
+      context, "GetStats", kRead, request, response,
+      [this](const v1::GetStatsRequest&, v1::GetStatsResponse* stats, Tenant* tenant) {
+        return GetStatsOnEngine(engine_, tenant, options_.tenancy.get(), stats);
       });
 }
 

@@ -37,17 +37,19 @@ inline constexpr char kInstanceIdMetadata[] = "mlaserve-instance-id";
 
 // Every method of mlaserve.v1.MlaServe in its raw form: the service parses requests and
 // serializes answers itself (wire_message.h says why).
-using RawMlaServe = v1::MlaServe::WithRawCallbackMethod_GetServerInfo<
-    v1::MlaServe::WithRawCallbackMethod_RegisterPrefix<
-        v1::MlaServe::WithRawCallbackMethod_ReleasePrefix<
-            v1::MlaServe::WithRawCallbackMethod_CreateSequence<
-                v1::MlaServe::WithRawCallbackMethod_ForkSequence<
-                    v1::MlaServe::WithRawCallbackMethod_ReleaseSequence<
-                        v1::MlaServe::WithRawCallbackMethod_GetSequence<
-                            v1::MlaServe::WithRawCallbackMethod_AppendKv<
-                                v1::MlaServe::WithRawCallbackMethod_Decode<
-                                    v1::MlaServe::WithRawCallbackMethod_DecodeStream<
-                                        v1::MlaServe::Service>>>>>>>>>>;
+using RawMlaServe = v1::MlaServe::WithRawCallbackMethod_ListPrefixes<
+    v1::MlaServe::WithRawCallbackMethod_ListSequences<v1::MlaServe::WithRawCallbackMethod_GetStats<
+        v1::MlaServe::WithRawCallbackMethod_GetServerInfo<
+            v1::MlaServe::WithRawCallbackMethod_RegisterPrefix<
+                v1::MlaServe::WithRawCallbackMethod_ReleasePrefix<
+                    v1::MlaServe::WithRawCallbackMethod_CreateSequence<
+                        v1::MlaServe::WithRawCallbackMethod_ForkSequence<
+                            v1::MlaServe::WithRawCallbackMethod_ReleaseSequence<
+                                v1::MlaServe::WithRawCallbackMethod_GetSequence<
+                                    v1::MlaServe::WithRawCallbackMethod_AppendKv<
+                                        v1::MlaServe::WithRawCallbackMethod_Decode<
+                                            v1::MlaServe::WithRawCallbackMethod_DecodeStream<
+                                                v1::MlaServe::Service>>>>>>>>>>>>>;
 
 // mlaserve.v1.MlaServe on gRPC's callback API: no call holds a thread while the engine
 // batches it. KV calls run on the callback thread (they are bounded metadata updates and
@@ -92,11 +94,21 @@ class MlaServeService final : public RawMlaServe {
                                                       grpc::ByteBuffer* response) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DecodeStream(
       grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* ListPrefixes(grpc::CallbackServerContext* context,
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ListSequences(grpc::CallbackServerContext* context,
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
 
  private:
   // A unary call answered on the callback thread: admits the caller (tenant, `right`),
   // parses the request, moves its ids into the tenant's namespace, runs `handle`
-  // (absl::Status(const Request&, Response*)), brings the answer's ids and status back out,
+  // (absl::Status(const Request&, Response*), or with the caller's Tenant* as a third
+  // argument for handlers that scope ids themselves), brings the answer's ids and status back out,
   // serializes the response if OK.
   template <typename Request, typename Response, typename Handler>
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, absl::string_view rpc,

@@ -18,7 +18,7 @@ namespace mlaserve::service {
 
 // What a tenant may call (docs/api.md, "Tenants").
 enum TenantRight : int {
-  kRead = 1,    // GetServerInfo, GetSequence
+  kRead = 1,    // GetServerInfo, GetSequence, ListPrefixes, ListSequences, GetStats
   kWrite = 2,   // RegisterPrefix, ReleasePrefix, CreateSequence, ForkSequence,
                 // ReleaseSequence, AppendKv, and a Decode query that carries an append
   kDecode = 4,  // Decode, DecodeStream

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "client/health_check.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -20,7 +21,6 @@
 #include "kernels/core/cpu_features.h"
 #include "kernels/core/matmul.h"
 #include "tests/integration/integration_server.h"
-#include "tests/testing/health_probe.h"
 
 namespace mlaserve::integration {
 namespace {
@@ -56,7 +56,7 @@ v1::DecodeQuery LatentOn(const std::string& id, const engine::ModelConfig& model
 TEST(LifecycleTest, ServingHealthAndMetricsAfterWarmUp) {
   IntegrationServer server(SmallEngineOptions(TinyModel()), "127.0.0.1:0");
   auto channel = grpc::CreateChannel(server.target(), grpc::InsecureChannelCredentials());
-  EXPECT_EQ(*testing::CheckHealth(channel, ""), testing::ServingStatus::kServing);
+  EXPECT_EQ(*client::CheckHealth(channel, ""), client::ServingStatus::kServing);
   Rng rng(std::random_device{}());
   ASSERT_TRUE(server.client().CreateSequence("s").ok());
   ASSERT_TRUE(

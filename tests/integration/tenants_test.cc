@@ -11,12 +11,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/health_check.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "server/service/tenancy.h"
 #include "tests/integration/integration_server.h"
-#include "tests/testing/health_probe.h"
 
 namespace mlaserve::integration {
 namespace {
@@ -115,7 +115,7 @@ TEST_F(TenantsTest, CallsWithoutAKnownTokenAreUnauthenticatedAndHealthStillAnswe
   EXPECT_EQ(server_->server().engine().Stats().kv.sequences, 0);
   // Probes need no token.
   auto channel = grpc::CreateChannel(server_->target(), grpc::InsecureChannelCredentials());
-  EXPECT_EQ(*testing::CheckHealth(channel, ""), testing::ServingStatus::kServing);
+  EXPECT_EQ(*client::CheckHealth(channel, ""), client::ServingStatus::kServing);
 }
 
 TEST_F(TenantsTest, ATenantReachesNothingOfAnothersWhateverIdsItTries) {
@@ -266,6 +266,64 @@ TEST_F(TenantsTest, AFloodFillsOnlyItsOwnShareOfTheQueue) {
   EXPECT_EQ(alpha_answers, 20);
   EXPECT_GT(unavailable.load(), 0);
   EXPECT_GT(answered.load(), 0);
+}
+
+TEST_F(TenantsTest, ListingsAndStatsShowATenantItsOwnStateOnly) {
+  BuildAlpha();
+  ASSERT_TRUE(beta_->CreateSequence("s").ok());
+  ASSERT_TRUE(beta_->CreateSequence("u").ok());
+
+  absl::StatusOr<v1::ListSequencesResponse> alpha_sequences = alpha_->ListSequences(1);
+  ASSERT_TRUE(alpha_sequences.ok()) << alpha_sequences.status();
+  ASSERT_EQ(alpha_sequences->sequences_size(), 1);
+  EXPECT_EQ(alpha_sequences->sequences(0).sequence().sequence_id(), "s");
+  EXPECT_EQ(alpha_sequences->sequences(0).sequence().prefix_id(), "p");
+  ASSERT_EQ(alpha_sequences->next_page_token(), "s");
+  alpha_sequences = alpha_->ListSequences(1, "s");
+  ASSERT_TRUE(alpha_sequences.ok()) << alpha_sequences.status();
+  ASSERT_EQ(alpha_sequences->sequences_size(), 1);
+  EXPECT_EQ(alpha_sequences->sequences(0).sequence().sequence_id(), "t");
+  EXPECT_EQ(alpha_sequences->next_page_token(), "");
+
+  absl::StatusOr<v1::ListSequencesResponse> beta_sequences = beta_->ListSequences(0);
+  ASSERT_TRUE(beta_sequences.ok()) << beta_sequences.status();
+  ASSERT_EQ(beta_sequences->sequences_size(), 2);
+  EXPECT_EQ(beta_sequences->sequences(0).sequence().sequence_id(), "s");
+  EXPECT_EQ(beta_sequences->sequences(0).sequence().prefix_id(), "");
+  EXPECT_EQ(beta_sequences->sequences(1).sequence().sequence_id(), "u");
+  // Alpha's prefix is not beta's to list, nor to filter on.
+  absl::StatusOr<v1::ListPrefixesResponse> beta_prefixes = beta_->ListPrefixes(0);
+  ASSERT_TRUE(beta_prefixes.ok()) << beta_prefixes.status();
+  EXPECT_EQ(beta_prefixes->prefixes_size(), 0);
+  absl::StatusOr<v1::ListSequencesResponse> on_p = beta_->ListSequences(0, "", "p");
+  ASSERT_TRUE(on_p.ok()) << on_p.status();
+  EXPECT_EQ(on_p->sequences_size(), 0);
+  on_p = alpha_->ListSequences(0, "", "p");
+  ASSERT_TRUE(on_p.ok()) << on_p.status();
+  ASSERT_EQ(on_p->sequences_size(), 1);
+  EXPECT_EQ(on_p->sequences(0).sequence().sequence_id(), "s");
+
+  absl::StatusOr<v1::GetStatsResponse> alpha_stats = alpha_->GetStats();
+  ASSERT_TRUE(alpha_stats.ok()) << alpha_stats.status();
+  EXPECT_EQ(alpha_stats->tenant(), "alpha");
+  EXPECT_EQ(alpha_stats->tenant_kv_quota_bytes(), kAlphaQuota);
+  EXPECT_EQ(alpha_stats->kv_bytes_budget(), kAlphaQuota);
+  EXPECT_GT(alpha_stats->kv_bytes_used(), 0);
+  EXPECT_EQ(alpha_stats->prefixes(), 1);
+  EXPECT_EQ(alpha_stats->sequences(), 2);
+  absl::StatusOr<v1::GetStatsResponse> beta_stats = beta_->GetStats();
+  ASSERT_TRUE(beta_stats.ok()) << beta_stats.status();
+  EXPECT_EQ(beta_stats->tenant(), "beta");
+  EXPECT_EQ(beta_stats->kv_bytes_used(), 0);  // two empty sequences hold no page
+  EXPECT_EQ(beta_stats->prefixes(), 0);
+  EXPECT_EQ(beta_stats->sequences(), 2);
+
+  // Read-only tenants may list (their own, empty, namespace).
+  absl::StatusOr<v1::ListSequencesResponse> reader = Client(kReaderToken)->ListSequences(0);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ(reader->sequences_size(), 0);
+  // Without a token: UNAUTHENTICATED, as every call.
+  EXPECT_EQ(Client("", 1)->ListPrefixes(0).status().code(), absl::StatusCode::kUnauthenticated);
 }
 
 }  // namespace

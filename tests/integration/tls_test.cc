@@ -8,13 +8,13 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "client/health_check.h"
 #include "client/loadgen/http_get.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "tests/integration/integration_server.h"
-#include "tests/testing/health_probe.h"
 #include "tests/testing/test_certificates.h"
 
 namespace mlaserve::integration {
@@ -65,9 +65,9 @@ TEST_F(TlsTest, ATlsServerAnswersClientsThatTrustItsCaOnly) {
   grpc::SslCredentialsOptions ssl;
   ssl.pem_root_certs = TestCertificates::Read(pki_.ca());
   auto health =
-      testing::CheckHealth(grpc::CreateChannel(server.target(), grpc::SslCredentials(ssl)), "");
+      client::CheckHealth(grpc::CreateChannel(server.target(), grpc::SslCredentials(ssl)), "");
   ASSERT_TRUE(health.ok()) << health.status();
-  EXPECT_EQ(*health, testing::ServingStatus::kServing);
+  EXPECT_EQ(*health, client::ServingStatus::kServing);
 }
 
 TEST_F(TlsTest, UnderMutualTlsAClientNeedsACertificateTheClientCaSigned) {

@@ -1,6 +1,7 @@
 // Every bad input over the wire against the real engine: the code, the field named, and
 // nothing changed.
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -190,6 +191,52 @@ TEST(WireErrorsBudgetTest, AppendingPastTheBudgetIsResourceExhaustedAndChangesNo
   auto sequence = client.GetSequence("s");
   ASSERT_TRUE(sequence.ok());
   EXPECT_THAT(sequence->layer_lengths(), ElementsAre(100, 0));
+}
+
+TEST_F(WireErrorsTest, AdminListingsRefuseBadPagesNamingTheFieldAndListEverythingOnce) {
+  for (int i = 0; i < 11; ++i) ASSERT_TRUE(client().CreateSequence(absl::StrCat("t", i)).ok());
+  struct Case {
+    absl::Status status;
+    const char* field;
+  };
+  const std::string long_id(1025, 'x');
+  const Case cases[] = {
+      {client().ListSequences(-1).status(), "page_size"},
+      {client().ListPrefixes(1001).status(), "page_size"},
+      {client().ListSequences(5, long_id).status(), "page_token"},
+      {client().ListPrefixes(5, long_id).status(), "page_token"},
+      {client().ListSequences(5, "", long_id).status(), "prefix_id"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(c.status.code(), absl::StatusCode::kInvalidArgument) << c.status;
+    EXPECT_THAT(std::string(c.status.message()), StartsWith(c.field));
+  }
+  // Pages of 5 list the 12 sequences ("s" and t0..t10) once each, in id order.
+  std::vector<std::string> listed;
+  std::string token;
+  for (int page = 0; page < 10; ++page) {
+    absl::StatusOr<v1::ListSequencesResponse> answer = client().ListSequences(5, token);
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    EXPECT_LE(answer->sequences_size(), 5);
+    for (const v1::SequenceSummary& s : answer->sequences()) {
+      listed.push_back(s.sequence().sequence_id());
+    }
+    token = answer->next_page_token();
+    if (token.empty()) break;
+  }
+  std::vector<std::string> expected = {"s"};
+  for (int i = 0; i < 11; ++i) expected.push_back(absl::StrCat("t", i));
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(listed, expected);
+  absl::StatusOr<v1::ListSequencesResponse> first = client().ListSequences(1);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(first->sequences(0).sequence().layer_lengths(0), 10);
+  EXPECT_EQ(first->sequences(0).pages(), 1);  // 10 tokens in one 32-token page
+  absl::StatusOr<v1::GetStatsResponse> stats = client().GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->sequences(), 12);
+  EXPECT_EQ(stats->kv_pages_used(), 1);
+  EXPECT_EQ(stats->tenant(), "");
 }
 
 }  // namespace

@@ -27,5 +27,6 @@ check() {  # binary, a flag its --help must list
 check mlaserve-server listen
 check mlaserve-loadgen target
 check mlaserve-bench rounds
+check mlaserve-ctl target
 [ "$failures" -eq 0 ] && echo "help and version: every binary OK"
 exit "$failures"

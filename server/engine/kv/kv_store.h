@@ -105,6 +105,9 @@ class KvStore {
 
   absl::StatusOr<PrefixInfo> GetPrefix(absl::string_view prefix_id) const;
 
+  // The registered, ready prefixes in `range` (admin listings). Linear in the prefixes held.
+  ListPage<PrefixListing> ListPrefixes(const ListRange& range) const;
+
   // --- Sequences ------------------------------------------------------------------------
 
   // Creates an empty sequence, or one that starts on a registered prefix (every layer then
@@ -139,6 +142,11 @@ class KvStore {
   absl::Status ReleaseSequence(absl::string_view sequence_id);
 
   absl::StatusOr<SequenceInfo> GetSequence(absl::string_view sequence_id) const;
+
+  // The sequences in `range`, only those started on prefix `on_prefix_id` when it is not
+  // empty. Linear in the sequences held.
+  ListPage<SequenceListing> ListSequences(const ListRange& range,
+                                          absl::string_view on_prefix_id = "") const;
 
   // --- Decode ---------------------------------------------------------------------------
 

@@ -67,6 +67,28 @@ struct PrefixInfo {
   friend bool operator==(const PrefixInfo&, const PrefixInfo&) = default;
 };
 
+// Which entries a listing returns: ids in bytewise order that start with `id_prefix` (a
+// tenant's namespace; "" for all) and come after `after` ("" for the first page), at most
+// `limit` of them.
+struct ListRange {
+  std::string id_prefix;
+  std::string after;
+  int limit = 100;
+};
+
+// One page of a listing; `matching` counts every entry in range, on every page.
+template <typename Entry>
+struct ListPage {
+  std::vector<Entry> entries;
+  bool more = false;  // entries follow the last one returned
+  int64_t matching = 0;
+};
+
+struct PrefixListing {
+  PrefixInfo info;
+  int64_t pages = 0;  // pages of its own tokens, all layers
+};
+
 struct SequenceInfo {
   std::string id;
   std::string prefix_id;         // the prefix it starts on (a fork's is its source's), or ""
@@ -74,6 +96,12 @@ struct SequenceInfo {
   KvDtype kv_dtype = KvDtype::kBf16;
 
   friend bool operator==(const SequenceInfo&, const SequenceInfo&) = default;
+};
+
+struct SequenceListing {
+  SequenceInfo info;
+  int64_t pages = 0;         // in its layers' page lists (a prefix's pages included)
+  int64_t shared_pages = 0;  // of those, held by another sequence or prefix too
 };
 
 }  // namespace mlaserve::engine

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "client/health_check.h"
 #include "client/mlaserve_client.h"
 #include "client/tensor_helpers.h"
 #include "gmock/gmock.h"
@@ -24,7 +25,6 @@
 #include "server/service/engine_stats_collector.h"
 #include "server/service/mla_server.h"
 #include "tests/server/service/mock_engine.h"
-#include "tests/testing/health_probe.h"
 
 namespace mlaserve::service {
 namespace {
@@ -203,14 +203,13 @@ TEST_F(MlaServeServiceTest, ServerInfoDescribesTheEnginesModelDevicesThresholdsA
 TEST_F(MlaServeServiceTest, HealthIsNotServingUntilTheServerIsMarkedServing) {
   auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
                                      grpc::InsecureChannelCredentials());
-  EXPECT_EQ(*mlaserve::testing::CheckHealth(channel, ""),
-            mlaserve::testing::ServingStatus::kNotServing);
+  EXPECT_EQ(*mlaserve::client::CheckHealth(channel, ""),
+            mlaserve::client::ServingStatus::kNotServing);
   server_->SetServing(true);
-  EXPECT_EQ(*mlaserve::testing::CheckHealth(channel, ""),
-            mlaserve::testing::ServingStatus::kServing);
-  EXPECT_EQ(*mlaserve::testing::CheckHealth(channel, "mlaserve.v1.MlaServe"),
-            mlaserve::testing::ServingStatus::kServing);
-  EXPECT_EQ(mlaserve::testing::CheckHealth(channel, "no.such.Service").status().code(),
+  EXPECT_EQ(*mlaserve::client::CheckHealth(channel, ""), mlaserve::client::ServingStatus::kServing);
+  EXPECT_EQ(*mlaserve::client::CheckHealth(channel, "mlaserve.v1.MlaServe"),
+            mlaserve::client::ServingStatus::kServing);
+  EXPECT_EQ(mlaserve::client::CheckHealth(channel, "no.such.Service").status().code(),
             absl::StatusCode::kNotFound);
 }
 

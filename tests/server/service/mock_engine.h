@@ -26,6 +26,10 @@ class MockEngine : public engine::Engine {
               (absl::string_view, int, int64_t, std::span<const std::byte>, int64_t), (override));
   MOCK_METHOD(absl::StatusOr<engine::SequenceInfo>, GetSequence, (absl::string_view),
               (const, override));
+  MOCK_METHOD(engine::ListPage<engine::PrefixListing>, ListPrefixes, (const engine::ListRange&),
+              (const, override));
+  MOCK_METHOD(engine::ListPage<engine::SequenceListing>, ListSequences,
+              (const engine::ListRange&, absl::string_view), (const, override));
   MOCK_METHOD(void, Decode,
               (std::vector<engine::DecodeQuery>, engine::DecodeOptions, engine::DecodeCallback),
               (override));

@@ -1,18 +1,33 @@
-#include "tests/testing/health_probe.h"
+#include "client/health_check.h"
 
 #include <chrono>
 #include <future>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/clock.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/support/byte_buffer.h"
 
-namespace mlaserve::testing {
+namespace mlaserve::client {
+
+const char* ServingStatusName(ServingStatus status) {
+  switch (status) {
+    case ServingStatus::kServing:
+      return "SERVING";
+    case ServingStatus::kNotServing:
+      return "NOT_SERVING";
+    case ServingStatus::kServiceUnknown:
+      return "SERVICE_UNKNOWN";
+    case ServingStatus::kUnknown:
+      break;
+  }
+  return "UNKNOWN";
+}
 
 absl::StatusOr<ServingStatus> CheckHealth(const std::shared_ptr<grpc::Channel>& channel,
-                                          const std::string& service) {
+                                          const std::string& service, absl::Duration timeout) {
   // HealthCheckRequest { string service = 1; }: tag 0x0a, length, bytes (short names only).
   std::string request_bytes;
   if (!service.empty()) {
@@ -24,7 +39,7 @@ absl::StatusOr<ServingStatus> CheckHealth(const std::shared_ptr<grpc::Channel>& 
   grpc::ByteBuffer request(&slice, 1);
   grpc::ByteBuffer response;
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   grpc::GenericStub stub(channel);
   std::promise<grpc::Status> done;
   stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
@@ -46,4 +61,4 @@ absl::StatusOr<ServingStatus> CheckHealth(const std::shared_ptr<grpc::Channel>& 
   return static_cast<ServingStatus>(bytes[1]);
 }
 
-}  // namespace mlaserve::testing
+}  // namespace mlaserve::client
