@@ -1,6 +1,7 @@
 #!/bin/bash
 # Installs mlaserve-server as a systemd service (docs/deploy.md):
-#   PREFIX/bin/mlaserve-server, PREFIX/bin/mlaserve-health, PREFIX/share/mlaserve/profiles/,
+#   PREFIX/bin/mlaserve-server, PREFIX/bin/mlaserve-health, PREFIX/bin/mlaserve-ctl,
+#   PREFIX/share/mlaserve/profiles/,
 #   PREFIX/share/doc/mlaserve/ (the unit, the example flags, deploy.md),
 #   /etc/systemd/system/mlaserve.service, and /etc/mlaserve/mlaserve.flags unless it exists.
 # Safe to run again: it updates what it owns and never touches an existing flag file.
@@ -57,9 +58,11 @@ if [ "$build" = 1 ]; then
     cmake -S "$source_dir" -B "$BUILD_DIR" -DCMAKE_INSTALL_PREFIX="$PREFIX"
   fi
   # Only what gets installed; the test suites are not needed for that.
-  cmake --build "$BUILD_DIR" --target mlaserve-server -j "${JOBS:-$(nproc)}"
+  cmake --build "$BUILD_DIR" --target mlaserve-server mlaserve-ctl -j "${JOBS:-$(nproc)}"
 else
-  [ -x "$BUILD_DIR/bin/mlaserve-server" ] || die "$BUILD_DIR/bin/mlaserve-server is not built"
+  for binary in mlaserve-server mlaserve-ctl; do
+    [ -x "$BUILD_DIR/bin/$binary" ] || die "$BUILD_DIR/bin/$binary is not built"
+  done
   [ "$(configured_prefix)" = "$PREFIX" ] ||
     die "$BUILD_DIR is configured for prefix '$(configured_prefix)', not $PREFIX; run without --no-build"
 fi

@@ -36,7 +36,7 @@ remove() {
 }
 
 root=$DESTDIR$PREFIX
-remove "$root/bin/mlaserve-server" "$root/bin/mlaserve-health" "$root/share/mlaserve" \
+remove "$root/bin/mlaserve-server" "$root/bin/mlaserve-health" "$root/bin/mlaserve-ctl" "$root/share/mlaserve" \
        "$root/share/doc/mlaserve"
 # The enablement link too, for when systemctl could not disable it (no systemd running).
 remove "$DESTDIR/etc/systemd/system/mlaserve.service" \

@@ -103,6 +103,7 @@ def check_install(source_dir, build_dir, prefix, destdir, failures):
     expected = {
         "binary": f"{root}/bin/mlaserve-server",
         "health probe": f"{root}/bin/mlaserve-health",
+        "admin tool": f"{root}/bin/mlaserve-ctl",
         "profile": f"{root}/share/mlaserve/profiles/ascend910-die.json",
         "profile (whole chip)": f"{root}/share/mlaserve/profiles/ascend910.json",
         "example unit": f"{root}/share/doc/mlaserve/mlaserve.service",
