@@ -369,7 +369,8 @@ ListPage<SequenceListing> KvStore::ListSequences(const ListRange& range,
   TsanVisibleLock lock(&mu_);
   for (const auto& [id, sequence] : sequences_) {
     const Sequence& s = *sequence;
-    const absl::string_view prefix_id = s.prefix == nullptr ? "" : s.prefix->id;
+    const absl::string_view prefix_id =
+        s.prefix == nullptr ? absl::string_view() : absl::string_view(s.prefix->id);
     if (!page.InRange(id) || (!on_prefix_id.empty() && prefix_id != on_prefix_id)) continue;
     SequenceListing entry{SequenceInfo{s.id, std::string(prefix_id), {}, s.kv_dtype}, 0, 0};
     for (const Sequence::Layer& layer : s.layers) {
