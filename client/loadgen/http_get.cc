@@ -10,25 +10,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/host_port.h"
+#include "common/openssl_ptr.h"
 #include "httplib.h"
 
 namespace mlaserve::loadgen {
 namespace {
-
-struct BioDeleter {
-  void operator()(BIO* bio) const { BIO_free(bio); }
-};
-struct X509Deleter {
-  void operator()(X509* x509) const { X509_free(x509); }
-};
-struct KeyDeleter {
-  void operator()(EVP_PKEY* key) const { EVP_PKEY_free(key); }
-};
-
-std::unique_ptr<BIO, BioDeleter> MemoryBio(const std::string& pem) {
-  return std::unique_ptr<BIO, BioDeleter>(
-      BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
-}
 
 // The CA bundle as a store; httplib's client takes ownership of it.
 X509_STORE* CaStore(const std::string& ca_pem) {
@@ -47,11 +33,9 @@ std::unique_ptr<httplib::ClientImpl> NewClient(const HostPort& at, const client:
   std::unique_ptr<httplib::SSLClient> https;
   if (!tls.cert_pem.empty()) {
     auto cert_bio = MemoryBio(tls.cert_pem);
-    std::unique_ptr<X509, X509Deleter> cert(
-        PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr));
+    X509Ptr cert(PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr));
     auto key_bio = MemoryBio(tls.key_pem);
-    std::unique_ptr<EVP_PKEY, KeyDeleter> key(
-        PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr));
+    KeyPtr key(PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr));
     ERR_clear_error();
     https = std::make_unique<httplib::SSLClient>(at.host, at.port, cert.get(), key.get());
   } else {

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/openssl_ptr.h"
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 
@@ -32,15 +33,6 @@ absl::StatusOr<std::string> ReadFile(absl::string_view flag, const std::string& 
   return contents.str();
 }
 
-struct BioDeleter {
-  void operator()(BIO* bio) const { BIO_free(bio); }
-};
-struct X509Deleter {
-  void operator()(X509* x509) const { X509_free(x509); }
-};
-struct KeyDeleter {
-  void operator()(EVP_PKEY* key) const { EVP_PKEY_free(key); }
-};
 struct StoreDeleter {
   void operator()(X509_STORE* store) const { X509_STORE_free(store); }
 };
@@ -48,11 +40,9 @@ struct ChainDeleter {
   void operator()(STACK_OF(X509) * chain) const { sk_X509_pop_free(chain, X509_free); }
 };
 
-using X509Ptr = std::unique_ptr<X509, X509Deleter>;
-
 // Every certificate of a PEM text, in file order.
 std::vector<X509Ptr> Certificates(const std::string& pem) {
-  std::unique_ptr<BIO, BioDeleter> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+  BioPtr bio = MemoryBio(pem);
   std::vector<X509Ptr> certs;
   while (X509* cert = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) {
     certs.emplace_back(cert);
@@ -67,7 +57,7 @@ struct PemCredentials::Loaded {
   std::string cert_pem, key_pem, ca_pem;  // what was parsed, to tell a renewal from no change
   X509Ptr leaf;
   std::unique_ptr<STACK_OF(X509), ChainDeleter> chain;  // the intermediates after the leaf
-  std::unique_ptr<EVP_PKEY, KeyDeleter> key;
+  KeyPtr key;
   std::unique_ptr<X509_STORE, StoreDeleter> client_ca;  // null unless mutual TLS
 };
 
@@ -83,8 +73,7 @@ absl::StatusOr<std::shared_ptr<const PemCredentials::Loaded>> Parse(const TlsOpt
   for (size_t i = 1; i < certs.size(); ++i) sk_X509_push(loaded->chain.get(), certs[i].release());
 
   ASSIGN_OR_RETURN(loaded->key_pem, ReadFile("tls_key", tls.key_file));
-  std::unique_ptr<BIO, BioDeleter> key_bio(
-      BIO_new_mem_buf(loaded->key_pem.data(), static_cast<int>(loaded->key_pem.size())));
+  BioPtr key_bio = MemoryBio(loaded->key_pem);
   loaded->key.reset(PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr));
   ERR_clear_error();
   if (loaded->key == nullptr) {
