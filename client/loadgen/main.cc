@@ -3,6 +3,8 @@
 // went, how batches were planned). With --soak, a long run with a churn of sequences whose
 // answers are checked against the fp64 golden while the server's resources are watched for
 // drift. See docs/loadgen.md.
+#include <unistd.h>
+
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -37,6 +39,9 @@ ABSL_FLAG(double, connect_timeout_s, 30, "how long to wait for the server");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the generated queries and KV rows");
 ABSL_FLAG(std::string, run_id, "loadgen", "prefix of every id the run creates");
 ABSL_FLAG(bool, json, false, "print the summary as one JSON object");
+ABSL_FLAG(bool, quiet, false,
+          "no progress on stderr (by default: a live line on a terminal, a line every 10 s "
+          "otherwise)");
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM CA that signed the server's certificate: TLS (else plaintext)");
 ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate, for servers that require one (mTLS)");
@@ -233,8 +238,15 @@ int main(int argc, char** argv) {
     std::cerr << "mlaserve-loadgen: " << load_target.status() << "\n";
     return 1;
   }
-  absl::StatusOr<mlaserve::loadgen::LoadResult> result =
-      mlaserve::loadgen::RunWorkload(**load_target, o);
+  absl::StatusOr<mlaserve::loadgen::LoadResult> result;
+  {
+    // Ends (and finishes its line) before the report is printed.
+    mlaserve::loadgen::Progress progress(
+        mlaserve::loadgen::ProgressModeFor(absl::GetFlag(FLAGS_quiet), STDERR_FILENO), std::cerr);
+    o.progress = &progress;
+    result = mlaserve::loadgen::RunWorkload(**load_target, o);
+    o.progress = nullptr;
+  }
   if (!result.ok()) {
     std::cerr << "mlaserve-loadgen: " << result.status() << "\n";
     return result.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;

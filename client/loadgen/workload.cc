@@ -133,6 +133,7 @@ absl::StatusOr<LoadResult> RunWorkload(LoadTarget& target, const WorkloadOptions
         const auto answered = std::chrono::steady_clock::now();
         record.start_s = since_start(sent);
         record.latency_us = std::chrono::duration<double, std::micro>(answered - sent).count();
+        if (o.progress != nullptr) o.progress->Record(record.latency_us, o.sequences, answers.ok());
         if (answers.ok()) {
           record.answers = *std::move(answers);
         } else {

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/loadgen/load_target.h"
+#include "client/loadgen/progress.h"
 
 namespace mlaserve::loadgen {
 
@@ -30,6 +31,7 @@ struct WorkloadOptions {
   absl::Duration duration = absl::Seconds(10);
   uint64_t seed = 1;
   std::string run_id = "loadgen";  // prefixes every id, so runs never collide
+  Progress* progress = nullptr;    // told of every call, if set
 };
 
 // One Decode call as the worker saw it.
