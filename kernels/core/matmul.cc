@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "kernels/core/cpu_features.h"
+#include "kernels/core/thread_scratch.h"
 #include "kernels/core/vector_ops.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
@@ -134,13 +135,19 @@ void TileCall(int m, int n, int k, bool b_transposed, const Bf16* a, const Bf16*
   }
   // No JIT in this process: OpenBLAS on the widened operands, still one call per tile and
   // chunk (the same calls on every path, so host and device keep agreeing).
-  std::vector<float> a32(static_cast<size_t>(m) * k), b32(static_cast<size_t>(k) * n);
+  ThreadScratch<struct WideA, float> a32(static_cast<size_t>(m) * k);
+  ThreadScratch<struct WideB, float> b32(static_cast<size_t>(k) * n);
   WidenBf16(a, static_cast<int64_t>(m) * k, a32.data());
   WidenBf16(b, static_cast<int64_t>(k) * n, b32.data());
   UseOneOpenBlasThreadPerCall();
   cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, m, n, k, 1.0f,
               a32.data(), k, b32.data(), b_transposed ? k : n, 1.0f, c, kMatrixTile);
 }
+
+// Tiled's working memory, one set per thread for all its instantiations.
+struct ATileScratch;
+struct BChunkScratch;
+struct OutputTileScratch;
 
 // Copies a [rows][cols] block into compact bf16, row r read from row_of(r): fp32 operands
 // are narrowed (exact for the bf16-valued matrices the entry points take), bf16 ones copied.
@@ -166,9 +173,10 @@ void Tiled(bool b_transposed, int m, int n, int k, const TA* a, int64_t lda, BRo
   const int chunk = k_chunk > 0 ? k_chunk : std::max(k, 1);
   // A's row tile, made compact once for all column tiles, chunk by chunk: chunk k0 is the
   // compact [tm][kc] block at k0 * tm.
-  std::vector<Bf16> a_tile(static_cast<size_t>(kMatrixTile) * std::max(k, 1));
-  std::vector<Bf16> b_chunk(static_cast<size_t>(kMatrixTile) * std::min(chunk, std::max(k, 1)));
-  std::vector<float> tile(static_cast<size_t>(kMatrixTile) * kMatrixTile);
+  ThreadScratch<ATileScratch, Bf16> a_tile(static_cast<size_t>(kMatrixTile) * std::max(k, 1));
+  ThreadScratch<BChunkScratch, Bf16> b_chunk(static_cast<size_t>(kMatrixTile) *
+                                             std::min(chunk, std::max(k, 1)));
+  ThreadScratch<OutputTileScratch, float> tile(static_cast<size_t>(kMatrixTile) * kMatrixTile);
   for (int i = 0; i < m; i += kMatrixTile) {
     const int tm = std::min(kMatrixTile, m - i);
     for (int k0 = 0; k0 < k; k0 += chunk) {

@@ -10,6 +10,7 @@
 #include "kernels/core/block_scores.h"
 #include "kernels/core/fp32_exponent_add.h"
 #include "kernels/core/matmul.h"
+#include "kernels/core/thread_scratch.h"
 #include "kernels/core/tiling.h"
 #include "kernels/core/vector_ops.h"
 
@@ -108,9 +109,9 @@ void AmlaRows(const QueryRows& rows, KvBlockSource& kv, float softmax_scale,
   std::vector<float> acc(static_cast<size_t>(g) * dv, 0.0f);
   std::vector<AmlaRowState> state(g);
   std::vector<int32_t> delta(g);
-  std::vector<float> p(static_cast<size_t>(g) * kKvBlockTokens);
-  std::vector<Bf16> p16(static_cast<size_t>(g) * kKvBlockTokens);
-  std::vector<float> pv(static_cast<size_t>(g) * dv);
+  ThreadScratch<struct Scores, float> p(static_cast<size_t>(g) * kKvBlockTokens);
+  ThreadScratch<struct Probabilities, Bf16> p16(static_cast<size_t>(g) * kKvBlockTokens);
+  ThreadScratch<struct BlockPv, float> pv(static_cast<size_t>(g) * dv);
   std::vector<const Bf16*> k_rows(kKvBlockTokens), v_rows(kKvBlockTokens);
 
   for (int begin = 0; begin < max_visible; begin += kKvBlockTokens) {

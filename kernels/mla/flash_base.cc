@@ -7,6 +7,7 @@
 
 #include "kernels/core/block_scores.h"
 #include "kernels/core/matmul.h"
+#include "kernels/core/thread_scratch.h"
 #include "kernels/core/tiling.h"
 #include "kernels/core/vector_ops.h"
 
@@ -55,8 +56,8 @@ void FlashBaseRows(const QueryRows& rows, KvBlockSource& kv, float softmax_scale
   std::vector<float> acc(static_cast<size_t>(g) * dv, 0.0f);
   std::vector<FlashBaseRowState> state(g);
   std::vector<float> rescale(g, 1.0f);
-  std::vector<float> s(static_cast<size_t>(g) * kKvBlockTokens);
-  std::vector<float> pv(static_cast<size_t>(g) * dv);
+  ThreadScratch<struct Scores, float> s(static_cast<size_t>(g) * kKvBlockTokens);
+  ThreadScratch<struct BlockPv, float> pv(static_cast<size_t>(g) * dv);
 
   for (int begin = 0; begin < max_visible; begin += kKvBlockTokens) {
     const int count = std::min(kKvBlockTokens, max_visible - begin);

@@ -10,6 +10,7 @@
 #include "kernels/core/fp32_exponent_add.h"
 #include "kernels/core/fp8_latent_row.h"
 #include "kernels/core/matmul.h"
+#include "kernels/core/thread_scratch.h"
 #include "kernels/core/tiling.h"
 #include "kernels/core/vector_ops.h"
 
@@ -142,7 +143,7 @@ void SnapAmlaRows(const QueryRows& rows, const Fp8SequenceKeys& keys, float soft
 
   // Keys widened block by block (what the vector unit does for a cube without an fp8 rate);
   // the values are the same rows' first dl columns.
-  std::vector<Bf16> block_keys(static_cast<size_t>(kKvBlockTokens) * dk);
+  ThreadScratch<struct BlockKeys, Bf16> block_keys(static_cast<size_t>(kKvBlockTokens) * dk);
   std::vector<float> key_scales(kKvBlockTokens);
   std::vector<float> inverse_scales(kKvBlockTokens);
   std::vector<const Bf16*> key_rows(kKvBlockTokens);
@@ -151,10 +152,10 @@ void SnapAmlaRows(const QueryRows& rows, const Fp8SequenceKeys& keys, float soft
   std::vector<float> acc(static_cast<size_t>(g) * dl, 0.0f);
   std::vector<SnapAmlaRowState> state(g);
   std::vector<int32_t> delta(g);
-  std::vector<float> s(static_cast<size_t>(g) * kKvBlockTokens);
+  ThreadScratch<struct Scores, float> s(static_cast<size_t>(g) * kKvBlockTokens);
   std::vector<float> weights(kKvBlockTokens);
-  std::vector<Bf16> p8(static_cast<size_t>(g) * kKvBlockTokens);
-  std::vector<float> pv(static_cast<size_t>(g) * dl);
+  ThreadScratch<struct Probabilities, Bf16> p8(static_cast<size_t>(g) * kKvBlockTokens);
+  ThreadScratch<struct BlockPv, float> pv(static_cast<size_t>(g) * dl);
 
   for (int begin = 0; begin < max_visible; begin += kKvBlockTokens) {
     const int count = std::min(kKvBlockTokens, max_visible - begin);
