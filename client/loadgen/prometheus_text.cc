@@ -83,9 +83,9 @@ absl::StatusOr<std::vector<PrometheusSample>> ParsePrometheusText(absl::string_v
 }
 
 std::optional<double> FindSample(const std::vector<PrometheusSample>& samples,
-                                 absl::string_view name) {
+                                 absl::string_view name, absl::string_view labels) {
   for (const PrometheusSample& s : samples) {
-    if (s.name == name && s.labels.empty()) return s.value;
+    if (s.name == name && s.labels == labels) return s.value;
   }
   return std::nullopt;
 }

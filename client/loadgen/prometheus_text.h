@@ -22,9 +22,10 @@ struct PrometheusSample {
 // sample line is malformed, so a scrape of the wrong endpoint is not read as empty.
 absl::StatusOr<std::vector<PrometheusSample>> ParsePrometheusText(absl::string_view body);
 
-// The value of the unlabelled sample `name`, if present.
+// The value of the sample `name` whose labels are written exactly as `labels` (empty: the
+// unlabelled sample), if present.
 std::optional<double> FindSample(const std::vector<PrometheusSample>& samples,
-                                 absl::string_view name);
+                                 absl::string_view name, absl::string_view labels = "");
 
 }  // namespace mlaserve::loadgen
 

@@ -32,12 +32,14 @@ Drift DriftOf(std::span<const double> values, int window) {
 
 absl::StatusOr<ResourceDrift> ComputeResourceDrift(const std::vector<ResourceSample>& samples,
                                                    double warmup_s) {
-  std::vector<double> rss, threads, fds;
+  std::vector<double> rss, threads, fds, kv, outside_kv;
   for (const ResourceSample& s : samples) {
     if (s.t_s < warmup_s) continue;
     rss.push_back(s.rss_bytes);
     threads.push_back(s.threads);
     fds.push_back(s.open_fds);
+    kv.push_back(s.kv_resident_bytes);
+    outside_kv.push_back(s.rss_bytes - s.kv_resident_bytes);
   }
   if (rss.size() < 2) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -50,6 +52,10 @@ absl::StatusOr<ResourceDrift> ComputeResourceDrift(const std::vector<ResourceSam
   r.rss = DriftOf(rss, r.window);
   r.threads = DriftOf(threads, r.window);
   r.open_fds = DriftOf(fds, r.window);
+  r.kv_resident = DriftOf(kv, r.window);
+  r.rss_outside_kv = DriftOf(outside_kv, r.window);
+  r.rss_outside_kv.drift =
+      r.rss.first != 0 ? (r.rss_outside_kv.last - r.rss_outside_kv.first) / r.rss.first : 0;
   return r;
 }
 

@@ -14,6 +14,10 @@ struct ResourceSample {
   double rss_bytes = 0;
   double threads = 0;
   double open_fds = 0;
+  // The server's KV pool pages that have been written and so stay resident
+  // (mlaserve_kv_bytes{kind="resident"}): bounded by --kv_budget, growing only while more
+  // pages are in use at once than ever before.
+  double kv_resident_bytes = 0;
 };
 
 // How far a resource moved over a run: the mean of the last window against the mean of the
@@ -29,6 +33,11 @@ struct ResourceDrift {
   int samples = 0;  // after warm-up
   int window = 0;   // samples per window
   Drift rss, threads, open_fds;
+  Drift kv_resident;
+  // RSS less the KV pool's resident pages, with its drift taken against the whole RSS: the
+  // growth the pool does not account for, which is what a leak would show as. The soak's
+  // gate (--soak-max-rss-drift) applies to this drift.
+  Drift rss_outside_kv;
 };
 
 // Drift of `values` with windows of `window` samples at each end (they overlap when

@@ -46,11 +46,14 @@ std::vector<prometheus::MetricFamily> EngineStatsCollector::Collect() const {
                              {"prefix", static_cast<double>(kv.pages_prefix)},
                              {"sequence", static_cast<double>(kv.pages_sequence)},
                              {"pinned", static_cast<double>(kv.pages_pinned)}}));
-  families.push_back(Family("mlaserve_kv_bytes", "KV cache memory: budget, used, expanded K/V",
-                            MetricType::Gauge, "kind",
-                            {{"budget", static_cast<double>(kv.budget_bytes)},
-                             {"used", static_cast<double>(kv.used_bytes)},
-                             {"expanded", static_cast<double>(kv.expanded_bytes)}}));
+  families.push_back(
+      Family("mlaserve_kv_bytes",
+             "KV cache memory: budget, used, expanded K/V, pool pages resident in RAM",
+             MetricType::Gauge, "kind",
+             {{"budget", static_cast<double>(kv.budget_bytes)},
+              {"used", static_cast<double>(kv.used_bytes)},
+              {"expanded", static_cast<double>(kv.expanded_bytes)},
+              {"resident", static_cast<double>(int64_t{kv.pages_touched} * kv.page_bytes)}}));
   families.push_back(Family("mlaserve_prefixes",
                             "Prefixes: registered, and released but still referenced",
                             MetricType::Gauge, "state",

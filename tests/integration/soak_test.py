@@ -135,6 +135,12 @@ def main():
                         "ReleaseSequence"):
                 if report["calls_by_rpc"].get(rpc, 0) == 0:
                     failures.append(f"the churn made no {rpc} call")
+            # The KV pool's resident pages, which the gate sets apart from the rest of the RSS:
+            # some were written, never more than the budget, never more than the whole RSS.
+            for sample in report["server"]["samples"][-1:]:
+                resident = sample["kv_resident_bytes"]
+                if not 0 < resident <= min(256 << 20, sample["rss_bytes"]):
+                    failures.append(f"kv_resident_bytes {resident} outside (0, budget and RSS]")
             churn = report["churn"]
             if min(churn["created"], churn["forked"], churn["released"]) == 0:
                 failures.append(f"churn: {churn}")

@@ -815,6 +815,7 @@ KvStoreStats KvStore::Stats() const {
   stats.pages_prefix = counts.prefix;
   stats.pages_sequence = counts.sequence;
   stats.pages_pinned = counts.pinned;
+  stats.pages_touched = pages_.num_touched();
   stats.expanded_bytes = expanded_.bytes();
   stats.expanded_entries = expanded_.entries();
   stats.prefixes = tree_.registered();

@@ -42,6 +42,7 @@ struct KvStoreStats {
   int32_t pages_prefix = 0;    // held by a prefix (maybe shared with sequences)
   int32_t pages_sequence = 0;  // held by sequences only
   int32_t pages_pinned = 0;    // released, kept alive by a snapshot
+  int32_t pages_touched = 0;   // ever written, so resident in RAM (PageAllocator::num_touched)
   int64_t expanded_bytes = 0;  // built or being built
   int32_t expanded_entries = 0;
   int32_t prefixes = 0;           // registered

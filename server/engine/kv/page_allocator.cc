@@ -41,6 +41,10 @@ int32_t PageAllocator::Allocate(PageOwner kind, int32_t account) {
   free_list_.pop_back();
   if (account >= static_cast<int32_t>(account_pages_.size())) account_pages_.resize(account + 1);
   refs_[page].account = account;
+  if (!refs_[page].touched) {
+    refs_[page].touched = true;
+    ++touched_;
+  }
   ++account_pages_[account];
   AddOwner(page, kind);
   return page;

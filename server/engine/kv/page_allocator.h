@@ -34,6 +34,10 @@ class PageAllocator {
 
   int32_t num_pages() const { return static_cast<int32_t>(refs_.size()); }
   int32_t num_free() const { return static_cast<int32_t>(free_list_.size()); }
+  // Pages handed out at least once. The pool keeps a written page resident (PagePool), so
+  // this, not the pages in use, is what the KV cache costs in RAM; with the most recently
+  // freed page reused first it grows only when more pages are in use at once than ever.
+  int32_t num_touched() const { return touched_; }
   PageCounts counts() const;
 
   // Takes a free page, which starts with one owner of `kind`, charged to `account` (a
@@ -65,6 +69,7 @@ class PageAllocator {
     int32_t sequence_owners = 0;
     int32_t pins = 0;
     int32_t account = 0;
+    bool touched = false;
   };
   enum Kind { kFree, kPrefix, kSequence, kPinned, kNumKinds };
 
@@ -77,6 +82,7 @@ class PageAllocator {
   std::vector<int32_t> free_list_;  // a stack
   std::array<int32_t, kNumKinds> kind_counts_{};
   std::vector<int32_t> account_pages_;  // [account] pages in use
+  int32_t touched_ = 0;
 };
 
 }  // namespace mlaserve::engine

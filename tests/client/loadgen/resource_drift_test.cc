@@ -48,6 +48,26 @@ TEST(ResourceDriftTest, WarmUpSamplesAreLeftOutAndWindowIsATenth) {
   EXPECT_DOUBLE_EQ(r->open_fds.drift, 0);
 }
 
+TEST(ResourceDriftTest, KvPoolGrowthIsSetApartFromTheRestOfTheRss) {
+  std::vector<ResourceSample> samples;
+  // RSS grows by 40 bytes over the run; the KV pool's resident pages account for 30 of them.
+  for (int t = 0; t < 10; ++t) {
+    ResourceSample s{static_cast<double>(t), 1000.0 + 4 * t, 20, 50};
+    s.kv_resident_bytes = 200.0 + 3 * t;
+    samples.push_back(s);
+  }
+  absl::StatusOr<ResourceDrift> r = ComputeResourceDrift(samples, 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->window, 1);
+  EXPECT_DOUBLE_EQ(r->rss.drift, 36.0 / 1000.0);
+  EXPECT_DOUBLE_EQ(r->kv_resident.first, 200.0);
+  EXPECT_DOUBLE_EQ(r->kv_resident.last, 227.0);
+  EXPECT_DOUBLE_EQ(r->rss_outside_kv.first, 800.0);
+  EXPECT_DOUBLE_EQ(r->rss_outside_kv.last, 809.0);
+  // Measured against the whole RSS, so the gate's percentage means the same as before.
+  EXPECT_DOUBLE_EQ(r->rss_outside_kv.drift, 9.0 / 1000.0);
+}
+
 TEST(ResourceDriftTest, TooFewSamplesAfterWarmUpIsAnErrorNamingTheFlags) {
   const std::vector<ResourceSample> samples{{0, 1, 1, 1}, {5, 1, 1, 1}, {10, 1, 1, 1}};
   absl::StatusOr<ResourceDrift> r = ComputeResourceDrift(samples, 8);

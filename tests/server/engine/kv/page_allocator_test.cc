@@ -19,6 +19,23 @@ TEST(PageAllocatorTest, HandsOutLowPagesFirstAndReusesTheLastFreed) {
   EXPECT_EQ(pages.Allocate(PageOwner::kPrefix), 0);
 }
 
+TEST(PageAllocatorTest, CountsPagesTouchedOnlyWhenMoreAreInUseThanEver) {
+  PageAllocator pages(8);
+  EXPECT_EQ(pages.num_touched(), 0);
+  const int32_t a = pages.Allocate(PageOwner::kSequence);
+  const int32_t b = pages.Allocate(PageOwner::kSequence);
+  EXPECT_EQ(pages.num_touched(), 2);
+  // Churn at two pages in use reuses the freed pages: nothing more becomes resident.
+  for (int round = 0; round < 10; ++round) {
+    EXPECT_TRUE(pages.DropOwner(round % 2 == 0 ? a : b, PageOwner::kSequence));
+    pages.Allocate(PageOwner::kSequence);
+  }
+  EXPECT_EQ(pages.num_touched(), 2);
+  pages.Allocate(PageOwner::kPrefix);  // a third at once: one more page written
+  EXPECT_EQ(pages.num_touched(), 3);
+  EXPECT_EQ(pages.num_free(), 5);
+}
+
 TEST(PageAllocatorTest, ClassifiesPagesByWhatKeepsThemAlive) {
   PageAllocator pages(3);
   const int32_t page = pages.Allocate(PageOwner::kPrefix);
