@@ -9,7 +9,7 @@
 
 namespace mlaserve::fuzz {
 
-// The real engine on a small model (DeepSeek's head dims, 16 heads, 2 layers, 16-token
+// The real engine on a small model (4 heads, dn 32, dr 16, dl 64, dv 32, 2 layers, 16-token
 // pages, a 64 MiB budget, the host device), made once per fuzzer process, with the state
 // every input starts from:
 //   prefix "p" (20 bf16 tokens), sequences "s" (bf16, on "p", +12 tokens) and "f" (FP8, 30

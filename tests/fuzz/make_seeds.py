@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Writes the fuzzers' seed corpus (tests/fuzz/corpus/<harness>/): one valid message of each
-kind the harness takes, against the fuzz engine's fixture (tests/fuzz/fuzz_engine.h: 16
-heads, 2 layers, prefix "p", bf16 sequence "s" of 32 tokens, FP8 sequence "f" of 30). The
-fuzzers mutate these; the device profiles and the example flag file are further seeds that
+kind the harness takes, against the fuzz engine's fixture (tests/fuzz/fuzz_engine.h: 4
+heads, dn 32, dl 64, dr 16, 2 layers, prefix "p", bf16 sequence "s" of 32 tokens, FP8
+sequence "f" of 30). The fuzzers mutate these; the device profiles and the example flag file are further seeds that
 scripts/fuzz.sh passes from where they live.
 
     PYTHONPATH=build/python /usr/bin/python3 tests/fuzz/make_seeds.py
@@ -18,7 +18,7 @@ import mlaserve
 from mlaserve import fp8
 from mlaserve.v1 import decode_pb2, kv_cache_pb2, tensor_pb2
 
-HEADS, LAYERS, DL, DR = 16, 2, 512, 64
+HEADS, LAYERS, DN, DL, DR = 4, 2, 32, 64, 16
 WIDTH = DL + DR
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
 
@@ -36,7 +36,7 @@ def bf16(shape, rng):
 def main():
     rng = np.random.default_rng(1)
     latent = mlaserve.latent_query("s", 1, bf16((1, HEADS, WIDTH), rng))
-    head = mlaserve.head_query("f", 0, bf16((2, HEADS, 128), rng), bf16((2, HEADS, DR), rng))
+    head = mlaserve.head_query("f", 0, bf16((2, HEADS, DN), rng), bf16((2, HEADS, DR), rng))
     appending = mlaserve.latent_query("s", 0, bf16((1, HEADS, WIDTH), rng),
                                       append_rows=bf16((1, WIDTH), rng), append_position=32)
     fp32 = mlaserve.latent_query("f", 1, rng.standard_normal((1, HEADS, WIDTH)).astype(np.float32))
