@@ -16,7 +16,7 @@ import numpy as np
 
 import mlaserve
 from mlaserve import fp8
-from mlaserve.v1 import decode_pb2, kv_cache_pb2, tensor_pb2
+from mlaserve.v1 import admin_pb2, decode_pb2, kv_cache_pb2, tensor_pb2
 
 HEADS, LAYERS, DN, DL, DR = 4, 2, 32, 64, 16
 WIDTH = DL + DR
@@ -64,6 +64,16 @@ def main():
     fp8_chunk.fp8_rows.count = 2
     fp8_chunk.fp8_rows.data = bytes(records)
     write("append_kv_fuzzer", "seed-1", fp8_chunk.SerializeToString())
+
+    # admin_fuzzer: a byte picking the RPC (0 ListPrefixes, 1 ListSequences, 2 GetStats), then
+    # the request.
+    admin = [b"\x00" + admin_pb2.ListPrefixesRequest(page_size=1).SerializeToString(),
+             b"\x01" + admin_pb2.ListSequencesRequest(page_size=1,
+                                                      prefix_id="p").SerializeToString(),
+             b"\x01" + admin_pb2.ListSequencesRequest(page_token="f").SerializeToString(),
+             b"\x02"]
+    for i, seed in enumerate(admin):
+        write("admin_fuzzer", f"seed-{i}", seed)
 
     header = json.dumps({"__metadata__": {"format": "pt"},
                          "x": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
