@@ -11,7 +11,7 @@ packages=(
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libssl-dev openssl
   libabsl-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-pthread-dev libdnnl-dev libsleef-dev prometheus-cpp-dev libcpp-httplib-dev libsystemd-dev nlohmann-json3-dev
-  python3 python3-grpcio python3-protobuf python3-numpy python3-h2
+  python3 python3-grpcio python3-protobuf python3-numpy python3-h2 python3-matplotlib
   systemd strace clang-format prometheus
   clang-14 libclang-rt-14-dev libomp-14-dev
 )

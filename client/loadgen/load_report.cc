@@ -8,13 +8,9 @@
 #include "absl/strings/str_format.h"
 
 namespace mlaserve::loadgen {
-namespace {
-
-nlohmann::json Json(const Percentiles& p) {
+nlohmann::json ToJson(const Percentiles& p) {
   return {{"p50", p.p50}, {"p90", p.p90}, {"p99", p.p99}, {"max", p.max}, {"mean", p.mean}};
 }
-
-}  // namespace
 
 Percentiles PercentilesOf(std::vector<double> v) {
   Percentiles p;
@@ -96,10 +92,10 @@ nlohmann::json ToJson(const LoadResult& r, const LoadSummary& s) {
           {"calls_per_s", s.calls_per_s},
           {"queries_per_s", s.queries_per_s},
           {"tokens_per_s", s.tokens_per_s},
-          {"latency_ms", Json(s.latency_ms)},
-          {"queue_us", Json(s.queue_us)},
-          {"device_host_ms", Json(s.device_host_ms)},
-          {"overhead_us", Json(s.overhead_us)},
+          {"latency_ms", ToJson(s.latency_ms)},
+          {"queue_us", ToJson(s.queue_us)},
+          {"device_host_ms", ToJson(s.device_host_ms)},
+          {"overhead_us", ToJson(s.overhead_us)},
           {"mean_batch_size", s.mean_batch_size},
           {"mean_device_modeled_us", s.mean_device_modeled_us},
           {"hybrid_fraction", s.hybrid_fraction}};

@@ -17,6 +17,7 @@ struct Percentiles {
 // Nearest-rank percentiles of `values` (all zero when empty); every report of this project
 // that states a percentile computes it here.
 Percentiles PercentilesOf(std::vector<double> values);
+nlohmann::json ToJson(const Percentiles& p);
 
 // A run boiled down to what a serving engineer asks: throughput, latency, where the time
 // went (queueing, device, the RPC itself), and how the server planned.

@@ -5,15 +5,24 @@
 // drift. See docs/loadgen.md.
 #include <unistd.h>
 
+#include <cmath>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "client/loadgen/continuous.h"
+#include "client/loadgen/continuous_report.h"
 #include "client/loadgen/grpc_load_target.h"
 #include "client/loadgen/load_report.h"
 #include "client/loadgen/soak.h"
@@ -21,6 +30,8 @@
 #include "client/loadgen/workload.h"
 #include "client/mlaserve_client.h"
 #include "common/command_line.h"
+#include "google/protobuf/util/json_util.h"
+#include "kernels/core/cpu_features.h"
 #include "kernels/core/matmul.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "server address, host:port");
@@ -69,6 +80,32 @@ ABSL_FLAG(double, soak_prefix_fraction, 0.7,
           "soak: share of new sequences created on the shared prefix (the rest bare)");
 ABSL_FLAG(double, soak_fork_fraction, 0.2,
           "soak: share of retired sequences replaced by a fork of a live one");
+ABSL_FLAG(bool, continuous, false,
+          "continuous traffic: sequences arrive, decode their steps and retire (implied by "
+          "--sweep and by --arrival-rate above 0)");
+ABSL_FLAG(double, arrival_rate, 0,
+          "continuous: sequences arriving per second (0: a closed population, each rank kept at "
+          "--sequences)");
+ABSL_FLAG(double, burstiness, 1,
+          "continuous: Gamma shape of the arrival gaps (1 Poisson, below 1 burstier, above 1 "
+          "more regular)");
+ABSL_FLAG(std::string, context_dist, "",
+          "continuous: each sequence's own prompt tokens: fixed:N, uniform:A,B, "
+          "lognormal:MEDIAN,SIGMA or file:PATH (default fixed:--context-tokens)");
+ABSL_FLAG(std::string, steps_dist, "uniform:16,256",
+          "continuous: decode steps (output tokens) per sequence, same forms as --context-dist");
+ABSL_FLAG(int, max_context_tokens, 8192, "continuous: largest own prompt a draw may give");
+ABSL_FLAG(std::string, system_prompts, "",
+          "continuous: shared system prompts as TOKENS:WEIGHT,... (default one of "
+          "--prefix-tokens; 0 for none)");
+ABSL_FLAG(double, slo_tpot_ms, 0,
+          "continuous: time-per-output-token SLO for goodput and the sweep's stop (0: none)");
+ABSL_FLAG(double, warmup_s, 2, "continuous: seconds run before measuring (each sweep point)");
+ABSL_FLAG(std::string, sweep, "",
+          "continuous: VARIABLE:V1,V2,... over rate, ranks (--workers) or sequences (per rank), "
+          "one measured point each, stopping once the SLO is lost for good");
+ABSL_FLAG(std::string, out, "",
+          "continuous: write PREFIX.json and PREFIX.csv (docs/loadgen.md, \"Sweeps\")");
 
 namespace {
 
@@ -158,11 +195,186 @@ int RunSoakMode(mlaserve::client::MlaServeClient& client, const std::string& tar
   return result->failures.empty() ? 0 : 1;
 }
 
+// The client machine, for the sweep's files: numbers mean little without it.
+nlohmann::json ClientMachine() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return {{"cpu", mlaserve::HostCpu().model},
+          {"isa", mlaserve::HostCpu().MatrixIsa()},
+          {"cores", std::thread::hardware_concurrency()},
+          {"hostname", host}};
+}
+
+nlohmann::json ServerJson(mlaserve::client::MlaServeClient& client) {
+  absl::StatusOr<mlaserve::v1::GetServerInfoResponse> info = client.GetServerInfo();
+  if (!info.ok()) return {{"error", std::string(info.status().message())}};
+  std::string text;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  if (!google::protobuf::util::MessageToJsonString(*info, &text, options).ok()) return nullptr;
+  // The facts a plot or a table names, flat, then GetServerInfo's whole answer.
+  return {{"model", info->model().name()},
+          {"layers", info->model().layers()},
+          {"heads", info->model().heads()},
+          {"devices", info->devices_size()},
+          {"device", info->devices_size() > 0 ? info->devices(0).profile() : ""},
+          {"version", info->server_version()},
+          {"cpu", info->host().cpu_model()},
+          {"matrix_unit", info->host().matrix_unit()},
+          {"info", nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false)}};
+}
+
+std::string CommandLine(int argc, char** argv) {
+  std::vector<std::string> words(argv, argv + argc);
+  return absl::StrJoin(words, " ");
+}
+
+// Continuous traffic, one run or a sweep (docs/loadgen.md). Exit status: 0 when every call
+// succeeded, 1 otherwise or when the run fails, 2 for bad flags.
+int RunContinuousMode(std::unique_ptr<mlaserve::client::MlaServeClient> client,
+                      const std::string& target, const std::string& command) {
+  using mlaserve::loadgen::ContinuousOptions;
+  auto bad = [](const absl::Status& status) {
+    std::cerr << "mlaserve-loadgen: " << status.message() << "\n";
+    return 2;
+  };
+  ContinuousOptions o;
+  o.ranks = absl::GetFlag(FLAGS_workers);
+  o.sequences = absl::GetFlag(FLAGS_sequences);
+  o.sq = absl::GetFlag(FLAGS_sq);
+  o.head_space = absl::GetFlag(FLAGS_space) == "head";
+  o.layers = absl::GetFlag(FLAGS_layers);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.run_id = absl::GetFlag(FLAGS_run_id);
+  const std::string kv_dtype = absl::GetFlag(FLAGS_kv_dtype);
+  if (!kv_dtype.empty()) {
+    o.kv_dtype = kv_dtype == "fp8" ? mlaserve::KvDtype::kFp8 : mlaserve::KvDtype::kBf16;
+  }
+  const double duration_s = absl::GetFlag(FLAGS_duration_s);
+  const double warmup_s = absl::GetFlag(FLAGS_warmup_s);
+  if (!(duration_s > 0)) return bad(absl::InvalidArgumentError("--duration-s: must be positive"));
+  if (!(warmup_s >= 0)) return bad(absl::InvalidArgumentError("--warmup-s: must be 0 or more"));
+  o.duration = absl::Seconds(duration_s);
+  o.warmup = absl::Seconds(warmup_s);
+  const int max_context = absl::GetFlag(FLAGS_max_context_tokens);
+  if (max_context < 1) {
+    return bad(absl::InvalidArgumentError("--max-context-tokens: must be at least 1"));
+  }
+  std::string context = absl::GetFlag(FLAGS_context_dist);
+  if (context.empty()) context = absl::StrCat("fixed:", absl::GetFlag(FLAGS_context_tokens));
+  absl::StatusOr<mlaserve::loadgen::LengthDistribution> context_dist =
+      mlaserve::loadgen::LengthDistribution::Parse(context, "context-dist", max_context);
+  if (!context_dist.ok()) return bad(context_dist.status());
+  o.context = *std::move(context_dist);
+  absl::StatusOr<mlaserve::loadgen::LengthDistribution> steps_dist =
+      mlaserve::loadgen::LengthDistribution::Parse(absl::GetFlag(FLAGS_steps_dist), "steps-dist",
+                                                   1 << 20);
+  if (!steps_dist.ok()) return bad(steps_dist.status());
+  o.steps = *std::move(steps_dist);
+  std::string prompts = absl::GetFlag(FLAGS_system_prompts);
+  if (prompts.empty()) prompts = absl::StrCat(absl::GetFlag(FLAGS_prefix_tokens));
+  absl::StatusOr<mlaserve::loadgen::PromptMix> mix = mlaserve::loadgen::PromptMix::Parse(prompts);
+  if (!mix.ok()) return bad(mix.status());
+  o.prompts = *std::move(mix);
+  absl::StatusOr<mlaserve::loadgen::ArrivalProcess> arrivals =
+      mlaserve::loadgen::ArrivalProcess::Create(absl::GetFlag(FLAGS_arrival_rate),
+                                                absl::GetFlag(FLAGS_burstiness));
+  if (!arrivals.ok()) return bad(arrivals.status());
+  o.arrivals = *arrivals;
+  const double slo = absl::GetFlag(FLAGS_slo_tpot_ms);
+  if (!(slo >= 0)) return bad(absl::InvalidArgumentError("--slo-tpot-ms: must be 0 or more"));
+  const std::optional<double> slo_tpot_ms = slo > 0 ? std::optional<double>(slo) : std::nullopt;
+  std::optional<mlaserve::loadgen::SweepSpec> sweep;
+  if (const std::string spec = absl::GetFlag(FLAGS_sweep); !spec.empty()) {
+    absl::StatusOr<mlaserve::loadgen::SweepSpec> parsed = mlaserve::loadgen::SweepSpec::Parse(spec);
+    if (!parsed.ok()) return bad(parsed.status());
+    sweep = *std::move(parsed);
+  }
+  const std::string out = absl::GetFlag(FLAGS_out);
+
+  mlaserve::loadgen::SweepContext context_info{command, ClientMachine(), ServerJson(*client)};
+  auto load_target = mlaserve::loadgen::GrpcLoadTarget::Create(std::move(client));
+  if (!load_target.ok()) {
+    std::cerr << "mlaserve-loadgen: " << load_target.status() << "\n";
+    return 1;
+  }
+  const bool json = absl::GetFlag(FLAGS_json);
+  const std::vector<double> values =
+      sweep.has_value() ? sweep->values : std::vector<double>{std::nan("")};
+  std::vector<mlaserve::loadgen::PointSummary> points;
+  bool stopped_early = false;
+  std::string stop_reason;
+  int64_t failed_calls = 0;
+  if (sweep.has_value() && !json) {
+    std::cout << absl::StrFormat(
+                     "mlaserve sweep against %s: %s (%s), %.0f s per point after "
+                     "%.0f s of warm-up\n",
+                     target, sweep->variable, sweep->unit(), duration_s, warmup_s)
+              << mlaserve::loadgen::SweepTableHeader(&*sweep) << std::endl;
+  }
+  for (double value : values) {
+    ContinuousOptions point = sweep.has_value() ? sweep->Apply(o, value) : o;
+    point.run_id = sweep.has_value() ? absl::StrCat(o.run_id, "/", points.size()) : o.run_id;
+    absl::StatusOr<mlaserve::loadgen::ContinuousResult> result;
+    {
+      mlaserve::loadgen::Progress progress(
+          mlaserve::loadgen::ProgressModeFor(absl::GetFlag(FLAGS_quiet), STDERR_FILENO), std::cerr);
+      point.progress = &progress;
+      result = mlaserve::loadgen::RunContinuous(**load_target, point);
+    }
+    if (!result.ok()) {
+      std::cerr << "mlaserve-loadgen: " << result.status() << "\n";
+      return result.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    }
+    points.push_back(mlaserve::loadgen::SummarizePoint(
+        *result, sweep.has_value() ? std::optional<double>(value) : std::nullopt, slo_tpot_ms));
+    failed_calls += points.back().failed_calls;
+    if (!json) {
+      if (sweep.has_value()) {
+        std::cout << mlaserve::loadgen::SweepTableRow(points.back()) << std::endl;
+      } else {
+        mlaserve::loadgen::PrintPointReport(*result, points.back(), target, std::cout);
+      }
+    }
+    if (sweep.has_value() && mlaserve::loadgen::SloLostForGood(points) &&
+        points.size() < values.size()) {
+      stopped_early = true;
+      stop_reason = absl::StrFormat(
+          "p50 TPOT over the %.3g ms SLO at two points in a row: more load cannot bring it back",
+          *slo_tpot_ms);
+      break;
+    }
+  }
+  const nlohmann::json report = mlaserve::loadgen::SweepJson(
+      context_info, sweep.has_value() ? &*sweep : nullptr, points, stopped_early, stop_reason);
+  if (json) {
+    std::cout << report.dump() << "\n";
+  } else if (sweep.has_value()) {
+    if (stopped_early) std::cout << "  stopped early: " << stop_reason << "\n";
+    if (const std::optional<mlaserve::loadgen::Knee> knee = mlaserve::loadgen::FindKnee(points)) {
+      std::cout << "  knee       " << sweep->variable << " " << *points[knee->index].value << ": "
+                << knee->reason << "\n";
+    }
+  }
+  if (!out.empty()) {
+    std::ofstream json_file(out + ".json"), csv_file(out + ".csv");
+    json_file << report.dump(1) << "\n";
+    csv_file << mlaserve::loadgen::SweepCsv(points);
+    if (!json_file || !csv_file) {
+      std::cerr << "mlaserve-loadgen: --out: cannot write " << out << ".json and .csv\n";
+      return 1;
+    }
+    if (!json) std::cout << "  wrote      " << out << ".json, " << out << ".csv\n";
+  }
+  return failed_calls == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "mlaserve-loadgen [--target host:port] [flags]: closed-loop decode load; with --soak "
+      "mlaserve-loadgen [--target host:port] [flags]: closed-loop decode load; with "
+      "--continuous (or --arrival-rate, --sweep), traffic that arrives and retires; with --soak "
       "--metrics-target host:port, a soak run (docs/loadgen.md)");
   // Flag names take dashes or underscores (--duration-s = --duration_s), and --flagfile.
   absl::StatusOr<std::vector<std::string>> positional =
@@ -233,6 +445,10 @@ int main(int argc, char** argv) {
   }
   const mlaserve::client::ClientTls tls = client_options.tls;
   if (absl::GetFlag(FLAGS_soak)) return RunSoakMode(*client, target, tls);
+  if (absl::GetFlag(FLAGS_continuous) || !absl::GetFlag(FLAGS_sweep).empty() ||
+      absl::GetFlag(FLAGS_arrival_rate) > 0) {
+    return RunContinuousMode(std::move(client), target, CommandLine(argc, argv));
+  }
   auto load_target = mlaserve::loadgen::GrpcLoadTarget::Create(std::move(client));
   if (!load_target.ok()) {
     std::cerr << "mlaserve-loadgen: " << load_target.status() << "\n";

@@ -7,37 +7,12 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "client/loadgen/query_pool.h"
 #include "common/status_macros.h"
 #include "kernels/core/random_fill.h"
 
 namespace mlaserve::loadgen {
 namespace {
-
-// Queries and KV rows are drawn from small pre-generated pools: generating fresh normals for
-// 128-head queries would cost the client more CPU than the server spends on them.
-constexpr int kQueryPool = 16;
-constexpr int kRowPool = 64;
-
-struct DataPool {
-  std::vector<Bf16> q_nope, q_pe, q_latent, rows;
-  int64_t nope = 0, pe = 0, latent = 0;  // elements per query
-  int dk = 0;
-};
-
-DataPool MakePool(const TargetModel& m, int sq, uint64_t seed) {
-  DataPool p;
-  Rng rng(seed);
-  p.nope = int64_t{sq} * m.heads * m.dn;
-  p.pe = int64_t{sq} * m.heads * m.dr;
-  p.latent = int64_t{sq} * m.heads * m.dk();
-  p.dk = m.dk();
-  p.q_nope.resize(p.nope * kQueryPool);
-  p.q_pe.resize(p.pe * kQueryPool);
-  p.q_latent.resize(p.latent * kQueryPool);
-  p.rows.resize(int64_t{kRowPool} * m.dk());
-  for (auto* v : {&p.q_nope, &p.q_pe, &p.q_latent, &p.rows}) FillNormal(*v, 1.0, rng);
-  return p;
-}
 
 std::string SequenceId(const WorkloadOptions& o, int worker, int s) {
   return absl::StrCat(o.run_id, "/w", worker, "/s", s);
@@ -60,7 +35,7 @@ absl::StatusOr<LoadResult> RunWorkload(LoadTarget& target, const WorkloadOptions
     return absl::InvalidArgumentError(absl::StrCat(
         "workload: --sequences ", o.sequences, " exceeds the server's max batch ", m.max_batch));
   }
-  const DataPool pool = MakePool(m, o.sq, o.seed);
+  const QueryPool pool(m, o.sq, o.seed);
   const std::string prefix = o.prefix_tokens > 0 ? absl::StrCat(o.run_id, "/system-prompt") : "";
 
   // Everything created is released at the end, whatever happens in between.
@@ -113,17 +88,7 @@ absl::StatusOr<LoadResult> RunWorkload(LoadTarget& target, const WorkloadOptions
       for (int l = 0; l < layers && !failed; ++l) {
         std::vector<LoadQuery> queries(o.sequences);
         for (int s = 0; s < o.sequences; ++s) {
-          LoadQuery& q = queries[s];
-          const int64_t k = (draw++) % kQueryPool;
-          q.sequence_id = SequenceId(o, w, s);
-          q.layer = l;
-          q.sq = o.sq;
-          q.head_space = o.head_space;
-          q.q_nope = std::span<const Bf16>(pool.q_nope).subspan(k * pool.nope, pool.nope);
-          q.q_pe = std::span<const Bf16>(pool.q_pe).subspan(k * pool.pe, pool.pe);
-          q.q_latent = std::span<const Bf16>(pool.q_latent).subspan(k * pool.latent, pool.latent);
-          q.append = std::span<const Bf16>(pool.rows).subspan((draw % kRowPool) * pool.dk, pool.dk);
-          q.append_position = position;
+          queries[s] = pool.Query(draw++, SequenceId(o, w, s), l, o.head_space, position);
         }
         CallRecord record;
         record.queries = o.sequences;

@@ -2,6 +2,8 @@
 // the format asked for, and releases everything.
 
 #include "absl/time/time.h"
+#include "client/loadgen/continuous.h"
+#include "client/loadgen/continuous_report.h"
 #include "client/loadgen/grpc_load_target.h"
 #include "client/loadgen/workload.h"
 #include "gtest/gtest.h"
@@ -39,6 +41,38 @@ TEST(LoadgenTest, AShortRunInTheFormatAskedForLeavesNothingBehind) {
         server.client().GetSequence(std::string(KvDtypeName(dtype)) + "/w0/s0").status().code(),
         absl::StatusCode::kNotFound);
   }
+}
+
+TEST(LoadgenTest, ContinuousTrafficRunsOnTheServerAndLeavesNothingBehind) {
+  IntegrationServer server(SmallEngineOptions(TinyModel()));
+  auto target = loadgen::GrpcLoadTarget::Create(server.NewClient());
+  ASSERT_TRUE(target.ok()) << target.status();
+  loadgen::ContinuousOptions o;
+  o.ranks = 2;
+  o.sequences = 4;
+  o.arrivals = *loadgen::ArrivalProcess::Create(60, 0.5);
+  o.context = *loadgen::LengthDistribution::Parse("uniform:1,20", "context-dist", 64);
+  o.steps = *loadgen::LengthDistribution::Parse("uniform:2,8", "steps-dist", 64);
+  o.prompts = *loadgen::PromptMix::Parse("40:2,24:1");
+  o.warmup = absl::Milliseconds(200);
+  o.duration = absl::Milliseconds(800);
+  o.head_space = false;
+  o.run_id = "continuous";
+  absl::StatusOr<loadgen::ContinuousResult> result = loadgen::RunContinuous(**target, o);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->admission_errors.empty());
+  for (const loadgen::CallRecord& call : result->calls) EXPECT_EQ(call.code, absl::StatusCode::kOk);
+  const loadgen::PointSummary point = loadgen::SummarizePoint(*result, std::nullopt, 1000.0);
+  EXPECT_GT(point.finished, 0);
+  EXPECT_GT(point.tokens, 0);
+  EXPECT_EQ(point.failed_calls, 0);
+  // Every sequence and both system prompts are gone.
+  absl::StatusOr<v1::ListSequencesResponse> sequences = server.client().ListSequences(1000, "", "");
+  ASSERT_TRUE(sequences.ok()) << sequences.status();
+  EXPECT_EQ(sequences->sequences_size(), 0);
+  absl::StatusOr<v1::ListPrefixesResponse> prefixes = server.client().ListPrefixes(1000, "");
+  ASSERT_TRUE(prefixes.ok()) << prefixes.status();
+  EXPECT_EQ(prefixes->prefixes_size(), 0);
 }
 
 }  // namespace

@@ -1,0 +1,319 @@
+#include "client/loadgen/continuous.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "client/loadgen/continuous_report.h"
+#include "gtest/gtest.h"
+
+namespace mlaserve::loadgen {
+namespace {
+
+// A server as far as the traffic can tell: sequences with a length per layer, prefixes, and a
+// decode that takes a fixed time. It checks what a real server would refuse (unknown ids,
+// appends not at the end, a batch over its max) and remembers every breach.
+class FakeTarget final : public LoadTarget {
+ public:
+  static constexpr int kLayers = 2;
+  static constexpr int kMaxBatch = 8;
+  explicit FakeTarget(std::chrono::microseconds decode_time) : decode_time_(decode_time) {}
+
+  absl::StatusOr<TargetModel> Model() override {
+    return TargetModel{"fake", kLayers, 2, 4, 2, 6, kMaxBatch};
+  }
+  absl::Status RegisterPrefix(const std::string& id, std::span<const Bf16> latent, int tokens,
+                              std::optional<KvDtype>) override {
+    std::lock_guard lock(mu_);
+    if (latent.size() != static_cast<size_t>(kLayers) * tokens * 8) Breach("prefix shape");
+    prefixes_[id] = tokens;
+    return absl::OkStatus();
+  }
+  absl::Status ReleasePrefix(const std::string& id) override {
+    std::lock_guard lock(mu_);
+    if (prefixes_.erase(id) == 0) Breach("release of an unknown prefix");
+    return absl::OkStatus();
+  }
+  absl::Status CreateSequence(const std::string& id, const std::string& prefix_id,
+                              std::optional<KvDtype>) override {
+    std::lock_guard lock(mu_);
+    int start = 0;
+    if (!prefix_id.empty()) {
+      auto it = prefixes_.find(prefix_id);
+      if (it == prefixes_.end()) return absl::NotFoundError(prefix_id);
+      start = it->second;
+      ++starts_on_[prefix_id];
+    }
+    if (!sequences_.emplace(id, std::vector<int64_t>(kLayers, start)).second) Breach("id reused");
+    ++created_;
+    return absl::OkStatus();
+  }
+  absl::Status ReleaseSequence(const std::string& id) override {
+    std::lock_guard lock(mu_);
+    if (sequences_.erase(id) == 0) Breach("release of an unknown sequence");
+    return absl::OkStatus();
+  }
+  absl::Status AppendKv(const std::string& id, int layer, int64_t position,
+                        std::span<const Bf16> rows) override {
+    std::lock_guard lock(mu_);
+    auto it = sequences_.find(id);
+    if (it == sequences_.end()) return absl::NotFoundError(id);
+    if (it->second[layer] != position) Breach("append not at the end");
+    it->second[layer] += static_cast<int64_t>(rows.size() / 8);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<LoadAnswer>> Decode(const std::vector<LoadQuery>& queries) override {
+    {
+      std::lock_guard lock(mu_);
+      if (queries.size() > kMaxBatch) Breach("batch over the max");
+      batch_sizes_.push_back(static_cast<int>(queries.size()));
+      for (const LoadQuery& q : queries) {
+        auto it = sequences_.find(q.sequence_id);
+        if (it == sequences_.end()) return absl::NotFoundError(q.sequence_id);
+        if (it->second[q.layer] != q.append_position) Breach("decode append not at the end");
+        ++it->second[q.layer];
+        ++steps_by_sequence_[q.sequence_id];
+      }
+    }
+    std::this_thread::sleep_for(decode_time_);
+    LoadAnswer a;
+    a.queue_us = 10;
+    a.device_host_us = 20;
+    a.device_modeled_us = 15;
+    a.hybrid = true;
+    return std::vector<LoadAnswer>(queries.size(), a);
+  }
+
+  std::mutex mu_;
+  std::vector<std::string> breaches_;
+  std::map<std::string, std::vector<int64_t>> sequences_;
+  std::map<std::string, int> prefixes_;
+  std::map<std::string, int> starts_on_;
+  std::map<std::string, int> steps_by_sequence_;  // decode queries, all layers
+  std::vector<int> batch_sizes_;
+  int created_ = 0;
+
+ private:
+  void Breach(const std::string& what) { breaches_.push_back(what); }
+  const std::chrono::microseconds decode_time_;
+};
+
+ContinuousOptions Options(absl::string_view context, absl::string_view steps,
+                          absl::string_view prompts) {
+  ContinuousOptions o;
+  o.context = *LengthDistribution::Parse(context, "context-dist", 64);
+  o.steps = *LengthDistribution::Parse(steps, "steps-dist", 1000);
+  o.prompts = *PromptMix::Parse(prompts);
+  o.arrivals = *ArrivalProcess::Create(0, 1);
+  o.warmup = absl::Milliseconds(100);
+  o.duration = absl::Milliseconds(600);
+  o.run_id = "test";
+  return o;
+}
+
+TEST(ContinuousTest, AClosedPopulationKeepsRanksFullAndRetiresSequencesAfterTheirSteps) {
+  FakeTarget target(std::chrono::microseconds(500));
+  ContinuousOptions o = Options("fixed:4", "fixed:5", "16:1,32:1");
+  o.ranks = 2;
+  o.sequences = 3;
+  absl::StatusOr<ContinuousResult> r = RunContinuous(target, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(target.breaches_.empty()) << absl::StrJoin(target.breaches_, "; ");
+  EXPECT_TRUE(target.sequences_.empty()) << "sequences left on the server";
+  EXPECT_TRUE(target.prefixes_.empty()) << "prompts left on the server";
+  EXPECT_EQ(target.starts_on_.size(), 2u) << "both system prompts used";
+  // A rank decodes what it holds, never more than --sequences, in one call per layer.
+  EXPECT_LE(*std::max_element(target.batch_sizes_.begin(), target.batch_sizes_.end()), 3);
+  int finished = 0;
+  for (const SequenceRecord& s : r->sequences) {
+    if (s.finished_s < 0) continue;
+    ++finished;
+    EXPECT_EQ(s.steps, 5);
+    // A step is both layers' calls one after another, each at least the decode time.
+    EXPECT_GE(s.step_ms_sum / s.steps, 2 * 0.5);
+  }
+  EXPECT_GT(finished, 10);
+  for (const auto& [id, n] : target.steps_by_sequence_) {
+    EXPECT_LE(n, 5 * FakeTarget::kLayers) << id << " decoded past its planned steps";
+  }
+  EXPECT_EQ(static_cast<int>(r->sequences.size()), target.created_);
+}
+
+TEST(ContinuousTest, ArrivalsComeAtTheirRateAndWaitForRoom) {
+  FakeTarget target(std::chrono::microseconds(200));
+  ContinuousOptions o = Options("uniform:1,8", "uniform:2,6", "");
+  o.arrivals = *ArrivalProcess::Create(400, 1);
+  o.ranks = 2;
+  o.sequences = 4;
+  o.warmup = absl::ZeroDuration();
+  o.duration = absl::Seconds(1);
+  absl::StatusOr<ContinuousResult> r = RunContinuous(target, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(target.breaches_.empty()) << absl::StrJoin(target.breaches_, "; ");
+  EXPECT_TRUE(target.sequences_.empty());
+  // Poisson(400) arrivals in the second: standard deviation 20.
+  EXPECT_NEAR(static_cast<double>(r->sequences.size()), 400, 100);
+  for (const SequenceRecord& s : r->sequences) {
+    ASSERT_GE(s.context_tokens, 1);
+    ASSERT_LE(s.context_tokens, 8);
+    if (s.admitted_s >= 0) {
+      EXPECT_GE(s.admitted_s, s.arrived_s);
+    }
+  }
+  EXPECT_LE(*std::max_element(target.batch_sizes_.begin(), target.batch_sizes_.end()), 4);
+}
+
+TEST(ContinuousTest, OptionsTheTargetCannotTakeAreRefused) {
+  FakeTarget target(std::chrono::microseconds(0));
+  ContinuousOptions o = Options("fixed:1", "fixed:1", "");
+  o.sequences = FakeTarget::kMaxBatch + 1;
+  absl::StatusOr<ContinuousResult> r = RunContinuous(target, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("--sequences"), std::string::npos);
+}
+
+// Records made by hand, the summary's figures worked out from them.
+ContinuousResult HandMadeResult() {
+  ContinuousResult r;
+  r.warmup_s = 1;
+  r.end_s = 3;  // a 2-second window
+  auto sequence = [](double arrived, double admitted, double finished, int steps, double sum) {
+    SequenceRecord s;
+    s.arrived_s = arrived;
+    s.admitted_s = admitted;
+    s.finished_s = finished;
+    s.steps = steps;
+    s.planned_steps = steps;
+    s.step_ms_sum = sum;
+    return s;
+  };
+  r.sequences = {
+      sequence(0.5, 0.6, 0.9, 2, 20),  // finished before the window: left out
+      sequence(0.8, 1.2, 2.0, 4, 40),  // TPOT 10 ms
+      sequence(1.5, 1.5, 2.5, 2, 60),  // TPOT 30 ms
+      sequence(2.0, 2.5, -1, 1, 5),    // still decoding at the end
+  };
+  r.steps = {{0.9, 10, 3}, {1.5, 10, 2}, {2.0, 25, 2}, {2.9, 10, 1}};
+  CallRecord ok;
+  ok.start_s = 1.1;
+  ok.latency_us = 100;
+  ok.queries = 2;
+  LoadAnswer a;
+  a.queue_us = 20;
+  a.device_host_us = 50;
+  a.hybrid = true;
+  LoadAnswer b = a;
+  b.hybrid = false;
+  ok.answers = {a, b};
+  CallRecord failed;
+  failed.start_s = 2.0;
+  failed.code = absl::StatusCode::kUnavailable;
+  CallRecord early = ok;
+  early.start_s = 0.5;
+  r.calls = {early, ok, failed};
+  r.admission_errors = {{"RESOURCE_EXHAUSTED", 2}};
+  return r;
+}
+
+TEST(PointSummaryTest, CountsTheWindowOnlyAndMeasuresGoodputAgainstTheSlo) {
+  const PointSummary p = SummarizePoint(HandMadeResult(), 4.0, /*slo_tpot_ms=*/20.0);
+  EXPECT_DOUBLE_EQ(p.measured_s, 2);
+  EXPECT_EQ(p.arrived, 2);  // at 1.5 and 2.0
+  EXPECT_EQ(p.finished, 2);
+  EXPECT_EQ(p.unfinished, 1);
+  EXPECT_EQ(p.tokens, 2 + 2 + 1);  // the steps ending at 1.5, 2.0 and 2.9
+  EXPECT_DOUBLE_EQ(p.tokens_per_s, 5.0 / 2);
+  EXPECT_DOUBLE_EQ(p.tpot_ms.mean, 20);
+  EXPECT_EQ(p.tpot_cdf_ms, (std::vector<double>{10, 30}));
+  EXPECT_EQ(p.calls, 2);
+  EXPECT_EQ(p.failed_calls, 1);
+  EXPECT_EQ(p.errors.at("UNAVAILABLE"), 1);
+  EXPECT_EQ(p.errors.at("RESOURCE_EXHAUSTED"), 2);
+  EXPECT_DOUBLE_EQ(p.queries_per_s, 2.0 / 2);
+  EXPECT_DOUBLE_EQ(p.share_queue, 0.2);
+  EXPECT_DOUBLE_EQ(p.share_device, 0.5);
+  EXPECT_NEAR(p.share_overhead, 0.3, 1e-12);
+  EXPECT_DOUBLE_EQ(p.hybrid_fraction, 0.5);
+  EXPECT_DOUBLE_EQ(p.goodput_sequences, 0.5);   // 10 ms within 20, 30 ms not
+  EXPECT_DOUBLE_EQ(p.goodput_tokens, 3.0 / 5);  // the 25 ms step's 2 tokens miss
+  EXPECT_DOUBLE_EQ(p.goodput_tokens_per_s, 1.5);
+  EXPECT_FALSE(p.slo_met);  // p99 TPOT 30 ms
+  EXPECT_TRUE(SummarizePoint(HandMadeResult(), 4.0, 30.0).slo_met);
+  EXPECT_FALSE(SummarizePoint(HandMadeResult(), 4.0, std::nullopt).slo_met);
+}
+
+PointSummary Point(double value, double tokens_per_s, double p50, double p99,
+                   std::optional<double> slo) {
+  PointSummary p;
+  p.value = value;
+  p.tokens_per_s = tokens_per_s;
+  p.tpot_ms.p50 = p50;
+  p.tpot_ms.p99 = p99;
+  p.finished = 10;
+  p.slo_tpot_ms = slo;
+  p.slo_met = slo.has_value() && p99 <= *slo;
+  return p;
+}
+
+TEST(SweepTest, TheKneeIsTheBestThroughputWithinTheSlo) {
+  const std::vector<PointSummary> points = {Point(1, 100, 5, 8, 20), Point(2, 190, 8, 15, 20),
+                                            Point(4, 250, 15, 30, 20), Point(8, 260, 40, 90, 20)};
+  std::optional<Knee> knee = FindKnee(points);
+  ASSERT_TRUE(knee.has_value());
+  EXPECT_EQ(knee->index, 1);
+  EXPECT_FALSE(SloLostForGood({points[0], points[1], points[2]}));  // p50 15 ms still within
+  EXPECT_FALSE(SloLostForGood({points[2], points[3]}));
+  EXPECT_TRUE(SloLostForGood({points[3], Point(16, 255, 80, 200, 20)}));
+  // Without an SLO: throughput per ms of p99 TPOT, where 190/15 = 12.7 beats 100/8 = 12.5
+  // and 250/30 = 8.3.
+  const std::vector<PointSummary> free = {Point(1, 100, 5, 8, {}), Point(2, 190, 8, 15, {}),
+                                          Point(4, 250, 15, 30, {})};
+  EXPECT_EQ(FindKnee(free)->index, 1);
+}
+
+TEST(SweepTest, SpecsParseAndBadOnesNameTheFlag) {
+  absl::StatusOr<SweepSpec> rate = SweepSpec::Parse("rate:0.5,1,4");
+  ASSERT_TRUE(rate.ok()) << rate.status();
+  EXPECT_EQ(rate->values, (std::vector<double>{0.5, 1, 4}));
+  ContinuousOptions o = Options("fixed:1", "fixed:1", "");
+  EXPECT_DOUBLE_EQ(rate->Apply(o, 4).arrivals.rate(), 4);
+  EXPECT_EQ(SweepSpec::Parse("ranks:1,2,3")->Apply(o, 3).ranks, 3);
+  EXPECT_EQ(SweepSpec::Parse("sequences:8,16")->Apply(o, 16).sequences, 16);
+  for (const char* bad : {"rate", "rate:", "load:1,2", "rate:1,x", "rate:2,1", "ranks:1.5",
+                          "sequences:0,4", "rate:-1"}) {
+    absl::StatusOr<SweepSpec> s = SweepSpec::Parse(bad);
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_NE(s.status().message().find("--sweep"), std::string::npos) << bad;
+  }
+}
+
+TEST(SweepTest, TheCsvHasOneRowPerPointWithEveryHeaderColumn) {
+  const std::vector<PointSummary> points = {SummarizePoint(HandMadeResult(), 1.0, 20.0),
+                                            SummarizePoint(HandMadeResult(), 2.0, 20.0)};
+  const std::vector<std::string> lines = absl::StrSplit(SweepCsv(points), '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 3u);
+  const size_t columns = std::vector<std::string>(absl::StrSplit(lines[0], ',')).size();
+  for (const std::string& line : lines) {
+    EXPECT_EQ(std::vector<std::string>(absl::StrSplit(line, ',')).size(), columns) << line;
+  }
+  EXPECT_TRUE(absl::StartsWith(lines[1], "1,"));
+  const SweepSpec spec = *SweepSpec::Parse("rate:1,2");
+  const nlohmann::json j =
+      SweepJson({"cmd", {{"cpu", "x"}}, {{"model", "m"}}}, &spec, points, false, "");
+  EXPECT_EQ(j["schema"], "mlaserve-loadgen-sweep/1");
+  EXPECT_EQ(j["points"].size(), 2u);
+  EXPECT_EQ(j["sweep"]["variable"], "rate");
+  EXPECT_EQ(j["points"][0]["tpot_cdf_ms"].size(), 2u);
+}
+
+}  // namespace
+}  // namespace mlaserve::loadgen
