@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: mlaserve-server on its default emulated device pool (two Ascend-910 dies),
-# driven by mlaserve-loadgen the way a serving framework drives it, then a clean shutdown.
-# Prints the server's start-up and shutdown lines and the load test's report.
+# driven by mlaserve-loadgen the way a serving framework drives it, then a short sweep of
+# continuous traffic (its JSON, CSV and plots written to build/demo/), then a clean shutdown.
+# Prints the server's start-up and shutdown lines, the load test's report and the sweep's rows.
 #
 #   scripts/demo.sh [--kv-dtype=bf16|fp8] [--duration-s N] [any other mlaserve-loadgen flag]
 #
@@ -59,6 +60,17 @@ echo
 echo "== load test"
 build/bin/mlaserve-loadgen --target="127.0.0.1:$port" --workers=2 --sequences=72 \
   --prefix-tokens=1024 --context-tokens=128 --duration-s=20 "${loadgen_flags[@]}"
+
+# The same server under traffic that arrives and retires (a closed population per rank, own
+# prompts and output lengths drawn per sequence), swept over how many sequences a rank holds;
+# the JSON, CSV and plots land in build/demo/ (docs/loadgen.md, "Sweeps").
+echo
+echo "== sweep"
+mkdir -p build/demo
+build/bin/mlaserve-loadgen --target="127.0.0.1:$port" --sweep=sequences:16,40,72 --workers=2 \
+  --system-prompts=1024 --context-dist=lognormal:128,0.5 --steps-dist=uniform:16,64 \
+  --duration-s=6 --warmup-s=2 --quiet --out=build/demo/sweep
+/usr/bin/python3 client/loadgen/plot_sweep.py build/demo/sweep.json | sed 's/^/  wrote      /'
 
 echo
 echo "== shutdown"

@@ -27,12 +27,16 @@ class Traffic {
         model_(model),
         layers_(layers),
         prompt_ids_(std::move(prompt_ids)),
-        pool_(model, o.sq, o.seed),
-        start_(Clock::now()),
-        end_(start_ + absl::ToChronoNanoseconds(o.warmup + o.duration)) {
+        pool_(model, o.sq, o.seed) {
     Rng rng(o.seed + 2);
     context_rows_.resize(static_cast<size_t>(o.context.max()) * model.dk());
     FillNormal(context_rows_, 1.0, rng);
+  }
+
+  // The run's clock starts here, once everything is generated, just before the threads.
+  void Start() {
+    start_ = Clock::now();
+    end_ = start_ + absl::ToChronoNanoseconds(o_.warmup + o_.duration);
   }
 
   double Now() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
@@ -50,9 +54,6 @@ class Traffic {
       waiting_.push_back(NewSequence(rng, t));
       cv_.notify_one();
     }
-    std::lock_guard lock(mu_);
-    arrivals_done_ = true;
-    cv_.notify_all();
   }
 
   void RankLoop(int rank) {
@@ -63,18 +64,18 @@ class Traffic {
     int64_t draw = rank;
     int64_t serial = 0;
     while (Clock::now() < end_) {
-      Admit(rank, rng, serial, held);
+      const Clock::time_point step_start = Clock::now();
+      const bool refused = !Admit(rank, rng, serial, held);
       if (held.empty()) {
-        std::unique_lock lock(mu_);
-        if (o_.arrivals.open_loop()) {
-          cv_.wait_until(lock, end_, [&] { return !waiting_.empty() || arrivals_done_; });
+        if (refused) {
+          // The server refuses admissions: do not spin on it.
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
         } else {
-          // Every admission of a closed population failed: do not spin on a refusing server.
-          cv_.wait_for(lock, std::chrono::milliseconds(50));
+          std::unique_lock lock(mu_);
+          cv_.wait_until(lock, end_, [&] { return !waiting_.empty(); });
         }
         continue;
       }
-      const Clock::time_point step_start = Clock::now();
       bool failed = false;
       for (int l = 0; l < layers_ && !failed; ++l) {
         std::vector<LoadQuery> queries;
@@ -103,7 +104,7 @@ class Traffic {
         // Earlier layers of the step may have appended their rows: the sequences' state is
         // uncertain, so they go (unfinished, their failed call counted by code) and the rank
         // admits new ones.
-        RetireAll(held);
+        RetireAll(held, /*abandoned=*/true);
         continue;
       }
       const double now = Now();
@@ -155,13 +156,15 @@ class Traffic {
     return &r;
   }
 
-  void Admit(int rank, TrafficRng& rng, int64_t& serial, std::vector<Live>& held) {
+  // Admits sequences until the rank is full or none waits. False if the server refused one
+  // (in an open-loop run it waits on, at the front of the queue).
+  bool Admit(int rank, TrafficRng& rng, int64_t& serial, std::vector<Live>& held) {
     while (static_cast<int>(held.size()) < o_.sequences && Clock::now() < end_) {
       SequenceRecord* record = nullptr;
       {
         std::lock_guard lock(mu_);
         if (o_.arrivals.open_loop()) {
-          if (waiting_.empty()) return;
+          if (waiting_.empty()) return true;
           record = waiting_.front();
           waiting_.pop_front();
         } else {
@@ -174,6 +177,7 @@ class Traffic {
       const std::string& prefix = record->prompt >= 0 ? prompt_ids_[record->prompt] : kNoPrefix;
       const int prefix_tokens = record->prompt >= 0 ? o_.prompts.tokens[record->prompt] : 0;
       absl::Status status = target_.CreateSequence(s.id, prefix, o_.kv_dtype);
+      const bool created = status.ok();
       const std::span<const Bf16> rows =
           std::span<const Bf16>(context_rows_)
               .first(static_cast<size_t>(record->context_tokens) * model_.dk());
@@ -181,19 +185,25 @@ class Traffic {
         status = target_.AppendKv(s.id, l, prefix_tokens, rows);
       }
       if (!status.ok()) {
-        target_.ReleaseSequence(s.id).IgnoreError();
+        if (created) target_.ReleaseSequence(s.id).IgnoreError();
         std::lock_guard lock(mu_);
-        ++admission_errors_[absl::StatusCodeToString(status.code())];
-        return;  // the server is refusing: try again after the next step
+        admission_errors_.push_back({Now(), absl::StatusCodeToString(status.code())});
+        if (o_.arrivals.open_loop()) waiting_.push_front(record);
+        return false;  // the server is refusing: try again after the next step
       }
       record->admitted_s = Now();
       s.position = prefix_tokens + record->context_tokens;
       held.push_back(std::move(s));
     }
+    return true;
   }
 
-  void RetireAll(std::vector<Live>& held) {
-    for (const Live& s : held) target_.ReleaseSequence(s.id).IgnoreError();
+  // Releases what the rank holds; `abandoned` marks them retired unfinished by a failure.
+  void RetireAll(std::vector<Live>& held, bool abandoned = false) {
+    for (const Live& s : held) {
+      target_.ReleaseSequence(s.id).IgnoreError();
+      s.record->abandoned = abandoned;
+    }
     held.clear();
   }
 
@@ -206,17 +216,16 @@ class Traffic {
   const std::vector<std::string> prompt_ids_;
   const QueryPool pool_;
   std::vector<Bf16> context_rows_;
-  const Clock::time_point start_;
-  const Clock::time_point end_;
+  Clock::time_point start_;
+  Clock::time_point end_;
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<SequenceRecord> records_;
   std::deque<SequenceRecord*> waiting_;
-  bool arrivals_done_ = false;
   std::vector<CallRecord> calls_;
   std::vector<StepRecord> steps_;
-  std::map<std::string, int64_t> admission_errors_;
+  std::vector<AdmissionError> admission_errors_;
 };
 
 }  // namespace
@@ -257,6 +266,7 @@ absl::StatusOr<ContinuousResult> RunContinuous(LoadTarget& target, const Continu
   }
 
   Traffic traffic(target, o, m, result.layers, prompt_ids);
+  traffic.Start();
   std::vector<std::thread> threads;
   if (o.arrivals.open_loop()) threads.emplace_back([&traffic] { traffic.ArrivalLoop(); });
   for (int r = 0; r < o.ranks; ++r) threads.emplace_back([&traffic, r] { traffic.RankLoop(r); });

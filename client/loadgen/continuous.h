@@ -50,7 +50,16 @@ struct SequenceRecord {
   int context_tokens = 0;
   int planned_steps = 0;
   int steps = 0;
-  double step_ms_sum = 0;  // its steps' times: each step is every layer's call, one after another
+  // Its steps' times. A step is the rank's loop around once: admitting newcomers (their
+  // prompts' KV, as a prefill interrupts decode), then every layer's call one after another.
+  double step_ms_sum = 0;
+  bool abandoned = false;  // retired unfinished after a failed call
+};
+
+// A sequence the server refused at admission (CreateSequence or AppendKv failed).
+struct AdmissionError {
+  double t_s = 0;
+  std::string code;
 };
 
 // One step of one rank: every layer's Decode call for all the sequences it held.
@@ -69,7 +78,7 @@ struct ContinuousResult {
   std::vector<CallRecord> calls;
   std::vector<StepRecord> steps;
   std::vector<SequenceRecord> sequences;
-  std::map<std::string, int64_t> admission_errors;  // code -> sequences refused at admission
+  std::vector<AdmissionError> admission_errors;
 };
 
 // Registers the system prompts, runs the traffic for warmup + duration, and releases

@@ -62,7 +62,11 @@ PointSummary SummarizePoint(const ContinuousResult& r, std::optional<double> val
     host_sum += std::min(a.device_host_us, std::max(0.0, c.latency_us - a.queue_us));
     for (const LoadAnswer& x : c.answers) hybrid += x.hybrid ? 1 : 0;
   }
-  for (const auto& [code, n] : r.admission_errors) p.errors[code] += n;
+  for (const AdmissionError& e : r.admission_errors) {
+    if (!in_window(e.t_s)) continue;
+    ++p.refused_admissions;
+    ++p.errors[e.code];
+  }
   p.call_latency_us = PercentilesOf(latency);
   p.queue_us = PercentilesOf(queue);
   p.device_modeled_us = PercentilesOf(modeled);
@@ -92,7 +96,9 @@ PointSummary SummarizePoint(const ContinuousResult& r, std::optional<double> val
       const double t = s.step_ms_sum / s.steps;
       tpot.push_back(t);
       if (slo_tpot_ms.has_value() && t <= *slo_tpot_ms) ++good_sequences;
-    } else if (s.admitted_s >= 0 && s.finished_s < 0) {
+    } else if (s.abandoned) {
+      if (s.admitted_s >= 0) ++p.abandoned;
+    } else if (s.admitted_s >= 0 && s.admitted_s <= r.end_s && s.finished_s < 0) {
       ++p.unfinished;
     }
   }
@@ -129,6 +135,8 @@ nlohmann::json ToJson(const PointSummary& p) {
           {"queries_per_s", p.queries_per_s},
           {"calls", p.calls},
           {"errors", p.failed_calls},
+          {"refused_admissions", p.refused_admissions},
+          {"sequences_abandoned", p.abandoned},
           {"errors_by_code", p.errors},
           {"tpot_ms", ToJson(p.tpot_ms)},
           {"call_latency_us", ToJson(p.call_latency_us)},
@@ -166,8 +174,9 @@ void PrintPointReport(const ContinuousResult& r, const PointSummary& p, const st
       o.sq, o.head_space ? "head" : "latent");
   out << absl::StrFormat(
       "  window     %.1f s after %.1f s of warm-up: %d sequences arrived, %d finished, %d still "
-      "decoding at the end\n",
-      p.measured_s, p.warmup_s, p.arrived, p.finished, p.unfinished);
+      "decoding at the end, %d abandoned after a failed call, %d admissions refused\n",
+      p.measured_s, p.warmup_s, p.arrived, p.finished, p.unfinished, p.abandoned,
+      p.refused_admissions);
   out << absl::StrFormat("  calls      %d, %d failed", p.calls, p.failed_calls);
   for (const auto& [code, n] : p.errors) out << absl::StrFormat("  [%s x%d]", code, n);
   out << "\n";

@@ -22,10 +22,12 @@ struct PointSummary {
   std::optional<double> value;  // the swept variable's value at this point
   double measured_s = 0;
   double warmup_s = 0;
-  int64_t arrived = 0;     // sequences that arrived in the window
-  int64_t finished = 0;    // sequences that took their last step in the window
-  int64_t unfinished = 0;  // admitted in the window, still decoding at its end
-  int64_t tokens = 0;      // sequence-steps (every layer answered) ending in the window
+  int64_t arrived = 0;             // sequences that arrived in the window
+  int64_t finished = 0;            // sequences that took their last step in the window
+  int64_t unfinished = 0;          // admitted, still decoding at the window's end
+  int64_t abandoned = 0;           // retired unfinished after a failed call
+  int64_t refused_admissions = 0;  // in the window, by code in `errors` too
+  int64_t tokens = 0;              // sequence-steps (every layer answered) ending in the window
   int64_t calls = 0;
   int64_t failed_calls = 0;
   std::map<std::string, int64_t> errors;  // code -> failed calls and refused admissions

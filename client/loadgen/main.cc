@@ -20,11 +20,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "client/loadgen/continuous.h"
 #include "client/loadgen/continuous_report.h"
 #include "client/loadgen/grpc_load_target.h"
 #include "client/loadgen/load_report.h"
+#include "client/loadgen/multi_target.h"
 #include "client/loadgen/soak.h"
 #include "client/loadgen/soak_report.h"
 #include "client/loadgen/workload.h"
@@ -34,7 +36,9 @@
 #include "kernels/core/cpu_features.h"
 #include "kernels/core/matmul.h"
 
-ABSL_FLAG(std::string, target, "127.0.0.1:50051", "server address, host:port");
+ABSL_FLAG(std::string, target, "127.0.0.1:50051",
+          "server address, host:port; a comma-separated list spreads sequences over several "
+          "servers (a system prompt's sequences kept together)");
 ABSL_FLAG(int, workers, 2, "concurrent callers (serving-framework ranks), one call in flight each");
 ABSL_FLAG(int, sequences, 72, "sequences per worker, all decoded in every call");
 ABSL_FLAG(int, prefix_tokens, 1024,
@@ -224,6 +228,23 @@ nlohmann::json ServerJson(mlaserve::client::MlaServeClient& client) {
           {"info", nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false)}};
 }
 
+// One LoadTarget for every server of --target: the server itself, or, for a list, a
+// MultiTarget over them (docs/loadgen.md, "Several servers").
+absl::StatusOr<std::unique_ptr<mlaserve::loadgen::LoadTarget>> LoadTargetFor(
+    std::vector<std::unique_ptr<mlaserve::client::MlaServeClient>> clients,
+    const std::vector<std::string>& names) {
+  std::vector<std::unique_ptr<mlaserve::loadgen::LoadTarget>> targets;
+  for (auto& client : clients) {
+    auto target = mlaserve::loadgen::GrpcLoadTarget::Create(std::move(client));
+    if (!target.ok()) return target.status();
+    targets.push_back(*std::move(target));
+  }
+  if (targets.size() == 1) return std::move(targets[0]);
+  auto multi = mlaserve::loadgen::MultiTarget::Create(std::move(targets), names);
+  if (!multi.ok()) return multi.status();
+  return std::unique_ptr<mlaserve::loadgen::LoadTarget>(*std::move(multi));
+}
+
 std::string CommandLine(int argc, char** argv) {
   std::vector<std::string> words(argv, argv + argc);
   return absl::StrJoin(words, " ");
@@ -231,8 +252,9 @@ std::string CommandLine(int argc, char** argv) {
 
 // Continuous traffic, one run or a sweep (docs/loadgen.md). Exit status: 0 when every call
 // succeeded, 1 otherwise or when the run fails, 2 for bad flags.
-int RunContinuousMode(std::unique_ptr<mlaserve::client::MlaServeClient> client,
-                      const std::string& target, const std::string& command) {
+int RunContinuousMode(std::vector<std::unique_ptr<mlaserve::client::MlaServeClient>> clients,
+                      const std::vector<std::string>& names, const std::string& target,
+                      const std::string& command) {
   using mlaserve::loadgen::ContinuousOptions;
   auto bad = [](const absl::Status& status) {
     std::cerr << "mlaserve-loadgen: " << status.message() << "\n";
@@ -261,7 +283,14 @@ int RunContinuousMode(std::unique_ptr<mlaserve::client::MlaServeClient> client,
     return bad(absl::InvalidArgumentError("--max-context-tokens: must be at least 1"));
   }
   std::string context = absl::GetFlag(FLAGS_context_dist);
-  if (context.empty()) context = absl::StrCat("fixed:", absl::GetFlag(FLAGS_context_tokens));
+  if (context.empty()) {
+    if (absl::GetFlag(FLAGS_context_tokens) < 1) {
+      return bad(absl::InvalidArgumentError(
+          "--context-tokens: continuous traffic needs at least 1 own token per sequence (or a "
+          "--context-dist)"));
+    }
+    context = absl::StrCat("fixed:", absl::GetFlag(FLAGS_context_tokens));
+  }
   absl::StatusOr<mlaserve::loadgen::LengthDistribution> context_dist =
       mlaserve::loadgen::LengthDistribution::Parse(context, "context-dist", max_context);
   if (!context_dist.ok()) return bad(context_dist.status());
@@ -292,8 +321,13 @@ int RunContinuousMode(std::unique_ptr<mlaserve::client::MlaServeClient> client,
   }
   const std::string out = absl::GetFlag(FLAGS_out);
 
-  mlaserve::loadgen::SweepContext context_info{command, ClientMachine(), ServerJson(*client)};
-  auto load_target = mlaserve::loadgen::GrpcLoadTarget::Create(std::move(client));
+  nlohmann::json servers = ServerJson(*clients.front());
+  if (clients.size() > 1) {
+    servers["targets"] = names;
+    servers["servers"] = static_cast<int>(clients.size());
+  }
+  mlaserve::loadgen::SweepContext context_info{command, ClientMachine(), servers};
+  auto load_target = LoadTargetFor(std::move(clients), names);
   if (!load_target.ok()) {
     std::cerr << "mlaserve-loadgen: " << load_target.status() << "\n";
     return 1;
@@ -303,6 +337,7 @@ int RunContinuousMode(std::unique_ptr<mlaserve::client::MlaServeClient> client,
       sweep.has_value() ? sweep->values : std::vector<double>{std::nan("")};
   std::vector<mlaserve::loadgen::PointSummary> points;
   bool stopped_early = false;
+  bool run_failed = false;
   std::string stop_reason;
   int64_t failed_calls = 0;
   if (sweep.has_value() && !json) {
@@ -324,11 +359,18 @@ int RunContinuousMode(std::unique_ptr<mlaserve::client::MlaServeClient> client,
     }
     if (!result.ok()) {
       std::cerr << "mlaserve-loadgen: " << result.status() << "\n";
-      return result.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+      if (points.empty()) {
+        return result.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+      }
+      // The points measured so far still go to --out, with the reason the sweep ended.
+      run_failed = true;
+      stopped_early = true;
+      stop_reason = absl::StrCat("the point at ", value, " failed: ", result.status().message());
+      break;
     }
     points.push_back(mlaserve::loadgen::SummarizePoint(
         *result, sweep.has_value() ? std::optional<double>(value) : std::nullopt, slo_tpot_ms));
-    failed_calls += points.back().failed_calls;
+    failed_calls += points.back().failed_calls + points.back().refused_admissions;
     if (!json) {
       if (sweep.has_value()) {
         std::cout << mlaserve::loadgen::SweepTableRow(points.back()) << std::endl;
@@ -366,7 +408,7 @@ int RunContinuousMode(std::unique_ptr<mlaserve::client::MlaServeClient> client,
     }
     if (!json) std::cout << "  wrote      " << out << ".json, " << out << ".csv\n";
   }
-  return failed_calls == 0 ? 0 : 1;
+  return failed_calls == 0 && !run_failed ? 0 : 1;
 }
 
 }  // namespace
@@ -438,18 +480,30 @@ int main(int argc, char** argv) {
   }
   // A soak counts every failed call, so the client must not hide one behind a retry.
   if (absl::GetFlag(FLAGS_soak)) client_options.max_attempts = 1;
-  auto client = mlaserve::client::MlaServeClient::Connect(target, client_options);
-  if (!client->WaitForConnected(absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s)))) {
-    std::cerr << "mlaserve-loadgen: cannot connect to " << target << "\n";
-    return 1;
+  const std::vector<std::string> names = absl::StrSplit(target, ',');
+  if (absl::GetFlag(FLAGS_soak) && names.size() > 1) {
+    std::cerr << "--target: the soak takes one server\n";
+    return 2;
+  }
+  std::vector<std::unique_ptr<mlaserve::client::MlaServeClient>> clients;
+  for (const std::string& name : names) {
+    if (name.empty()) {
+      std::cerr << "--target: an empty address in '" << target << "'\n";
+      return 2;
+    }
+    clients.push_back(mlaserve::client::MlaServeClient::Connect(name, client_options));
+    if (!clients.back()->WaitForConnected(absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s)))) {
+      std::cerr << "mlaserve-loadgen: cannot connect to " << name << "\n";
+      return 1;
+    }
   }
   const mlaserve::client::ClientTls tls = client_options.tls;
-  if (absl::GetFlag(FLAGS_soak)) return RunSoakMode(*client, target, tls);
+  if (absl::GetFlag(FLAGS_soak)) return RunSoakMode(*clients.front(), target, tls);
   if (absl::GetFlag(FLAGS_continuous) || !absl::GetFlag(FLAGS_sweep).empty() ||
       absl::GetFlag(FLAGS_arrival_rate) > 0) {
-    return RunContinuousMode(std::move(client), target, CommandLine(argc, argv));
+    return RunContinuousMode(std::move(clients), names, target, CommandLine(argc, argv));
   }
-  auto load_target = mlaserve::loadgen::GrpcLoadTarget::Create(std::move(client));
+  auto load_target = LoadTargetFor(std::move(clients), names);
   if (!load_target.ok()) {
     std::cerr << "mlaserve-loadgen: " << load_target.status() << "\n";
     return 1;

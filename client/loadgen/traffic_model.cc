@@ -44,6 +44,7 @@ absl::StatusOr<LengthDistribution> LengthDistribution::Parse(absl::string_view s
     if (absl::Status s = integer(parts[0], &d.a_); !s.ok()) return s;
     if (absl::Status s = integer(parts[1], &d.b_); !s.ok()) return s;
     if (d.a_ > d.b_) return Bad(flag, spec, "the lower bound is above the upper");
+    if (d.b_ > max) return Bad(flag, spec, absl::StrCat("the upper bound exceeds ", max));
     smallest = d.a_;
   } else if (kind == "lognormal" && parts.size() == 2) {
     d.kind_ = Kind::kLogNormal;
@@ -71,6 +72,10 @@ absl::StatusOr<LengthDistribution> LengthDistribution::Parse(absl::string_view s
     }
     if (d.lengths_.empty()) return Bad(flag, spec, "the file holds no length");
     smallest = *std::min_element(d.lengths_.begin(), d.lengths_.end());
+    if (const int largest = *std::max_element(d.lengths_.begin(), d.lengths_.end());
+        largest > max) {
+      return Bad(flag, spec, absl::StrCat("a length of ", largest, " exceeds ", max));
+    }
   } else {
     return Bad(flag, spec, "expected fixed:N, uniform:A,B, lognormal:MEDIAN,SIGMA or file:PATH");
   }
@@ -90,6 +95,10 @@ int LengthDistribution::Draw(TrafficRng& rng) const {
       value = std::uniform_int_distribution<int>(a_, b_)(rng);
       break;
     case Kind::kLogNormal: {
+      if (sigma_ == 0) {  // std::lognormal_distribution needs a positive sigma
+        value = static_cast<int>(std::lround(median_));
+        break;
+      }
       const double x = std::lognormal_distribution<double>(std::log(median_), sigma_)(rng);
       value = static_cast<int>(std::lround(std::min(x, 1e9)));
       break;

@@ -21,7 +21,8 @@ using TrafficRng = std::mt19937_64;
 //   file:PATH            one length per line (blank lines and # comments skipped), each line
 //                        equally likely: a trace of real lengths
 // Every draw is in [1, max] (max from the flag that owns it), so one huge draw cannot take
-// the run past the server's limits.
+// the run past the server's limits: a log-normal's tail is clamped to max, while uniform
+// bounds and file lengths above it are refused (clamping them would pile draws on max).
 class LengthDistribution {
  public:
   // INVALID_ARGUMENT naming `flag` for a malformed spec, a value below 1, A > B, S < 0, an

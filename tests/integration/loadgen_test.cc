@@ -1,10 +1,12 @@
 // The load generator against the real server: a short workload runs, creates what it needs in
 // the format asked for, and releases everything.
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/loadgen/continuous.h"
 #include "client/loadgen/continuous_report.h"
 #include "client/loadgen/grpc_load_target.h"
+#include "client/loadgen/multi_target.h"
 #include "client/loadgen/workload.h"
 #include "gtest/gtest.h"
 #include "tests/integration/integration_server.h"
@@ -73,6 +75,43 @@ TEST(LoadgenTest, ContinuousTrafficRunsOnTheServerAndLeavesNothingBehind) {
   absl::StatusOr<v1::ListPrefixesResponse> prefixes = server.client().ListPrefixes(1000, "");
   ASSERT_TRUE(prefixes.ok()) << prefixes.status();
   EXPECT_EQ(prefixes->prefixes_size(), 0);
+}
+
+TEST(LoadgenTest, SeveralServersShareTheSequencesAndAnswerOneDecodeTogether) {
+  IntegrationServer first(SmallEngineOptions(TinyModel()));
+  IntegrationServer second(SmallEngineOptions(TinyModel()));
+  std::vector<std::unique_ptr<loadgen::LoadTarget>> targets;
+  for (IntegrationServer* server : {&first, &second}) {
+    auto target = loadgen::GrpcLoadTarget::Create(server->NewClient());
+    ASSERT_TRUE(target.ok()) << target.status();
+    targets.push_back(*std::move(target));
+  }
+  auto multi = loadgen::MultiTarget::Create(std::move(targets), {"first", "second"});
+  ASSERT_TRUE(multi.ok()) << multi.status();
+  loadgen::WorkloadOptions o;
+  o.workers = 1;
+  o.sequences = 12;
+  o.prefix_tokens = 0;  // no prompt: every sequence goes where the hash of its id points
+  o.context_tokens = 5;
+  o.duration = absl::Milliseconds(300);
+  o.run_id = "multi";
+  absl::StatusOr<loadgen::LoadResult> result = loadgen::RunWorkload(**multi, o);
+  ASSERT_TRUE(result.ok()) << result.status();
+  int answers = 0;
+  for (const loadgen::CallRecord& call : result->calls) {
+    EXPECT_EQ(call.code, absl::StatusCode::kOk);
+    answers += static_cast<int>(call.answers.size());
+  }
+  EXPECT_GT(answers, 0);
+  int on_first = 0;
+  for (int s = 0; s < 12; ++s) on_first += (*multi)->TargetOf(absl::StrCat("multi/w0/s", s)) == 0;
+  EXPECT_GT(on_first, 0);
+  EXPECT_LT(on_first, 12);
+  for (IntegrationServer* server : {&first, &second}) {
+    absl::StatusOr<v1::ListSequencesResponse> left = server->client().ListSequences(1000);
+    ASSERT_TRUE(left.ok()) << left.status();
+    EXPECT_EQ(left->sequences_size(), 0);
+  }
 }
 
 }  // namespace

@@ -15,97 +15,10 @@
 #include "absl/strings/str_split.h"
 #include "client/loadgen/continuous_report.h"
 #include "gtest/gtest.h"
+#include "tests/client/loadgen/fake_load_target.h"
 
 namespace mlaserve::loadgen {
 namespace {
-
-// A server as far as the traffic can tell: sequences with a length per layer, prefixes, and a
-// decode that takes a fixed time. It checks what a real server would refuse (unknown ids,
-// appends not at the end, a batch over its max) and remembers every breach.
-class FakeTarget final : public LoadTarget {
- public:
-  static constexpr int kLayers = 2;
-  static constexpr int kMaxBatch = 8;
-  explicit FakeTarget(std::chrono::microseconds decode_time) : decode_time_(decode_time) {}
-
-  absl::StatusOr<TargetModel> Model() override {
-    return TargetModel{"fake", kLayers, 2, 4, 2, 6, kMaxBatch};
-  }
-  absl::Status RegisterPrefix(const std::string& id, std::span<const Bf16> latent, int tokens,
-                              std::optional<KvDtype>) override {
-    std::lock_guard lock(mu_);
-    if (latent.size() != static_cast<size_t>(kLayers) * tokens * 8) Breach("prefix shape");
-    prefixes_[id] = tokens;
-    return absl::OkStatus();
-  }
-  absl::Status ReleasePrefix(const std::string& id) override {
-    std::lock_guard lock(mu_);
-    if (prefixes_.erase(id) == 0) Breach("release of an unknown prefix");
-    return absl::OkStatus();
-  }
-  absl::Status CreateSequence(const std::string& id, const std::string& prefix_id,
-                              std::optional<KvDtype>) override {
-    std::lock_guard lock(mu_);
-    int start = 0;
-    if (!prefix_id.empty()) {
-      auto it = prefixes_.find(prefix_id);
-      if (it == prefixes_.end()) return absl::NotFoundError(prefix_id);
-      start = it->second;
-      ++starts_on_[prefix_id];
-    }
-    if (!sequences_.emplace(id, std::vector<int64_t>(kLayers, start)).second) Breach("id reused");
-    ++created_;
-    return absl::OkStatus();
-  }
-  absl::Status ReleaseSequence(const std::string& id) override {
-    std::lock_guard lock(mu_);
-    if (sequences_.erase(id) == 0) Breach("release of an unknown sequence");
-    return absl::OkStatus();
-  }
-  absl::Status AppendKv(const std::string& id, int layer, int64_t position,
-                        std::span<const Bf16> rows) override {
-    std::lock_guard lock(mu_);
-    auto it = sequences_.find(id);
-    if (it == sequences_.end()) return absl::NotFoundError(id);
-    if (it->second[layer] != position) Breach("append not at the end");
-    it->second[layer] += static_cast<int64_t>(rows.size() / 8);
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::vector<LoadAnswer>> Decode(const std::vector<LoadQuery>& queries) override {
-    {
-      std::lock_guard lock(mu_);
-      if (queries.size() > kMaxBatch) Breach("batch over the max");
-      batch_sizes_.push_back(static_cast<int>(queries.size()));
-      for (const LoadQuery& q : queries) {
-        auto it = sequences_.find(q.sequence_id);
-        if (it == sequences_.end()) return absl::NotFoundError(q.sequence_id);
-        if (it->second[q.layer] != q.append_position) Breach("decode append not at the end");
-        ++it->second[q.layer];
-        ++steps_by_sequence_[q.sequence_id];
-      }
-    }
-    std::this_thread::sleep_for(decode_time_);
-    LoadAnswer a;
-    a.queue_us = 10;
-    a.device_host_us = 20;
-    a.device_modeled_us = 15;
-    a.hybrid = true;
-    return std::vector<LoadAnswer>(queries.size(), a);
-  }
-
-  std::mutex mu_;
-  std::vector<std::string> breaches_;
-  std::map<std::string, std::vector<int64_t>> sequences_;
-  std::map<std::string, int> prefixes_;
-  std::map<std::string, int> starts_on_;
-  std::map<std::string, int> steps_by_sequence_;  // decode queries, all layers
-  std::vector<int> batch_sizes_;
-  int created_ = 0;
-
- private:
-  void Breach(const std::string& what) { breaches_.push_back(what); }
-  const std::chrono::microseconds decode_time_;
-};
 
 ContinuousOptions Options(absl::string_view context, absl::string_view steps,
                           absl::string_view prompts) {
@@ -172,6 +85,28 @@ TEST(ContinuousTest, ArrivalsComeAtTheirRateAndWaitForRoom) {
   EXPECT_LE(*std::max_element(target.batch_sizes_.begin(), target.batch_sizes_.end()), 4);
 }
 
+TEST(ContinuousTest, AFailedCallRetiresTheRanksSequencesAndLeavesNothingOnTheServer) {
+  FakeTarget target(std::chrono::microseconds(100));
+  target.decode_error = absl::StatusCode::kInternal;
+  ContinuousOptions o = Options("fixed:2", "fixed:3", "8");
+  o.ranks = 2;
+  o.sequences = 2;
+  o.warmup = absl::ZeroDuration();
+  o.duration = absl::Milliseconds(300);
+  absl::StatusOr<ContinuousResult> r = RunContinuous(target, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(target.breaches_.empty()) << absl::StrJoin(target.breaches_, "; ");
+  EXPECT_TRUE(target.sequences_.empty());
+  EXPECT_TRUE(target.prefixes_.empty());
+  const PointSummary p = SummarizePoint(*r, std::nullopt, std::nullopt);
+  EXPECT_GT(p.failed_calls, 0);
+  EXPECT_EQ(p.failed_calls, p.calls);
+  EXPECT_EQ(p.errors.at("INTERNAL"), p.failed_calls);
+  EXPECT_EQ(p.finished, 0);
+  EXPECT_GT(p.abandoned, 0);
+  EXPECT_EQ(p.unfinished, 0);
+}
+
 TEST(ContinuousTest, OptionsTheTargetCannotTakeAreRefused) {
   FakeTarget target(std::chrono::microseconds(0));
   ContinuousOptions o = Options("fixed:1", "fixed:1", "");
@@ -201,7 +136,9 @@ ContinuousResult HandMadeResult() {
       sequence(0.8, 1.2, 2.0, 4, 40),  // TPOT 10 ms
       sequence(1.5, 1.5, 2.5, 2, 60),  // TPOT 30 ms
       sequence(2.0, 2.5, -1, 1, 5),    // still decoding at the end
+      sequence(2.1, 2.2, -1, 1, 5),    // abandoned after a failed call
   };
+  r.sequences.back().abandoned = true;
   r.steps = {{0.9, 10, 3}, {1.5, 10, 2}, {2.0, 25, 2}, {2.9, 10, 1}};
   CallRecord ok;
   ok.start_s = 1.1;
@@ -220,14 +157,18 @@ ContinuousResult HandMadeResult() {
   CallRecord early = ok;
   early.start_s = 0.5;
   r.calls = {early, ok, failed};
-  r.admission_errors = {{"RESOURCE_EXHAUSTED", 2}};
+  r.admission_errors = {{0.5, "RESOURCE_EXHAUSTED"},  // before the window
+                        {1.5, "RESOURCE_EXHAUSTED"},
+                        {2.5, "RESOURCE_EXHAUSTED"}};
   return r;
 }
 
 TEST(PointSummaryTest, CountsTheWindowOnlyAndMeasuresGoodputAgainstTheSlo) {
   const PointSummary p = SummarizePoint(HandMadeResult(), 4.0, /*slo_tpot_ms=*/20.0);
   EXPECT_DOUBLE_EQ(p.measured_s, 2);
-  EXPECT_EQ(p.arrived, 2);  // at 1.5 and 2.0
+  EXPECT_EQ(p.arrived, 3);  // at 1.5, 2.0 and 2.1
+  EXPECT_EQ(p.abandoned, 1);
+  EXPECT_EQ(p.refused_admissions, 2);
   EXPECT_EQ(p.finished, 2);
   EXPECT_EQ(p.unfinished, 1);
   EXPECT_EQ(p.tokens, 2 + 2 + 1);  // the steps ending at 1.5, 2.0 and 2.9

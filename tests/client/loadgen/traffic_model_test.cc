@@ -113,6 +113,12 @@ TEST(LengthDistributionTest, LogNormalHasItsMedianAndSpread) {
   EXPECT_NEAR(below / draws.size(), 0.8413, 0.01);
 }
 
+TEST(LengthDistributionTest, ALogNormalWithoutSpreadIsItsMedian) {
+  absl::StatusOr<LengthDistribution> d = LengthDistribution::Parse("lognormal:42,0", "x", 100);
+  ASSERT_TRUE(d.ok()) << d.status();
+  for (int v : Draws(*d, 100, 7)) ASSERT_EQ(v, 42);
+}
+
 TEST(LengthDistributionTest, DrawsAreClampedToTheLimit) {
   absl::StatusOr<LengthDistribution> d = LengthDistribution::Parse("lognormal:100,3", "x", 400);
   ASSERT_TRUE(d.ok()) << d.status();
@@ -143,7 +149,8 @@ TEST(LengthDistributionTest, BadSpecsNameTheFlagAndSayWhy) {
   for (const std::string& spec :
        {std::string("fixed:0"), std::string("fixed:x"), std::string("uniform:5,2"),
         std::string("uniform:5"), std::string("lognormal:0.5,1"), std::string("lognormal:10,-1"),
-        std::string("zipf:3"), std::string(""), "file:" + missing, std::string("fixed:900")}) {
+        std::string("zipf:3"), std::string(""), "file:" + missing, std::string("fixed:900"),
+        std::string("uniform:1,900")}) {
     absl::StatusOr<LengthDistribution> d = LengthDistribution::Parse(spec, "context-dist", 500);
     ASSERT_FALSE(d.ok()) << spec;
     EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
