@@ -136,6 +136,41 @@ def check_flash_mla(target, heads, model_scale, rng, failures):
         if scale is None and abs(expected_scale - model_scale) < 1e-6:
             failures.append("the default scale must differ from the model's (the trap)")
 
+    # Today's FlashMLA API: get_mla_metadata() without arguments gives an empty schedule the
+    # first call fills; the same answers as the 2025 API, and a batch of another shape refused.
+    sched, splits = flash_mla.get_mla_metadata()
+    if splits is not None or not isinstance(sched, flash_mla.FlashMLASchedMeta):
+        failures.append(f"get_mla_metadata() returned {sched}, {splits}")
+    old = flash_mla.flash_mla_with_kvcache(q_bits, cache_bits, block_table, seqlens, 512,
+                                           metadata, num_splits, softmax_scale=model_scale,
+                                           causal=True)
+    new = flash_mla.flash_mla_with_kvcache(q_bits, cache_bits, block_table, seqlens, 512, sched,
+                                           softmax_scale=model_scale, causal=True)
+    if not (np.array_equal(old[0], new[0]) and np.array_equal(old[1], new[1])):
+        failures.append("the 2026 metadata API answers differently from the 2025 one")
+    try:
+        flash_mla.flash_mla_with_kvcache(q_bits[:2], cache_bits, block_table[:2], seqlens[:2], 512,
+                                         sched, softmax_scale=model_scale, causal=True)
+        failures.append("a FlashMLASchedMeta was reused for a batch of another shape")
+    except ValueError as e:
+        if "FlashMLASchedMeta" not in str(e):
+            failures.append(f"reuse for another shape: unclear error {e}")
+
+
+def check_flash_mla_calls_fit_messages(failures):
+    """A batch is split into Decode calls by the server's max batch and by bytes: half the
+    message limit for the q payload, at least one query per call."""
+    work = [(b, 0, 1, f"s{b}") for b in range(10)]
+    cases = [((100, 4, 500), [2, 2, 2, 2, 2]),        # 250 bytes of q per call
+             ((100, 4, 1 << 20), [4, 4, 2]),          # the max batch decides
+             ((1000, 4, 500), [1] * 10),              # a query over the budget goes alone
+             ((100, 4, 0), [4, 4, 2])]                # no limit known
+    for (query_bytes, max_batch, limit), sizes in cases:
+        calls = flash_mla._calls(work, query_bytes, max_batch, limit)
+        if [len(c) for c in calls] != sizes or [w for c in calls for w in c] != work:
+            failures.append(f"_calls({query_bytes}, {max_batch}, {limit}): "
+                            f"{[len(c) for c in calls]}, want {sizes}")
+
 
 def check_fp8(target, heads, model_scale, rng, failures):
     """The FP8 cache from Python: e4m3 rounding against a brute-force nearest code, rows
@@ -231,6 +266,7 @@ def main():
                                 np.random.default_rng(), failures)
                 check_fp8(target, info.model.heads, info.model.softmax_scale,
                           np.random.default_rng(), failures)
+                check_flash_mla_calls_fit_messages(failures)
                 metrics = urllib.request.urlopen(
                     f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
                 for name in ("mlaserve_requests_total", "mlaserve_kv_pages", "mlaserve_batch_queries"):

@@ -24,6 +24,9 @@ Semantics kept from FlashMLA, traps included:
 * causal=True is the bottom-right aligned mask; with s_q == 1 it changes nothing.
 * cache_seqlens[i] == 0 gives out 0 and lse +inf for that row (the engine's -inf
   converted).
+* get_mla_metadata() takes today's FlashMLA form (no arguments: a FlashMLASchedMeta the
+  first call fills) and the 2025 form (cache_seqlens and head counts).
+* A batch is sent in as many Decode calls as the server's max batch and message limit need.
 * head_dim_v must be 512; h_q must be the served model's head count (128 for DeepSeek-V3,
   64 for Kimi K2) and h_kv 1; FP8 caches, sparse indices and attention sinks are refused.
 * The KV cache arrives in bf16 (fp16 or fp32 caches are rounded to bf16); the server holds
@@ -117,18 +120,62 @@ def _same_library(values, reference):
     return values
 
 
+def _calls(work, query_bytes, max_batch, max_message_bytes):
+    """Splits work items (batch row, first token, tokens, sequence) into Decode calls of at
+    most max_batch queries whose q payload stays within half the server's message limit (the
+    other half covers the answer's out and lse, fp32, and the framing): a large FlashMLA batch
+    (b = 128, s_q = 2, h_q = 128) would otherwise exceed it and be refused whole."""
+    budget = max(1, max_message_bytes // 2) if max_message_bytes > 0 else None
+    calls, current, current_bytes = [], [], 0
+    for item in work:
+        size = item[2] * query_bytes
+        full = len(current) >= max_batch or (
+            budget is not None and current and current_bytes + size > budget)
+        if full:
+            calls.append(current)
+            current, current_bytes = [], 0
+        current.append(item)
+        current_bytes += size
+    if current:
+        calls.append(current)
+    return calls
+
+
 # --- FlashMLA's API --------------------------------------------------------------------
 
-def get_mla_metadata(cache_seqlens, num_heads_per_head_k, num_heads_k, num_heads_q=None,
-                     is_fp8_kvcache=False, topk=None):
-    """FlashMLA's scheduling metadata: (tile_scheduler_metadata int32 [1, 8],
-    num_splits int32 [b + 1]).
+class FlashMLASchedMeta:
+    """What today's FlashMLA (2026) returns from get_mla_metadata(): an empty schedule that the
+    first flash_mla_with_kvcache call fills and later calls may reuse only with the same
+    shapes, which FlashMLA asserts and this checks (b, s_q, h_q, page size, causal)."""
 
-    The server schedules its own batches, so there are no tiles to plan; the metadata keeps
-    FlashMLA's types and records the batch size and head counts, which
-    flash_mla_with_kvcache checks, as FlashMLA asserts its metadata matches the call.
-    num_splits is one split per sequence (cumulative, as FlashMLA's).
+    def __init__(self):
+        self.shape = None
+
+    def check(self, shape):
+        if self.shape is None:
+            self.shape = shape
+        elif self.shape != shape:
+            raise ValueError(f"this FlashMLASchedMeta was made for (b, s_q, h_q, page size, "
+                             f"causal) = {self.shape}, not {shape}: call get_mla_metadata() "
+                             f"again for a batch of another shape")
+
+
+def get_mla_metadata(cache_seqlens=None, num_heads_per_head_k=None, num_heads_k=None,
+                     num_heads_q=None, is_fp8_kvcache=False, topk=None, **_ignored):
+    """FlashMLA's scheduling metadata, in either of its APIs.
+
+    Today's (2026): get_mla_metadata() with no arguments (or any: they are ignored) returns
+    (FlashMLASchedMeta(), None).
+
+    The 2025 API, get_mla_metadata(cache_seqlens, num_heads_per_head_k, num_heads_k), returns
+    (tile_scheduler_metadata int32 [1, 8], num_splits int32 [b + 1]). The server schedules
+    its own batches, so there are no tiles to plan; the metadata keeps FlashMLA's types and
+    records the batch size and head counts, which flash_mla_with_kvcache checks, as FlashMLA
+    asserts its metadata matches the call. num_splits is one split per sequence (cumulative,
+    as FlashMLA's).
     """
+    if cache_seqlens is None or num_heads_per_head_k is None or num_heads_k is None:
+        return FlashMLASchedMeta(), None
     if is_fp8_kvcache or topk is not None:
         raise NotImplementedError("mlaserve serves bf16 dense decode: no FP8 cache, no sparse topk")
     seqlens = _as_numpy(cache_seqlens)
@@ -166,11 +213,14 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                          f"got {list(cache.shape)}")
     if table.ndim != 2 or table.shape[0] != batch or seqlens.shape != (batch,):
         raise ValueError("block_table must be [b, max_blocks] and cache_seqlens [b]")
-    metadata = _as_numpy(tile_scheduler_metadata)
-    if metadata.shape != (1, 8) or int(metadata[0, 0]) != batch or (
-            int(metadata[0, 1]) * int(metadata[0, 2]) != s_q * h_q):
-        raise ValueError("tile_scheduler_metadata does not describe this batch "
-                         "(call get_mla_metadata with this batch's seqlens and heads)")
+    if isinstance(tile_scheduler_metadata, FlashMLASchedMeta):
+        tile_scheduler_metadata.check((batch, s_q, h_q, cache.shape[1], bool(causal)))
+    else:
+        metadata = _as_numpy(tile_scheduler_metadata)
+        if metadata.shape != (1, 8) or int(metadata[0, 0]) != batch or (
+                int(metadata[0, 1]) * int(metadata[0, 2]) != s_q * h_q):
+            raise ValueError("tile_scheduler_metadata does not describe this batch "
+                             "(call get_mla_metadata with this batch's seqlens and heads)")
 
     client, layer = _client()
     info = client.server_info()
@@ -216,9 +266,9 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                 client.fork_sequence(sequence_id, fork_id)
                 created.append(fork_id)
                 work.append((b, s, 1, fork_id))
-        max_batch = max(1, info.limits.max_batch)
-        for first in range(0, len(work), max_batch):
-            chunk = work[first:first + max_batch]
+        query_bytes = h_q * HEAD_DIM_QK * q_wire.dtype.itemsize
+        for chunk in _calls(work, query_bytes, max(1, info.limits.max_batch),
+                            int(info.limits.max_message_bytes)):
             results = client.decode(
                 [latent_query(sequence_id, layer, q_wire[b, s:s + n])
                  for b, s, n, sequence_id in chunk], output_dtype="fp32")
