@@ -68,8 +68,8 @@ echo
 echo "== sweep"
 mkdir -p build/demo
 build/bin/mlaserve-loadgen --target="127.0.0.1:$port" --sweep=sequences:16,40,72 --workers=2 \
-  --system-prompts=1024 --context-dist=lognormal:128,0.5 --steps-dist=uniform:16,64 \
-  --duration-s=6 --warmup-s=2 --quiet --out=build/demo/sweep
+  --system-prompts=1024 --context-dist=lognormal:128,0.5 --steps-dist=uniform:4,16 \
+  --duration-s=8 --warmup-s=3 --quiet --out=build/demo/sweep
 /usr/bin/python3 client/loadgen/plot_sweep.py build/demo/sweep.json | sed 's/^/  wrote      /'
 
 echo

@@ -100,8 +100,16 @@ PointSummary SummarizePoint(const ContinuousResult& r, std::optional<double> val
       if (s.admitted_s >= 0) ++p.abandoned;
     } else if (s.admitted_s >= 0 && s.admitted_s <= r.end_s && s.finished_s < 0) {
       ++p.unfinished;
+      // Still decoding at the end: its steps so far count, or a window shorter than the
+      // sequences' lives would measure only the short ones.
+      if (s.steps > 0) {
+        const double t = s.step_ms_sum / s.steps;
+        tpot.push_back(t);
+        if (slo_tpot_ms.has_value() && t <= *slo_tpot_ms) ++good_sequences;
+      }
     }
   }
+  const size_t measured_sequences = tpot.size();
   p.tpot_ms = PercentilesOf(tpot);
   p.admission_wait_ms = PercentilesOf(admission_wait);
   std::sort(tpot.begin(), tpot.end());
@@ -111,14 +119,15 @@ PointSummary SummarizePoint(const ContinuousResult& r, std::optional<double> val
     p.queries_per_s = static_cast<double>(queries) / p.measured_s;
   }
   if (slo_tpot_ms.has_value()) {
-    if (p.finished > 0) {
-      p.goodput_sequences = static_cast<double>(good_sequences) / static_cast<double>(p.finished);
+    if (measured_sequences > 0) {
+      p.goodput_sequences =
+          static_cast<double>(good_sequences) / static_cast<double>(measured_sequences);
     }
     if (p.tokens > 0) {
       p.goodput_tokens = static_cast<double>(good_tokens) / static_cast<double>(p.tokens);
     }
     if (p.measured_s > 0) p.goodput_tokens_per_s = static_cast<double>(good_tokens) / p.measured_s;
-    p.slo_met = p.finished > 0 && p.tpot_ms.p99 <= *slo_tpot_ms;
+    p.slo_met = !p.tpot_cdf_ms.empty() && p.tpot_ms.p99 <= *slo_tpot_ms;
   }
   return p;
 }

@@ -33,8 +33,10 @@ struct PointSummary {
   std::map<std::string, int64_t> errors;  // code -> failed calls and refused admissions
   double tokens_per_s = 0;
   double queries_per_s = 0;
-  // Time per output token: per finished sequence, the mean of its steps' times (a step is
-  // every layer's call, one after another, as a framework's forward pass waits for each).
+  // Time per output token: per sequence that finished in the window or was still decoding
+  // at its end, the mean of its steps' times so far (a step is every layer's call, one after
+  // another, as a framework's forward pass waits for each). Counting the unfinished keeps a
+  // window shorter than the sequences' lives from measuring only the short ones.
   Percentiles tpot_ms;
   Percentiles call_latency_us;
   Percentiles queue_us;  // waiting to be batched, per call
@@ -46,11 +48,11 @@ struct PointSummary {
   double share_queue = 0, share_device = 0, share_overhead = 0;
   double hybrid_fraction = 0;  // of answered queries
   std::optional<double> slo_tpot_ms;
-  // With an SLO: the share of finished sequences whose TPOT is within it, the share of
-  // tokens whose step was, and those tokens per second.
+  // With an SLO: the share of those sequences whose TPOT is within it, the share of tokens
+  // whose step was, and those tokens per second.
   double goodput_sequences = 0, goodput_tokens = 0, goodput_tokens_per_s = 0;
   bool slo_met = false;             // p99 TPOT within the SLO (false without an SLO)
-  std::vector<double> tpot_cdf_ms;  // sorted per-sequence TPOTs, thinned to at most 200
+  std::vector<double> tpot_cdf_ms;  // the sorted TPOTs above, thinned to at most 200
 };
 
 PointSummary SummarizePoint(const ContinuousResult& result, std::optional<double> value,

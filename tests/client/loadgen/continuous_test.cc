@@ -173,8 +173,9 @@ TEST(PointSummaryTest, CountsTheWindowOnlyAndMeasuresGoodputAgainstTheSlo) {
   EXPECT_EQ(p.unfinished, 1);
   EXPECT_EQ(p.tokens, 2 + 2 + 1);  // the steps ending at 1.5, 2.0 and 2.9
   EXPECT_DOUBLE_EQ(p.tokens_per_s, 5.0 / 2);
-  EXPECT_DOUBLE_EQ(p.tpot_ms.mean, 20);
-  EXPECT_EQ(p.tpot_cdf_ms, (std::vector<double>{10, 30}));
+  // The two finished (10 and 30 ms) and the one still decoding (one step of 5 ms).
+  EXPECT_DOUBLE_EQ(p.tpot_ms.mean, 15);
+  EXPECT_EQ(p.tpot_cdf_ms, (std::vector<double>{5, 10, 30}));
   EXPECT_EQ(p.calls, 2);
   EXPECT_EQ(p.failed_calls, 1);
   EXPECT_EQ(p.errors.at("UNAVAILABLE"), 1);
@@ -184,8 +185,8 @@ TEST(PointSummaryTest, CountsTheWindowOnlyAndMeasuresGoodputAgainstTheSlo) {
   EXPECT_DOUBLE_EQ(p.share_device, 0.5);
   EXPECT_NEAR(p.share_overhead, 0.3, 1e-12);
   EXPECT_DOUBLE_EQ(p.hybrid_fraction, 0.5);
-  EXPECT_DOUBLE_EQ(p.goodput_sequences, 0.5);   // 10 ms within 20, 30 ms not
-  EXPECT_DOUBLE_EQ(p.goodput_tokens, 3.0 / 5);  // the 25 ms step's 2 tokens miss
+  EXPECT_DOUBLE_EQ(p.goodput_sequences, 2.0 / 3);  // 5 and 10 ms within 20, 30 ms not
+  EXPECT_DOUBLE_EQ(p.goodput_tokens, 3.0 / 5);     // the 25 ms step's 2 tokens miss
   EXPECT_DOUBLE_EQ(p.goodput_tokens_per_s, 1.5);
   EXPECT_FALSE(p.slo_met);  // p99 TPOT 30 ms
   EXPECT_TRUE(SummarizePoint(HandMadeResult(), 4.0, 30.0).slo_met);
@@ -253,7 +254,7 @@ TEST(SweepTest, TheCsvHasOneRowPerPointWithEveryHeaderColumn) {
   EXPECT_EQ(j["schema"], "mlaserve-loadgen-sweep/1");
   EXPECT_EQ(j["points"].size(), 2u);
   EXPECT_EQ(j["sweep"]["variable"], "rate");
-  EXPECT_EQ(j["points"][0]["tpot_cdf_ms"].size(), 2u);
+  EXPECT_EQ(j["points"][0]["tpot_cdf_ms"].size(), 3u);
 }
 
 }  // namespace
