@@ -252,7 +252,8 @@ std::string CommandLine(int argc, char** argv) {
 
 // Continuous traffic, one run or a sweep (docs/loadgen.md). Exit status: 0 when every call
 // succeeded, 1 otherwise or when the run fails, 2 for bad flags.
-int RunContinuousMode(std::vector<std::unique_ptr<mlaserve::client::MlaServeClient>> clients,
+int RunContinuousMode(const mlaserve::loadgen::WorkloadOptions& base,
+                      std::vector<std::unique_ptr<mlaserve::client::MlaServeClient>> clients,
                       const std::vector<std::string>& names, const std::string& target,
                       const std::string& command) {
   using mlaserve::loadgen::ContinuousOptions;
@@ -261,17 +262,15 @@ int RunContinuousMode(std::vector<std::unique_ptr<mlaserve::client::MlaServeClie
     return 2;
   };
   ContinuousOptions o;
-  o.ranks = absl::GetFlag(FLAGS_workers);
-  o.sequences = absl::GetFlag(FLAGS_sequences);
-  o.sq = absl::GetFlag(FLAGS_sq);
-  o.head_space = absl::GetFlag(FLAGS_space) == "head";
-  o.layers = absl::GetFlag(FLAGS_layers);
-  o.seed = absl::GetFlag(FLAGS_seed);
-  o.run_id = absl::GetFlag(FLAGS_run_id);
-  const std::string kv_dtype = absl::GetFlag(FLAGS_kv_dtype);
-  if (!kv_dtype.empty()) {
-    o.kv_dtype = kv_dtype == "fp8" ? mlaserve::KvDtype::kFp8 : mlaserve::KvDtype::kBf16;
-  }
+  // The flags both modes share, as main already parsed and checked them.
+  o.ranks = base.workers;
+  o.sequences = base.sequences;
+  o.sq = base.sq;
+  o.head_space = base.head_space;
+  o.layers = base.layers;
+  o.seed = base.seed;
+  o.run_id = base.run_id;
+  o.kv_dtype = base.kv_dtype;
   const double duration_s = absl::GetFlag(FLAGS_duration_s);
   const double warmup_s = absl::GetFlag(FLAGS_warmup_s);
   if (!(duration_s > 0)) return bad(absl::InvalidArgumentError("--duration-s: must be positive"));
@@ -501,7 +500,7 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_soak)) return RunSoakMode(*clients.front(), target, tls);
   if (absl::GetFlag(FLAGS_continuous) || !absl::GetFlag(FLAGS_sweep).empty() ||
       absl::GetFlag(FLAGS_arrival_rate) > 0) {
-    return RunContinuousMode(std::move(clients), names, target, CommandLine(argc, argv));
+    return RunContinuousMode(o, std::move(clients), names, target, CommandLine(argc, argv));
   }
   auto load_target = LoadTargetFor(std::move(clients), names);
   if (!load_target.ok()) {
