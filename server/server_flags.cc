@@ -91,6 +91,9 @@ ABSL_FLAG(std::string, state_dir, "",
 ABSL_FLAG(double, snapshot_interval_s, 0,
           "Also save the KV state this often while serving (0: only on a drain); a kill -9 "
           "loses at most this much. Needs --state_dir");
+ABSL_FLAG(double, heap_release_interval_s, 60,
+          "Hand freed memory back to the kernel this often (malloc_trim), so RSS follows the "
+          "memory in use; 0: never");
 
 namespace mlaserve {
 namespace {
@@ -296,6 +299,12 @@ absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv) {
     return BadFlag("snapshot_interval_s", "needs --state_dir");
   }
   server.snapshot_interval = absl::Seconds(snapshot_interval_s);
+  const double heap_release_interval_s = absl::GetFlag(FLAGS_heap_release_interval_s);
+  if (!(heap_release_interval_s >= 0) || heap_release_interval_s > 86400) {
+    return BadFlag("heap_release_interval_s",
+                   absl::StrCat(heap_release_interval_s, " is outside [0, a day]"));
+  }
+  server.heap_release_interval = absl::Seconds(heap_release_interval_s);
 
   const double share = absl::GetFlag(FLAGS_tenant_queue_share);
   if (!(share > 0 && share <= 1)) {

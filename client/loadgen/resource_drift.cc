@@ -32,9 +32,15 @@ Drift DriftOf(std::span<const double> values, int window) {
 
 absl::StatusOr<ResourceDrift> ComputeResourceDrift(const std::vector<ResourceSample>& samples,
                                                    double warmup_s) {
-  std::vector<double> rss, threads, fds, kv, outside_kv;
+  std::vector<double> rss, threads, fds, kv, outside_kv, heap;
+  bool heap_everywhere = true;
   for (const ResourceSample& s : samples) {
     if (s.t_s < warmup_s) continue;
+    if (s.heap_in_use_bytes.has_value()) {
+      heap.push_back(*s.heap_in_use_bytes);
+    } else {
+      heap_everywhere = false;
+    }
     rss.push_back(s.rss_bytes);
     threads.push_back(s.threads);
     fds.push_back(s.open_fds);
@@ -56,6 +62,7 @@ absl::StatusOr<ResourceDrift> ComputeResourceDrift(const std::vector<ResourceSam
   r.rss_outside_kv = DriftOf(outside_kv, r.window);
   r.rss_outside_kv.drift =
       r.rss.first != 0 ? (r.rss_outside_kv.last - r.rss_outside_kv.first) / r.rss.first : 0;
+  if (heap_everywhere) r.heap_in_use = DriftOf(heap, r.window);
   return r;
 }
 

@@ -1,6 +1,7 @@
 #ifndef MLASERVE_CLIENT_LOADGEN_RESOURCE_DRIFT_H_
 #define MLASERVE_CLIENT_LOADGEN_RESOURCE_DRIFT_H_
 
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -18,6 +19,9 @@ struct ResourceSample {
   // (mlaserve_kv_bytes{kind="resident"}): bounded by --kv_budget, growing only while more
   // pages are in use at once than ever before.
   double kv_resident_bytes = 0;
+  // The allocator's bytes in use (mlaserve_heap_in_use_bytes); absent when the server's
+  // malloc is a sanitizer's. Growth here is a leak; growth of RSS alone is memory held.
+  std::optional<double> heap_in_use_bytes = std::nullopt;
 };
 
 // How far a resource moved over a run: the mean of the last window against the mean of the
@@ -38,6 +42,8 @@ struct ResourceDrift {
   // growth the pool does not account for, which is what a leak would show as. The soak's
   // gate (--soak-max-rss-drift) applies to this drift.
   Drift rss_outside_kv;
+  // Present when every sample after warm-up has the heap's in-use bytes.
+  std::optional<Drift> heap_in_use;
 };
 
 // Drift of `values` with windows of `window` samples at each end (they overlap when

@@ -222,6 +222,7 @@ absl::StatusOr<ResourceSample> ScrapeResources(const std::string& target,
         absl::StrCat(target, "/metrics has no mlaserve_kv_bytes{kind=\"resident\"}"));
   }
   s.kv_resident_bytes = *resident;
+  s.heap_in_use_bytes = FindSample(*samples, "mlaserve_heap_in_use_bytes");
   return s;
 }
 

@@ -61,11 +61,13 @@ nlohmann::json SoakToJson(const SoakResult& r) {
   j["first_error"] = r.first_error;
   nlohmann::json samples = nlohmann::json::array();
   for (const ResourceSample& s : r.samples) {
-    samples.push_back({{"t_s", s.t_s},
-                       {"rss_bytes", s.rss_bytes},
-                       {"threads", s.threads},
-                       {"open_fds", s.open_fds},
-                       {"kv_resident_bytes", s.kv_resident_bytes}});
+    nlohmann::json sample = {{"t_s", s.t_s},
+                             {"rss_bytes", s.rss_bytes},
+                             {"threads", s.threads},
+                             {"open_fds", s.open_fds},
+                             {"kv_resident_bytes", s.kv_resident_bytes}};
+    if (s.heap_in_use_bytes.has_value()) sample["heap_in_use_bytes"] = *s.heap_in_use_bytes;
+    samples.push_back(std::move(sample));
   }
   j["server"] = {{"samples", samples}, {"scrape_failures", r.scrape_failures}};
   if (r.drift.has_value()) {
@@ -77,6 +79,9 @@ nlohmann::json SoakToJson(const SoakResult& r) {
                             {"kv_resident_bytes", Json(r.drift->kv_resident)},
                             {"rss_outside_kv_bytes", Json(r.drift->rss_outside_kv)},
                             {"max_rss_drift", o.max_rss_drift}};
+    if (r.drift->heap_in_use.has_value()) {
+      j["server"]["drift"]["heap_in_use_bytes"] = Json(*r.drift->heap_in_use);
+    }
   } else {
     j["server"]["drift_error"] = r.drift_error;
   }
@@ -129,6 +134,11 @@ void PrintSoakReport(const SoakResult& r, const std::string& target, std::ostrea
         d.kv_resident.first / (1 << 20), d.kv_resident.last / (1 << 20),
         d.rss_outside_kv.first / (1 << 20), d.rss_outside_kv.last / (1 << 20),
         Percent(d.rss_outside_kv.drift));
+    if (d.heap_in_use.has_value()) {
+      out << absl::StrFormat("             allocator in use %.1f -> %.1f MiB (%s)\n",
+                             d.heap_in_use->first / (1 << 20), d.heap_in_use->last / (1 << 20),
+                             Percent(d.heap_in_use->drift));
+    }
   } else {
     out << "  server     no drift: " << r.drift_error << "\n";
   }

@@ -126,6 +126,11 @@ absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factor
                                             {metrics->registry(), server->stats_collector_}));
     server->metrics_port_ = server->metrics_endpoint_->port();
   }
+  if (options.heap_release_interval > absl::ZeroDuration()) {
+    server->heap_releaser_ = std::make_unique<HeapReleaser>(
+        options.heap_release_interval,
+        [metrics](absl::Duration took) { metrics->RecordHeapRelease(took); });
+  }
   return server;
 }
 

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/heap_releaser.h"
 #include "grpcpp/server.h"
 #include "server/engine/engine.h"
 #include "server/service/engine_stats_collector.h"
@@ -59,6 +60,10 @@ struct ServerOptions {
   std::string state_dir;
   // Also saved this often while serving (0: only on a drain), so a kill -9 loses at most this.
   absl::Duration snapshot_interval = absl::ZeroDuration();
+
+  // Freed memory is handed back to the kernel this often (HeapReleaser; 0: never), so RSS
+  // follows the memory in use instead of what the allocator's arenas once held.
+  absl::Duration heap_release_interval = absl::Seconds(60);
 };
 
 // The whole server in one object, for main and for in-process tests: the engine (with its
@@ -127,6 +132,7 @@ class MlaServer {
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<EngineStatsCollector> stats_collector_;
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
+  std::unique_ptr<HeapReleaser> heap_releaser_;  // reports to the metrics
   int port_ = 0;
   int metrics_port_ = 0;
   bool shut_down_ = false;

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/heap_usage.h"
 
 namespace mlaserve::service {
 namespace {
@@ -140,6 +141,13 @@ std::vector<prometheus::MetricFamily> ProcessMetricFamilies() {
             MetricType::Gauge, max_fds);
   AddFamily(families, "process_cpu_seconds_total", "Total user and system CPU time in seconds",
             MetricType::Counter, CpuSeconds());
+  const std::optional<HeapUsage> heap = ReadHeapUsage();
+  AddFamily(families, "mlaserve_heap_in_use_bytes",
+            "Bytes the allocator has handed out and not had back (glibc mallinfo2)",
+            MetricType::Gauge, heap ? std::optional(heap->in_use_bytes) : std::nullopt);
+  AddFamily(families, "mlaserve_heap_free_bytes",
+            "Bytes freed but kept by the allocator's arenas, resident or not (glibc mallinfo2)",
+            MetricType::Gauge, heap ? std::optional(heap->free_bytes) : std::nullopt);
   return families;
 }
 
@@ -183,7 +191,22 @@ ServiceMetrics::ServiceMetrics()
                                .Name("mlaserve_device_modeled_busy_seconds_total")
                                .Help("Modelled busy time per device; its rate is the modelled "
                                      "utilisation")
-                               .Register(*registry_)) {}
+                               .Register(*registry_)),
+      heap_releases_(prometheus::BuildCounter()
+                         .Name("mlaserve_heap_releases_total")
+                         .Help("Times freed memory was handed back to the kernel (malloc_trim)")
+                         .Register(*registry_)
+                         .Add({})),
+      heap_release_seconds_(prometheus::BuildCounter()
+                                .Name("mlaserve_heap_release_seconds_total")
+                                .Help("Time spent handing freed memory back to the kernel")
+                                .Register(*registry_)
+                                .Add({})) {}
+
+void ServiceMetrics::RecordHeapRelease(absl::Duration took) {
+  heap_releases_.Increment();
+  heap_release_seconds_.Increment(absl::ToDoubleSeconds(took));
+}
 
 void ServiceMetrics::RecordRpc(absl::string_view rpc, absl::StatusCode code,
                                absl::Duration elapsed) {

@@ -42,6 +42,8 @@ class ServiceMetrics {
   void RecordDecodeAnswer(const engine::PlanInfo& plan, engine::QuerySpace space);
   // One device batch (EngineOptions::on_batch).
   void RecordBatch(const engine::BatchReport& report);
+  // One return of freed memory to the kernel (HeapReleaser) and the time it took.
+  void RecordHeapRelease(absl::Duration took);
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
@@ -57,6 +59,8 @@ class ServiceMetrics {
   prometheus::Counter& hybrid_groups_;
   prometheus::Counter& absorb_groups_;
   prometheus::Family<prometheus::Counter>& device_modeled_busy_;
+  prometheus::Counter& heap_releases_;
+  prometheus::Counter& heap_release_seconds_;
 };
 
 }  // namespace mlaserve::service

@@ -68,6 +68,25 @@ TEST(ResourceDriftTest, KvPoolGrowthIsSetApartFromTheRestOfTheRss) {
   EXPECT_DOUBLE_EQ(r->rss_outside_kv.drift, 9.0 / 1000.0);
 }
 
+TEST(ResourceDriftTest, HeapInUseDriftOnlyWhenEverySampleAfterWarmUpHasIt) {
+  std::vector<ResourceSample> samples;
+  for (int t = 0; t < 10; ++t) {
+    ResourceSample s{static_cast<double>(t), 1000, 20, 50};
+    // Missing during the warm-up only.
+    if (t >= 2) s.heap_in_use_bytes = 500.0 + 10 * t;
+    samples.push_back(s);
+  }
+  absl::StatusOr<ResourceDrift> r = ComputeResourceDrift(samples, 2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->heap_in_use.has_value());
+  EXPECT_DOUBLE_EQ(r->heap_in_use->first, 520.0);
+  EXPECT_DOUBLE_EQ(r->heap_in_use->last, 590.0);
+  EXPECT_DOUBLE_EQ(r->heap_in_use->drift, 70.0 / 520.0);
+  r = ComputeResourceDrift(samples, 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->heap_in_use.has_value());
+}
+
 TEST(ResourceDriftTest, TooFewSamplesAfterWarmUpIsAnErrorNamingTheFlags) {
   const std::vector<ResourceSample> samples{{0, 1, 1, 1}, {5, 1, 1, 1}, {10, 1, 1, 1}};
   absl::StatusOr<ResourceDrift> r = ComputeResourceDrift(samples, 8);

@@ -51,6 +51,7 @@ TEST_F(ServerFlagsTest, DefaultsServeASmallDeepSeekDemoOnLoopback) {
   EXPECT_EQ(config->server.max_message_bytes, int64_t{64} << 20);
   EXPECT_EQ(config->log_level, spdlog::level::info);
   EXPECT_EQ(config->drain_timeout, absl::Seconds(30));
+  EXPECT_EQ(config->server.heap_release_interval, absl::Seconds(60));
 }
 
 TEST_F(ServerFlagsTest, DashesAndUnderscoresAreTheSameFlag) {
@@ -103,6 +104,17 @@ TEST_F(ServerFlagsTest, BadValuesNameTheirFlag) {
   EXPECT_EQ(Parse({"--flagfile=/nonexistent/x.flags"}).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(Parse({"stray"}).status().message()), StartsWith("unexpected argument"));
+  EXPECT_THAT(std::string(Parse({"--heap_release_interval_s=-1"}).status().message()),
+              StartsWith("--heap_release_interval_s: -1 is outside"));
+}
+
+TEST_F(ServerFlagsTest, HeapReleasesCanBeSpacedOrTurnedOff) {
+  auto config = Parse({"--heap-release-interval-s=5"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->server.heap_release_interval, absl::Seconds(5));
+  config = Parse({"--heap_release_interval_s=0"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->server.heap_release_interval, absl::ZeroDuration());
 }
 
 TEST_F(ServerFlagsTest, ConnectionLimitsAreSetAndCheckedByFlag) {
