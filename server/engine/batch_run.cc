@@ -67,7 +67,10 @@ BatchRun::BatchRun(std::vector<PendingCall> calls, BatchContext& context)
     : context_(context),
       calls_(std::move(calls)),
       call_status_(calls_.size()),
-      answered_(calls_.size(), 0) {}
+      answered_(calls_.size(), 0),
+      softmax_scale_(calls_.empty() || !calls_.front().options.softmax_scale.has_value()
+                         ? context.weights.config().softmax_scale
+                         : *calls_.front().options.softmax_scale) {}
 
 BatchRun::~BatchRun() {
   for (size_t c = 0; c < calls_.size(); ++c) {
@@ -126,8 +129,8 @@ void BatchRun::Execute(AttentionDevice& device, int device_index) {
   // Prepare: the passes' expansions (matrix work, here rather than on the batcher's thread),
   // then the plan as the kernels' steps.
   context_.planner.PrepareExpansions(*plan_, context_.store, context_.weights);
-  absl::StatusOr<BuiltBatch> built =
-      BuildBatchSteps(ToDecodeBatch(*plan_, context_.weights, context_.parallel_units));
+  absl::StatusOr<BuiltBatch> built = BuildBatchSteps(
+      ToDecodeBatch(*plan_, context_.weights, softmax_scale_, context_.parallel_units));
   const auto prepared = std::chrono::steady_clock::now();
 
   // Run.

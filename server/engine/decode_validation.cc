@@ -1,6 +1,7 @@
 #include "server/engine/decode_validation.h"
 
 #include <array>
+#include <cmath>
 #include <set>
 #include <string>
 #include <utility>
@@ -93,6 +94,15 @@ absl::Status ValidateDecodeCall(std::span<const DecodeQuery> queries, const Engi
       return absl::NotFoundError(absl::StrCat(
           "queries[", i, "].sequence_id: ", QuoteId(queries[i].sequence_id), " is not a sequence"));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateDecodeOptions(const DecodeOptions& options) {
+  if (options.softmax_scale.has_value() &&
+      !(std::isfinite(*options.softmax_scale) && *options.softmax_scale > 0)) {
+    return Invalid("softmax_scale",
+                   absl::StrCat(*options.softmax_scale, " is not a positive finite number"));
   }
   return absl::OkStatus();
 }

@@ -23,6 +23,10 @@ namespace mlaserve::engine {
 absl::Status ValidateDecodeCall(std::span<const DecodeQuery> queries, const EngineInfo& info,
                                 const KvStore& store);
 
+// The call's options: softmax_scale, when given, finite and positive. INVALID_ARGUMENT
+// naming the field ("softmax_scale: -0.5 is not a positive finite number").
+absl::Status ValidateDecodeOptions(const DecodeOptions& options);
+
 }  // namespace mlaserve::engine
 
 #endif  // MLASERVE_SERVER_ENGINE_DECODE_VALIDATION_H_

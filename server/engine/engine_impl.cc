@@ -153,6 +153,12 @@ void EngineImpl::Decode(std::vector<DecodeQuery> queries, DecodeOptions options,
     std::move(done)(status);
     return;
   }
+  if (absl::Status status = ValidateDecodeOptions(options); !status.ok()) {
+    std::move(done)(status);
+    return;
+  }
+  // Calls that ask for the model's scale batch with those that name no scale.
+  if (!options.softmax_scale.has_value()) options.softmax_scale = info_.model.softmax_scale;
   PendingCall call{std::move(queries), std::move(options), std::move(done), absl::Now()};
   {
     std::lock_guard<std::mutex> lock(calls_mu_);

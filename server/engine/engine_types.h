@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -105,6 +106,10 @@ struct DecodeAnswer {
 
 struct DecodeOptions {
   absl::Time deadline = absl::InfiniteFuture();
+  // The factor on q.k for this call's queries, applied in fp32 as the model's own is; nullopt
+  // is the model's (ModelConfig::softmax_scale). A device batch applies one scale, so calls
+  // with different scales are batched apart. Finite and positive (ValidateDecodeOptions).
+  std::optional<float> softmax_scale;
   // Polled before device work and after it; true abandons the request (CANCELLED).
   std::function<bool()> cancelled;
 };

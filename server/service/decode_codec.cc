@@ -87,6 +87,7 @@ absl::Status ParseQuery(const v1::DecodeQuery& wire, const std::string& field,
 absl::StatusOr<std::unique_ptr<ParsedDecode>> ParseDecodeRequest(const v1::DecodeRequest& request) {
   auto parsed = std::make_unique<ParsedDecode>();
   ASSIGN_OR_RETURN(parsed->output_dtype, ParseOutputDType(request.output_dtype()));
+  if (request.has_softmax_scale()) parsed->softmax_scale = request.softmax_scale();
   parsed->queries.resize(request.queries_size());
   for (int i = 0; i < request.queries_size(); ++i) {
     RETURN_IF_ERROR(ParseQuery(request.queries(i), absl::StrCat("queries[", i, "]"),

@@ -2,6 +2,7 @@
 #define MLASERVE_SERVER_SERVICE_DECODE_CODEC_H_
 
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -24,6 +25,7 @@ struct ParsedDecode {
   std::vector<engine::DecodeQuery> queries;
   std::vector<std::vector<Bf16>> converted;
   v1::DType output_dtype = v1::DTYPE_BF16;
+  std::optional<float> softmax_scale;  // the engine checks it (ValidateDecodeOptions)
 };
 
 // INVALID_ARGUMENT naming the field (`queries[3].head.q_nope: 4607 bytes != 2304 elements`)

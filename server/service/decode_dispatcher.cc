@@ -46,6 +46,7 @@ void DecodeDispatcher::Dispatch(v1::DecodeRequest& request, Tenant* tenant, absl
   engine::DecodeOptions options;
   options.deadline = deadline;
   options.cancelled = std::move(cancelled);
+  options.softmax_scale = (*parsed)->softmax_scale;
   engine_.Decode(std::move(queries), std::move(options),
                  [this, call = *std::move(parsed), response, done = std::move(done)](
                      absl::StatusOr<std::span<const engine::DecodeAnswer>> answers) mutable {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,13 @@ TEST_F(WireErrorsTest, MalformedDecodesAreInvalidAndAppendNothing) {
        "queries[0].layer: 2 is outside [0, 2)"},
       {"sq", [](v1::DecodeRequest& r) { r.mutable_queries(0)->set_sq(0); },
        "queries[0].sq: 0 is outside [1, 2]"},
+      {"negative scale", [](v1::DecodeRequest& r) { r.set_softmax_scale(-0.5f); },
+       "softmax_scale: -0.5 is not a positive finite number"},
+      {"zero scale", [](v1::DecodeRequest& r) { r.set_softmax_scale(0); },
+       "softmax_scale: 0 is not a positive finite number"},
+      {"infinite scale",
+       [](v1::DecodeRequest& r) { r.set_softmax_scale(std::numeric_limits<float>::infinity()); },
+       "softmax_scale: inf is not a positive finite number"},
   };
   for (const Case& c : cases) {
     v1::DecodeRequest request;

@@ -220,10 +220,14 @@ class Client:
 
     # --- Decode ------------------------------------------------------------------------
 
-    def decode(self, queries, output_dtype="bf16", timeout=None):
-        """One Decode call: a list of head_query/latent_query -> list of DecodeResult."""
+    def decode(self, queries, output_dtype="bf16", timeout=None, softmax_scale=None):
+        """One Decode call: a list of head_query/latent_query -> list of DecodeResult.
+        softmax_scale (None: the model's) is the factor on q.k, applied in fp32 by the
+        server."""
         request = decode_pb2.DecodeRequest(queries=queries,
                                            output_dtype=wire_dtype(output_dtype))
+        if softmax_scale is not None:
+            request.softmax_scale = float(softmax_scale)
         response = self._call(self._stub.Decode, request, timeout)
         return [DecodeResult(from_tensor(r.out), from_tensor(r.lse), r.plan)
                 for r in response.results]

@@ -19,8 +19,8 @@ Semantics kept from FlashMLA, traps included:
 * softmax_scale=None means 1/sqrt(576), FlashMLA's default, which is WRONG for DeepSeek-V3
   and Kimi K2 (their scale is 1/sqrt(192) times a YaRN factor; the server's model carries
   it, see Client.server_info().model.softmax_scale). Pass the model's scale, as vLLM and
-  SGLang do. A scale other than the server's is applied by scaling q before it is rounded
-  to bf16 on the server: one extra rounding of q, exact when the ratio is a power of two.
+  SGLang do. Whatever the scale, the server applies it in fp32 as it does its own (the
+  request carries it), so q is rounded to bf16 once, as FlashMLA reads it.
 * causal=True is the bottom-right aligned mask; with s_q == 1 it changes nothing.
 * cache_seqlens[i] == 0 gives out 0 and lse +inf for that row (the engine's -inf
   converted).
@@ -228,12 +228,9 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
         raise ValueError(f"h_q = {h_q}, but the server's model ({info.model.name}) has "
                          f"{info.model.heads} heads")
     scale = 1.0 / math.sqrt(HEAD_DIM_QK) if softmax_scale is None else float(softmax_scale)
-    # The server applies its model's scale; another one is folded into q.
-    ratio = scale / float(info.model.softmax_scale)
-    if ratio == 1.0:
-        q_wire = q_np if q_np.dtype == np.uint16 else _as_float(q_np)
-    else:
-        q_wire = (_as_float(q_np).astype(np.float64) * ratio).astype(np.float32)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"softmax_scale must be positive and finite, got {softmax_scale}")
+    q_wire = q_np if q_np.dtype == np.uint16 else _as_float(q_np)
 
     out = np.zeros((batch, s_q, h_q, HEAD_DIM_V), dtype=np.float32)
     lse = np.full((batch, s_q, h_q), np.inf, dtype=np.float32)
@@ -271,7 +268,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                             int(info.limits.max_message_bytes)):
             results = client.decode(
                 [latent_query(sequence_id, layer, q_wire[b, s:s + n])
-                 for b, s, n, sequence_id in chunk], output_dtype="fp32")
+                 for b, s, n, sequence_id in chunk], output_dtype="fp32", softmax_scale=scale)
             for (b, s, n, _), result in zip(chunk, results):
                 out[b, s:s + n] = result.out
                 lse[b, s:s + n] = result.lse

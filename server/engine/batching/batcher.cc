@@ -76,13 +76,20 @@ bool Batcher::TakeBatch(absl::Time now, std::vector<PendingCall>& batch, absl::T
       return false;
     }
   }
+  // A device batch applies one softmax scale: calls asking for another wait, in order, for
+  // the next batch.
+  const std::optional<float> scale = queue_.front().options.softmax_scale;
   int size = 0;
-  while (!queue_.empty()) {
-    const int n = static_cast<int>(queue_.front().queries.size());
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    if (it->options.softmax_scale != scale) {
+      ++it;
+      continue;
+    }
+    const int n = static_cast<int>(it->queries.size());
     if (!batch.empty() && size + n > options_.policy.max_batch) break;
     size += n;
-    batch.push_back(std::move(queue_.front()));
-    queue_.pop_front();
+    batch.push_back(std::move(*it));
+    it = queue_.erase(it);
   }
   queued_queries_ -= size;
   return true;

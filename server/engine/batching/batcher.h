@@ -25,7 +25,8 @@ struct PendingCall {
 };
 
 // Dynamic batching across calls: queued calls are cut into batches of at most `max_batch`
-// queries (a call is never split) when the BatchPolicy says so, and each batch is handed to
+// queries (a call is never split), all of one softmax scale (the oldest call's; the others
+// keep their place for the next batch), when the BatchPolicy says so, and each batch is handed to
 // `run` on the batcher's thread (which should plan and dispatch, not compute). Beyond
 // `max_queue` waiting queries calls are refused.
 class Batcher {

@@ -4,10 +4,12 @@
 
 namespace mlaserve::engine {
 
-DecodeBatch ToDecodeBatch(const BatchPlan& plan, const ModelWeights& weights, int parallel_units) {
+DecodeBatch ToDecodeBatch(const BatchPlan& plan, const ModelWeights& weights, float softmax_scale,
+                          int parallel_units) {
   const ModelConfig& m = weights.config();
   DecodeBatch batch;
   batch.dims = m.dims();
+  batch.dims.softmax_scale = softmax_scale;
   batch.parallel_units = parallel_units;
   if (!plan.snapshots.empty()) {
     const PagedKvCache& pool =

@@ -11,8 +11,9 @@ namespace mlaserve::engine {
 // page pool and block tables, the queries' memory, the weights and the expanded K/V. Group g
 // of the result is the plan's group g, its member m the plan's query groups[g].members[m];
 // passes that lost all their groups in preparation are left out. Valid while the plan, the
-// queries and the weights live.
-DecodeBatch ToDecodeBatch(const BatchPlan& plan, const ModelWeights& weights, int parallel_units);
+// queries and the weights live. `softmax_scale` is the batch's (its calls').
+DecodeBatch ToDecodeBatch(const BatchPlan& plan, const ModelWeights& weights, float softmax_scale,
+                          int parallel_units);
 
 }  // namespace mlaserve::engine
 

@@ -76,9 +76,12 @@ inline absl::StatusOr<std::vector<OwnedAnswer>> DecodeSync(
 }
 
 // fp64 golden answer to `q` over a sequence whose latent rows (for q's layer) are `rows`.
+// `softmax_scale`: the call's (DecodeOptions::softmax_scale); nullopt is the model's.
 inline GoldenOutput GoldenAnswer(const ModelWeights& weights, const std::vector<Bf16>& rows,
-                                 const OwnedDecodeQuery& q) {
+                                 const OwnedDecodeQuery& q,
+                                 std::optional<float> softmax_scale = std::nullopt) {
   const ModelConfig& m = weights.config();
+  const float scale = softmax_scale.value_or(m.softmax_scale);
   const int n = static_cast<int>(rows.size() / m.dk_latent());
   const std::vector<int32_t> table = {0};
   const std::vector<int32_t> seqlens = {n};
@@ -90,7 +93,7 @@ inline GoldenOutput GoldenAnswer(const ModelWeights& weights, const std::vector<
   if (q.space == QuerySpace::kLatent) {
     auto qv = *TensorView<const Bf16, 4>::Create(std::span<const Bf16>(q.q_latent),
                                                  {1, q.sq, m.heads, m.dk_latent()});
-    return *GoldenLatentDecode({qv, cache, seqs, m.dl, m.softmax_scale, true});
+    return *GoldenLatentDecode({qv, cache, seqs, m.dl, scale, true});
   }
   const HeadSpaceDecodeProblem p{
       *TensorView<const Bf16, 4>::Create(std::span<const Bf16>(q.q_nope), {1, q.sq, m.heads, m.dn}),
@@ -98,7 +101,7 @@ inline GoldenOutput GoldenAnswer(const ModelWeights& weights, const std::vector<
       weights.Layer(q.layer),
       cache,
       seqs,
-      m.softmax_scale,
+      scale,
       true};
   return *GoldenHeadSpaceDecode(p);
 }
@@ -203,8 +206,9 @@ class Scenario {
   }
 
   // fp64 golden for one query, from the rows this scenario gave the engine.
-  GoldenOutput Golden(const OwnedDecodeQuery& q) {
-    return GoldenAnswer(engine_->weights(), rows_[q.sequence_id][q.layer], q);
+  GoldenOutput Golden(const OwnedDecodeQuery& q,
+                      std::optional<float> softmax_scale = std::nullopt) {
+    return GoldenAnswer(engine_->weights(), rows_[q.sequence_id][q.layer], q, softmax_scale);
   }
 
  private:

@@ -3,7 +3,9 @@
 #include <functional>
 #include <future>
 #include <latch>
+#include <limits>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <thread>
 
@@ -369,6 +371,84 @@ TEST(EngineTest, QueriesFromConcurrentCallsShareABatchAndAGroup) {
   EXPECT_EQ((*au)[0].plan.batch_size, 2);
   EXPECT_EQ((*av)[0].plan.group_size, 2);
   EXPECT_EQ(s.engine().Stats().batches, 2);
+}
+
+// FlashMLA's callers pass their own scale: each call is answered with its own, applied as
+// the model's is, and a batch never mixes two.
+TEST(EngineTest, EachCallGetsItsOwnSoftmaxScaleAndScalesAreBatchedApart) {
+  std::latch release(1);
+  auto device = std::make_unique<::testing::NiceMock<ScriptedDevice>>();
+  auto host = std::make_shared<HostAttentionDevice>();
+  std::atomic<int> runs{0};
+  ON_CALL(*device, Run).WillByDefault([&](const BatchSteps& steps) {
+    if (runs.fetch_add(1) == 0) release.wait();
+    return host->Run(steps);
+  });
+  std::vector<std::unique_ptr<AttentionDevice>> devices;
+  devices.push_back(std::move(device));
+  EngineOptions options = BaseOptions();
+  options.max_wait = absl::Seconds(60);  // nothing is cut until the device frees up
+  options.max_batch = 8;
+  Scenario s(MakeEngine(options, std::move(devices)));
+  const float model_scale = s.engine().Info().model.softmax_scale;
+  s.RegisterPrefix("P", "", 70);
+  for (const char* id : {"u", "v", "x", "w"}) s.CreateSequence(id, "P", 9);
+  s.CreateSequence("y", "", 33);
+  const OwnedDecodeQuery qw = s.HeadQuery("w", 0, 1);
+  auto fw = std::async(std::launch::async, [&] { return DecodeSync(s.engine(), {qw}); });
+  while (s.engine().Stats().batches < 1) std::this_thread::yield();  // w holds the device
+
+  struct Call {
+    OwnedDecodeQuery query;
+    std::optional<float> scale;
+  };
+  const std::vector<Call> calls = {{s.HeadQuery("u", 0, 2), 2 * model_scale},
+                                   {s.LatentQuery("v", 0, 1), 2 * model_scale},
+                                   {s.HeadQuery("x", 1, 1), 0.25f * model_scale},
+                                   {s.LatentQuery("y", 1, 2), std::nullopt}};
+  std::vector<std::future<absl::StatusOr<std::vector<OwnedAnswer>>>> futures;
+  for (const Call& c : calls) {
+    futures.push_back(std::async(std::launch::async, [&s, &c] {
+      DecodeOptions o;
+      o.softmax_scale = c.scale;
+      return DecodeSync(s.engine(), {c.query}, std::move(o));
+    }));
+  }
+  while (s.engine().Stats().queued < 4) std::this_thread::yield();
+  release.count_down();
+  ASSERT_TRUE(fw.get().ok());
+  const std::vector<int> batch_sizes = {2, 2, 1, 1};
+  for (size_t i = 0; i < calls.size(); ++i) {
+    auto answers = futures[i].get();
+    ASSERT_TRUE(answers.ok()) << answers.status();
+    const OwnedAnswer& a = (*answers)[0];
+    EXPECT_EQ(a.plan.batch_size, batch_sizes[i]) << "call " << i;
+    const GoldenOutput golden = s.Golden(calls[i].query, calls[i].scale);
+    EXPECT_TRUE(mlaserve::testing::AllClose(a.out, golden.out, kOutTolerance, true)) << i;
+    EXPECT_TRUE(mlaserve::testing::AllClose(a.lse, golden.lse, kLseTolerance, false)) << i;
+    if (calls[i].scale.has_value()) {
+      // The scale mattered: the model's would have given another answer.
+      EXPECT_FALSE(
+          mlaserve::testing::AllClose(a.lse, s.Golden(calls[i].query).lse, kLseTolerance, false))
+          << i;
+    }
+  }
+}
+
+TEST(EngineTest, BadSoftmaxScalesAreRefusedNamingTheField) {
+  Scenario s(MakeEngine(BaseOptions()));
+  s.CreateSequence("a", "", 5);
+  const OwnedDecodeQuery q = s.LatentQuery("a", 0, 1);
+  for (const float scale : {0.0f, -0.1f, std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN()}) {
+    DecodeOptions o;
+    o.softmax_scale = scale;
+    auto answers = DecodeSync(s.engine(), {q}, std::move(o));
+    EXPECT_EQ(answers.status().code(), absl::StatusCode::kInvalidArgument) << scale;
+    EXPECT_THAT(std::string(answers.status().message()), ::testing::StartsWith("softmax_scale: "))
+        << scale;
+  }
+  EXPECT_EQ(s.engine().Stats().batches, 0);
 }
 
 TEST(EngineTest, BadQueriesAreRejectedNamingTheFieldAndChangeNothing) {

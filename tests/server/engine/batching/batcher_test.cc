@@ -1,5 +1,6 @@
 #include "server/engine/batching/batcher.h"
 
+#include <optional>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -57,8 +58,10 @@ class ManualBatcherTest : public ::testing::Test {
     call.done = [this](absl::StatusOr<std::span<const DecodeAnswer>>) { ++answered_; };
     return call;
   }
-  void Enqueue(Batcher& b, int queries, absl::Time at) {
+  void Enqueue(Batcher& b, int queries, absl::Time at,
+               std::optional<float> softmax_scale = std::nullopt) {
     PendingCall call = Call(queries, at);
+    call.options.softmax_scale = softmax_scale;
     ASSERT_TRUE(b.Enqueue(call).ok());
   }
 
@@ -94,6 +97,25 @@ TEST_F(ManualBatcherTest, AFullBatchIsCutBeforeMaxWaitAndNeverSplitsACall) {
   Enqueue(*b, 1, kT0);
   b->Step(kT0);  // 7 waiting >= 4: cut, calls whole, at most 4 queries per batch
   EXPECT_THAT(batches_, ElementsAre(ElementsAre(3), ElementsAre(3, 1)));
+}
+
+// A device batch applies one softmax scale: the oldest call's scale decides the batch, the
+// calls with another keep their order for the next ones.
+TEST_F(ManualBatcherTest, CallsOfAnotherSoftmaxScaleWaitInOrderForTheNextBatch) {
+  auto b = Make(8);
+  devices_ = {0, false};
+  Enqueue(*b, 1, kT0, 0.5f);
+  Enqueue(*b, 2, kT0, 0.25f);
+  Enqueue(*b, 3, kT0, 0.5f);
+  Enqueue(*b, 4, kT0, 0.25f);
+  Enqueue(*b, 5, kT0);
+  Enqueue(*b, 6, kT0, 0.5f);  // would overflow the first batch (1 + 3 + 6 > 8)
+  devices_ = {1, true};
+  b->Step(kT0);
+  EXPECT_THAT(batches_,
+              ElementsAre(ElementsAre(1, 3), ElementsAre(2, 4), ElementsAre(5), ElementsAre(6)));
+  EXPECT_EQ(b->queued(), 0);
+  EXPECT_EQ(answered_, 6);
 }
 
 TEST_F(ManualBatcherTest, WithoutRoomNothingIsCutUntilADeviceFrees) {
