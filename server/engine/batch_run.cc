@@ -68,9 +68,11 @@ BatchRun::BatchRun(std::vector<PendingCall> calls, BatchContext& context)
       calls_(std::move(calls)),
       call_status_(calls_.size()),
       answered_(calls_.size(), 0),
-      softmax_scale_(calls_.empty() || !calls_.front().options.softmax_scale.has_value()
-                         ? context.weights.config().softmax_scale
-                         : *calls_.front().options.softmax_scale) {}
+      key_(calls_.empty() ? BatchKey{} : calls_.front().key) {
+  const ModelConfig& model = context.weights.config();
+  if (!key_.softmax_scale.has_value()) key_.softmax_scale = model.softmax_scale;
+  if (key_.heads == 0) key_.heads = model.heads;
+}
 
 BatchRun::~BatchRun() {
   for (size_t c = 0; c < calls_.size(); ++c) {
@@ -129,8 +131,9 @@ void BatchRun::Execute(AttentionDevice& device, int device_index) {
   // Prepare: the passes' expansions (matrix work, here rather than on the batcher's thread),
   // then the plan as the kernels' steps.
   context_.planner.PrepareExpansions(*plan_, context_.store, context_.weights);
-  absl::StatusOr<BuiltBatch> built = BuildBatchSteps(
-      ToDecodeBatch(*plan_, context_.weights, softmax_scale_, context_.parallel_units));
+  absl::StatusOr<BuiltBatch> built =
+      BuildBatchSteps(ToDecodeBatch(*plan_, context_.weights, *key_.softmax_scale, key_.heads,
+                                    key_.first_head, context_.parallel_units));
   const auto prepared = std::chrono::steady_clock::now();
 
   // Run.
@@ -174,9 +177,8 @@ void BatchRun::Execute(AttentionDevice& device, int device_index) {
         answer.out_elements = ref.out_elements;
         answer.lse = run->buffers->Elements<float>(ref.lse, ref.lse_elements);
         const PlannedQuery& planned = plan_->queries[group.members[m]];
-        if (absl::Status finite =
-                CheckScoresStayedFinite(answer.lse, group.sq, context_.weights.config().heads,
-                                        plan_->sequence(planned).length);
+        if (absl::Status finite = CheckScoresStayedFinite(answer.lse, group.sq, key_.heads,
+                                                          plan_->sequence(planned).length);
             !finite.ok() && call_status_[c].ok()) {
           call_status_[c] =
               absl::InvalidArgumentError(absl::StrCat("queries[", i, "]: ", finite.message()));

@@ -72,8 +72,8 @@ class BatchRun {
   std::vector<char> answered_;
   std::vector<std::pair<int, int>> origin_;  // batch index -> (call, query)
   std::unique_ptr<BatchPlan> plan_;
-  // Every call's (the batcher batches one scale together); the model's if none names one.
-  float softmax_scale_ = 0;
+  // Every call's (the batcher batches one key together): scale and head range.
+  BatchKey key_;
 };
 
 }  // namespace mlaserve::engine

@@ -51,11 +51,25 @@ absl::Status CheckQuery(const DecodeQuery& q, const EngineInfo& info, const std:
     return Invalid(at + ".sq",
                    absl::StrCat(q.sq, " is outside [1, ", info.max_sq, "] (limits.max_sq)"));
   }
+  // The heads are q's own (dim 1): a contiguous range of the model's in head space, any
+  // number in latent space; each tensor is then held to that count.
+  const int64_t heads = QueryHeads(q);
   if (q.space == QuerySpace::kHead) {
-    RETURN_IF_ERROR(CheckTensor<3>(q.q_nope, {q.sq, m.heads, m.dn}, at + ".head.q_nope"));
-    RETURN_IF_ERROR(CheckTensor<3>(q.q_pe, {q.sq, m.heads, m.dr}, at + ".head.q_pe"));
+    if (q.first_head < 0 || q.first_head >= m.heads) {
+      return Invalid(at + ".head.first_head",
+                     absl::StrCat(q.first_head, " is outside [0, ", m.heads, ")"));
+    }
+    const int64_t room = m.heads - q.first_head;
+    RETURN_IF_ERROR(CheckTensor<3>(
+        q.q_nope, {q.sq, heads >= 1 && heads <= room ? heads : room, m.dn}, at + ".head.q_nope"));
+    RETURN_IF_ERROR(CheckTensor<3>(q.q_pe, {q.sq, heads, m.dr}, at + ".head.q_pe"));
   } else {
-    RETURN_IF_ERROR(CheckTensor<3>(q.q_latent, {q.sq, m.heads, m.dk_latent()}, at + ".latent"));
+    if (q.first_head != 0) {
+      return Invalid(at + ".first_head", "must be 0 for a latent query");
+    }
+    RETURN_IF_ERROR(CheckTensor<3>(
+        q.q_latent, {q.sq, heads >= 1 && heads <= kMaxLatentHeads ? heads : m.heads, m.dk_latent()},
+        at + ".latent"));
   }
   const bool rows = !q.append_rows.empty();
   if (rows && q.append_position < 0) {
@@ -87,6 +101,14 @@ absl::Status ValidateDecodeCall(std::span<const DecodeQuery> queries, const Engi
     if (!seen.emplace(queries[i].sequence_id, queries[i].layer).second) {
       return Invalid(at, absl::StrCat("sequence ", QuoteId(queries[i].sequence_id), " layer ",
                                       queries[i].layer, " appears twice in one call"));
+    }
+    // A device batch runs one head range (the batcher keys on the call's first query).
+    if (QueryHeads(queries[i]) != QueryHeads(queries[0]) ||
+        queries[i].first_head != queries[0].first_head) {
+      return Invalid(
+          at, absl::StrCat(QueryHeads(queries[i]), " heads from head ", queries[i].first_head,
+                           ", but queries[0] has ", QueryHeads(queries[0]), " from head ",
+                           queries[0].first_head, "; a call's queries share their heads"));
     }
   }
   for (size_t i = 0; i < queries.size(); ++i) {

@@ -15,8 +15,10 @@ namespace mlaserve::engine {
 //  - 1..max_batch queries, no (sequence, layer) twice;
 //  - sequence_id non-empty and a live sequence (NOT_FOUND otherwise), layer in [0, layers),
 //    sq in [1, max_sq];
-//  - head space: head.q_nope [sq][heads][dn] and head.q_pe [sq][heads][dr]; latent space:
-//    latent [sq][heads][dl + dr]; every element finite;
+//  - head space: head.q_nope [sq][heads][dn] and head.q_pe [sq][heads][dr], the model's
+//    heads [first_head, first_head + heads); latent space: latent [sq][heads][dl + dr] with
+//    1 <= heads <= kMaxLatentHeads; every element finite; every query of a call with the
+//    same heads and first head;
 //  - append_rows [n][dl + dr] (n >= 1, finite) exactly when append_position >= 0.
 // Tensors must be row-major and contiguous. INVALID_ARGUMENT for everything but the unknown
 // sequence; nothing is changed either way.

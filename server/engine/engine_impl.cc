@@ -158,8 +158,9 @@ void EngineImpl::Decode(std::vector<DecodeQuery> queries, DecodeOptions options,
     return;
   }
   // Calls that ask for the model's scale batch with those that name no scale.
-  if (!options.softmax_scale.has_value()) options.softmax_scale = info_.model.softmax_scale;
-  PendingCall call{std::move(queries), std::move(options), std::move(done), absl::Now()};
+  const BatchKey key{options.softmax_scale.value_or(info_.model.softmax_scale),
+                     QueryHeads(queries.front()), queries.front().first_head};
+  PendingCall call{std::move(queries), std::move(options), key, std::move(done), absl::Now()};
   {
     std::lock_guard<std::mutex> lock(calls_mu_);
     ++calls_in_flight_;

@@ -47,6 +47,9 @@ struct DecodeQuery {
   TensorView<const Bf16, 3> q_nope;    // kHead: [sq][heads][dn]
   TensorView<const Bf16, 3> q_pe;      // kHead: [sq][heads][dr]
   TensorView<const Bf16, 3> q_latent;  // kLatent: [sq][heads][dl + dr]
+  // kHead: q holds the model's heads [first_head, first_head + heads) (a tensor-parallel
+  // rank's share); 0 with all of them. kLatent: 0, and any number of heads (no weights).
+  int first_head = 0;
   // Optional KV rows [n][dl + dr] appended to (sequence, layer) at `append_position` before
   // attending, with KvStore::Append's retry semantics. -1: nothing to append.
   TensorView<const Bf16, 2> append_rows;
@@ -55,6 +58,14 @@ struct DecodeQuery {
   // value before rounding, e.g. to merge partial results by LSE).
   ElementType output = ElementType::kBf16;
 };
+
+// The heads a query carries: dim 1 of its q.
+inline int QueryHeads(const DecodeQuery& q) {
+  return static_cast<int>(q.space == QuerySpace::kHead ? q.q_nope.dim(1) : q.q_latent.dim(1));
+}
+
+// Most heads a latent query may carry (a multiple of the presets' 128, for grouped queries).
+inline constexpr int kMaxLatentHeads = 1024;
 
 enum class Formulation {
   kAbsorb,  // absorb-only over the whole context

@@ -28,6 +28,8 @@ struct OwnedDecodeQuery {
   std::vector<Bf16> append_rows;  // [n][dl + dr]
   int64_t append_position = -1;
   ElementType output = ElementType::kBf16;
+  int heads = 0;       // 0: the model's
+  int first_head = 0;  // head space: the first of the model's heads q holds
 
   // Tensors shaped [sq][heads][size / (sq heads)] (and [n][dl + dr] for the rows); a size
   // that does not divide so is shaped [1][1][size], for the engine to refuse.
@@ -50,6 +52,7 @@ struct OwnedDecodeQuery {
     }
     q.append_position = append_position;
     q.output = output;
+    q.first_head = first_head;
     return q;
   }
 
@@ -58,9 +61,10 @@ struct OwnedDecodeQuery {
                                    const ModelConfig& model) const {
     if (values.empty()) return {};
     const int64_t n = static_cast<int64_t>(values.size());
-    const int64_t outer = int64_t{sq > 0 ? sq : 1} * model.heads;
+    const int64_t h = heads > 0 ? heads : model.heads;
+    const int64_t outer = int64_t{sq > 0 ? sq : 1} * h;
     const TensorView<const Bf16, 3>::Index shape =
-        n % outer == 0 && sq > 0 ? TensorView<const Bf16, 3>::Index{sq, model.heads, n / outer}
+        n % outer == 0 && sq > 0 ? TensorView<const Bf16, 3>::Index{sq, h, n / outer}
                                  : TensorView<const Bf16, 3>::Index{1, 1, n};
     return *TensorView<const Bf16, 3>::Create(std::span<const Bf16>(values), shape);
   }

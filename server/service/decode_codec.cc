@@ -62,6 +62,7 @@ absl::Status ParseQuery(const v1::DecodeQuery& wire, const std::string& field,
       query.space = engine::QuerySpace::kHead;
       ASSIGN_OR_RETURN(query.q_nope, View<3>(wire.head().q_nope(), wire.head().has_q_nope(),
                                              field + ".head.q_nope", storage));
+      query.first_head = wire.head().first_head();
       ASSIGN_OR_RETURN(query.q_pe, View<3>(wire.head().q_pe(), wire.head().has_q_pe(),
                                            field + ".head.q_pe", storage));
       break;
@@ -109,9 +110,10 @@ absl::Status FillDecodeResponse(std::span<const engine::DecodeQuery> queries,
     const engine::DecodeQuery& query = queries[i];
     const engine::DecodeAnswer& answer = answers[i];
     const int width = query.space == engine::QuerySpace::kHead ? model.dv : model.dl;
-    const std::array<int64_t, 3> out_shape{query.sq, model.heads, width};
-    const std::array<int64_t, 2> lse_shape{query.sq, model.heads};
-    const int64_t rows = int64_t{query.sq} * model.heads;
+    const int64_t heads = engine::QueryHeads(query);
+    const std::array<int64_t, 3> out_shape{query.sq, heads, width};
+    const std::array<int64_t, 2> lse_shape{query.sq, heads};
+    const int64_t rows = int64_t{query.sq} * heads;
     if (answer.out == nullptr || answer.out_elements != rows * width ||
         static_cast<int64_t>(answer.lse.size()) != rows) {
       return absl::InternalError(absl::StrCat(

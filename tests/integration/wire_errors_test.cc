@@ -71,7 +71,7 @@ TEST_F(WireErrorsTest, MalformedDecodesAreInvalidAndAppendNothing) {
          r.mutable_queries(0)->mutable_latent()->set_shape(0, 2);  // as many elements, for sq 2
          r.mutable_queries(0)->mutable_latent()->set_shape(1, 8);
        },
-       "queries[0].latent: shape [2,8,576] != [1,16,576]"},
+       "queries[0].latent: shape [2,8,576] != [1,8,576]"},
       {"wrong rank",
        [](v1::DecodeRequest& r) {
          r.mutable_queries(0)->mutable_latent()->mutable_shape()->RemoveLast();

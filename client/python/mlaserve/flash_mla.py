@@ -4,7 +4,7 @@
     from mlaserve.flash_mla import get_mla_metadata, flash_mla_with_kvcache
 
 The arguments, shapes and return values are FlashMLA's dense decode (the API vLLM and SGLang
-call): q [b, s_q, h_q, 576], a paged k_cache [num_blocks, page_block_size, 1, 576] read
+call): q [b, s_q, h_q, 576], a paged k_cache [num_blocks, page_block_size, h_kv, 576] read
 through block_table [b, max_blocks] and cache_seqlens [b]; it returns out [b, s_q, h_q, 512]
 in q's dtype and lse [b, h_q, s_q] float32 (natural log; +inf for a row that saw no key).
 torch tensors or numpy arrays are accepted (numpy: a uint16 array is bf16 bit patterns);
@@ -27,8 +27,10 @@ Semantics kept from FlashMLA, traps included:
 * get_mla_metadata() takes today's FlashMLA form (no arguments: a FlashMLASchedMeta the
   first call fills) and the 2025 form (cache_seqlens and head counts).
 * A batch is sent in as many Decode calls as the server's max batch and message limit need.
-* head_dim_v must be 512; h_q must be the served model's head count (128 for DeepSeek-V3,
-  64 for Kimi K2) and h_kv 1; FP8 caches, sparse indices and attention sinks are refused.
+* head_dim_v must be 512; any h_q that h_kv divides (a tensor-parallel rank's 16 or 32
+  heads, say; at most 1024 per KV head): latent queries need no weights, so the server's
+  head count does not matter. Query heads [k g, (k + 1) g), g = h_q / h_kv, read KV head k,
+  as in FlashMLA. FP8 caches, sparse indices and attention sinks are refused.
 * The KV cache arrives in bf16 (fp16 or fp32 caches are rounded to bf16); the server holds
   it in bf16 or, with configure(kv_dtype="fp8"), in SnapMLA's FP8 form. is_fp8_kvcache
   means FlashMLA's own 656-byte FP8 cache, which is not served.
@@ -208,9 +210,13 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     if q_np.ndim != 4 or q_np.shape[3] != HEAD_DIM_QK:
         raise ValueError(f"q must be [b, s_q, h_q, {HEAD_DIM_QK}], got {list(q_np.shape)}")
     batch, s_q, h_q, _ = q_np.shape
-    if cache.ndim != 4 or cache.shape[2] != 1 or cache.shape[3] != HEAD_DIM_QK:
-        raise ValueError(f"k_cache must be [num_blocks, page_block_size, 1, {HEAD_DIM_QK}], "
+    if cache.ndim != 4 or cache.shape[2] < 1 or cache.shape[3] != HEAD_DIM_QK:
+        raise ValueError(f"k_cache must be [num_blocks, page_block_size, h_kv, {HEAD_DIM_QK}], "
                          f"got {list(cache.shape)}")
+    h_kv = cache.shape[2]
+    if h_q % h_kv != 0:
+        raise ValueError(f"h_q = {h_q} is not a multiple of h_kv = {h_kv}")
+    group = h_q // h_kv
     if table.ndim != 2 or table.shape[0] != batch or seqlens.shape != (batch,):
         raise ValueError("block_table must be [b, max_blocks] and cache_seqlens [b]")
     if isinstance(tile_scheduler_metadata, FlashMLASchedMeta):
@@ -224,9 +230,6 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
 
     client, layer = _client()
     info = client.server_info()
-    if h_q != info.model.heads:
-        raise ValueError(f"h_q = {h_q}, but the server's model ({info.model.name}) has "
-                         f"{info.model.heads} heads")
     scale = 1.0 / math.sqrt(HEAD_DIM_QK) if softmax_scale is None else float(softmax_scale)
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"softmax_scale must be positive and finite, got {softmax_scale}")
@@ -237,9 +240,10 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     page = cache.shape[1]
     tag = uuid.uuid4().hex
     created = []
-    # Queries: (batch row, first token, tokens, sequence). Without the causal mask every
-    # token sees the whole cache: one query per token, each on its own fork of the row's
-    # sequence (the server takes a sequence layer once per call; forks copy no rows).
+    # Queries: (batch row, first token, tokens, sequence, KV head). Each KV head's rows are a
+    # sequence of their own. Without the causal mask every token sees the whole cache: one
+    # query per token, each on its own fork of the row's sequence (the server takes a
+    # sequence layer once per call; forks copy no rows).
     work = []
     try:
         for b in range(batch):
@@ -247,31 +251,32 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
             if length == 0:
                 continue  # nothing to attend to: out 0, lse +inf
             pages = table[b, :(length + page - 1) // page]
-            rows = cache[pages, :, 0, :].reshape(-1, HEAD_DIM_QK)[:length]
-            if rows.dtype != np.uint16:
-                rows = float_to_bf16_bits(_as_float(rows))
-            sequence_id = f"flash_mla/{tag}/{b}"
-            client.create_sequence(sequence_id, kv_dtype=_settings["kv_dtype"])
-            created.append(sequence_id)
-            client.append_kv(sequence_id, layer, 0, rows)
-            if causal or s_q == 1:
-                work.append((b, 0, s_q, sequence_id))
-                continue
-            work.append((b, 0, 1, sequence_id))
-            for s in range(1, s_q):
-                fork_id = f"{sequence_id}/token{s}"
-                client.fork_sequence(sequence_id, fork_id)
-                created.append(fork_id)
-                work.append((b, s, 1, fork_id))
-        query_bytes = h_q * HEAD_DIM_QK * q_wire.dtype.itemsize
+            for k in range(h_kv):
+                rows = cache[pages, :, k, :].reshape(-1, HEAD_DIM_QK)[:length]
+                if rows.dtype != np.uint16:
+                    rows = float_to_bf16_bits(_as_float(rows))
+                sequence_id = f"flash_mla/{tag}/{b}/{k}"
+                client.create_sequence(sequence_id, kv_dtype=_settings["kv_dtype"])
+                created.append(sequence_id)
+                client.append_kv(sequence_id, layer, 0, rows)
+                if causal or s_q == 1:
+                    work.append((b, 0, s_q, sequence_id, k))
+                    continue
+                work.append((b, 0, 1, sequence_id, k))
+                for s in range(1, s_q):
+                    fork_id = f"{sequence_id}/token{s}"
+                    client.fork_sequence(sequence_id, fork_id)
+                    created.append(fork_id)
+                    work.append((b, s, 1, fork_id, k))
+        query_bytes = group * HEAD_DIM_QK * q_wire.dtype.itemsize
         for chunk in _calls(work, query_bytes, max(1, info.limits.max_batch),
                             int(info.limits.max_message_bytes)):
             results = client.decode(
-                [latent_query(sequence_id, layer, q_wire[b, s:s + n])
-                 for b, s, n, sequence_id in chunk], output_dtype="fp32", softmax_scale=scale)
-            for (b, s, n, _), result in zip(chunk, results):
-                out[b, s:s + n] = result.out
-                lse[b, s:s + n] = result.lse
+                [latent_query(sequence_id, layer, q_wire[b, s:s + n, k * group:(k + 1) * group])
+                 for b, s, n, sequence_id, k in chunk], output_dtype="fp32", softmax_scale=scale)
+            for (b, s, n, _, k), result in zip(chunk, results):
+                out[b, s:s + n, k * group:(k + 1) * group] = result.out
+                lse[b, s:s + n, k * group:(k + 1) * group] = result.lse
     finally:
         for sequence_id in created:
             client.release_sequence(sequence_id)

@@ -76,12 +76,12 @@ bool Batcher::TakeBatch(absl::Time now, std::vector<PendingCall>& batch, absl::T
       return false;
     }
   }
-  // A device batch applies one softmax scale: calls asking for another wait, in order, for
-  // the next batch.
-  const std::optional<float> scale = queue_.front().options.softmax_scale;
+  // A device batch applies one scale and one head range: calls asking for others wait, in
+  // order, for the next batch.
+  const BatchKey key = queue_.front().key;
   int size = 0;
   for (auto it = queue_.begin(); it != queue_.end();) {
-    if (it->options.softmax_scale != scale) {
+    if (!(it->key == key)) {
       ++it;
       continue;
     }

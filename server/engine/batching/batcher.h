@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -16,17 +17,27 @@
 
 namespace mlaserve::engine {
 
+// What every call of a device batch shares: the kernels apply one softmax scale and one
+// head range per batch.
+struct BatchKey {
+  std::optional<float> softmax_scale;
+  int heads = 0;
+  int first_head = 0;
+  bool operator==(const BatchKey&) const = default;
+};
+
 // One Decode call waiting for a batch. Its queries stay together in one batch.
 struct PendingCall {
   std::vector<DecodeQuery> queries;
   DecodeOptions options;
+  BatchKey key;
   DecodeCallback done;
   absl::Time submitted;
 };
 
 // Dynamic batching across calls: queued calls are cut into batches of at most `max_batch`
-// queries (a call is never split), all of one softmax scale (the oldest call's; the others
-// keep their place for the next batch), when the BatchPolicy says so, and each batch is handed to
+// queries (a call is never split), all of one BatchKey (the oldest call's; the others keep
+// their place for the next batch), when the BatchPolicy says so, and each batch is handed to
 // `run` on the batcher's thread (which should plan and dispatch, not compute). Beyond
 // `max_queue` waiting queries calls are refused.
 class Batcher {

@@ -5,11 +5,12 @@
 namespace mlaserve::engine {
 
 DecodeBatch ToDecodeBatch(const BatchPlan& plan, const ModelWeights& weights, float softmax_scale,
-                          int parallel_units) {
+                          int heads, int first_head, int parallel_units) {
   const ModelConfig& m = weights.config();
   DecodeBatch batch;
   batch.dims = m.dims();
   batch.dims.softmax_scale = softmax_scale;
+  batch.dims.heads = heads;
   batch.parallel_units = parallel_units;
   if (!plan.snapshots.empty()) {
     const PagedKvCache& pool =
@@ -25,16 +26,23 @@ DecodeBatch ToDecodeBatch(const BatchPlan& plan, const ModelWeights& weights, fl
     const NaivePassPlan& pass = plan.passes[p];
     if (pass.groups.empty() || !pass.expanded.has_value()) continue;
     pass_index[p] = static_cast<int>(batch.passes.size());
-    batch.passes.push_back(
-        DecodeBatch::NaivePass{pass.expanded->keys().data(), pass.expanded->values().data(),
-                               pass.expanded->begin(), pass.expanded->end(), pass.groups});
+    // Expanded K/V are [heads][tokens][width]: a head range starts first_head heads in.
+    const size_t skipped = static_cast<size_t>(first_head) *
+                           static_cast<size_t>(pass.expanded->end() - pass.expanded->begin());
+    batch.passes.push_back(DecodeBatch::NaivePass{pass.expanded->keys().data() + skipped * m.dqk(),
+                                                  pass.expanded->values().data() + skipped * m.dv,
+                                                  pass.expanded->begin(), pass.expanded->end(),
+                                                  pass.groups});
   }
   for (const GroupPlan& group : plan.groups) {
     DecodeBatch::Group g;
     g.kv_dtype = group.kv_dtype;
     g.head_space = group.space == QuerySpace::kHead;
     g.sq = group.sq;
-    g.kv_b = g.head_space ? weights.KvBProj(group.layer).data() : nullptr;
+    // kv_b_proj is [heads][dn + dv][dl]: a head range starts first_head heads in.
+    g.kv_b = g.head_space ? weights.KvBProj(group.layer).data() +
+                                static_cast<size_t>(first_head) * (m.dn + m.dv) * m.dl
+                          : nullptr;
     g.absorb_from = group.absorb_from;
     g.out_bf16 = group.output == ElementType::kBf16;
     for (int p : group.naive_passes) g.naive_passes.push_back(pass_index[p]);

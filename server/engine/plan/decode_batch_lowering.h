@@ -11,9 +11,11 @@ namespace mlaserve::engine {
 // page pool and block tables, the queries' memory, the weights and the expanded K/V. Group g
 // of the result is the plan's group g, its member m the plan's query groups[g].members[m];
 // passes that lost all their groups in preparation are left out. Valid while the plan, the
-// queries and the weights live. `softmax_scale` is the batch's (its calls').
+// queries and the weights live. The batch's calls share `softmax_scale` and their heads:
+// `heads` of them from `first_head` (head space: a range of the model's, whose W_UK/W_UV and
+// expanded K/V it reads; latent space: any count from 0).
 DecodeBatch ToDecodeBatch(const BatchPlan& plan, const ModelWeights& weights, float softmax_scale,
-                          int parallel_units);
+                          int heads, int first_head, int parallel_units);
 
 }  // namespace mlaserve::engine
 

@@ -155,6 +155,48 @@ TEST_F(DecodeValidationTest, WrongShapesNameTheTensor) {
             "queries[0].append_rows: shape [2,512] != [n,576]");
 }
 
+// A tensor-parallel rank sends its share of the heads: a range of the model's in head space,
+// any count in latent space; a call's queries share theirs.
+TEST_F(DecodeValidationTest, HeadRangesAndLatentHeadCounts) {
+  auto head_range = [&](int heads, int first_head) {
+    OwnedDecodeQuery q = Head();
+    q.heads = heads;
+    q.first_head = first_head;
+    q.q_nope.resize(static_cast<size_t>(heads) * 128);
+    q.q_pe.resize(static_cast<size_t>(heads) * 64);
+    return q;
+  };
+  auto latent = [&](int heads, int first_head = 0) {
+    OwnedDecodeQuery q = Latent();
+    q.heads = heads;
+    q.first_head = first_head;
+    q.q_latent.resize(static_cast<size_t>(heads) * 576, Bf16::FromFloat(0.5f));
+    return q;
+  };
+  EXPECT_TRUE(Validate({head_range(2, 2)}).ok());
+  EXPECT_TRUE(Validate({head_range(1, 0)}).ok());
+  EXPECT_TRUE(Validate({latent(7)}).ok());
+  EXPECT_TRUE(Validate({latent(kMaxLatentHeads)}).ok());
+  EXPECT_EQ(Validate({head_range(2, 3)}).message(),
+            "queries[0].head.q_nope: shape [1,2,128] != [1,1,128]");
+  EXPECT_EQ(Validate({head_range(1, 4)}).message(),
+            "queries[0].head.first_head: 4 is outside [0, 4)");
+  EXPECT_EQ(Validate({head_range(1, -1)}).message(),
+            "queries[0].head.first_head: -1 is outside [0, 4)");
+  EXPECT_EQ(Validate({latent(2, 1)}).message(),
+            "queries[0].first_head: must be 0 for a latent query");
+  EXPECT_EQ(Validate({latent(kMaxLatentHeads + 1)}).message(),
+            "queries[0].latent: shape [1,1025,576] != [1,4,576]");
+  EXPECT_EQ(Second(latent(2)).message(),
+            "queries[1]: 2 heads from head 0, but queries[0] has 4 from head 0; a call's "
+            "queries share their heads");
+  OwnedDecodeQuery other_range = head_range(2, 2);
+  other_range.sequence_id = "t";
+  EXPECT_EQ(Validate({head_range(2, 0), other_range}).message(),
+            "queries[1]: 2 heads from head 2, but queries[0] has 2 from head 0; a call's "
+            "queries share their heads");
+}
+
 TEST_F(DecodeValidationTest, AStridedTensorIsInvalid) {
   std::vector<Bf16> wide(4 * 2 * 128);
   const OwnedDecodeQuery head = Head();

@@ -91,9 +91,38 @@ inline GoldenOutput GoldenAnswer(const ModelWeights& weights, const std::vector<
   const PagedSequences seqs{
       *TensorView<const int32_t, 2>::Create(std::span<const int32_t>(table), {1, 1}), seqlens};
   if (q.space == QuerySpace::kLatent) {
+    const int heads = q.heads > 0 ? q.heads : m.heads;
     auto qv = *TensorView<const Bf16, 4>::Create(std::span<const Bf16>(q.q_latent),
-                                                 {1, q.sq, m.heads, m.dk_latent()});
+                                                 {1, q.sq, heads, m.dk_latent()});
     return *GoldenLatentDecode({qv, cache, seqs, m.dl, scale, true});
+  }
+  if (q.heads > 0 && q.heads != m.heads) {
+    // A range of the model's heads: the golden of the whole model's heads with q in the
+    // range and zeros elsewhere, cut to the range (heads never mix).
+    OwnedDecodeQuery whole = q;
+    whole.heads = 0;
+    whole.first_head = 0;
+    whole.q_nope.assign(static_cast<size_t>(q.sq) * m.heads * m.dn, Bf16::FromFloat(0));
+    whole.q_pe.assign(static_cast<size_t>(q.sq) * m.heads * m.dr, Bf16::FromFloat(0));
+    for (int t = 0; t < q.sq; ++t) {
+      for (int h = 0; h < q.heads; ++h) {
+        const size_t from = static_cast<size_t>(t) * q.heads + h;
+        const size_t to = static_cast<size_t>(t) * m.heads + q.first_head + h;
+        std::copy_n(q.q_nope.begin() + from * m.dn, m.dn, whole.q_nope.begin() + to * m.dn);
+        std::copy_n(q.q_pe.begin() + from * m.dr, m.dr, whole.q_pe.begin() + to * m.dr);
+      }
+    }
+    const GoldenOutput all = GoldenAnswer(weights, rows, whole, softmax_scale);
+    GoldenOutput cut;
+    for (int t = 0; t < q.sq; ++t) {
+      for (int h = 0; h < q.heads; ++h) {
+        const size_t row = static_cast<size_t>(t) * m.heads + q.first_head + h;
+        cut.out.insert(cut.out.end(), all.out.begin() + row * m.dv,
+                       all.out.begin() + (row + 1) * m.dv);
+        cut.lse.push_back(all.lse[row]);
+      }
+    }
+    return cut;
   }
   const HeadSpaceDecodeProblem p{
       *TensorView<const Bf16, 4>::Create(std::span<const Bf16>(q.q_nope), {1, q.sq, m.heads, m.dn}),
@@ -173,26 +202,34 @@ class Scenario {
     return static_cast<int64_t>(rows_[id][layer].size()) / model_.dk_latent();
   }
 
-  OwnedDecodeQuery HeadQuery(const std::string& id, int layer, int sq) {
+  // `heads` of the model's from `first_head` (0: all of them).
+  OwnedDecodeQuery HeadQuery(const std::string& id, int layer, int sq, int heads = 0,
+                             int first_head = 0) {
     OwnedDecodeQuery q;
     q.sequence_id = id;
     q.layer = layer;
     q.sq = sq;
     q.space = QuerySpace::kHead;
-    q.q_nope.resize(static_cast<size_t>(sq) * model_.heads * model_.dn);
-    q.q_pe.resize(static_cast<size_t>(sq) * model_.heads * model_.dr);
+    q.heads = heads;
+    q.first_head = first_head;
+    const int h = heads > 0 ? heads : model_.heads;
+    q.q_nope.resize(static_cast<size_t>(sq) * h * model_.dn);
+    q.q_pe.resize(static_cast<size_t>(sq) * h * model_.dr);
     FillNormal(q.q_nope, data_scale_, rng_);
     FillNormal(q.q_pe, data_scale_, rng_);
     return q;
   }
 
-  OwnedDecodeQuery LatentQuery(const std::string& id, int layer, int sq) {
+  // `heads` query heads (0: the model's).
+  OwnedDecodeQuery LatentQuery(const std::string& id, int layer, int sq, int heads = 0) {
     OwnedDecodeQuery q;
     q.sequence_id = id;
     q.layer = layer;
     q.sq = sq;
     q.space = QuerySpace::kLatent;
-    q.q_latent.resize(static_cast<size_t>(sq) * model_.heads * model_.dk_latent());
+    q.heads = heads;
+    q.q_latent.resize(static_cast<size_t>(sq) * (heads > 0 ? heads : model_.heads) *
+                      model_.dk_latent());
     FillNormal(q.q_latent, data_scale_, rng_);
     return q;
   }

@@ -165,6 +165,45 @@ void ExpectFp8ScenarioMatchesGolden(std::vector<std::unique_ptr<AttentionDevice>
   EXPECT_EQ((*answers)[3].plan.formulation, Formulation::kAbsorb);
 }
 
+// A tensor-parallel rank's share of the heads: latent queries with fewer or more heads than
+// the model's, head-space ones with a range of its heads (hybrid over a prefix and absorb),
+// each call against the golden of exactly those heads.
+void ExpectHeadSharesMatchGolden(std::vector<std::unique_ptr<AttentionDevice>> devices) {
+  EngineOptions options = BaseOptions();
+  options.max_sq = 2;
+  SetThreshold(options, 1.0);  // every prefix group goes hybrid
+  Scenario s(MakeEngine(options, std::move(devices)));
+  BuildMixedScenario(s);
+  const std::vector<std::vector<OwnedDecodeQuery>> calls = {
+      {s.LatentQuery("a1", 0, 2, 3), s.LatentQuery("c2", 1, 1, 3)},
+      {s.LatentQuery("b2", 1, 1, 20)},  // more than the model's 8
+      {s.HeadQuery("a1", 1, 2, 3, 5), s.HeadQuery("a2", 1, 2, 3, 5), s.HeadQuery("c1", 0, 1, 3, 5)},
+      {s.HeadQuery("b1", 0, 1, 1, 7), s.HeadQuery("b2", 0, 1, 1, 7)},  // the last head
+  };
+  for (size_t c = 0; c < calls.size(); ++c) {
+    SCOPED_TRACE(::testing::Message() << "call " << c);
+    auto answers = DecodeSync(s.engine(), calls[c]);
+    ASSERT_TRUE(answers.ok()) << answers.status();
+    ExpectMatchesGolden(s, calls[c], *answers);
+    if (c == 2) {  // the range's W_UK/W_UV and its heads of P1's expanded K/V
+      EXPECT_EQ((*answers)[0].plan.formulation, Formulation::kHybrid);
+      EXPECT_EQ((*answers)[2].plan.formulation, Formulation::kAbsorb);
+    }
+  }
+}
+
+TEST(EngineTest, HeadSharesMatchGoldenOnTheHost) { ExpectHeadSharesMatchGolden({}); }
+
+TEST(EngineTest, HeadSharesMatchGoldenOnAnEmulatedNpu) {
+  auto profile = npu::LoadDeviceProfile("ascend910-die");
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  auto device = NpuAttentionDevice::Create(*profile, {.host_threads = 2});
+  ASSERT_TRUE(device.ok()) << device.status();
+  std::vector<std::unique_ptr<AttentionDevice>> devices;
+  devices.push_back(std::move(*device));
+  ExpectHeadSharesMatchGolden(std::move(devices));
+}
+
 TEST(EngineTest, Fp8SequencesBesideBf16OnesMatchGoldenOnTheHost) {
   ExpectFp8ScenarioMatchesGolden({});
 }

@@ -94,6 +94,21 @@ TEST_F(DecodeCodecTest, ParsesHeadAndLatentQueriesIntoViewsOfTheRequest) {
   EXPECT_TRUE((*parsed)->converted.empty());
 }
 
+TEST_F(DecodeCodecTest, CarriesTheCallsScaleAndAHeadRangesFirstHead) {
+  v1::DecodeRequest request;
+  *request.add_queries() = HeadQuery();
+  auto parsed = ParseDecodeRequest(request);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_FALSE((*parsed)->softmax_scale.has_value());  // the model's
+  EXPECT_EQ((*parsed)->queries[0].first_head, 0);
+  request.set_softmax_scale(0.0625f);
+  request.mutable_queries(0)->mutable_head()->set_first_head(3);
+  parsed = ParseDecodeRequest(request);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ((*parsed)->softmax_scale, 0.0625f);
+  EXPECT_EQ((*parsed)->queries[0].first_head, 3);
+}
+
 TEST_F(DecodeCodecTest, Fp32AndFp16InputsAreRoundedToBf16AndAskForFp32Answers) {
   v1::DecodeRequest request;
   v1::DecodeQuery query = LatentQuery();
@@ -166,6 +181,9 @@ TEST_F(DecodeCodecTest, FillsResultsWithShapesDtypesAndPlans) {
   engine::DecodeQuery query;
   query.sq = 2;
   query.space = engine::QuerySpace::kHead;
+  // The answer's shape follows q's heads (4 here).
+  const std::vector<Bf16> q_nope(2 * 4 * 128);
+  query.q_nope = *TensorView<const Bf16, 3>::Create(std::span<const Bf16>(q_nope), {2, 4, 128});
   std::vector<float> out(2 * 4 * 128, 0.5f);
   std::vector<float> lse(8, 1.25f);
   lse[3] = -std::numeric_limits<float>::infinity();
@@ -216,6 +234,8 @@ TEST_F(DecodeCodecTest, Bf16AnswersAreCopiedAsTheyAreAndWidenedOnRequest) {
   engine::DecodeQuery query;
   query.sq = 1;
   query.space = engine::QuerySpace::kLatent;
+  const std::vector<Bf16> q_latent(4 * 576);
+  query.q_latent = *TensorView<const Bf16, 3>::Create(std::span<const Bf16>(q_latent), {1, 4, 576});
   std::vector<Bf16> out(4 * 512);
   for (size_t i = 0; i < out.size(); ++i) out[i] = Bf16::FromFloat(static_cast<float>(i) / 7);
   std::vector<float> lse(4, 0.0f);
@@ -240,6 +260,8 @@ TEST_F(DecodeCodecTest, AnswersOfTheWrongSizeAreAnInternalError) {
   engine::DecodeQuery query;
   query.sq = 1;
   query.space = engine::QuerySpace::kLatent;
+  const std::vector<Bf16> q_latent(4 * 576);
+  query.q_latent = *TensorView<const Bf16, 3>::Create(std::span<const Bf16>(q_latent), {1, 4, 576});
   std::vector<float> out(4 * 511, 0.0f), lse(4, 0.0f);
   engine::DecodeAnswer answer;
   answer.out = out.data();

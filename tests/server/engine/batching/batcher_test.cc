@@ -61,7 +61,7 @@ class ManualBatcherTest : public ::testing::Test {
   void Enqueue(Batcher& b, int queries, absl::Time at,
                std::optional<float> softmax_scale = std::nullopt) {
     PendingCall call = Call(queries, at);
-    call.options.softmax_scale = softmax_scale;
+    call.key.softmax_scale = softmax_scale;
     ASSERT_TRUE(b.Enqueue(call).ok());
   }
 

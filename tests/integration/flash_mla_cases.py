@@ -1,0 +1,138 @@
+"""FlashMLA's dense-decode test cases, run through mlaserve.flash_mla as a framework would
+after changing its import.
+
+FlashMLA's tests (tests/test_flash_mla.py of 2025 and today's dense-decoding test) sweep batch
+size, context length, h_q, h_kv, s_q, variable lengths, zero-length rows and the causal mask,
+fill the cache with randn / 10 and the slots past each sequence with NaN, and compare with a
+float reference under their own tolerances. Here the same sweeps, in our own code and scaled to
+a 2-core machine (b = 4 instead of 128, contexts of hundreds of tokens instead of 4k-16k),
+against an fp64 reference, with FlashMLA's tolerances:
+  out: every element within abs 8e-4 or rel 2.01/128 of the reference, cosine diff < 5e-6;
+  lse: every element within abs 1e-6 or rel 8.01/65536.
+"""
+
+import itertools
+import math
+
+import numpy as np
+
+import mlaserve
+from mlaserve import flash_mla
+
+OUT_TOLERANCE = (8e-4, 2.01 / 128, 5e-6)
+LSE_TOLERANCE = (1e-6, 8.01 / 65536, None)
+PAGE = 64
+
+
+def reference(q, blocks, block_table, seqlens, scale, causal):
+    """fp64 attention with FlashMLA's conventions: q [b, s_q, h_q, 576] over the paged cache
+    [blocks, page, h_kv, 576] (query heads [k g, (k+1) g) read KV head k); out
+    [b, s_q, h_q, 512] and lse [b, h_q, s_q], out 0 and lse +inf for a row without keys."""
+    b, s_q, h_q, _ = q.shape
+    page, h_kv = blocks.shape[1], blocks.shape[2]
+    group = h_q // h_kv
+    out = np.zeros((b, s_q, h_q, 512))
+    lse = np.full((b, h_q, s_q), np.inf)
+    for i in range(b):
+        length = int(seqlens[i])
+        rows = blocks[block_table[i, :(length + page - 1) // page]].reshape(-1, h_kv, 576)[:length]
+        for k in range(h_kv):
+            kv = rows[:, k, :].astype(np.float64)
+            heads = slice(k * group, (k + 1) * group)
+            for s in range(s_q):
+                visible = min(length, length - s_q + s + 1) if causal else length
+                if visible <= 0:
+                    continue
+                scores = q[i, s, heads].astype(np.float64) @ kv[:visible].T * scale
+                peak = scores.max(axis=1, keepdims=True)
+                weights = np.exp(scores - peak)
+                total = weights.sum(axis=1, keepdims=True)
+                out[i, s, heads] = (weights / total) @ kv[:visible, :512]
+                lse[i, heads, s] = (peak + np.log(total))[:, 0]
+    return out, lse
+
+
+def close(actual, expected, tolerance):
+    """FlashMLA's check: each finite element within abs_tol or rel_tol, infinities equal,
+    and the cosine difference under its bound. Returns a problem or None."""
+    abs_tol, rel_tol, cos_tol = tolerance
+    actual = actual.astype(np.float64)
+    if not np.array_equal(np.isinf(actual), np.isinf(expected)):
+        return "infinities differ"
+    finite = np.isfinite(expected)
+    a, e = actual[finite], expected[finite]
+    error = np.abs(a - e)
+    bad = ~((error < abs_tol) | (error < rel_tol * np.abs(e)))
+    if np.any(bad):
+        return f"{int(bad.sum())} of {a.size} elements off (worst abs {error.max():.2e})"
+    if cos_tol is not None:
+        norms = float((a * a + e * e).sum())
+        cos_diff = 1 - 2 * float((a * e).sum()) / max(norms, 1e-12)
+        if cos_diff >= cos_tol:
+            return f"cos_diff {cos_diff:.2e}"
+    return None
+
+
+def run_case(rng, b, s_q, mean_sk, h_q, h_kv, causal, varlen, zero_row, scale):
+    seqlens = np.full(b, mean_sk, dtype=np.int32)
+    if varlen:
+        seqlens = np.maximum(rng.normal(mean_sk, mean_sk / 2, b), s_q).astype(np.int32)
+    if zero_row:
+        seqlens[0] = 0
+    max_blocks = max(1, int(math.ceil(seqlens.max() / PAGE)))
+    block_table = rng.permutation(b * max_blocks).reshape(b, max_blocks).astype(np.int32)
+    cache = (rng.standard_normal((b * max_blocks, PAGE, h_kv, 576)) / 10).astype(np.float32)
+    for i in range(b):
+        for j in range(max_blocks):
+            valid = max(0, min(PAGE, int(seqlens[i]) - j * PAGE))
+            cache[block_table[i, j], valid:] = np.nan  # read one and the answer is NaN
+    q_bits = mlaserve.float_to_bf16_bits(rng.standard_normal((b, s_q, h_q, 576)))
+    cache_bits = mlaserve.float_to_bf16_bits(cache)
+    metadata, num_splits = flash_mla.get_mla_metadata(seqlens, s_q * h_q // h_kv, h_kv)
+    out, lse = flash_mla.flash_mla_with_kvcache(q_bits, cache_bits, block_table, seqlens, 512,
+                                                metadata, num_splits, softmax_scale=scale,
+                                                causal=causal)
+    ref_out, ref_lse = reference(mlaserve.bf16_bits_to_float(q_bits),
+                                 mlaserve.bf16_bits_to_float(cache_bits), block_table, seqlens,
+                                 1 / math.sqrt(576) if scale is None else scale, causal)
+    problems = []
+    if out.shape != (b, s_q, h_q, 512) or lse.shape != (b, h_q, s_q):
+        return [f"shapes out {out.shape}, lse {lse.shape}"]
+    out_problem = close(mlaserve.bf16_bits_to_float(out), ref_out, OUT_TOLERANCE)
+    if out_problem:
+        problems.append(f"out: {out_problem}")
+    lse_problem = close(lse, ref_lse, LSE_TOLERANCE)
+    if lse_problem:
+        problems.append(f"lse: {lse_problem}")
+    return problems
+
+
+def cases():
+    """(name, keyword arguments) for both sweeps."""
+    # 2025: b 128, s_k 4096-16384, h_q 16-128, h_kv 1, s_q 1-2, varlen, causal; default scale.
+    for mean_sk, h_q, s_q, varlen in itertools.product((200, 520), (16, 32, 64, 128), (1, 2),
+                                                       (False, True)):
+        yield (f"2025 s_k={mean_sk} h_q={h_q} s_q={s_q} varlen={varlen}",
+               dict(b=4, s_q=s_q, mean_sk=mean_sk, h_q=h_q, h_kv=1, causal=True, varlen=varlen,
+                    zero_row=False, scale=None))
+    # Today's: h_q 64-128, s_q 1-2, causal or not, zero-length rows, the caller's scale.
+    for h_q, s_q, causal, zero_row in itertools.product((64, 128), (1, 2), (False, True),
+                                                        (False, True)):
+        yield (f"current h_q={h_q} s_q={s_q} causal={causal} zero_row={zero_row}",
+               dict(b=3, s_q=s_q, mean_sk=300, h_q=h_q, h_kv=1, causal=causal, varlen=True,
+                    zero_row=zero_row, scale=1 / math.sqrt(192)))
+    # Several KV heads (grouped queries).
+    for h_kv, s_q in ((2, 2), (4, 1)):
+        yield (f"h_kv={h_kv} h_q=32 s_q={s_q}",
+               dict(b=2, s_q=s_q, mean_sk=150, h_q=32, h_kv=h_kv, causal=True, varlen=True,
+                    zero_row=False, scale=None))
+
+
+def check_flash_mla_cases(target, rng, failures):
+    flash_mla.configure(target=target)
+    count = 0
+    for name, kwargs in cases():
+        for problem in run_case(rng, **kwargs):
+            failures.append(f"FlashMLA case {name}: {problem}")
+        count += 1
+    print(f"FlashMLA's dense-decode cases: {count} run")
