@@ -34,6 +34,8 @@ import mlaserve
 from harness import Server, free_port, make_pki
 
 SCRAPE_INTERVAL_S = 1
+# Read from glibc's allocator (mallinfo2), so absent when a sanitizer's serves malloc.
+GLIBC_HEAP_SERIES = ("mlaserve_heap_in_use_bytes", "mlaserve_heap_free_bytes")
 RATE_WINDOW = "15s"  # what $__rate_interval stands for here: 15 scrapes
 
 
@@ -128,6 +130,9 @@ def main():
     parser.add_argument("--loadgen", required=True)
     parser.add_argument("--dashboard", required=True)
     parser.add_argument("--api-doc", required=True)
+    parser.add_argument("--sanitizer-malloc", action="store_true",
+                        help="the server's malloc is a sanitizer's: glibc's heap series must be "
+                             "absent, not present")
     args = parser.parse_args()
     if shutil.which("prometheus") is None or shutil.which("promtool") is None:
         print("FAIL: Debian's prometheus package is not installed (scripts/install_deps.sh)")
@@ -193,7 +198,10 @@ def main():
                 result = prometheus.api(
                     "/api/v1/query", query=f'{{__name__=~"{name}(_bucket|_count|_sum)?"}}',
                     time=at)["result"]
-                if not result:
+                if args.sanitizer_malloc and name in GLIBC_HEAP_SERIES:
+                    if result:
+                        failures.append(f"{name} is exported under a sanitizer's malloc")
+                elif not result:
                     missing.append(name)
             print(f"documented series: {len(series)} asked, {len(series) - len(missing)} with data")
             if missing:

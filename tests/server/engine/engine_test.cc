@@ -50,6 +50,28 @@ class ScriptedDevice : public AttentionDevice {
   DeviceInfo info_{"scripted", 1, 1, 0, 0};
 };
 
+// One device that holds its first batch until Release() and runs every batch on the host:
+// calls made meanwhile queue behind it. Must outlive the engine given Devices().
+class FirstBatchHeld {
+ public:
+  std::vector<std::unique_ptr<AttentionDevice>> Devices() {
+    auto device = std::make_unique<::testing::NiceMock<ScriptedDevice>>();
+    ON_CALL(*device, Run).WillByDefault([this](const BatchSteps& steps) {
+      if (runs_.fetch_add(1) == 0) release_.wait();
+      return host_.Run(steps);
+    });
+    std::vector<std::unique_ptr<AttentionDevice>> devices;
+    devices.push_back(std::move(device));
+    return devices;
+  }
+  void Release() { release_.count_down(); }
+
+ private:
+  std::latch release_{1};
+  std::atomic<int> runs_{0};
+  HostAttentionDevice host_;
+};
+
 std::unique_ptr<EngineImpl> MakeEngine(EngineOptions options,
                                        std::vector<std::unique_ptr<AttentionDevice>> devices = {}) {
   if (devices.empty()) devices.push_back(std::make_unique<HostAttentionDevice>());
@@ -379,20 +401,11 @@ TEST(EngineTest, ScoresThatOverflowFp32AreRefusedNotAnsweredAsNoKey) {
 // Calls that arrive while the device is busy coalesce (up to max_wait) into one batch, and
 // their queries on one prefix into one group.
 TEST(EngineTest, QueriesFromConcurrentCallsShareABatchAndAGroup) {
-  std::latch release(1);
-  auto device = std::make_unique<::testing::NiceMock<ScriptedDevice>>();
-  auto host = std::make_shared<HostAttentionDevice>();
-  std::atomic<int> runs{0};
-  ON_CALL(*device, Run).WillByDefault([&](const BatchSteps& steps) {
-    if (runs.fetch_add(1) == 0) release.wait();
-    return host->Run(steps);
-  });
-  std::vector<std::unique_ptr<AttentionDevice>> devices;
-  devices.push_back(std::move(device));
+  FirstBatchHeld held;  // outlives the engine
   EngineOptions options = BaseOptions();
   options.max_wait = absl::Milliseconds(300);
   options.max_batch = 2;
-  Scenario s(MakeEngine(options, std::move(devices)));
+  Scenario s(MakeEngine(options, held.Devices()));
   s.RegisterPrefix("P", "", 50);
   s.CreateSequence("u", "P", 3);
   s.CreateSequence("v", "P", 4);
@@ -404,7 +417,7 @@ TEST(EngineTest, QueriesFromConcurrentCallsShareABatchAndAGroup) {
   auto fu = std::async(std::launch::async, [&] { return DecodeSync(s.engine(), {qu}); });
   auto fv = std::async(std::launch::async, [&] { return DecodeSync(s.engine(), {qv}); });
   while (s.engine().Stats().batches < 2) std::this_thread::yield();
-  release.count_down();
+  held.Release();
   auto au = fu.get(), av = fv.get();
   ASSERT_TRUE(au.ok() && av.ok() && fw.get().ok());
   EXPECT_EQ((*au)[0].plan.batch_size, 2);
@@ -415,20 +428,11 @@ TEST(EngineTest, QueriesFromConcurrentCallsShareABatchAndAGroup) {
 // FlashMLA's callers pass their own scale: each call is answered with its own, applied as
 // the model's is, and a batch never mixes two.
 TEST(EngineTest, EachCallGetsItsOwnSoftmaxScaleAndScalesAreBatchedApart) {
-  std::latch release(1);
-  auto device = std::make_unique<::testing::NiceMock<ScriptedDevice>>();
-  auto host = std::make_shared<HostAttentionDevice>();
-  std::atomic<int> runs{0};
-  ON_CALL(*device, Run).WillByDefault([&](const BatchSteps& steps) {
-    if (runs.fetch_add(1) == 0) release.wait();
-    return host->Run(steps);
-  });
-  std::vector<std::unique_ptr<AttentionDevice>> devices;
-  devices.push_back(std::move(device));
+  FirstBatchHeld held;  // outlives the engine
   EngineOptions options = BaseOptions();
   options.max_wait = absl::Seconds(60);  // nothing is cut until the device frees up
   options.max_batch = 8;
-  Scenario s(MakeEngine(options, std::move(devices)));
+  Scenario s(MakeEngine(options, held.Devices()));
   const float model_scale = s.engine().Info().model.softmax_scale;
   s.RegisterPrefix("P", "", 70);
   for (const char* id : {"u", "v", "x", "w"}) s.CreateSequence(id, "P", 9);
@@ -454,7 +458,7 @@ TEST(EngineTest, EachCallGetsItsOwnSoftmaxScaleAndScalesAreBatchedApart) {
     }));
   }
   while (s.engine().Stats().queued < 4) std::this_thread::yield();
-  release.count_down();
+  held.Release();
   ASSERT_TRUE(fw.get().ok());
   const std::vector<int> batch_sizes = {2, 2, 1, 1};
   for (size_t i = 0; i < calls.size(); ++i) {
