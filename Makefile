@@ -15,7 +15,7 @@ all: build
 deps:
 	@scripts/install_deps.sh
 
-# PyTorch for `mlaserve-bench peers` (docs/performance.md); not needed by any test.
+# What the benchmarks need: since the FlashMLA tests run on torch, the same as `deps`.
 bench-deps: deps
 	@scripts/install_deps.sh --bench
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages mlaserve builds and runs with. Idempotent: when every
 # package is already present it touches nothing (no apt-get update, no network).
-#   scripts/install_deps.sh          what `make`, `make test` and `make demo` need
-#   scripts/install_deps.sh --bench  also the benchmark-only peers (PyTorch for
-#                                    `mlaserve-bench peers`); never needed by the tests
+#   scripts/install_deps.sh          what `make`, `make test`, `make demo` and the benchmarks
+#                                    need (PyTorch included: the FlashMLA drop-in's tests run
+#                                    on torch tensors, and `mlaserve-bench peers` compares with it)
+#   scripts/install_deps.sh --bench  the same (kept for `make bench-deps`)
 set -euo pipefail
 
 packages=(
@@ -11,13 +12,10 @@ packages=(
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libssl-dev openssl
   libabsl-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-pthread-dev libdnnl-dev libsleef-dev prometheus-cpp-dev libcpp-httplib-dev libsystemd-dev nlohmann-json3-dev
-  python3 python3-grpcio python3-protobuf python3-numpy python3-h2 python3-matplotlib
+  python3 python3-grpcio python3-protobuf python3-numpy python3-h2 python3-matplotlib python3-torch
   systemd strace clang-format prometheus
   clang-14 libclang-rt-14-dev libomp-14-dev
 )
-if [ "${1:-}" = "--bench" ]; then
-  packages+=(python3-torch)
-fi
 
 missing=()
 for p in "${packages[@]}"; do

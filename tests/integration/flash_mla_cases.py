@@ -1,5 +1,6 @@
 """FlashMLA's dense-decode test cases, run through mlaserve.flash_mla as a framework would
-after changing its import.
+after changing its import: on torch tensors (Debian's CPU torch), bf16 q and cache, int32
+seqlens and block table, both of FlashMLA's metadata APIs.
 
 FlashMLA's tests (tests/test_flash_mla.py of 2025 and today's dense-decoding test) sweep batch
 size, context length, h_q, h_kv, s_q, variable lengths, zero-length rows and the causal mask,
@@ -15,8 +16,8 @@ import itertools
 import math
 
 import numpy as np
+import torch
 
-import mlaserve
 from mlaserve import flash_mla
 
 OUT_TOLERANCE = (8e-4, 2.01 / 128, 5e-6)
@@ -73,35 +74,46 @@ def close(actual, expected, tolerance):
     return None
 
 
-def run_case(rng, b, s_q, mean_sk, h_q, h_kv, causal, varlen, zero_row, scale):
-    seqlens = np.full(b, mean_sk, dtype=np.int32)
+def run_case(generator, b, s_q, mean_sk, h_q, h_kv, causal, varlen, zero_row, scale, api):
+    seqlens = torch.full((b,), mean_sk, dtype=torch.int32)
     if varlen:
-        seqlens = np.maximum(rng.normal(mean_sk, mean_sk / 2, b), s_q).astype(np.int32)
+        lengths = torch.normal(float(mean_sk), mean_sk / 2, (b,), generator=generator)
+        seqlens = torch.clamp(lengths, min=s_q).to(torch.int32)
     if zero_row:
         seqlens[0] = 0
-    max_blocks = max(1, int(math.ceil(seqlens.max() / PAGE)))
-    block_table = rng.permutation(b * max_blocks).reshape(b, max_blocks).astype(np.int32)
-    cache = (rng.standard_normal((b * max_blocks, PAGE, h_kv, 576)) / 10).astype(np.float32)
+    max_blocks = max(1, int(math.ceil(int(seqlens.max()) / PAGE)))
+    block_table = torch.randperm(b * max_blocks, generator=generator,
+                                 dtype=torch.int32).view(b, max_blocks)
+    cache = torch.randn(b * max_blocks, PAGE, h_kv, 576, generator=generator) / 10
     for i in range(b):
         for j in range(max_blocks):
             valid = max(0, min(PAGE, int(seqlens[i]) - j * PAGE))
-            cache[block_table[i, j], valid:] = np.nan  # read one and the answer is NaN
-    q_bits = mlaserve.float_to_bf16_bits(rng.standard_normal((b, s_q, h_q, 576)))
-    cache_bits = mlaserve.float_to_bf16_bits(cache)
-    metadata, num_splits = flash_mla.get_mla_metadata(seqlens, s_q * h_q // h_kv, h_kv)
-    out, lse = flash_mla.flash_mla_with_kvcache(q_bits, cache_bits, block_table, seqlens, 512,
-                                                metadata, num_splits, softmax_scale=scale,
-                                                causal=causal)
-    ref_out, ref_lse = reference(mlaserve.bf16_bits_to_float(q_bits),
-                                 mlaserve.bf16_bits_to_float(cache_bits), block_table, seqlens,
+            cache[block_table[i, j], valid:] = float("nan")  # read one and the answer is NaN
+    q = torch.randn(b, s_q, h_q, 576, generator=generator).to(torch.bfloat16)
+    cache = cache.to(torch.bfloat16)
+    if api == "2025":
+        metadata, num_splits = flash_mla.get_mla_metadata(seqlens, s_q * h_q // h_kv, h_kv)
+        out, lse = flash_mla.flash_mla_with_kvcache(q, cache, block_table, seqlens, 512,
+                                                    metadata, num_splits, softmax_scale=scale,
+                                                    causal=causal)
+    else:
+        sched, _ = flash_mla.get_mla_metadata()
+        out, lse = flash_mla.flash_mla_with_kvcache(q, cache, block_table, seqlens, 512, sched,
+                                                    softmax_scale=scale, causal=causal)
+    if not (isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16
+            and isinstance(lse, torch.Tensor) and lse.dtype == torch.float32):
+        return [f"answers are {type(out).__name__} {getattr(out, 'dtype', '')}, "
+                f"{type(lse).__name__} {getattr(lse, 'dtype', '')}; want torch bf16 and float32"]
+    if tuple(out.shape) != (b, s_q, h_q, 512) or tuple(lse.shape) != (b, h_q, s_q):
+        return [f"shapes out {tuple(out.shape)}, lse {tuple(lse.shape)}"]
+    ref_out, ref_lse = reference(q.float().numpy(), cache.float().numpy(),
+                                 block_table.numpy(), seqlens.numpy(),
                                  1 / math.sqrt(576) if scale is None else scale, causal)
     problems = []
-    if out.shape != (b, s_q, h_q, 512) or lse.shape != (b, h_q, s_q):
-        return [f"shapes out {out.shape}, lse {lse.shape}"]
-    out_problem = close(mlaserve.bf16_bits_to_float(out), ref_out, OUT_TOLERANCE)
+    out_problem = close(out.float().numpy(), ref_out, OUT_TOLERANCE)
     if out_problem:
         problems.append(f"out: {out_problem}")
-    lse_problem = close(lse, ref_lse, LSE_TOLERANCE)
+    lse_problem = close(lse.numpy(), ref_lse, LSE_TOLERANCE)
     if lse_problem:
         problems.append(f"lse: {lse_problem}")
     return problems
@@ -114,25 +126,27 @@ def cases():
                                                        (False, True)):
         yield (f"2025 s_k={mean_sk} h_q={h_q} s_q={s_q} varlen={varlen}",
                dict(b=4, s_q=s_q, mean_sk=mean_sk, h_q=h_q, h_kv=1, causal=True, varlen=varlen,
-                    zero_row=False, scale=None))
+                    zero_row=False, scale=None, api="2025"))
     # Today's: h_q 64-128, s_q 1-2, causal or not, zero-length rows, the caller's scale.
     for h_q, s_q, causal, zero_row in itertools.product((64, 128), (1, 2), (False, True),
                                                         (False, True)):
         yield (f"current h_q={h_q} s_q={s_q} causal={causal} zero_row={zero_row}",
                dict(b=3, s_q=s_q, mean_sk=300, h_q=h_q, h_kv=1, causal=causal, varlen=True,
-                    zero_row=zero_row, scale=1 / math.sqrt(192)))
+                    zero_row=zero_row, scale=1 / math.sqrt(192), api="current"))
     # Several KV heads (grouped queries).
     for h_kv, s_q in ((2, 2), (4, 1)):
         yield (f"h_kv={h_kv} h_q=32 s_q={s_q}",
                dict(b=2, s_q=s_q, mean_sk=150, h_q=32, h_kv=h_kv, causal=True, varlen=True,
-                    zero_row=False, scale=None))
+                    zero_row=False, scale=None, api="current"))
 
 
-def check_flash_mla_cases(target, rng, failures):
+def check_flash_mla_cases(target, seed, failures):
     flash_mla.configure(target=target)
+    generator = torch.Generator().manual_seed(seed)
     count = 0
     for name, kwargs in cases():
-        for problem in run_case(rng, **kwargs):
+        for problem in run_case(generator, **kwargs):
             failures.append(f"FlashMLA case {name}: {problem}")
         count += 1
-    print(f"FlashMLA's dense-decode cases: {count} run")
+    print(f"FlashMLA's dense-decode cases on torch {torch.__version__}: {count} run "
+          f"(seed {seed})")
