@@ -68,11 +68,7 @@ BatchRun::BatchRun(std::vector<PendingCall> calls, BatchContext& context)
       calls_(std::move(calls)),
       call_status_(calls_.size()),
       answered_(calls_.size(), 0),
-      key_(calls_.empty() ? BatchKey{} : calls_.front().key) {
-  const ModelConfig& model = context.weights.config();
-  if (!key_.softmax_scale.has_value()) key_.softmax_scale = model.softmax_scale;
-  if (key_.heads == 0) key_.heads = model.heads;
-}
+      key_(calls_.empty() ? BatchKey{} : calls_.front().key) {}
 
 BatchRun::~BatchRun() {
   for (size_t c = 0; c < calls_.size(); ++c) {
@@ -132,7 +128,7 @@ void BatchRun::Execute(AttentionDevice& device, int device_index) {
   // then the plan as the kernels' steps.
   context_.planner.PrepareExpansions(*plan_, context_.store, context_.weights);
   absl::StatusOr<BuiltBatch> built =
-      BuildBatchSteps(ToDecodeBatch(*plan_, context_.weights, *key_.softmax_scale, key_.heads,
+      BuildBatchSteps(ToDecodeBatch(*plan_, context_.weights, key_.softmax_scale, key_.heads,
                                     key_.first_head, context_.parallel_units));
   const auto prepared = std::chrono::steady_clock::now();
 

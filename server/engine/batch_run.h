@@ -73,7 +73,7 @@ class BatchRun {
   std::vector<std::pair<int, int>> origin_;  // batch index -> (call, query)
   std::unique_ptr<BatchPlan> plan_;
   // Every call's (the batcher batches one key together): scale and head range.
-  BatchKey key_;
+  const BatchKey key_;
 };
 
 }  // namespace mlaserve::engine

@@ -6,7 +6,6 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <thread>
 #include <vector>
 
@@ -18,9 +17,9 @@
 namespace mlaserve::engine {
 
 // What every call of a device batch shares: the kernels apply one softmax scale and one
-// head range per batch.
+// head range per batch. The engine fills every field when it queues a call.
 struct BatchKey {
-  std::optional<float> softmax_scale;
+  float softmax_scale = 0;
   int heads = 0;
   int first_head = 0;
   bool operator==(const BatchKey&) const = default;

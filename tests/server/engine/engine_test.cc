@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/mla/fp8_accuracy.h"
@@ -49,6 +50,16 @@ class ScriptedDevice : public AttentionDevice {
   const DeviceInfo& info() const override { return info_; }
   DeviceInfo info_{"scripted", 1, 1, 0, 0};
 };
+
+// The engine's default device, one emulated Ascend 910 die, with two host threads.
+absl::StatusOr<std::vector<std::unique_ptr<AttentionDevice>>> OneEmulatedNpu() {
+  ASSIGN_OR_RETURN(const npu::DeviceProfile profile, npu::LoadDeviceProfile("ascend910-die"));
+  ASSIGN_OR_RETURN(std::unique_ptr<AttentionDevice> device,
+                   NpuAttentionDevice::Create(profile, {.host_threads = 2}));
+  std::vector<std::unique_ptr<AttentionDevice>> devices;
+  devices.push_back(std::move(device));
+  return devices;
+}
 
 // One device that holds its first batch until Release() and runs every batch on the host:
 // calls made meanwhile queue behind it. Must outlive the engine given Devices().
@@ -217,13 +228,9 @@ void ExpectHeadSharesMatchGolden(std::vector<std::unique_ptr<AttentionDevice>> d
 TEST(EngineTest, HeadSharesMatchGoldenOnTheHost) { ExpectHeadSharesMatchGolden({}); }
 
 TEST(EngineTest, HeadSharesMatchGoldenOnAnEmulatedNpu) {
-  auto profile = npu::LoadDeviceProfile("ascend910-die");
-  ASSERT_TRUE(profile.ok()) << profile.status();
-  auto device = NpuAttentionDevice::Create(*profile, {.host_threads = 2});
-  ASSERT_TRUE(device.ok()) << device.status();
-  std::vector<std::unique_ptr<AttentionDevice>> devices;
-  devices.push_back(std::move(*device));
-  ExpectHeadSharesMatchGolden(std::move(devices));
+  auto devices = OneEmulatedNpu();
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  ExpectHeadSharesMatchGolden(*std::move(devices));
 }
 
 TEST(EngineTest, Fp8SequencesBesideBf16OnesMatchGoldenOnTheHost) {
@@ -231,13 +238,9 @@ TEST(EngineTest, Fp8SequencesBesideBf16OnesMatchGoldenOnTheHost) {
 }
 
 TEST(EngineTest, Fp8SequencesBesideBf16OnesMatchGoldenOnAnEmulatedNpu) {
-  auto profile = npu::LoadDeviceProfile("ascend910-die");
-  ASSERT_TRUE(profile.ok()) << profile.status();
-  auto device = NpuAttentionDevice::Create(*profile, {.host_threads = 2});
-  ASSERT_TRUE(device.ok()) << device.status();
-  std::vector<std::unique_ptr<AttentionDevice>> devices;
-  devices.push_back(std::move(*device));
-  ExpectFp8ScenarioMatchesGolden(std::move(devices));
+  auto devices = OneEmulatedNpu();
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  ExpectFp8ScenarioMatchesGolden(*std::move(devices));
 }
 
 // Flat grouping, as before tree-aware TyphoonMLA: each group decides alone, so P2's group

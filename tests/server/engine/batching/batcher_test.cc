@@ -1,6 +1,5 @@
 #include "server/engine/batching/batcher.h"
 
-#include <optional>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -58,8 +57,7 @@ class ManualBatcherTest : public ::testing::Test {
     call.done = [this](absl::StatusOr<std::span<const DecodeAnswer>>) { ++answered_; };
     return call;
   }
-  void Enqueue(Batcher& b, int queries, absl::Time at,
-               std::optional<float> softmax_scale = std::nullopt) {
+  void Enqueue(Batcher& b, int queries, absl::Time at, float softmax_scale = 0) {
     PendingCall call = Call(queries, at);
     call.key.softmax_scale = softmax_scale;
     ASSERT_TRUE(b.Enqueue(call).ok());
