@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
+#include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -25,6 +27,44 @@ std::vector<double> Thinned(std::vector<double> sorted) {
 
 nlohmann::json OrNull(const std::optional<double>& v) {
   return v.has_value() ? nlohmann::json(*v) : nlohmann::json(nullptr);
+}
+
+// One CSV field (RFC 4180): quoted, with quotes doubled, when it holds a separator, a quote or
+// a line break.
+std::string CsvField(const std::string& text) {
+  if (text.find_first_of(",\"\r\n") == std::string::npos) return text;
+  std::string quoted = "\"";
+  for (char c : text) {
+    if (c == '"') quoted += '"';
+    quoted += c;
+  }
+  return quoted + "\"";
+}
+
+// `object[key]` as CSV text: a string as it is, a number as JSON writes it, empty when absent
+// (a server whose GetServerInfo failed, a proto3 field left at its default).
+std::string CsvValue(const nlohmann::json& object, std::initializer_list<const char*> path) {
+  const nlohmann::json* node = &object;
+  for (const char* key : path) {
+    if (!node->is_object() || !node->contains(key)) return "";
+    node = &(*node)[key];
+  }
+  if (node->is_string()) return CsvField(node->get<std::string>());
+  if (node->is_number() || node->is_boolean()) return node->dump();
+  return "";
+}
+
+// The columns every row repeats: what ran the sweep (SweepCsvHeader names them).
+std::string ContextColumns(const SweepContext& c) {
+  return absl::StrJoin(
+      {CsvValue(c.server, {"version"}), CsvValue(c.server, {"info", "state", "instance_id"}),
+       CsvValue(c.server, {"model"}), CsvValue(c.server, {"layers"}),
+       CsvValue(c.server, {"devices"}), CsvValue(c.server, {"device"}), CsvValue(c.server, {"cpu"}),
+       CsvValue(c.server, {"matrix_unit"}),
+       c.server.contains("servers") ? CsvValue(c.server, {"servers"}) : "1",
+       CsvValue(c.client, {"cpu"}), CsvValue(c.client, {"isa"}), CsvValue(c.client, {"cores"}),
+       CsvValue(c.client, {"hostname"})},
+      ",");
 }
 
 }  // namespace
@@ -320,10 +360,14 @@ std::string SweepCsvHeader() {
          "queries_per_s,calls,errors,tpot_mean_ms,tpot_p50_ms,tpot_p90_ms,tpot_p99_ms,"
          "call_p50_us,call_p99_us,queue_mean_us,device_modeled_mean_us,device_host_mean_us,"
          "admission_wait_p99_ms,share_queue,share_device,share_overhead,hybrid_fraction,"
-         "slo_tpot_ms,goodput_sequences,goodput_tokens,goodput_tokens_per_s,slo_met";
+         "slo_tpot_ms,goodput_sequences,goodput_tokens,goodput_tokens_per_s,slo_met,"
+         "server_version,server_instance_id,server_model,server_layers,server_devices,"
+         "server_device,server_cpu,server_matrix_unit,servers,client_cpu,client_isa,"
+         "client_cores,client_hostname";
 }
 
-std::string SweepCsv(const std::vector<PointSummary>& points) {
+std::string SweepCsv(const SweepContext& context, const std::vector<PointSummary>& points) {
+  const std::string context_columns = ContextColumns(context);
   std::string csv = SweepCsvHeader() + "\n";
   for (const PointSummary& p : points) {
     absl::StrAppend(
@@ -337,8 +381,9 @@ std::string SweepCsv(const std::vector<PointSummary>& points) {
                         p.admission_wait_ms.p99, p.share_queue, p.share_device, p.share_overhead,
                         p.hybrid_fraction),
         p.slo_tpot_ms.has_value() ? absl::StrCat(*p.slo_tpot_ms) : "",
-        absl::StrFormat(",%.4f,%.4f,%.3f,%d\n", p.goodput_sequences, p.goodput_tokens,
-                        p.goodput_tokens_per_s, p.slo_met ? 1 : 0));
+        absl::StrFormat(",%.4f,%.4f,%.3f,%d,", p.goodput_sequences, p.goodput_tokens,
+                        p.goodput_tokens_per_s, p.slo_met ? 1 : 0),
+        context_columns, "\n");
   }
   return csv;
 }

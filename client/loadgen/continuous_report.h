@@ -98,7 +98,11 @@ struct SweepContext {
 nlohmann::json SweepJson(const SweepContext& context, const SweepSpec* spec,
                          const std::vector<PointSummary>& points, bool stopped_early,
                          const std::string& stop_reason);
-std::string SweepCsv(const std::vector<PointSummary>& points);
+// Every row ends with the run's context, the same on each row (the server's version, instance,
+// model, layers, devices, device profile, CPU and matrix unit from GetServerInfo; the client's
+// CPU, ISA, cores and hostname), so a row read on its own, or rows of several runs put in one
+// table, still say what produced them. Fields holding a comma or a quote are quoted (RFC 4180).
+std::string SweepCsv(const SweepContext& context, const std::vector<PointSummary>& points);
 // The CSV's header, one documented column per field.
 std::string SweepCsvHeader();
 // One line per point for the terminal, and its header.

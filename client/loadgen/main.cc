@@ -400,7 +400,7 @@ int RunContinuousMode(const mlaserve::loadgen::WorkloadOptions& base,
   if (!out.empty()) {
     std::ofstream json_file(out + ".json"), csv_file(out + ".csv");
     json_file << report.dump(1) << "\n";
-    csv_file << mlaserve::loadgen::SweepCsv(points);
+    csv_file << mlaserve::loadgen::SweepCsv(context_info, points);
     if (!json_file || !csv_file) {
       std::cerr << "mlaserve-loadgen: --out: cannot write " << out << ".json and .csv\n";
       return 1;

@@ -238,16 +238,79 @@ TEST(SweepTest, SpecsParseAndBadOnesNameTheFlag) {
   }
 }
 
+// One CSV line's fields (RFC 4180: a quoted field may hold commas and doubled quotes).
+std::vector<std::string> CsvFields(const std::string& line) {
+  std::vector<std::string> fields(1);
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted && c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+      fields.back() += '"';
+      ++i;
+    } else if (c == '"') {
+      quoted = !quoted;
+    } else if (c == ',' && !quoted) {
+      fields.emplace_back();
+    } else {
+      fields.back() += c;
+    }
+  }
+  return fields;
+}
+
 TEST(SweepTest, TheCsvHasOneRowPerPointWithEveryHeaderColumn) {
   const std::vector<PointSummary> points = {SummarizePoint(HandMadeResult(), 1.0, 20.0),
                                             SummarizePoint(HandMadeResult(), 2.0, 20.0)};
-  const std::vector<std::string> lines = absl::StrSplit(SweepCsv(points), '\n', absl::SkipEmpty());
+  // The context as main builds it: the client machine, GetServerInfo's flat facts and its
+  // whole answer (the instance id is only in the latter). A CPU name with a comma and a quote
+  // must stay one field.
+  const SweepContext context{
+      "cmd",
+      {{"cpu", "Acme \"Turbo\" CPU, 2 GHz"}, {"isa", "AVX2"}, {"cores", 2}, {"hostname", "h1"}},
+      {{"model", "deepseek-v3"},
+       {"layers", 2},
+       {"devices", 2},
+       {"device", "ascend910-die"},
+       {"version", "0.1.0"},
+       {"cpu", "Server CPU"},
+       {"matrix_unit", "oneDNN avx512"},
+       {"info", {{"state", {{"instance_id", "abc123"}}}}}}};
+  const std::vector<std::string> lines =
+      absl::StrSplit(SweepCsv(context, points), '\n', absl::SkipEmpty());
   ASSERT_EQ(lines.size(), 3u);
-  const size_t columns = std::vector<std::string>(absl::StrSplit(lines[0], ',')).size();
+  const std::vector<std::string> header = CsvFields(lines[0]);
+  EXPECT_EQ(lines[0], SweepCsvHeader());
   for (const std::string& line : lines) {
-    EXPECT_EQ(std::vector<std::string>(absl::StrSplit(line, ',')).size(), columns) << line;
+    EXPECT_EQ(CsvFields(line).size(), header.size()) << line;
   }
   EXPECT_TRUE(absl::StartsWith(lines[1], "1,"));
+  const std::map<std::string, std::string> expected = {{"server_version", "0.1.0"},
+                                                       {"server_instance_id", "abc123"},
+                                                       {"server_model", "deepseek-v3"},
+                                                       {"server_layers", "2"},
+                                                       {"server_devices", "2"},
+                                                       {"server_device", "ascend910-die"},
+                                                       {"server_cpu", "Server CPU"},
+                                                       {"server_matrix_unit", "oneDNN avx512"},
+                                                       {"servers", "1"},
+                                                       {"client_cpu", "Acme \"Turbo\" CPU, 2 GHz"},
+                                                       {"client_isa", "AVX2"},
+                                                       {"client_cores", "2"},
+                                                       {"client_hostname", "h1"}};
+  for (int row = 1; row <= 2; ++row) {
+    const std::vector<std::string> fields = CsvFields(lines[row]);
+    for (const auto& [column, value] : expected) {
+      const auto at = std::find(header.begin(), header.end(), column);
+      ASSERT_NE(at, header.end()) << column << " missing from the header";
+      EXPECT_EQ(fields[at - header.begin()], value) << column << " on row " << row;
+    }
+  }
+  // A server whose GetServerInfo failed leaves its columns empty, the row still whole.
+  const std::vector<std::string> bare =
+      absl::StrSplit(SweepCsv({"cmd", {}, {{"error", "down"}}}, points), '\n', absl::SkipEmpty());
+  ASSERT_EQ(bare.size(), 3u);
+  EXPECT_EQ(CsvFields(bare[1]).size(), header.size()) << bare[1];
+
   const SweepSpec spec = *SweepSpec::Parse("rate:1,2");
   const nlohmann::json j =
       SweepJson({"cmd", {{"cpu", "x"}}, {{"model", "m"}}}, &spec, points, false, "");
