@@ -111,6 +111,13 @@ std::string FlagsHelp() {
   return out;
 }
 
+std::string VersionLine(const std::string& argv0,
+                        const std::function<std::string()>& build_description) {
+  std::string line = absl::StrCat(argv0.substr(argv0.rfind('/') + 1), " ", MLASERVE_VERSION);
+  if (build_description) absl::StrAppend(&line, " (", build_description(), ")");
+  return line;
+}
+
 absl::StatusOr<std::vector<std::string>> ParseFlags(
     int argc, char** argv, const std::function<std::string()>& build_description) {
   ASSIGN_OR_RETURN(std::vector<std::string> args,
@@ -124,10 +131,7 @@ absl::StatusOr<std::vector<std::string>> ParseFlags(
       std::exit(EXIT_SUCCESS);
     }
     if (arg == "--version") {
-      const std::string program = args.empty() ? "mlaserve" : args[0];
-      std::cout << program.substr(program.rfind('/') + 1) << " " << MLASERVE_VERSION;
-      if (build_description) std::cout << " (" << build_description() << ")";
-      std::cout << "\n";
+      std::cout << VersionLine(args.empty() ? "mlaserve" : args[0], build_description) << "\n";
       std::exit(EXIT_SUCCESS);
     }
   }

@@ -25,6 +25,13 @@ absl::StatusOr<std::vector<std::string>> NormalizeFlagArguments(std::vector<std:
 absl::StatusOr<std::vector<std::string>> ParseFlags(
     int argc, char** argv, const std::function<std::string()>& build_description = nullptr);
 
+// What --version prints (without the newline): the program's name (`argv0` without its
+// directory), mlaserve's version and, when given, `build_description()` in parentheses, e.g.
+// "mlaserve-server 0.1.0 (matrix unit: ...; CPU: ...)". For binaries whose flags another
+// parser reads (mlaserve-microbench: google-benchmark's).
+std::string VersionLine(const std::string& argv0,
+                        const std::function<std::string()>& build_description = nullptr);
+
 // What --help prints after the usage message: each flag the program defines (abseil's own
 // are left out), sorted by name.
 std::string FlagsHelp();

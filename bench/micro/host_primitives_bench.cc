@@ -2,12 +2,16 @@
 // beside the alternative it replaced or competes with, in one run (compare ratios, not
 // absolute times: these machines are shared). Results: docs/performance.md.
 #include <cmath>
+#include <cstdio>
+#include <iostream>
 #include <limits>
+#include <string_view>
 #include <vector>
 
 #include <cblas.h>
 
 #include "benchmark/benchmark.h"
+#include "common/command_line.h"
 #include "kernels/core/bfloat16.h"
 #include "kernels/core/cpu_features.h"
 #include "kernels/core/matmul.h"
@@ -193,10 +197,34 @@ BENCHMARK(BM_AmlaRows_Host)->Unit(benchmark::kMillisecond);
 }  // namespace
 }  // namespace mlaserve
 
+namespace {
+
+void PrintHelp() {
+  std::cout << "mlaserve-microbench [--benchmark_filter=REGEX] [flags]: the host primitives the "
+               "emulated device spends its time in, each beside its alternative "
+               "(docs/performance.md)\n\ngoogle-benchmark's flags:\n";
+  std::cout.flush();
+  benchmark::PrintDefaultHelp();
+  std::fflush(stdout);
+  std::cout << "  --help, --version\n      print this, or the version, and exit\n";
+}
+
+}  // namespace
+
 // google-benchmark's own header names the CPU's cache sizes but not its ISA; the context
 // lines name what the numbers came from.
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
+  // --version as every mlaserve binary answers it. google-benchmark has no such flag and, as
+  // it ignores arguments it does not know, would run every benchmark instead.
+  for (int i = 1; i < argc && std::string_view(argv[i]) != "--"; ++i) {
+    if (std::string_view(argv[i]) == "--version") {
+      std::cout << mlaserve::VersionLine(argv[0], mlaserve::MatrixPathDescription) << "\n";
+      return 0;
+    }
+  }
+  benchmark::Initialize(&argc, argv, PrintHelp);
+  // An unknown flag (a misspelt --benchmark_filter, say) is an error, not a full run.
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::AddCustomContext("cpu", mlaserve::HostCpu().model);
   benchmark::AddCustomContext("isa", mlaserve::HostCpu().MatrixIsa());
   benchmark::AddCustomContext("matrix_unit", mlaserve::MatrixUnitBackend());

@@ -1,32 +1,51 @@
 #!/bin/sh
 # Every binary answers --help with its own flags and --version with the version and its matrix
-# path, both on stdout with exit status 0 (scripts and packagers call them that way).
-#   help_version_test.sh BIN_DIR VERSION
+# path, both on stdout with exit status 0 (scripts and packagers call them that way), and
+# refuses a flag it does not know.
+#   help_version_test.sh BIN_DIR VERSION [bench]
+# The server, the load generator and mlaserve-ctl are always built; with `bench` (a build with
+# MLASERVE_BENCH on) mlaserve-bench and mlaserve-microbench are checked too, and missing
+# ones fail like the others.
 set -u
 bin_dir="$1"
 version="$2"
+bench="${3:-}"
 failures=0
-check() {  # binary, a flag its --help must list
-  if ! help=$("$bin_dir/$1" --help 2>&1); then
-    echo "FAIL: $1 --help exits $?"; failures=$((failures + 1))
-  elif ! printf '%s\n' "$help" | grep -q -- "  --$2 ("; then
-    echo "FAIL: $1 --help does not list --$2"; failures=$((failures + 1))
+fail() {
+  echo "FAIL: $*"; failures=$((failures + 1))
+}
+check() {  # binary, a line its --help must hold (a grep pattern)
+  if [ ! -x "$bin_dir/$1" ]; then
+    fail "$1 is not in $bin_dir"
+    return
+  fi
+  if ! help=$("$bin_dir/$1" --help 2>/dev/null); then
+    fail "$1 --help exits $?"
+  elif ! printf '%s\n' "$help" | grep -q -- "$2"; then
+    fail "$1 --help has no line matching '$2'"
   elif printf '%s\n' "$help" | grep -q -- "--fromenv"; then
-    echo "FAIL: $1 --help lists abseil's own flags"; failures=$((failures + 1))
+    fail "$1 --help lists abseil's own flags"
   fi
-  if ! out=$("$bin_dir/$1" --version 2>&1); then
-    echo "FAIL: $1 --version exits $?"; failures=$((failures + 1))
-  elif ! printf '%s\n' "$out" | grep -q "^$1 $version (matrix unit: .*; CPU: "; then
-    echo "FAIL: $1 --version prints '$out'"; failures=$((failures + 1))
+  if ! out=$("$bin_dir/$1" --version 2>/dev/null); then
+    fail "$1 --version exits $?"
+  elif [ "$(printf '%s\n' "$out" | wc -l)" -ne 1 ] ||
+       ! printf '%s\n' "$out" | grep -q "^$1 $version (matrix unit: .*; CPU: "; then
+    fail "$1 --version prints '$out'"
   fi
-  # An unknown flag is still an error.
+  # An unknown flag is still an error (mlaserve-microbench would otherwise run every benchmark).
   if "$bin_dir/$1" --no_such_flag >/dev/null 2>&1; then
-    echo "FAIL: $1 --no_such_flag exits 0"; failures=$((failures + 1))
+    fail "$1 --no_such_flag exits 0"
   fi
 }
-check mlaserve-server listen
-check mlaserve-loadgen target
-check mlaserve-bench rounds
-check mlaserve-ctl target
-[ "$failures" -eq 0 ] && echo "help and version: every binary OK"
+check mlaserve-server '^  --listen ('
+check mlaserve-loadgen '^  --target ('
+check mlaserve-ctl '^  --target ('
+checked="mlaserve-server, mlaserve-loadgen, mlaserve-ctl"
+if [ "$bench" = bench ]; then
+  check mlaserve-bench '^  --rounds ('
+  # google-benchmark prints its own flags, in its own form.
+  check mlaserve-microbench '\[--benchmark_filter=<regex>\]'
+  checked="$checked, mlaserve-bench, mlaserve-microbench"
+fi
+[ "$failures" -eq 0 ] && echo "help and version: $checked OK"
 exit "$failures"
