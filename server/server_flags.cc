@@ -68,6 +68,9 @@ ABSL_FLAG(std::string, grpc_memory, "1GiB",
           "Memory gRPC may hold for messages in transit, all connections together; past it "
           "the connection holding most is closed");
 ABSL_FLAG(int, max_streams_per_connection, 256, "Concurrent streams (calls) per connection");
+ABSL_FLAG(int, max_streams_per_client, 1024,
+          "Open DecodeStream and AppendKv streams one client (a tenant, or a peer address "
+          "without tenants) may hold over all its connections; 0: no limit");
 ABSL_FLAG(int, keepalive_s, 60,
           "Ping a connection idle this long; close it if no answer in --keepalive_timeout_s");
 ABSL_FLAG(int, keepalive_timeout_s, 20, "How long a keepalive ping may go unanswered");
@@ -177,6 +180,12 @@ absl::Status ParseConnectionFlags(service::ServerOptions& server) {
     return BadFlag("max_streams_per_connection", absl::StrCat(streams, " is outside [1, 65536]"));
   }
   server.max_streams_per_connection = streams;
+  const int client_streams = absl::GetFlag(FLAGS_max_streams_per_client);
+  if (client_streams < 0 || client_streams > 1 << 20) {
+    return BadFlag("max_streams_per_client",
+                   absl::StrCat(client_streams, " is outside [0, 1048576]"));
+  }
+  server.max_streams_per_client = client_streams;
   ASSIGN_OR_RETURN(server.keepalive_time,
                    SecondsFlag("keepalive_s", absl::GetFlag(FLAGS_keepalive_s), 1));
   ASSIGN_OR_RETURN(server.keepalive_timeout,

@@ -24,20 +24,23 @@ absl::Status Draining(int64_t chunks) {
 
 }  // namespace
 
-AppendKvReactor::AppendKvReactor(absl::StatusOr<Tenant*> admitted, engine::Engine& engine,
-                                 ServiceMetrics& metrics, CallRegistry& registry,
-                                 grpc::ByteBuffer* response)
+AppendKvReactor::AppendKvReactor(absl::StatusOr<Tenant*> admitted, const std::string& client,
+                                 engine::Engine& engine, ServiceMetrics& metrics,
+                                 CallRegistry& registry, grpc::ByteBuffer* response)
     : tenant_(admitted.ok() ? *admitted : nullptr),
       engine_(engine),
       metrics_(metrics),
       registry_(registry),
       response_(response),
-      registered_(registry.Add(this)) {
+      registration_(registry.Add(this, client)),
+      registered_(registration_.ok()) {
   std::lock_guard lock(mu_);
   if (!admitted.ok()) {
     CompleteLocked(admitted.status());
-  } else if (!registered_) {
+  } else if (absl::IsUnavailable(registration_)) {
     CompleteLocked(Draining(0));
+  } else if (!registered_) {
+    CompleteLocked(registration_);
   }
   if (!finished_) StartRead(&chunk_bytes_);
 }

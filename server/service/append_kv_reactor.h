@@ -27,9 +27,11 @@ namespace mlaserve::service {
 class AppendKvReactor : public grpc::ServerReadReactor<grpc::ByteBuffer>, public DrainableStream {
  public:
   // `admitted`: the caller's tenant (nullptr: single-tenant), or why the stream is refused
-  // (it then ends at once with that status).
-  AppendKvReactor(absl::StatusOr<Tenant*> admitted, engine::Engine& engine, ServiceMetrics& metrics,
-                  CallRegistry& registry, grpc::ByteBuffer* response);
+  // (it then ends at once with that status). `client` is whose open streams it counts
+  // against (CallRegistry::Add).
+  AppendKvReactor(absl::StatusOr<Tenant*> admitted, const std::string& client,
+                  engine::Engine& engine, ServiceMetrics& metrics, CallRegistry& registry,
+                  grpc::ByteBuffer* response);
 
   void OnReadDone(bool ok) override;
   void OnDone() override;
@@ -48,6 +50,7 @@ class AppendKvReactor : public grpc::ServerReadReactor<grpc::ByteBuffer>, public
   // Before registered_: a drain may reach the stream as soon as it is registered.
   std::mutex mu_;
   bool finished_ = false;
+  const absl::Status registration_;
   const bool registered_;
   const absl::Time start_ = absl::Now();
   grpc::ByteBuffer chunk_bytes_;

@@ -1,17 +1,31 @@
 #include "server/service/call_registry.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace mlaserve::service {
 
-bool CallRegistry::Add(DrainableStream* stream) {
+absl::Status CallRegistry::Add(DrainableStream* stream, const std::string& client) {
   absl::MutexLock lock(&mu_);
-  if (draining_) return false;
-  streams_.insert(stream);
-  return true;
+  if (draining_) return absl::UnavailableError("the server is shutting down");
+  int& open = streams_by_client_[client];
+  if (max_streams_per_client_ > 0 && open >= max_streams_per_client_) {
+    if (open == 0) streams_by_client_.erase(client);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("max_streams_per_client: ", client, " already holds ", open,
+                     " open streams (DecodeStream and AppendKv together); end one first"));
+  }
+  ++open;
+  streams_.emplace(stream, client);
+  return absl::OkStatus();
 }
 
 void CallRegistry::Remove(DrainableStream* stream) {
   absl::MutexLock lock(&mu_);
-  streams_.erase(stream);
+  auto it = streams_.find(stream);
+  if (it == streams_.end()) return;
+  auto count = streams_by_client_.find(it->second);
+  if (--count->second == 0) streams_by_client_.erase(count);
+  streams_.erase(it);
 }
 
 bool CallRegistry::BeginUnary() {
@@ -30,7 +44,7 @@ int CallRegistry::DrainAll() {
   absl::MutexLock lock(&mu_);
   draining_ = true;
   // Holding the lock keeps every stream alive (Remove waits for it); Drain never calls back.
-  for (DrainableStream* stream : streams_) stream->Drain();
+  for (const auto& [stream, client] : streams_) stream->Drain();
   return static_cast<int>(streams_.size());
 }
 

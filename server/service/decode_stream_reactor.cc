@@ -23,19 +23,21 @@ void SetStatus(const absl::Status& status, v1::RequestStatus* wire) {
 
 DecodeStreamReactor::DecodeStreamReactor(grpc::CallbackServerContext* context,
                                          absl::StatusOr<Tenant*> admitted,
-                                         DecodeDispatcher& dispatcher, ServiceMetrics& metrics,
-                                         CallRegistry& registry, int max_in_flight)
+                                         const std::string& client, DecodeDispatcher& dispatcher,
+                                         ServiceMetrics& metrics, CallRegistry& registry,
+                                         int max_in_flight)
     : context_(context),
       tenant_(admitted.ok() ? *admitted : nullptr),
       dispatcher_(dispatcher),
       metrics_(metrics),
       registry_(registry),
       max_in_flight_(std::max(1, max_in_flight)),
-      registered_(registry.Add(this)) {
+      registration_(registry.Add(this, client)),
+      registered_(registration_.ok()) {
   std::lock_guard lock(mu_);
-  if (!registered_) draining_ = true;
-  if (!admitted.ok()) {
-    ended_ = admitted.status();
+  if (absl::IsUnavailable(registration_)) draining_ = true;
+  if (!admitted.ok() || (!registered_ && !draining_)) {
+    ended_ = admitted.ok() ? registration_ : admitted.status();
     reads_done_ = true;
   }
   if (draining_ || !ended_.ok()) {

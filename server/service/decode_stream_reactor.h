@@ -38,10 +38,11 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
                             public DrainableStream {
  public:
   // `admitted`: the caller's tenant (nullptr: single-tenant), or why the stream is refused
-  // (it then ends at once with that status).
+  // (it then ends at once with that status). `client` is whose open streams it counts
+  // against (CallRegistry::Add).
   DecodeStreamReactor(grpc::CallbackServerContext* context, absl::StatusOr<Tenant*> admitted,
-                      DecodeDispatcher& dispatcher, ServiceMetrics& metrics, CallRegistry& registry,
-                      int max_in_flight);
+                      const std::string& client, DecodeDispatcher& dispatcher,
+                      ServiceMetrics& metrics, CallRegistry& registry, int max_in_flight);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -79,6 +80,7 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   bool draining_ = false;
   bool finished_ = false;
   // Last: a drain may reach the stream as soon as it is registered.
+  const absl::Status registration_;
   const bool registered_;
 };
 

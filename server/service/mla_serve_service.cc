@@ -5,6 +5,7 @@
 #include <string>
 #include <type_traits>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/core/tensor_view.h"
 #include "server/service/admin_requests.h"
@@ -23,11 +24,26 @@ namespace {
 
 constexpr char kDrainingMessage[] = "the server is shutting down; call another replica";
 
+// Whose share of open streams a stream takes: its tenant, or without tenants the peer's
+// address without its port (a client's many connections are one client).
+std::string StreamClient(const grpc::CallbackServerContext& context,
+                         const absl::StatusOr<Tenant*>& admitted) {
+  if (admitted.ok() && *admitted != nullptr) return absl::StrCat("tenant ", (*admitted)->name);
+  const std::string peer = context.peer();
+  const size_t port = peer.rfind(':');
+  const bool has_port = port != std::string::npos && peer.compare(0, 5, "unix:") != 0;
+  return absl::StrCat("client ", has_port ? peer.substr(0, port) : peer);
+}
+
 }  // namespace
 
 MlaServeService::MlaServeService(engine::Engine& engine, ServiceMetrics& metrics,
                                  ServiceOptions options)
-    : engine_(engine), metrics_(metrics), options_(options), dispatcher_(engine, metrics) {}
+    : engine_(engine),
+      metrics_(metrics),
+      options_(options),
+      dispatcher_(engine, metrics),
+      calls_(options.max_streams_per_client) {}
 
 grpc::ServerUnaryReactor* MlaServeService::Answer(grpc::CallbackServerContext* context,
                                                   absl::string_view rpc, absl::Time start,
@@ -214,8 +230,9 @@ grpc::ServerUnaryReactor* MlaServeService::GetStats(grpc::CallbackServerContext*
 grpc::ServerReadReactor<grpc::ByteBuffer>* MlaServeService::AppendKv(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   StampInstance(context);
-  return new AppendKvReactor(Admit(*context, kWrite, "AppendKv"), engine_, metrics_, calls_,
-                             response);
+  absl::StatusOr<Tenant*> admitted = Admit(*context, kWrite, "AppendKv");
+  const std::string client = StreamClient(*context, admitted);
+  return new AppendKvReactor(std::move(admitted), client, engine_, metrics_, calls_, response);
 }
 
 grpc::ServerUnaryReactor* MlaServeService::Decode(grpc::CallbackServerContext* context,
@@ -253,8 +270,10 @@ grpc::ServerUnaryReactor* MlaServeService::Decode(grpc::CallbackServerContext* c
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MlaServeService::DecodeStream(
     grpc::CallbackServerContext* context) {
   StampInstance(context);
-  return new DecodeStreamReactor(context, Admit(*context, kDecode, "DecodeStream"), dispatcher_,
-                                 metrics_, calls_, options_.stream_max_in_flight);
+  absl::StatusOr<Tenant*> admitted = Admit(*context, kDecode, "DecodeStream");
+  const std::string client = StreamClient(*context, admitted);
+  return new DecodeStreamReactor(context, std::move(admitted), client, dispatcher_, metrics_,
+                                 calls_, options_.stream_max_in_flight);
 }
 
 }  // namespace mlaserve::service

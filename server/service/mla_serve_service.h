@@ -24,6 +24,9 @@ struct ServiceOptions {
   int64_t max_message_bytes = int64_t{64} << 20;
   // Requests one DecodeStream may have in the engine before the server stops reading it.
   int stream_max_in_flight = 64;
+  // Open streams (DecodeStream and AppendKv) one client may hold over all its connections: a
+  // tenant, or a peer address when single-tenant (CallRegistry). 0: no limit.
+  int max_streams_per_client = 1024;
   // This start's instance id and what it restored (GetServerInfo.state); the id also goes
   // out as kInstanceIdMetadata on every call's initial metadata.
   v1::StateInfo state;

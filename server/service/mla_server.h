@@ -40,6 +40,8 @@ struct ServerOptions {
   int64_t grpc_memory_bytes = int64_t{1} << 30;
   // Streams one connection may have open at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS).
   int max_streams_per_connection = 256;
+  // Open streams one client may hold over all its connections (ServiceOptions); 0: no limit.
+  int max_streams_per_client = 1024;
   // The server pings a connection idle this long and closes it if no answer comes within
   // keepalive_timeout, so a vanished client's streams do not linger.
   absl::Duration keepalive_time = absl::Seconds(60);

@@ -3,6 +3,7 @@
 // server on a served port, idle streams at shutdown.
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -11,10 +12,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/message.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
 #include "gtest/gtest.h"
 #include "tests/integration/integration_server.h"
 
@@ -45,11 +48,14 @@ grpc::ByteBuffer ToBuffer(const Message& message) {
 class RawCall {
  public:
   RawCall(const std::string& target, const std::string& method)
-      : channel_(grpc::CreateChannel(target, grpc::InsecureChannelCredentials())), stub_(channel_) {
+      : RawCall(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()), method) {}
+  RawCall(std::shared_ptr<grpc::Channel> channel, const std::string& method)
+      : channel_(std::move(channel)), stub_(channel_) {
     context_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
     call_ = stub_.PrepareCall(&context_, method, &queue_);
-    call_->StartCall(Tag());
-    started_ = Wait();
+    void* tag = Tag();
+    call_->StartCall(tag);
+    started_ = Wait(tag);
   }
   ~RawCall() {
     context_.TryCancel();
@@ -64,40 +70,58 @@ class RawCall {
   // False if the write did not complete within `timeout` (flow control holds it) or failed.
   bool Write(const grpc::ByteBuffer& message,
              std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
-    call_->Write(message, Tag());
-    return Wait(timeout);
+    void* tag = Tag();
+    call_->Write(message, tag);
+    return Wait(tag, timeout);
+  }
+  bool Read(google::protobuf::Message* message) {
+    std::optional<grpc::ByteBuffer> bytes = Read();
+    std::vector<grpc::Slice> slices;
+    if (!bytes || !bytes->Dump(&slices).ok()) return false;
+    std::string joined;
+    for (const grpc::Slice& slice : slices) joined.append(slice.begin(), slice.end());
+    return message->ParseFromString(joined);
   }
   bool WritesDone() {
-    call_->WritesDone(Tag());
-    return Wait();
+    void* tag = Tag();
+    call_->WritesDone(tag);
+    return Wait(tag);
   }
   std::optional<grpc::ByteBuffer> Read() {
-    grpc::ByteBuffer message;
-    call_->Read(&message, Tag());
-    if (!Wait()) return std::nullopt;
-    return message;
+    void* tag = Tag();
+    call_->Read(&read_buffer_, tag);
+    if (!Wait(tag)) return std::nullopt;
+    return std::move(read_buffer_);
+  }
+  // The call's status, or nullopt if the server has not ended the call within `timeout`; a
+  // later Finish waits for the same answer.
+  std::optional<grpc::Status> TryFinish(std::chrono::milliseconds timeout) {
+    if (finish_tag_ == nullptr) {
+      finish_tag_ = Tag();
+      call_->Finish(&status_, finish_tag_);
+    }
+    if (!Wait(finish_tag_, timeout)) return std::nullopt;
+    return status_;
   }
   grpc::Status Finish() {
-    grpc::Status status;
-    call_->Finish(&status, Tag());
-    Wait();
-    return status;
+    return TryFinish(std::chrono::seconds(10))
+        .value_or(grpc::Status(grpc::StatusCode::UNKNOWN, "the call did not finish in 10 s"));
   }
 
  private:
   void* Tag() { return reinterpret_cast<void*>(++tags_); }
-  bool Wait(std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
-    void* tag;
-    bool ok = false;
-    // An operation still pending at the timeout completes later; the caller stops using the
-    // call then (the destructor cancels it and drains the queue).
-    if (pending_ > 0) return false;
+  // Waits for the operation `tag`, keeping the results of others that complete meanwhile (an
+  // operation that timed out completes later; its buffers are members, so that is safe). False
+  // if it failed or did not complete within `timeout`.
+  bool Wait(void* tag, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
     const auto deadline = std::chrono::system_clock::now() + timeout;
-    if (queue_.AsyncNext(&tag, &ok, deadline) != grpc::CompletionQueue::GOT_EVENT) {
-      ++pending_;
-      return false;
+    while (true) {
+      if (auto it = completed_.find(tag); it != completed_.end()) return it->second;
+      void* got;
+      bool ok = false;
+      if (queue_.AsyncNext(&got, &ok, deadline) != grpc::CompletionQueue::GOT_EVENT) return false;
+      completed_[got] = ok;
     }
-    return ok;
   }
 
   std::shared_ptr<grpc::Channel> channel_;
@@ -106,7 +130,10 @@ class RawCall {
   grpc::CompletionQueue queue_;
   std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call_;
   intptr_t tags_ = 0;
-  int pending_ = 0;
+  std::map<void*, bool> completed_;
+  grpc::ByteBuffer read_buffer_;
+  grpc::Status status_;
+  void* finish_tag_ = nullptr;
   bool started_ = false;
 };
 
@@ -298,6 +325,125 @@ TEST_F(HostileClientTest, IdleStreamsEndAtOnceWhenTheServerDrains) {
   const grpc::Status append_status = append.Finish();
   EXPECT_EQ(append_status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_THAT(append_status.error_message(), HasSubstr("after applying 1 chunk"));
+}
+
+// A channel with a connection of its own (gRPC shares one per target between channels by
+// default, and one connection carries at most --max_streams_per_connection streams).
+std::shared_ptr<grpc::Channel> OwnConnection(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+// Hundreds of idle streams cost the server a registration each, no thread: a client that
+// opens 300 DecodeStreams and 300 AppendKv streams over six connections and sends nothing
+// does not delay another client's Decode, and its streams stay usable.
+TEST_F(HostileClientTest, HundredsOfIdleStreamsLeaveAFreshDecodePrompt) {
+  constexpr int kConnections = 6;
+  constexpr int kStreamsEach = 100;
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int i = 0; i < kConnections; ++i) channels.push_back(OwnConnection(server_.target()));
+  std::vector<std::unique_ptr<RawCall>> idle;
+  for (int i = 0; i < kConnections * kStreamsEach; ++i) {
+    idle.push_back(std::make_unique<RawCall>(
+        channels[i % kConnections],
+        i % 2 == 0 ? "/mlaserve.v1.MlaServe/DecodeStream" : "/mlaserve.v1.MlaServe/AppendKv"));
+    ASSERT_TRUE(idle.back()->started()) << "stream " << i;
+  }
+  // Every stream reached the server's handler: each DecodeStream answers a request (and is
+  // idle again), the last AppendKv applies a chunk.
+  for (int i = 0; i < kConnections * kStreamsEach; i += 2) {
+    ASSERT_TRUE(idle[i]->Write(ToBuffer(StreamRequest(i))));
+  }
+  for (int i = 0; i < kConnections * kStreamsEach; i += 2) {
+    v1::DecodeStreamResponse response;
+    ASSERT_TRUE(idle[i]->Read(&response)) << "stream " << i;
+    ASSERT_EQ(response.status().code(), 0) << response.status().message();
+  }
+  ASSERT_TRUE(idle.back()->Write(ToBuffer(Chunk(10, 1))));
+  for (int wait = 0; wait < 500 && Length("s", 0) != 11; ++wait) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(Length("s", 0), 11);
+
+  auto fresh = server_.NewClient();
+  const auto start = std::chrono::steady_clock::now();
+  auto answer = fresh->Decode({LatentQuery()});
+  const auto took = std::chrono::steady_clock::now() - start;
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_LT(took, std::chrono::seconds(2))
+      << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms";
+
+  // The idle DecodeStreams still answer.
+  RawCall& stream = *idle[0];
+  ASSERT_TRUE(stream.Write(ToBuffer(StreamRequest(7))));
+  v1::DecodeStreamResponse response;
+  ASSERT_TRUE(stream.Read(&response));
+  EXPECT_EQ(response.request_id(), 7u);
+  EXPECT_EQ(response.status().code(), 0) << response.status().message();
+}
+
+// One client may hold --max_streams_per_client open streams over all its connections; the
+// next ends at once with RESOURCE_EXHAUSTED naming the flag, and a stream that ends gives
+// its place back.
+class StreamsPerClientTest : public HostileClientTest {
+ protected:
+  static service::ServerOptions Options() {
+    service::ServerOptions options;
+    options.max_streams_per_client = 4;
+    return options;
+  }
+  StreamsPerClientTest() : HostileClientTest(Options()) {}
+};
+
+TEST_F(StreamsPerClientTest, AStreamOverTheClientsLimitIsRefusedNamingTheFlag) {
+  std::vector<std::unique_ptr<RawCall>> open;
+  for (int i = 0; i < 4; ++i) {
+    open.push_back(std::make_unique<RawCall>(OwnConnection(server_.target()),
+                                             "/mlaserve.v1.MlaServe/DecodeStream"));
+    ASSERT_TRUE(open.back()->started());
+  }
+  // The streams above are registered once they answer.
+  for (auto& stream : open) {
+    ASSERT_TRUE(stream->Write(ToBuffer(StreamRequest(1))));
+    v1::DecodeStreamResponse response;
+    ASSERT_TRUE(stream->Read(&response));
+  }
+  RawCall over(OwnConnection(server_.target()), "/mlaserve.v1.MlaServe/AppendKv");
+  ASSERT_TRUE(over.started());
+  const grpc::Status refused = over.Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("max_streams_per_client"));
+  EXPECT_EQ(Length("s", 0), 10);
+  // Unary calls are not streams: the same client still decodes.
+  auto answer = client().Decode({LatentQuery()});
+  EXPECT_TRUE(answer.ok()) << answer.status();
+
+  ASSERT_TRUE(open.front()->WritesDone());
+  EXPECT_TRUE(open.front()->Finish().ok());
+  open.erase(open.begin());
+  // The server removes an ended stream once gRPC is done with it; a new one then fits: it is
+  // not ended at once, and takes a chunk.
+  bool fitted = false;
+  for (int attempt = 0; attempt < 100 && !fitted; ++attempt) {
+    RawCall again(server_.target(), "/mlaserve.v1.MlaServe/AppendKv");
+    ASSERT_TRUE(again.started());
+    const std::optional<grpc::Status> refused_again =
+        again.TryFinish(std::chrono::milliseconds(300));
+    if (refused_again) {
+      ASSERT_EQ(refused_again->error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+          << refused_again->error_message();
+      continue;
+    }
+    fitted = true;
+    ASSERT_TRUE(again.Write(ToBuffer(Chunk(10, 1))));
+    ASSERT_TRUE(again.WritesDone());
+    ASSERT_TRUE(again.Read().has_value());  // the AppendKv answer comes before the status
+    const grpc::Status applied = again.Finish();
+    EXPECT_TRUE(applied.ok()) << applied.error_code() << " " << applied.error_message();
+  }
+  ASSERT_TRUE(fitted);
+  EXPECT_EQ(Length("s", 0), 11);
 }
 
 }  // namespace

@@ -118,13 +118,15 @@ TEST_F(ServerFlagsTest, HeapReleasesCanBeSpacedOrTurnedOff) {
 }
 
 TEST_F(ServerFlagsTest, ConnectionLimitsAreSetAndCheckedByFlag) {
-  auto config = Parse({"--grpc_memory=512MiB", "--max_streams_per_connection=32", "--keepalive_s=5",
-                       "--keepalive_timeout_s=2", "--max_connection_idle_s=0",
-                       "--max_connection_age_s=600", "--max_connection_age_grace_s=10"});
+  auto config = Parse({"--grpc_memory=512MiB", "--max_streams_per_connection=32",
+                       "--max_streams_per_client=100", "--keepalive_s=5", "--keepalive_timeout_s=2",
+                       "--max_connection_idle_s=0", "--max_connection_age_s=600",
+                       "--max_connection_age_grace_s=10"});
   ASSERT_TRUE(config.ok()) << config.status();
   const service::ServerOptions& server = config->server;
   EXPECT_EQ(server.grpc_memory_bytes, int64_t{512} << 20);
   EXPECT_EQ(server.max_streams_per_connection, 32);
+  EXPECT_EQ(server.max_streams_per_client, 100);
   EXPECT_EQ(server.keepalive_time, absl::Seconds(5));
   EXPECT_EQ(server.keepalive_timeout, absl::Seconds(2));
   EXPECT_EQ(server.max_connection_idle, absl::InfiniteDuration());
@@ -137,6 +139,8 @@ TEST_F(ServerFlagsTest, ConnectionLimitsAreSetAndCheckedByFlag) {
               StartsWith("--grpc_memory: "));
   EXPECT_THAT(std::string(Parse({"--max_streams_per_connection=0"}).status().message()),
               StartsWith("--max_streams_per_connection: 0 is outside"));
+  EXPECT_THAT(std::string(Parse({"--max_streams_per_client=-1"}).status().message()),
+              StartsWith("--max_streams_per_client: -1 is outside"));
   EXPECT_THAT(std::string(Parse({"--keepalive_s=0"}).status().message()),
               StartsWith("--keepalive_s: 0 is outside [1, 86400]"));
   EXPECT_THAT(std::string(Parse({"--max_connection_age_s=-1"}).status().message()),
