@@ -17,6 +17,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/heap_usage.h"
+#include "google/protobuf/descriptor.h"
+#include "mlaserve/v1/mlaserve.pb.h"
 
 namespace mlaserve::service {
 namespace {
@@ -201,7 +203,26 @@ ServiceMetrics::ServiceMetrics()
                                 .Name("mlaserve_heap_release_seconds_total")
                                 .Help("Time spent handing freed memory back to the kernel")
                                 .Register(*registry_)
-                                .Add({})) {}
+                                .Add({})) {
+  // Counters with the label values they will have are present from the first scrape, so that
+  // rate() and increase() see a call's first increment instead of a series appearing at 1.
+  // mlaserve.proto declares only the service, so nothing else refers to its generated code:
+  // without this use a static link would leave that out, and with it the descriptor that
+  // server reflection also describes the service from.
+  const google::protobuf::FileDescriptor* file =
+      google::protobuf::DescriptorPool::generated_pool()->FindFileByName(
+          descriptor_table_mlaserve_2fv1_2fmlaserve_2eproto.filename);
+  const google::protobuf::ServiceDescriptor* service =
+      file != nullptr && file->service_count() == 1 ? file->service(0) : nullptr;
+  for (int i = 0; service != nullptr && i < service->method_count(); ++i) {
+    requests_.Add({{"rpc", service->method(i)->name()}, {"code", "OK"}});
+  }
+  for (const char* space : {"head", "latent"}) {
+    for (const char* formulation : {"hybrid", "absorb"}) {
+      decode_queries_.Add({{"space", space}, {"formulation", formulation}});
+    }
+  }
+}
 
 void ServiceMetrics::RecordHeapRelease(absl::Duration took) {
   heap_releases_.Increment();

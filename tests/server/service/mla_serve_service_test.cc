@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -588,6 +589,35 @@ TEST_F(MlaServeServiceTest, BatchReportsAndEngineStatsBecomeMetrics) {
   EXPECT_EQ(pages_used, 17);
   EXPECT_EQ(sequences, 5);
   EXPECT_EQ(queued, 3);
+}
+
+// A counter's series exist before anything is counted (Prometheus' convention: rate() over
+// a series that appears at 1 misses that first call): every RPC with code OK, every decode
+// query space and formulation.
+TEST(ServiceMetricsTest, CountersArePresentFromTheStart) {
+  ServiceMetrics metrics;
+  std::set<std::string> rpcs;
+  int decode_series = 0;
+  for (const prometheus::MetricFamily& family : metrics.registry()->Collect()) {
+    for (const prometheus::ClientMetric& metric : family.metric) {
+      if (family.name == "mlaserve_requests_total") {
+        ASSERT_EQ(metric.label.size(), 2u);
+        EXPECT_EQ(metric.label[0].name, "code");
+        EXPECT_EQ(metric.label[0].value, "OK");
+        rpcs.insert(metric.label[1].value);
+        EXPECT_EQ(metric.counter.value, 0);
+      }
+      if (family.name == "mlaserve_decode_queries_total") {
+        ++decode_series;
+        EXPECT_EQ(metric.counter.value, 0);
+      }
+    }
+  }
+  for (const char* rpc : {"Decode", "DecodeStream", "AppendKv", "CreateSequence", "GetServerInfo",
+                          "ListSequences", "RegisterPrefix", "ReleaseSequence"}) {
+    EXPECT_TRUE(rpcs.count(rpc)) << rpc;
+  }
+  EXPECT_EQ(decode_series, 4);
 }
 
 }  // namespace
