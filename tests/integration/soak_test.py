@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """A short soak: the server binary (one kimi-k2 layer, one emulated device) under
-`mlaserve-loadgen --soak` for about 90 s: a churn of sequences (create on the shared prefix
+`mlaserve-loadgen --soak` for two minutes: a churn of sequences (create on the shared prefix
 and bare, AppendKv, ForkSequence, Decode with appends, ReleaseSequence), answers checked
 against the fp64 golden, the server's RSS, threads and open descriptors read from its
 /metrics. Checks the loadgen's verdict and its JSON, the process_* metrics against the
@@ -8,7 +8,7 @@ server's own /proc entries, a clean SIGTERM, and that neither process left a fil
 TMPDIR.
 
     /usr/bin/python3 tests/integration/soak_test.py --server build/bin/mlaserve-server \
-        --loadgen build/bin/mlaserve-loadgen [--duration-s 90]
+        --loadgen build/bin/mlaserve-loadgen [--duration-s 120]
 """
 
 import argparse
@@ -55,7 +55,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--server", required=True)
     parser.add_argument("--loadgen", required=True)
-    parser.add_argument("--duration-s", type=float, default=90)
+    parser.add_argument("--duration-s", type=float, default=120)
     args = parser.parse_args()
     failures = []
     with tempfile.TemporaryDirectory(prefix="mlaserve-soak-") as scratch:
@@ -108,7 +108,7 @@ def main():
                  "--soak-max-life=40", "--soak-fork-fraction=0.3", "--sq=2",
                  "--soak-check-every=10", "--soak-sample-s=2",
                  f"--soak-warmup-s={args.duration_s / 3:.0f}",
-                 # 90 s cannot tell a leak from glibc's arenas still growing to their working
+                 # 2 minutes cannot tell a leak from glibc's arenas still growing to their working
                  # size (docs/performance.md, "Soak": +7 % between minutes 2 and 15 of the
                  # recorded run, most of it free memory the arenas keep). 15 % over the last
                  # minute still catches a leak of 2 KiB a call (some 13000 calls between the
