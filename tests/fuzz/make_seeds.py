@@ -47,6 +47,19 @@ def main():
         stream = decode_pb2.DecodeStreamRequest(request_id=i, request=request, timeout_us=5000000)
         write("decode_stream_fuzzer", f"seed-{i}", stream.SerializeToString())
 
+    # FlashMLA-style calls (what mlaserve.flash_mla sends): a tensor-parallel rank's share of
+    # the heads, in latent space (2 of the model's 4, s_q 2) and in head space (heads [2, 4)),
+    # with the caller's softmax scale. Its own generator keeps the other seeds as they were.
+    tp_rng = np.random.default_rng(2)
+    tp_latent = mlaserve.latent_query("s", 0, bf16((2, 2, WIDTH), tp_rng))
+    tp_head = mlaserve.head_query("s", 1, bf16((1, 2, DN), tp_rng), bf16((1, 2, DR), tp_rng))
+    tp_head.head.first_head = 2
+    request = decode_pb2.DecodeRequest(queries=[tp_latent, tp_head],
+                                       softmax_scale=1 / np.sqrt(WIDTH))
+    write("decode_fuzzer", "seed-3", request.SerializeToString())
+    stream = decode_pb2.DecodeStreamRequest(request_id=3, request=request, timeout_us=5000000)
+    write("decode_stream_fuzzer", "seed-3", stream.SerializeToString())
+
     prefix = kv_cache_pb2.RegisterPrefixRequest(
         prefix_id="q", parent_id="p",
         latent=mlaserve.to_tensor(bf16((LAYERS, 3, WIDTH), rng)))
