@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -18,8 +19,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/serving_allocator.h"
+#include "grpcpp/security/credentials.h"
 #include "kernels/core/cpu_features.h"
 #include "kernels/core/matmul.h"
+#include "server/cluster/advertise_address.h"
+#include "server/cluster/cluster_membership.h"
+#include "server/cluster/etcd_client.h"
 #include "server/engine/engine.h"
 #include "server/server_flags.h"
 #include "server/service/mla_server.h"
@@ -55,6 +60,41 @@ sigset_t BlockShutdownSignals() {
   sigaction(SIGTERM, &forward, nullptr);
   sigaction(SIGINT, &forward, nullptr);
   return signals;
+}
+
+// The server's record in etcd as of now: what placement needs to choose it, and its load
+// (queries per second since the previous call).
+std::function<mlaserve::cluster::MemberRecord()> DescribeMember(
+    mlaserve::service::MlaServer& server, std::string address) {
+  const mlaserve::engine::EngineInfo& info = server.engine().Info();
+  mlaserve::cluster::MemberRecord base;
+  base.instance_id = server.state().instance_id();
+  base.address = std::move(address);
+  base.version = MLASERVE_VERSION;
+  base.model = info.model.name;
+  base.layers = info.model.layers;
+  base.heads = info.model.heads;
+  base.kv_formats = {"bf16", "fp8"};
+  base.default_kv_format = mlaserve::KvDtypeName(info.default_kv_dtype);
+  base.devices = static_cast<int>(info.devices.size());
+  base.device_profile = info.devices.empty() ? "" : info.devices.front().profile;
+  base.kv_budget_bytes = info.kv_budget_bytes;
+  return [&server, base, last_queries = int64_t{-1}, last_time = absl::Now()]() mutable {
+    const mlaserve::engine::EngineStats stats = server.engine().Stats();
+    const absl::Time now = absl::Now();
+    mlaserve::cluster::MemberRecord record = base;
+    record.kv_used_bytes = stats.kv.used_bytes;
+    record.sequences = stats.kv.sequences;
+    record.prefixes = stats.kv.prefixes;
+    record.queued_queries = stats.queued;
+    const double seconds = absl::ToDoubleSeconds(now - last_time);
+    record.queries_per_s =
+        last_queries >= 0 && seconds > 0 ? (stats.queries - last_queries) / seconds : 0;
+    record.updated_unix_ms = absl::ToUnixMillis(now);
+    last_queries = stats.queries;
+    last_time = now;
+    return record;
+  };
 }
 
 }  // namespace
@@ -129,12 +169,34 @@ int main(int argc, char** argv) {
   sd_notify(0, "READY=1\nSTATUS=serving");
   spdlog::info("ready: serving after {:.2f} s", absl::ToDoubleSeconds(absl::Now() - start));
 
+  std::unique_ptr<mlaserve::cluster::ClusterMembership> membership;
+  if (!config->etcd_endpoints.empty()) {
+    absl::StatusOr<std::string> address = mlaserve::cluster::AdvertiseAddress(
+        config->advertise_address, config->server.listen_address, (*server)->port());
+    absl::StatusOr<std::unique_ptr<mlaserve::cluster::EtcdClient>> etcd =
+        address.ok() ? mlaserve::cluster::EtcdClient::Connect(config->etcd_endpoints,
+                                                              grpc::InsecureChannelCredentials())
+                     : address.status();
+    absl::StatusOr<std::unique_ptr<mlaserve::cluster::ClusterMembership>> joined =
+        etcd.ok() ? mlaserve::cluster::ClusterMembership::Start(
+                        std::move(*etcd), config->membership, DescribeMember(**server, *address))
+                  : etcd.status();
+    if (!joined.ok()) {
+      spdlog::error("cannot join the cluster: {}", std::string(joined.status().message()));
+      (*server)->Shutdown(absl::ZeroDuration()).IgnoreError();
+      return EXIT_FAILURE;
+    }
+    membership = std::move(*joined);
+  }
+
   int signal = 0;
   sigwait(&shutdown_signals, &signal);
   spdlog::info("draining: {} received; in-flight calls have {} s",
                signal == SIGTERM ? "SIGTERM" : "SIGINT",
                absl::ToInt64Seconds(config->drain_timeout));
   sd_notify(0, "STOPPING=1\nSTATUS=draining");
+  // Out of the membership first, so that clients place no new sequence here while it drains.
+  if (membership != nullptr) membership->Leave();
   const absl::Status drained = (*server)->Shutdown(config->drain_timeout);
   if (drained.ok()) {
     spdlog::info("stopped: drained cleanly");

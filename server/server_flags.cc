@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/command_line.h"
 #include "common/status_macros.h"
@@ -79,6 +80,17 @@ ABSL_FLAG(int, max_connection_idle_s, 1800,
 ABSL_FLAG(int, max_connection_age_s, 0, "Ask connections older than this to reconnect (0: never)");
 ABSL_FLAG(int, max_connection_age_grace_s, 30,
           "How long an aged connection's calls may still run before it is closed");
+ABSL_FLAG(std::string, etcd_endpoints, "",
+          "Comma-separated host:port of etcd members: the server registers in the cluster "
+          "under a lease and keeps its load fresh there (docs/cluster.md); empty: standalone");
+ABSL_FLAG(std::string, cluster, "default",
+          "Name of the cluster in etcd (the key prefix /mlaserve/NAME/servers/)");
+ABSL_FLAG(std::string, advertise_address, "",
+          "host:port clients dial, as written in etcd; empty: --listen's, with the host name "
+          "for a wildcard address");
+ABSL_FLAG(int, etcd_lease_ttl_s, 10,
+          "Lease of the server's etcd record: a server that dies leaves the membership this "
+          "long after its last renewal (renewed every ttl/3 or 2 s)");
 ABSL_FLAG(int, drain_timeout_s, 30,
           "On SIGTERM/SIGINT, how long in-flight calls may take before they are cancelled");
 ABSL_FLAG(std::string, auth_tokens_file, "",
@@ -288,6 +300,28 @@ absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv) {
     return BadFlag("drain_timeout_s", absl::StrCat(drain_timeout_s, " is negative"));
   }
   config.drain_timeout = absl::Seconds(drain_timeout_s);
+
+  for (absl::string_view endpoint :
+       absl::StrSplit(absl::GetFlag(FLAGS_etcd_endpoints), ',', absl::SkipWhitespace())) {
+    endpoint = absl::StripAsciiWhitespace(endpoint);
+    if (endpoint.find(':') == absl::string_view::npos) {
+      return BadFlag("etcd_endpoints", absl::StrCat("'", endpoint, "' is not host:port"));
+    }
+    config.etcd_endpoints.emplace_back(endpoint);
+  }
+  config.membership.cluster = absl::GetFlag(FLAGS_cluster);
+  if (config.membership.cluster.empty() ||
+      config.membership.cluster.find('/') != std::string::npos) {
+    return BadFlag("cluster", "must be a non-empty name without '/'");
+  }
+  config.advertise_address = absl::GetFlag(FLAGS_advertise_address);
+  if (!config.advertise_address.empty() &&
+      config.advertise_address.find(':') == std::string::npos) {
+    return BadFlag("advertise_address",
+                   absl::StrCat("'", config.advertise_address, "' is not host:port"));
+  }
+  ASSIGN_OR_RETURN(config.membership.lease_ttl,
+                   SecondsFlag("etcd_lease_ttl_s", absl::GetFlag(FLAGS_etcd_lease_ttl_s), 2));
 
   server.state_dir = absl::GetFlag(FLAGS_state_dir);
   if (!server.state_dir.empty()) {

@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "server/cluster/cluster_membership.h"
 #include "server/engine/engine.h"
 #include "server/service/mla_server.h"
 #include "spdlog/common.h"
@@ -20,6 +21,12 @@ struct ServerConfig {
   service::ServerOptions server;
   spdlog::level::level_enum log_level = spdlog::level::info;
   absl::Duration drain_timeout = absl::Seconds(30);
+  // Membership in a cluster on etcd (docs/cluster.md); no endpoints: a standalone server.
+  std::vector<std::string> etcd_endpoints;
+  // What the server's record tells clients to dial; empty: --listen's address with its port,
+  // the host name in place of a wildcard address.
+  std::string advertise_address;
+  cluster::MembershipOptions membership;
 };
 
 // Parses mlaserve-server's flags (run `mlaserve-server --help` for the list). Flag names

@@ -1,0 +1,161 @@
+#include "server/cluster/etcd_client.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/support/channel_arguments.h"
+
+namespace mlaserve::cluster {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& status, absl::string_view what) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat("etcd ", what, ": ", status.error_message()));
+}
+
+bool IsIpv4HostPort(const std::string& endpoint) {
+  const size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  int dots = 0;
+  for (size_t i = 0; i < colon; ++i) {
+    const char c = endpoint[i];
+    if (c == '.') {
+      ++dots;
+    } else if (c < '0' || c > '9') {
+      return false;
+    }
+  }
+  return dots == 3;
+}
+
+}  // namespace
+
+std::string PrefixRangeEnd(const std::string& prefix) {
+  std::string end = prefix;
+  while (!end.empty()) {
+    if (static_cast<unsigned char>(end.back()) < 0xff) {
+      end.back() = static_cast<char>(static_cast<unsigned char>(end.back()) + 1);
+      return end;
+    }
+    end.pop_back();
+  }
+  return std::string(1, '\0');
+}
+
+absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(
+    const std::vector<std::string>& endpoints,
+    std::shared_ptr<grpc::ChannelCredentials> credentials, absl::Duration call_timeout) {
+  if (endpoints.empty()) return absl::InvalidArgumentError("etcd_endpoints: none given");
+  for (const std::string& endpoint : endpoints) {
+    if (endpoint.empty() || endpoint.find(':') == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("etcd_endpoints: '", endpoint, "' is not host:port"));
+    }
+  }
+  bool all_ipv4 = true;
+  for (const std::string& endpoint : endpoints) all_ipv4 &= IsIpv4HostPort(endpoint);
+  const std::string target = all_ipv4 ? absl::StrCat("ipv4:", absl::StrJoin(endpoints, ","))
+                                      : absl::StrCat("dns:///", endpoints.front());
+  grpc::ChannelArguments args;
+  // A call to a member that went away fails fast and the next one tries the others.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  auto channel = grpc::CreateCustomChannel(target, std::move(credentials), args);
+  return std::unique_ptr<EtcdClient>(new EtcdClient(target, std::move(channel), call_timeout));
+}
+
+EtcdClient::EtcdClient(std::string target, std::shared_ptr<grpc::Channel> channel,
+                       absl::Duration call_timeout)
+    : target_(std::move(target)),
+      channel_(std::move(channel)),
+      kv_(etcdserverpb::KV::NewStub(channel_)),
+      lease_(etcdserverpb::Lease::NewStub(channel_)),
+      call_timeout_(call_timeout) {}
+
+void EtcdClient::Prepare(grpc::ClientContext& context) const {
+  context.set_deadline(absl::ToChronoTime(absl::Now() + call_timeout_));
+}
+
+absl::StatusOr<int64_t> EtcdClient::GrantLease(absl::Duration ttl) {
+  grpc::ClientContext context;
+  Prepare(context);
+  etcdserverpb::LeaseGrantRequest request;
+  request.set_ttl(std::max<int64_t>(1, absl::ToInt64Seconds(ttl)));
+  etcdserverpb::LeaseGrantResponse response;
+  if (absl::Status status =
+          FromGrpc(lease_->LeaseGrant(&context, request, &response), "LeaseGrant");
+      !status.ok()) {
+    return status;
+  }
+  if (!response.error().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("etcd LeaseGrant: ", response.error()));
+  }
+  return response.id();
+}
+
+absl::Status EtcdClient::KeepAlive(int64_t lease) {
+  grpc::ClientContext context;
+  Prepare(context);
+  auto stream = lease_->LeaseKeepAlive(&context);
+  etcdserverpb::LeaseKeepAliveRequest request;
+  request.set_id(lease);
+  etcdserverpb::LeaseKeepAliveResponse response;
+  const bool answered = stream->Write(request) && stream->Read(&response);
+  stream->WritesDone();
+  context.TryCancel();
+  const grpc::Status finished = stream->Finish();
+  if (!answered) {
+    return finished.ok() ? absl::UnavailableError("etcd LeaseKeepAlive: no answer")
+                         : FromGrpc(finished, "LeaseKeepAlive");
+  }
+  // etcd answers a lease it does not know (expired, revoked) with TTL 0.
+  if (response.ttl() <= 0) {
+    return absl::NotFoundError(absl::StrCat("etcd lease ", lease, " has expired"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EtcdClient::Revoke(int64_t lease) {
+  grpc::ClientContext context;
+  Prepare(context);
+  etcdserverpb::LeaseRevokeRequest request;
+  request.set_id(lease);
+  etcdserverpb::LeaseRevokeResponse response;
+  return FromGrpc(lease_->LeaseRevoke(&context, request, &response), "LeaseRevoke");
+}
+
+absl::Status EtcdClient::Put(const std::string& key, const std::string& value, int64_t lease) {
+  grpc::ClientContext context;
+  Prepare(context);
+  etcdserverpb::PutRequest request;
+  request.set_key(key);
+  request.set_value(value);
+  request.set_lease(lease);
+  etcdserverpb::PutResponse response;
+  return FromGrpc(kv_->Put(&context, request, &response), "Put");
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> EtcdClient::GetPrefix(
+    const std::string& prefix) {
+  grpc::ClientContext context;
+  Prepare(context);
+  etcdserverpb::RangeRequest request;
+  request.set_key(prefix);
+  request.set_range_end(PrefixRangeEnd(prefix));
+  request.set_sort_order(etcdserverpb::RangeRequest::ASCEND);
+  request.set_sort_target(etcdserverpb::RangeRequest::KEY);
+  etcdserverpb::RangeResponse response;
+  if (absl::Status status = FromGrpc(kv_->Range(&context, request, &response), "Range");
+      !status.ok()) {
+    return status;
+  }
+  std::vector<std::pair<std::string, std::string>> pairs;
+  pairs.reserve(response.kvs_size());
+  for (const mvccpb::KeyValue& kv : response.kvs()) pairs.emplace_back(kv.key(), kv.value());
+  return pairs;
+}
+
+}  // namespace mlaserve::cluster

@@ -1,0 +1,64 @@
+#ifndef MLASERVE_SERVER_CLUSTER_ETCD_CLIENT_H_
+#define MLASERVE_SERVER_CLUSTER_ETCD_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/security/credentials.h"
+
+namespace mlaserve::cluster {
+
+// The calls of etcd's v3 API that cluster membership makes (leases, puts, prefix reads),
+// over etcd's own gRPC messages (compiled from Debian's golang-etcd-server-dev). Each call is
+// bounded by `call_timeout`; an unreachable etcd is UNAVAILABLE or DEADLINE_EXCEEDED, never a
+// hang. Thread-compatible: one caller at a time, or one client per thread.
+class EtcdClient {
+ public:
+  // `endpoints`: host:port of etcd members (the first that answers serves the calls: gRPC's
+  // pick_first over them when they are IP addresses, else the first name).
+  static absl::StatusOr<std::unique_ptr<EtcdClient>> Connect(
+      const std::vector<std::string>& endpoints,
+      std::shared_ptr<grpc::ChannelCredentials> credentials,
+      absl::Duration call_timeout = absl::Seconds(2));
+
+  // A lease of `ttl` (etcd may round it); its id.
+  absl::StatusOr<int64_t> GrantLease(absl::Duration ttl);
+  // Renews the lease once: NOT_FOUND when it has expired or was revoked (its keys are gone).
+  absl::Status KeepAlive(int64_t lease);
+  absl::Status Revoke(int64_t lease);
+  // Writes `key` = `value`, attached to `lease` (0: none; the key then outlives the writer).
+  absl::Status Put(const std::string& key, const std::string& value, int64_t lease);
+  // Every key under `prefix`, in key order, with its value.
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> GetPrefix(
+      const std::string& prefix);
+
+  // The gRPC target the endpoints became (for logs).
+  const std::string& target() const { return target_; }
+
+ private:
+  EtcdClient(std::string target, std::shared_ptr<grpc::Channel> channel,
+             absl::Duration call_timeout);
+  void Prepare(grpc::ClientContext& context) const;
+
+  std::string target_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<etcdserverpb::KV::Stub> kv_;
+  std::unique_ptr<etcdserverpb::Lease::Stub> lease_;
+  absl::Duration call_timeout_;
+};
+
+// The key range [prefix, end) etcd reads for a prefix: the prefix with its last byte that is
+// not 0xff raised by one ("\0" for an empty prefix: every key).
+std::string PrefixRangeEnd(const std::string& prefix);
+
+}  // namespace mlaserve::cluster
+
+#endif  // MLASERVE_SERVER_CLUSTER_ETCD_CLIENT_H_

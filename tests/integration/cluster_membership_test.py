@@ -1,0 +1,209 @@
+#!/usr/bin/python3
+"""Cluster membership in a real etcd (Debian's etcd-server, started here on loopback with a
+data directory the test removes): the server binary registers its record under a lease,
+keeps its load fresh there, leaves at once on SIGTERM, disappears within the lease after a
+kill -9, and starts and serves with etcd down, registering once etcd is back.
+
+    /usr/bin/python3 tests/integration/cluster_membership_test.py \
+        --server build/bin/mlaserve-server --etcd /usr/bin/etcd   (PYTHONPATH=build/python)
+"""
+
+import argparse
+import base64
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import numpy as np
+
+import mlaserve
+from harness import Server, free_port
+
+CLUSTER = "test-cluster"
+PREFIX = f"/mlaserve/{CLUSTER}/servers/"
+
+
+class Etcd:
+    """One etcd member on loopback ports, its data in `directory`."""
+
+    def __init__(self, binary, directory):
+        self.binary, self.directory = binary, directory
+        self.client_port, self.peer_port = free_port(), free_port()
+        self.process = None
+
+    def start(self):
+        url = f"http://127.0.0.1:{self.client_port}"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        self.log = open(os.path.join(self.directory, "etcd.log"), "a")
+        self.process = subprocess.Popen(
+            [self.binary, "--name=test", f"--data-dir={self.directory}/data",
+             f"--listen-client-urls={url}", f"--advertise-client-urls={url}",
+             f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+             f"--initial-cluster=test={peer}", "--log-level=error"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                self.members()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("etcd did not answer within 30 s")
+
+    def stop(self):
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+        self.process = None
+        self.log.close()
+
+    def endpoint(self):
+        return f"127.0.0.1:{self.client_port}"
+
+    def members(self):
+        """{key: record} of the cluster's members, through etcd's JSON gateway (v3 API)."""
+        encode = lambda text: base64.b64encode(text.encode()).decode()
+        end = PREFIX[:-1] + chr(ord(PREFIX[-1]) + 1)
+        request = urllib.request.Request(
+            f"http://{self.endpoint()}/v3/kv/range",
+            data=json.dumps({"key": encode(PREFIX), "range_end": encode(end)}).encode(),
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            body = json.load(answer)
+        return {base64.b64decode(kv["key"]).decode(): json.loads(base64.b64decode(kv["value"]))
+                for kv in body.get("kvs", [])}
+
+
+def wait_for(predicate, timeout, step=0.1):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    return predicate()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--server", required=True)
+    parser.add_argument("--etcd", required=True)
+    args = parser.parse_args()
+    failures = []
+    directory = tempfile.mkdtemp(prefix="mlaserve-cluster-test-")
+    etcd = Etcd(args.etcd, directory)
+    servers = []
+
+    def start_server(ttl=3):
+        target = f"127.0.0.1:{free_port()}"
+        server = Server(args.server, [
+            f"--listen={target}", "--metrics_listen=", "--layers=1", "--devices=1",
+            "--kv_budget=64MiB", "--model=kimi-k2", f"--etcd_endpoints={etcd.endpoint()}",
+            f"--cluster={CLUSTER}", f"--etcd_lease_ttl_s={ttl}"])
+        servers.append(server)
+        if not server.ready(60):
+            raise RuntimeError("the server did not become ready: " + "".join(server.log))
+        with mlaserve.Client(target) as client:
+            instance = client.server_info().state.instance_id
+        return server, target, instance
+
+    def check(condition, message):
+        if not condition:
+            failures.append(message)
+        return condition
+
+    try:
+        etcd.start()
+        # 1. Registration: the record names the server as clients must dial it.
+        server, target, instance = start_server()
+        key = PREFIX + instance
+        members = wait_for(lambda: key in etcd.members() and etcd.members(), 10)
+        record = members.get(key, {}) if members else {}
+        check(record.get("address") == target, f"record address {record.get('address')}, "
+              f"expected {target}")
+        check(record.get("instance_id") == instance, "record instance id")
+        check(record.get("model", {}).get("name") == "kimi-k2", f"record model {record}")
+        check(record.get("devices", {}).get("count") == 1, "record device count")
+        check(record.get("kv_budget_bytes") == 64 << 20, "record KV budget")
+        check(set(record.get("kv_formats", [])) == {"bf16", "fp8"}, "record KV formats")
+
+        # 2. Load kept fresh: sequences and decodes show within a refresh or two.
+        rng = np.random.default_rng()
+        with mlaserve.Client(target) as client:
+            info = client.server_info()
+            width = info.model.dl + info.model.dr
+            for i in range(3):
+                client.create_sequence(f"s{i}")
+                client.append_kv(f"s{i}", 0, 0, rng.standard_normal((20, width)).astype(
+                    np.float32))
+            q = rng.standard_normal((1, info.model.heads, width)).astype(np.float32)
+            for _ in range(20):
+                client.decode([mlaserve.latent_query(f"s{i}", 0, q) for i in range(3)])
+        loaded = wait_for(lambda: etcd.members().get(key, {}).get("load", {}).get(
+            "sequences") == 3 and etcd.members()[key], 10)
+        check(bool(loaded), f"load not refreshed: {etcd.members().get(key)}")
+        if loaded:
+            check(loaded["load"]["kv_used_bytes"] > 0, "load.kv_used_bytes")
+
+        # 3. SIGTERM: the record goes at once (before the drain ends), the exit is clean.
+        server.process.send_signal(signal.SIGTERM)
+        server.process.wait(timeout=60)
+        check(server.process.returncode == 0, f"exit {server.process.returncode}")
+        check(key not in etcd.members(), "the record outlived a SIGTERM")
+        check(any("cluster: left" in line for line in server.log), "no 'cluster: left' line")
+
+        # 4. kill -9: the record disappears when its lease (3 s) runs out.
+        server, target, instance = start_server(ttl=3)
+        key = PREFIX + instance
+        check(bool(wait_for(lambda: key in etcd.members(), 10)), "second server not registered")
+        killed = time.time()
+        server.process.kill()
+        server.process.wait()
+        gone = wait_for(lambda: key not in etcd.members(), 15)
+        waited = time.time() - killed
+        check(gone, "the record of a killed server did not expire")
+        print(f"killed server's record gone after {waited:.1f} s (lease 3 s)")
+        check(waited < 10, f"record expired only after {waited:.1f} s")
+
+        # 5. etcd down: the server starts and serves, says so once, and registers when etcd
+        # is back (with the same data directory: an etcd restart).
+        etcd.stop()
+        server, target, instance = start_server(ttl=3)
+        key = PREFIX + instance
+        check(any("unreachable" in line for line in server.log), "no warning with etcd down")
+        with mlaserve.Client(target) as client:
+            check(client.server_info().state.instance_id == instance, "serving with etcd down")
+        etcd.start()
+        check(bool(wait_for(lambda: key in etcd.members(), 20)),
+              "not registered after etcd came back")
+        server.stop()
+        check(server.process.returncode == 0, "exit after etcd came back")
+        check(key not in etcd.members(), "record left after the last SIGTERM")
+    except Exception as error:  # a failure to report, with the logs
+        failures.append(f"{type(error).__name__}: {error}")
+    finally:
+        for server in servers:
+            server.stop()
+        if etcd.process is not None:
+            etcd.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+    if failures:
+        for server in servers:
+            print("".join(server.log[-20:]), file=sys.stderr)
+        for failure in failures:
+            print("FAIL:", failure, file=sys.stderr)
+        print(f"0 passed, {len(failures)} failed")
+        return 1
+    print("cluster_membership_test: 1 passed, 0 failed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
