@@ -360,11 +360,30 @@ absl::Status MlaServeClient::AppendKv(absl::string_view sequence_id, int layer,
 
 absl::StatusOr<std::vector<DecodeOutput>> MlaServeClient::Decode(
     std::vector<v1::DecodeQuery> queries, v1::DType output_dtype) {
+  std::vector<DecodeOutput> outputs;
+  outputs.reserve(queries.size());
   v1::DecodeRequest request;
-  for (v1::DecodeQuery& query : queries) *request.add_queries() = std::move(query);
   request.set_output_dtype(output_dtype);
-  ASSIGN_OR_RETURN(v1::DecodeResponse response, DecodeRaw(request));
-  return ToDecodeOutputs(response);
+  int64_t request_bytes = 0;
+  auto call = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(v1::DecodeResponse response, DecodeRaw(request));
+    ASSIGN_OR_RETURN(std::vector<DecodeOutput> answered, ToDecodeOutputs(response));
+    for (DecodeOutput& output : answered) outputs.push_back(std::move(output));
+    request.clear_queries();
+    request_bytes = 0;
+    return absl::OkStatus();
+  };
+  for (v1::DecodeQuery& query : queries) {
+    const int64_t bytes = static_cast<int64_t>(query.ByteSizeLong());
+    if (options_.decode_call_bytes > 0 && request.queries_size() > 0 &&
+        request_bytes + bytes > options_.decode_call_bytes) {
+      RETURN_IF_ERROR(call());
+    }
+    *request.add_queries() = std::move(query);
+    request_bytes += bytes;
+  }
+  if (request.queries_size() > 0 || outputs.empty()) RETURN_IF_ERROR(call());
+  return outputs;
 }
 
 absl::StatusOr<v1::DecodeResponse> MlaServeClient::DecodeRaw(const v1::DecodeRequest& request) {

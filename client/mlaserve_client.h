@@ -48,6 +48,10 @@ struct ClientOptions {
   // AppendKv splits rows into chunks of at most this many bytes (at least one row each),
   // far below gRPC's default 4 MiB receive limit.
   int64_t append_chunk_bytes = int64_t{1} << 20;
+  // Decode splits its queries into consecutive calls whose queries (q and appended rows)
+  // stay within this many bytes (at least one query each): half the server's default 64 MiB
+  // message limit, the other half for the framing and retries' growth. 0: never split.
+  int64_t decode_call_bytes = int64_t{32} << 20;
   ClientTls tls;
   // The tenant's bearer token, sent as `authorization: Bearer TOKEN` on every call, for a
   // server with --auth_tokens_file (docs/api.md, "Tenants"); empty: none. Over plaintext it
@@ -152,7 +156,10 @@ class MlaServeClient {
   absl::Status AppendKv(absl::string_view sequence_id, int layer, int64_t start_position,
                         const v1::Fp8Rows& fp8_rows);
 
-  // One Decode call; answers as fp32 host arrays in query order.
+  // The queries' answers as fp32 host arrays in query order: one Decode call, or several in
+  // order when the queries' bytes exceed options.decode_call_bytes (the first error stops it;
+  // the calls before it are answered and their appends applied, and a retry repeats them
+  // without effect, as appends are idempotent by position).
   absl::StatusOr<std::vector<DecodeOutput>> Decode(std::vector<v1::DecodeQuery> queries,
                                                    v1::DType output_dtype = v1::DTYPE_BF16);
   // The call as it is on the wire, for callers that build requests themselves.

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "prometheus/registry.h"
 #include "server/engine/model/model_weights.h"
 #include "tests/integration/integration_server.h"
 
@@ -22,11 +23,13 @@ struct SequenceSpec {
 // Registers a prefix (if `prefix_tokens` > 0), creates the sequences on it, appends each
 // sequence's own rows to `layer`, then decodes one query per sequence in one call, in head
 // or latent space, and checks every answer against the golden over prefix + suffix rows.
-// Returns the plans.
+// Returns the plans. `decoder`, when given, makes the Decode call (a client with options of
+// its own).
 std::vector<v1::DecodePlan> DecodeAndCheck(IntegrationServer& server, const std::string& tag,
                                            int prefix_tokens,
                                            const std::vector<SequenceSpec>& specs,
-                                           engine::QuerySpace space, int layer, Rng& rng) {
+                                           engine::QuerySpace space, int layer, Rng& rng,
+                                           client::MlaServeClient* decoder = nullptr) {
   const engine::ModelConfig& model = server.model();
   const int width = model.dk_latent();
   client::MlaServeClient& client = server.client();
@@ -72,7 +75,7 @@ std::vector<v1::DecodePlan> DecodeAndCheck(IntegrationServer& server, const std:
     }
   }
   absl::StatusOr<std::vector<client::DecodeOutput>> answers =
-      client.Decode(queries, v1::DTYPE_FP32);
+      (decoder != nullptr ? *decoder : client).Decode(queries, v1::DTYPE_FP32);
   EXPECT_TRUE(answers.ok()) << answers.status();
   std::vector<v1::DecodePlan> plans;
   if (!answers.ok()) return plans;
@@ -103,6 +106,37 @@ TEST(GoldenDecodeTest, LatentAndHeadSpaceWithoutAPrefix) {
   Rng rng(std::random_device{}());
   DecodeAndCheck(server, "latent", 0, kMixedLengths, engine::QuerySpace::kLatent, 1, rng);
   DecodeAndCheck(server, "head", 0, kMixedLengths, engine::QuerySpace::kHead, 0, rng);
+}
+
+double DecodeCallsAnswered(IntegrationServer& server) {
+  for (const prometheus::MetricFamily& family : server.server().metrics().registry()->Collect()) {
+    if (family.name != "mlaserve_requests_total") continue;
+    for (const prometheus::ClientMetric& metric : family.metric) {
+      bool decode_ok = true;
+      for (const prometheus::ClientLabel& label : metric.label) {
+        if (label.name == "rpc") decode_ok &= label.value == "Decode";
+        if (label.name == "code") decode_ok &= label.value == "OK";
+      }
+      if (decode_ok) return metric.counter.value;
+    }
+  }
+  return -1;
+}
+
+// Queries whose bytes exceed ClientOptions::decode_call_bytes go out as several calls in
+// order (here one query each), and the answers are the same as from one call.
+TEST(GoldenDecodeTest, ADecodeOverTheClientsCallBytesIsSplitIntoCallsInOrder) {
+  IntegrationServer server(SmallEngineOptions(TinyModel()));
+  Rng rng(std::random_device{}());
+  client::ClientOptions options;
+  options.decode_call_bytes = 1;
+  std::unique_ptr<client::MlaServeClient> splitting = server.NewClient(options);
+  const double before = DecodeCallsAnswered(server);
+  DecodeAndCheck(server, "split-latent", 0, kMixedLengths, engine::QuerySpace::kLatent, 1, rng,
+                 splitting.get());
+  DecodeAndCheck(server, "split-head", 0, kMixedLengths, engine::QuerySpace::kHead, 0, rng,
+                 splitting.get());
+  EXPECT_EQ(DecodeCallsAnswered(server) - before, 2.0 * kMixedLengths.size());
 }
 
 // Three sequences on one prefix, far below B_theta at the paper's rates: absorb only.
