@@ -26,6 +26,9 @@ import grpc
 import h2.config
 import h2.connection
 import h2.exceptions
+import numpy as np
+
+import mlaserve
 
 QUOTA_MIB = 96
 # What a 5 s rapid-reset flood may add to the server's peak RSS (see rapid_reset).
@@ -87,8 +90,8 @@ def oversized_body(target, pid, baseline):
 def rapid_reset(target, port, pid, baseline, seconds=5.0, max_streams=40_000):
     """Opens and resets streams as fast as one Python thread can, for `seconds` or
     `max_streams` (a faster client once opened 62k, whose backlog then outlasted the drain's
-    wait under ASan), while another client calls GetServerInfo every 50 ms with a 10 s
-    deadline (the flood once stalled decodes past one).
+    wait under ASan), while another client decodes every 50 ms (a latent query over 64 rows
+    it appended) with a 10 s deadline and no retry (the flood once stalled decodes past one).
 
     Debian's gRPC 1.51 has no per-connection reset limit (the core's counters came with
     1.57), so a flood still costs memory beyond the quota: gRPC holds each reset call until
@@ -98,18 +101,24 @@ def rapid_reset(target, port, pid, baseline, seconds=5.0, max_streams=40_000):
     stop = threading.Event()
     answered, failed = [], []
 
+    client = mlaserve.Client(target, max_attempts=1)
+    model = client.server_info().model
+    width = model.dl + model.dr
+    rng = np.random.default_rng()
+    client.create_sequence("beside-the-flood")
+    client.append_kv("beside-the-flood", 0, 0, rng.standard_normal((64, width)).astype(np.float32))
+    query = mlaserve.latent_query("beside-the-flood", 0,
+                                  rng.standard_normal((1, model.heads, width)).astype(np.float32))
+
     def other_client():
-        channel = grpc.insecure_channel(target)
-        info = raw_unary(channel, "/mlaserve.v1.MlaServe/GetServerInfo")
         while not stop.is_set():
             start = time.monotonic()
             try:
-                info(b"", timeout=10.0)
+                client.decode([query], timeout=10.0)
                 answered.append(time.monotonic() - start)
             except grpc.RpcError as e:
                 failed.append(e.code())
             time.sleep(0.05)
-        channel.close()
 
     watcher = threading.Thread(target=other_client)
     watcher.start()
@@ -143,11 +152,12 @@ def rapid_reset(target, port, pid, baseline, seconds=5.0, max_streams=40_000):
     sock.close()
     stop.set()
     watcher.join()
+    client.close()
     growth = memory_mib(pid, "VmHWM") - baseline
     slowest = max(answered) if answered else float("nan")
     print(f"rapid reset: {opened} streams opened and reset in {seconds:.0f} s"
           f"{', connection closed by the server' if closed_by_server else ''}; other client: "
-          f"{len(answered)} answered (slowest {slowest * 1000:.0f} ms), {len(failed)} failed; "
+          f"{len(answered)} decodes answered (slowest {slowest * 1000:.0f} ms), {len(failed)} failed; "
           f"peak RSS +{growth:.0f} MiB")
     failures = []
     if failed or not answered:
