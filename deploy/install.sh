@@ -73,8 +73,10 @@ cmake --install "$BUILD_DIR" --prefix "$PREFIX"
 # /etc/systemd/system, and the unit names /etc/mlaserve/mlaserve.flags.
 etc=$DESTDIR/etc
 install -d -m 0755 "$etc/systemd/system" "$etc/mlaserve"
-install -m 0644 "$BUILD_DIR/deploy/mlaserve.service" "$etc/systemd/system/mlaserve.service"
-echo "-- Installing: $etc/systemd/system/mlaserve.service"
+for unit in mlaserve.service mlaserve@.service; do
+  install -m 0644 "$BUILD_DIR/deploy/$unit" "$etc/systemd/system/$unit"
+  echo "-- Installing: $etc/systemd/system/$unit"
+done
 if [ -e "$etc/mlaserve/mlaserve.flags" ]; then
   echo "-- Kept: $etc/mlaserve/mlaserve.flags (yours; the example is $DESTDIR$PREFIX/share/doc/mlaserve/mlaserve.flags)"
 else

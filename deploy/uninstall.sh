@@ -24,6 +24,10 @@ if [ -z "$DESTDIR" ] && [ -d /run/systemd/system ] && command -v systemctl >/dev
   systemd_running=1
   # A stop is the usual graceful drain (SIGTERM).
   systemctl disable --now mlaserve 2>/dev/null || true
+  # And every instance of the template (mlaserve@NAME) that is loaded.
+  for instance in $(systemctl list-units --all --plain --no-legend 'mlaserve@*.service' | awk '{print $1}'); do
+    systemctl disable --now "$instance" 2>/dev/null || true
+  done
 fi
 
 remove() {
@@ -40,7 +44,9 @@ remove "$root/bin/mlaserve-server" "$root/bin/mlaserve-health" "$root/bin/mlaser
        "$root/share/doc/mlaserve"
 # The enablement link too, for when systemctl could not disable it (no systemd running).
 remove "$DESTDIR/etc/systemd/system/mlaserve.service" \
-       "$DESTDIR/etc/systemd/system/multi-user.target.wants/mlaserve.service"
+       "$DESTDIR/etc/systemd/system/multi-user.target.wants/mlaserve.service" \
+       "$DESTDIR/etc/systemd/system/mlaserve@.service" \
+       "$DESTDIR"/etc/systemd/system/multi-user.target.wants/mlaserve@*.service
 if [ "$purge" = 1 ]; then
   remove "$DESTDIR/etc/mlaserve"
 elif [ -d "$DESTDIR/etc/mlaserve" ]; then

@@ -61,7 +61,7 @@ def run(command, **kwargs):
 
 # --- 1. The unit --------------------------------------------------------------------------
 
-def check_unit(unit_path, server, scratch, failures):
+def check_unit(unit_path, server, scratch, failures, name="mlaserve.service"):
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         print("unit: systemd-analyze not found, verify and security skipped")
@@ -72,16 +72,16 @@ def check_unit(unit_path, server, scratch, failures):
     exec_start = re.search(r"^ExecStart=(\S+)", text, re.M)
     if not failures.check(exec_start, "the unit has no ExecStart="):
         return
-    checked = os.path.join(scratch, "mlaserve.service")
+    checked = os.path.join(scratch, name)
     with open(checked, "w") as f:
         f.write(text.replace(exec_start.group(1), server))
     verify = run([analyze, "verify", checked])
     print(f"unit: systemd-analyze verify exit {verify.returncode} {verify.stdout.strip()}")
-    failures.check(verify.returncode == 0 and "mlaserve.service" not in verify.stdout,
+    failures.check(verify.returncode == 0 and name not in verify.stdout,
                    f"systemd-analyze verify: {verify.stdout}")
     security = run([analyze, "security", "--offline=true", f"--threshold={round(MAX_EXPOSURE * 10)}",
                     checked])
-    score = re.search(r"Overall exposure level for mlaserve.service: (\S+)", security.stdout)
+    score = re.search(rf"Overall exposure level for {re.escape(name)}: (\S+)", security.stdout)
     print(f"unit: exposure {score.group(1) if score else '?'} (at most {MAX_EXPOSURE})")
     failures.check(security.returncode == 0,
                    f"systemd-analyze security: exposure above {MAX_EXPOSURE}:\n{security.stdout}")
@@ -111,6 +111,7 @@ def check_install(source_dir, build_dir, prefix, destdir, failures):
         "example flags": f"{root}/share/doc/mlaserve/mlaserve.flags",
         "guide": f"{root}/share/doc/mlaserve/deploy.md",
         "unit": f"{destdir}/etc/systemd/system/mlaserve.service",
+        "template unit": f"{destdir}/etc/systemd/system/mlaserve@.service",
         "flags": f"{destdir}/etc/mlaserve/mlaserve.flags",
     }
     for name, path in expected.items():
@@ -130,6 +131,14 @@ def check_install(source_dir, build_dir, prefix, destdir, failures):
         in unit, "the installed unit's ExecStart does not name the installed binary")
     with open(expected["example unit"]) as f:
         failures.check(f.read() == unit, "the unit in /etc differs from the installed example")
+    # The template is the unit with the instance name in its flag file and state directory.
+    with open(expected["template unit"]) as f:
+        template = f.read()
+    derived = unit.replace("Description=mlaserve: ", "Description=mlaserve %i: ").replace(
+        "--flagfile=/etc/mlaserve/mlaserve.flags", "--flagfile=/etc/mlaserve/%i.flags").replace(
+        "\nStateDirectory=mlaserve\n", "\nStateDirectory=mlaserve/%i\n")
+    failures.check(template.split("\n", 2)[2] == derived,
+                   "the template unit differs from the unit in more than the instance name")
     failures.check(oct(os.stat(expected["flags"]).st_mode & 0o777) == "0o644",
                    "the flag file must be readable by the service's dynamic user")
 
@@ -473,6 +482,9 @@ def main():
             with open(installed["unit"]) as f:
                 unit_environment = dict(re.findall(r"^Environment=(\w+)=(\S*)$", f.read(), re.M))
             check_unit(installed["unit"], installed["binary"], scratch, failures)
+            # The template, as the instance `mlaserve@a` that systemd would make of it.
+            check_unit(installed["template unit"], installed["binary"], scratch, failures,
+                       name="mlaserve@a.service")
             check_lifecycle(installed, unit_environment, scratch, failures)
             check_under_strace(installed, args.prefix, unit_environment, scratch, failures)
             check_uninstall(source_dir, args.prefix, destdir, installed, failures)

@@ -133,6 +133,16 @@ def main():
         check(record.get("kv_budget_bytes") == 64 << 20, "record KV budget")
         check(set(record.get("kv_formats", [])) == {"bf16", "fp8"}, "record KV formats")
 
+        # Three members at once, each under its own key with its own address.
+        others = [start_server() for _ in range(2)]
+        members = wait_for(lambda: len(etcd.members()) == 3 and etcd.members(), 10) or {}
+        check(len(members) == 3, f"{len(members)} members, expected 3")
+        check(sorted(m["address"] for m in members.values()) ==
+              sorted([target] + [o[1] for o in others]), "the members' addresses")
+        for other, _, other_instance in others:
+            other.stop()
+            check(PREFIX + other_instance not in etcd.members(), "a stopped member stayed")
+
         # 2. Load kept fresh: sequences and decodes show within a refresh or two.
         rng = np.random.default_rng()
         with mlaserve.Client(target) as client:
