@@ -127,6 +127,16 @@ int main(int argc, char** argv) {
       mlaserve::HostCpu().logical_cores, mlaserve::HostCpu().MatrixIsa(),
       mlaserve::MatrixUnitBackend());
 
+  // TLS files towards etcd are read before anything starts, so that a bad one stops the
+  // start naming its flag.
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> etcd_credentials =
+      mlaserve::cluster::EtcdChannelCredentials(config->etcd_ca_file, config->etcd_cert_file,
+                                                config->etcd_key_file);
+  if (!etcd_credentials.ok()) {
+    spdlog::error("{}", std::string(etcd_credentials.status().message()));
+    return EXIT_FAILURE;
+  }
+
   const absl::Time start = absl::Now();
   absl::StatusOr<std::unique_ptr<mlaserve::service::MlaServer>> server =
       mlaserve::service::MlaServer::Start(mlaserve::engine::CreateEngine, config->engine,
@@ -174,9 +184,9 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::string> address = mlaserve::cluster::AdvertiseAddress(
         config->advertise_address, config->server.listen_address, (*server)->port());
     absl::StatusOr<std::unique_ptr<mlaserve::cluster::EtcdClient>> etcd =
-        address.ok() ? mlaserve::cluster::EtcdClient::Connect(config->etcd_endpoints,
-                                                              grpc::InsecureChannelCredentials())
-                     : address.status();
+        address.ok()
+            ? mlaserve::cluster::EtcdClient::Connect(config->etcd_endpoints, *etcd_credentials)
+            : address.status();
     absl::StatusOr<std::unique_ptr<mlaserve::cluster::ClusterMembership>> joined =
         etcd.ok() ? mlaserve::cluster::ClusterMembership::Start(
                         std::move(*etcd), config->membership, DescribeMember(**server, *address))

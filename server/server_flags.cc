@@ -88,6 +88,11 @@ ABSL_FLAG(std::string, cluster, "default",
 ABSL_FLAG(std::string, advertise_address, "",
           "host:port clients dial, as written in etcd; empty: --listen's, with the host name "
           "for a wildcard address");
+ABSL_FLAG(std::string, etcd_ca, "",
+          "PEM CA of etcd's client certificate: TLS towards etcd (plaintext without it)");
+ABSL_FLAG(std::string, etcd_cert, "",
+          "PEM client certificate for an etcd that requires one (with --etcd_key)");
+ABSL_FLAG(std::string, etcd_key, "", "PEM key of --etcd_cert");
 ABSL_FLAG(int, etcd_lease_ttl_s, 10,
           "Lease of the server's etcd record: a server that dies leaves the membership this "
           "long after its last renewal (renewed every ttl/3 or 2 s)");
@@ -320,6 +325,9 @@ absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv) {
     return BadFlag("advertise_address",
                    absl::StrCat("'", config.advertise_address, "' is not host:port"));
   }
+  config.etcd_ca_file = absl::GetFlag(FLAGS_etcd_ca);
+  config.etcd_cert_file = absl::GetFlag(FLAGS_etcd_cert);
+  config.etcd_key_file = absl::GetFlag(FLAGS_etcd_key);
   ASSIGN_OR_RETURN(config.membership.lease_ttl,
                    SecondsFlag("etcd_lease_ttl_s", absl::GetFlag(FLAGS_etcd_lease_ttl_s), 2));
 

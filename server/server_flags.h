@@ -27,6 +27,10 @@ struct ServerConfig {
   // the host name in place of a wildcard address.
   std::string advertise_address;
   cluster::MembershipOptions membership;
+  // TLS towards etcd: its CA, and a client certificate and key (PEM files); empty: plaintext.
+  std::string etcd_ca_file;
+  std::string etcd_cert_file;
+  std::string etcd_key_file;
 };
 
 // Parses mlaserve-server's flags (run `mlaserve-server --help` for the list). Flag names

@@ -1,6 +1,8 @@
 #include "server/cluster/etcd_client.h"
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -31,7 +33,45 @@ bool IsIpv4HostPort(const std::string& endpoint) {
   return dots == 3;
 }
 
+absl::StatusOr<std::string> ReadPem(const std::string& flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream contents;
+  if (in) contents << in.rdbuf();
+  if (!in || contents.str().find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": '", path, "' cannot be read or holds no PEM block"));
+  }
+  return contents.str();
+}
+
 }  // namespace
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> EtcdChannelCredentials(
+    const std::string& ca_file, const std::string& cert_file, const std::string& key_file) {
+  if (cert_file.empty() != key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "etcd_cert, etcd_key: a client certificate and its key go together");
+  }
+  if (ca_file.empty()) {
+    if (!cert_file.empty()) {
+      return absl::InvalidArgumentError("etcd_cert: needs --etcd_ca (TLS towards etcd)");
+    }
+    return grpc::InsecureChannelCredentials();
+  }
+  grpc::SslCredentialsOptions options;
+  absl::StatusOr<std::string> ca = ReadPem("etcd_ca", ca_file);
+  if (!ca.ok()) return ca.status();
+  options.pem_root_certs = *std::move(ca);
+  if (!cert_file.empty()) {
+    absl::StatusOr<std::string> cert = ReadPem("etcd_cert", cert_file);
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = ReadPem("etcd_key", key_file);
+    if (!key.ok()) return key.status();
+    options.pem_cert_chain = *std::move(cert);
+    options.pem_private_key = *std::move(key);
+  }
+  return grpc::SslCredentials(options);
+}
 
 std::string PrefixRangeEnd(const std::string& prefix) {
   std::string end = prefix;

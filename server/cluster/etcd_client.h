@@ -55,6 +55,13 @@ class EtcdClient {
   absl::Duration call_timeout_;
 };
 
+// Credentials for etcd's client port: plaintext without `ca_file`; TLS trusting `ca_file`'s
+// certificates, and with `cert_file` and `key_file` a client certificate for an etcd that
+// requires one (--client-cert-auth). INVALID_ARGUMENT naming the flag (--etcd_ca,
+// --etcd_cert, --etcd_key) whose file cannot be read, or a certificate without its key.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> EtcdChannelCredentials(
+    const std::string& ca_file, const std::string& cert_file, const std::string& key_file);
+
 // The key range [prefix, end) etcd reads for a prefix: the prefix with its last byte that is
 // not 0xff raised by one ("\0" for an empty prefix: every key).
 std::string PrefixRangeEnd(const std::string& prefix);

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -23,7 +24,7 @@ import urllib.request
 import numpy as np
 
 import mlaserve
-from harness import Server, free_port
+from harness import Server, free_port, make_pki
 
 CLUSTER = "test-cluster"
 PREFIX = f"/mlaserve/{CLUSTER}/servers/"
@@ -32,20 +33,29 @@ PREFIX = f"/mlaserve/{CLUSTER}/servers/"
 class Etcd:
     """One etcd member on loopback ports, its data in `directory`."""
 
-    def __init__(self, binary, directory):
-        self.binary, self.directory = binary, directory
+    def __init__(self, binary, directory, pki=None):
+        """pki: a directory of harness.make_pki's files: etcd then serves TLS on its client
+        port and requires a client certificate its CA signed."""
+        self.binary, self.directory, self.pki = binary, directory, pki
         self.client_port, self.peer_port = free_port(), free_port()
         self.process = None
+        self.context = None
+        if pki:
+            self.context = ssl.create_default_context(cafile=f"{pki}/ca.pem")
+            self.context.load_cert_chain(f"{pki}/client.pem", f"{pki}/client.key")
 
     def start(self):
-        url = f"http://127.0.0.1:{self.client_port}"
+        scheme = "https" if self.pki else "http"
+        url = f"{scheme}://127.0.0.1:{self.client_port}"
         peer = f"http://127.0.0.1:{self.peer_port}"
+        tls = [f"--cert-file={self.pki}/server.pem", f"--key-file={self.pki}/server.key",
+               f"--trusted-ca-file={self.pki}/ca.pem", "--client-cert-auth"] if self.pki else []
         self.log = open(os.path.join(self.directory, "etcd.log"), "a")
         self.process = subprocess.Popen(
             [self.binary, "--name=test", f"--data-dir={self.directory}/data",
              f"--listen-client-urls={url}", f"--advertise-client-urls={url}",
              f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
-             f"--initial-cluster=test={peer}", "--log-level=error"],
+             f"--initial-cluster=test={peer}", "--log-level=error", *tls],
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 30
         while time.time() < deadline:
@@ -71,10 +81,10 @@ class Etcd:
         encode = lambda text: base64.b64encode(text.encode()).decode()
         end = PREFIX[:-1] + chr(ord(PREFIX[-1]) + 1)
         request = urllib.request.Request(
-            f"http://{self.endpoint()}/v3/kv/range",
+            f"{'https' if self.pki else 'http'}://{self.endpoint()}/v3/kv/range",
             data=json.dumps({"key": encode(PREFIX), "range_end": encode(end)}).encode(),
             headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=5) as answer:
+        with urllib.request.urlopen(request, timeout=5, context=self.context) as answer:
             body = json.load(answer)
         return {base64.b64decode(kv["key"]).decode(): json.loads(base64.b64decode(kv["value"]))
                 for kv in body.get("kvs", [])}
@@ -100,12 +110,12 @@ def main():
     etcd = Etcd(args.etcd, directory)
     servers = []
 
-    def start_server(ttl=3):
+    def start_server(ttl=3, extra=()):
         target = f"127.0.0.1:{free_port()}"
         server = Server(args.server, [
             f"--listen={target}", "--metrics_listen=", "--layers=1", "--devices=1",
             "--kv_budget=64MiB", "--model=kimi-k2", f"--etcd_endpoints={etcd.endpoint()}",
-            f"--cluster={CLUSTER}", f"--etcd_lease_ttl_s={ttl}"])
+            f"--cluster={CLUSTER}", f"--etcd_lease_ttl_s={ttl}", *extra])
         servers.append(server)
         if not server.ready(60):
             raise RuntimeError("the server did not become ready: " + "".join(server.log))
@@ -195,6 +205,37 @@ def main():
         server.stop()
         check(server.process.returncode == 0, "exit after etcd came back")
         check(key not in etcd.members(), "record left after the last SIGTERM")
+        etcd.stop()
+
+        # 6. etcd over TLS requiring client certificates (made here with openssl): a server
+        # with the CA and a client certificate registers; one with the CA only is refused by
+        # etcd's handshake and serves on, warning; a CA file that is no PEM stops the start
+        # naming --etcd_ca.
+        pki = os.path.join(directory, "pki")
+        os.makedirs(pki)
+        make_pki(pki)
+        tls_dir = os.path.join(directory, "tls")
+        os.makedirs(tls_dir)
+        etcd = Etcd(args.etcd, tls_dir, pki=pki)
+        etcd.start()
+        server, target, instance = start_server(extra=[
+            f"--etcd_ca={pki}/ca.pem", f"--etcd_cert={pki}/client.pem",
+            f"--etcd_key={pki}/client.key"])
+        check(bool(wait_for(lambda: PREFIX + instance in etcd.members(), 10)),
+              "not registered in a TLS etcd")
+        server.stop()
+        check(PREFIX + instance not in etcd.members(), "record left in the TLS etcd")
+        server, target, instance = start_server(extra=[f"--etcd_ca={pki}/ca.pem"])
+        check(bool(wait_for(lambda: any("unreachable" in line for line in server.log), 10)),
+              "no warning without a client certificate")
+        check(PREFIX + instance not in etcd.members(), "registered without a client certificate")
+        server.stop()
+        bad = subprocess.run([args.server, "--listen=127.0.0.1:0", "--metrics_listen=",
+                              f"--etcd_endpoints={etcd.endpoint()}",
+                              f"--etcd_ca={pki}/ca.srl"], capture_output=True, text=True,
+                             timeout=60)
+        check(bad.returncode != 0 and "etcd_ca" in bad.stdout + bad.stderr,
+              f"a bad --etcd_ca: exit {bad.returncode}, {bad.stdout + bad.stderr}")
     except Exception as error:  # a failure to report, with the logs
         failures.append(f"{type(error).__name__}: {error}")
     finally:

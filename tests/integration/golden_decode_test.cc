@@ -113,7 +113,7 @@ double DecodeCallsAnswered(IntegrationServer& server) {
     if (family.name != "mlaserve_requests_total") continue;
     for (const prometheus::ClientMetric& metric : family.metric) {
       bool decode_ok = true;
-      for (const prometheus::ClientLabel& label : metric.label) {
+      for (const auto& label : metric.label) {
         if (label.name == "rpc") decode_ok &= label.value == "Decode";
         if (label.name == "code") decode_ok &= label.value == "OK";
       }
