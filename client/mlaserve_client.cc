@@ -373,10 +373,11 @@ absl::StatusOr<std::vector<DecodeOutput>> MlaServeClient::Decode(
     request_bytes = 0;
     return absl::OkStatus();
   };
+  const bool split = options_.decode_call_bytes > 0;
   for (v1::DecodeQuery& query : queries) {
-    const int64_t bytes = static_cast<int64_t>(query.ByteSizeLong());
-    if (options_.decode_call_bytes > 0 && request.queries_size() > 0 &&
-        request_bytes + bytes > options_.decode_call_bytes) {
+    // Sized only when a limit applies: the serialization sizes every query again.
+    const int64_t bytes = split ? static_cast<int64_t>(query.ByteSizeLong()) : 0;
+    if (split && request.queries_size() > 0 && request_bytes + bytes > options_.decode_call_bytes) {
       RETURN_IF_ERROR(call());
     }
     *request.add_queries() = std::move(query);

@@ -77,6 +77,11 @@ void ClusterMembership::Refresh() {
   if (status.ok()) status = etcd_->Put(key_, record.ToJson(), lease);
 
   absl::MutexLock lock(&mu_);
+  // The lease to renew next time: the same after an outage, 0 once it expired, or one just
+  // granted (whose record a failed put leaves for the next refresh to write).
+  lease_ = lease;
+  // Left while the call ran: a lease granted now must not outlive the server.
+  if (leaving_ && fresh) etcd_->Revoke(lease).IgnoreError();
   if (status.ok()) {
     if (fresh || warned_) {
       spdlog::info("cluster: registered in {} as {} ({} at etcd {}, lease {} of {} s)",
@@ -84,9 +89,6 @@ void ClusterMembership::Refresh() {
                    absl::ToInt64Seconds(options_.lease_ttl));
     }
     warned_ = false;
-    lease_ = lease;
-    // Left while the call ran: the lease just granted must not outlive the server.
-    if (leaving_ && fresh) etcd_->Revoke(lease).IgnoreError();
     return;
   }
   if (!warned_) {
@@ -95,9 +97,6 @@ void ClusterMembership::Refresh() {
         etcd_->target(), std::string(status.message()));
     warned_ = true;
   }
-  if (lease_ != 0 && lease == 0) lease_ = 0;
-  // A lease granted whose record could not be written is kept: the next refresh writes it.
-  if (fresh) lease_ = lease;
 }
 
 void ClusterMembership::Leave() {
