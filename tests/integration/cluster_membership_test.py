@@ -9,95 +9,22 @@ kill -9, and starts and serves with etcd down, registering once etcd is back.
 """
 
 import argparse
-import base64
-import json
 import os
 import shutil
 import signal
-import ssl
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 import numpy as np
 
 import mlaserve
+from etcd_harness import Etcd, wait_for
 from harness import Server, free_port, make_pki
 
 CLUSTER = "test-cluster"
 PREFIX = f"/mlaserve/{CLUSTER}/servers/"
-
-
-class Etcd:
-    """One etcd member on loopback ports, its data in `directory`."""
-
-    def __init__(self, binary, directory, pki=None):
-        """pki: a directory of harness.make_pki's files: etcd then serves TLS on its client
-        port and requires a client certificate its CA signed."""
-        self.binary, self.directory, self.pki = binary, directory, pki
-        self.client_port, self.peer_port = free_port(), free_port()
-        self.process = None
-        self.context = None
-        if pki:
-            self.context = ssl.create_default_context(cafile=f"{pki}/ca.pem")
-            self.context.load_cert_chain(f"{pki}/client.pem", f"{pki}/client.key")
-
-    def start(self):
-        scheme = "https" if self.pki else "http"
-        url = f"{scheme}://127.0.0.1:{self.client_port}"
-        peer = f"http://127.0.0.1:{self.peer_port}"
-        tls = [f"--cert-file={self.pki}/server.pem", f"--key-file={self.pki}/server.key",
-               f"--trusted-ca-file={self.pki}/ca.pem", "--client-cert-auth"] if self.pki else []
-        self.log = open(os.path.join(self.directory, "etcd.log"), "a")
-        self.process = subprocess.Popen(
-            [self.binary, "--name=test", f"--data-dir={self.directory}/data",
-             f"--listen-client-urls={url}", f"--advertise-client-urls={url}",
-             f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
-             f"--initial-cluster=test={peer}", "--log-level=error", *tls],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                self.members()
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("etcd did not answer within 30 s")
-
-    def stop(self):
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=30)
-        self.process = None
-        self.log.close()
-
-    def endpoint(self):
-        return f"127.0.0.1:{self.client_port}"
-
-    def members(self):
-        """{key: record} of the cluster's members, through etcd's JSON gateway (v3 API)."""
-        encode = lambda text: base64.b64encode(text.encode()).decode()
-        end = PREFIX[:-1] + chr(ord(PREFIX[-1]) + 1)
-        request = urllib.request.Request(
-            f"{'https' if self.pki else 'http'}://{self.endpoint()}/v3/kv/range",
-            data=json.dumps({"key": encode(PREFIX), "range_end": encode(end)}).encode(),
-            headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=5, context=self.context) as answer:
-            body = json.load(answer)
-        return {base64.b64decode(kv["key"]).decode(): json.loads(base64.b64decode(kv["value"]))
-                for kv in body.get("kvs", [])}
-
-
-def wait_for(predicate, timeout, step=0.1):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    return predicate()
 
 
 def main():
@@ -107,7 +34,7 @@ def main():
     args = parser.parse_args()
     failures = []
     directory = tempfile.mkdtemp(prefix="mlaserve-cluster-test-")
-    etcd = Etcd(args.etcd, directory)
+    etcd = Etcd(args.etcd, directory, PREFIX)
     servers = []
 
     def start_server(ttl=3, extra=()):
@@ -219,7 +146,7 @@ def main():
         make_pki(pki)
         tls_dir = os.path.join(directory, "tls")
         os.makedirs(tls_dir)
-        etcd = Etcd(args.etcd, tls_dir, pki=pki)
+        etcd = Etcd(args.etcd, tls_dir, PREFIX, pki=pki)
         etcd.start()
         server, target, instance = start_server(extra=[
             f"--etcd_ca={pki}/ca.pem", f"--etcd_cert={pki}/client.pem",
