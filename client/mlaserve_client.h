@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "client/serving_client.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/support/sync_stream.h"
@@ -111,7 +112,7 @@ class DecodeStream {
 
 // A typed, retrying client of mlaserve.v1.MlaServe. Thread-safe; reuse one per process (it
 // holds one channel).
-class MlaServeClient {
+class MlaServeClient final : public ServingClient {
  public:
   // A channel to `target` ("127.0.0.1:50051"), plaintext or with options.tls, that accepts
   // answers of any size.
@@ -124,20 +125,20 @@ class MlaServeClient {
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
   bool WaitForConnected(absl::Duration timeout);
 
-  absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo();
+  absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo() override;
 
   // `latent` [layers][tokens][dl + dr]; parent_id empty for a root prefix. `kv_dtype` unset:
   // the parent's format, or the server's default.
   absl::Status RegisterPrefix(absl::string_view prefix_id, absl::string_view parent_id,
                               const v1::Tensor& latent,
-                              v1::KvDtype kv_dtype = v1::KV_DTYPE_UNSPECIFIED);
-  absl::Status ReleasePrefix(absl::string_view prefix_id);
+                              v1::KvDtype kv_dtype = v1::KV_DTYPE_UNSPECIFIED) override;
+  absl::Status ReleasePrefix(absl::string_view prefix_id) override;
 
-  absl::StatusOr<v1::Sequence> CreateSequence(absl::string_view sequence_id,
-                                              absl::string_view prefix_id = "",
-                                              v1::KvDtype kv_dtype = v1::KV_DTYPE_UNSPECIFIED);
+  absl::StatusOr<v1::Sequence> CreateSequence(
+      absl::string_view sequence_id, absl::string_view prefix_id = "",
+      v1::KvDtype kv_dtype = v1::KV_DTYPE_UNSPECIFIED) override;
   absl::StatusOr<v1::Sequence> ForkSequence(absl::string_view source_id, absl::string_view new_id);
-  absl::Status ReleaseSequence(absl::string_view sequence_id);
+  absl::Status ReleaseSequence(absl::string_view sequence_id) override;
   absl::StatusOr<v1::Sequence> GetSequence(absl::string_view sequence_id);
   // Admin listings, one page each (admin.proto): `page_size` 0 asks for the server's
   // default; pass the answer's next_page_token back for the next page.
@@ -150,7 +151,7 @@ class MlaServeClient {
 
   // Streams the appends in chunks of at most options.append_chunk_bytes. On UNAVAILABLE the
   // whole stream is retried (rows already appended are skipped by the server).
-  absl::Status AppendKv(std::span<const KvAppend> appends);
+  absl::Status AppendKv(std::span<const KvAppend> appends) override;
   absl::Status AppendKv(absl::string_view sequence_id, int layer, int64_t start_position,
                         const v1::Tensor& rows);
   absl::Status AppendKv(absl::string_view sequence_id, int layer, int64_t start_position,
@@ -163,7 +164,7 @@ class MlaServeClient {
   absl::StatusOr<std::vector<DecodeOutput>> Decode(std::vector<v1::DecodeQuery> queries,
                                                    v1::DType output_dtype = v1::DTYPE_BF16);
   // The call as it is on the wire, for callers that build requests themselves.
-  absl::StatusOr<v1::DecodeResponse> DecodeRaw(const v1::DecodeRequest& request);
+  absl::StatusOr<v1::DecodeResponse> DecodeRaw(const v1::DecodeRequest& request) override;
   // Same, with a deadline of its own instead of options.timeout.
   absl::StatusOr<v1::DecodeResponse> DecodeRaw(const v1::DecodeRequest& request,
                                                absl::Duration timeout);

@@ -18,13 +18,14 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "cluster/etcd_client.h"
 #include "common/serving_allocator.h"
 #include "grpcpp/security/credentials.h"
 #include "kernels/core/cpu_features.h"
 #include "kernels/core/matmul.h"
 #include "server/cluster/advertise_address.h"
 #include "server/cluster/cluster_membership.h"
-#include "server/cluster/etcd_client.h"
+#include "server/cluster/member_description.h"
 #include "server/engine/engine.h"
 #include "server/server_flags.h"
 #include "server/service/mla_server.h"
@@ -60,41 +61,6 @@ sigset_t BlockShutdownSignals() {
   sigaction(SIGTERM, &forward, nullptr);
   sigaction(SIGINT, &forward, nullptr);
   return signals;
-}
-
-// The server's record in etcd as of now: what placement needs to choose it, and its load
-// (queries per second since the previous call).
-std::function<mlaserve::cluster::MemberRecord()> DescribeMember(
-    mlaserve::service::MlaServer& server, std::string address) {
-  const mlaserve::engine::EngineInfo& info = server.engine().Info();
-  mlaserve::cluster::MemberRecord base;
-  base.instance_id = server.state().instance_id();
-  base.address = std::move(address);
-  base.version = MLASERVE_VERSION;
-  base.model = info.model.name;
-  base.layers = info.model.layers;
-  base.heads = info.model.heads;
-  base.kv_formats = {"bf16", "fp8"};
-  base.default_kv_format = mlaserve::KvDtypeName(info.default_kv_dtype);
-  base.devices = static_cast<int>(info.devices.size());
-  base.device_profile = info.devices.empty() ? "" : info.devices.front().profile;
-  base.kv_budget_bytes = info.kv_budget_bytes;
-  return [&server, base, last_queries = int64_t{-1}, last_time = absl::Now()]() mutable {
-    const mlaserve::engine::EngineStats stats = server.engine().Stats();
-    const absl::Time now = absl::Now();
-    mlaserve::cluster::MemberRecord record = base;
-    record.kv_used_bytes = stats.kv.used_bytes;
-    record.sequences = stats.kv.sequences;
-    record.prefixes = stats.kv.prefixes;
-    record.queued_queries = stats.queued;
-    const double seconds = absl::ToDoubleSeconds(now - last_time);
-    record.queries_per_s =
-        last_queries >= 0 && seconds > 0 ? (stats.queries - last_queries) / seconds : 0;
-    record.updated_unix_ms = absl::ToUnixMillis(now);
-    last_queries = stats.queries;
-    last_time = now;
-    return record;
-  };
 }
 
 }  // namespace
@@ -189,7 +155,8 @@ int main(int argc, char** argv) {
             : address.status();
     absl::StatusOr<std::unique_ptr<mlaserve::cluster::ClusterMembership>> joined =
         etcd.ok() ? mlaserve::cluster::ClusterMembership::Start(
-                        std::move(*etcd), config->membership, DescribeMember(**server, *address))
+                        std::move(*etcd), config->membership,
+                        mlaserve::cluster::DescribeServer(**server, *address, MLASERVE_VERSION))
                   : etcd.status();
     if (!joined.ok()) {
       spdlog::error("cannot join the cluster: {}", std::string(joined.status().message()));

@@ -10,8 +10,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/cluster/etcd_client.h"
-#include "server/cluster/member_record.h"
+#include "cluster/etcd_client.h"
+#include "cluster/member_record.h"
 
 namespace mlaserve::cluster {
 

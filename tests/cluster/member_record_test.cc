@@ -1,12 +1,12 @@
-#include "server/cluster/member_record.h"
+#include "cluster/member_record.h"
 
 #include <string>
 
+#include "cluster/etcd_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "server/cluster/advertise_address.h"
-#include "server/cluster/etcd_client.h"
 
 namespace mlaserve::cluster {
 namespace {

@@ -1,4 +1,4 @@
-#include "server/cluster/member_record.h"
+#include "cluster/member_record.h"
 
 #include <type_traits>
 

@@ -1,7 +1,8 @@
-#ifndef MLASERVE_SERVER_CLUSTER_ETCD_CLIENT_H_
-#define MLASERVE_SERVER_CLUSTER_ETCD_CLIENT_H_
+#ifndef MLASERVE_CLUSTER_ETCD_CLIENT_H_
+#define MLASERVE_CLUSTER_ETCD_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -40,6 +41,29 @@ class EtcdClient {
   absl::StatusOr<std::vector<std::pair<std::string, std::string>>> GetPrefix(
       const std::string& prefix);
 
+  // The keys under `prefix` and the store's revision they are as of (a watch from
+  // revision + 1 then misses no change).
+  struct PrefixRead {
+    int64_t revision = 0;
+    std::vector<std::pair<std::string, std::string>> pairs;
+  };
+  absl::StatusOr<PrefixRead> ReadPrefix(const std::string& prefix);
+
+  // One change under a watched prefix: a put (value set) or a delete (a lease that expired or
+  // was revoked deletes its keys).
+  struct WatchEvent {
+    bool deleted = false;
+    std::string key;
+    std::string value;
+  };
+  // Watches `prefix` from `start_revision`, calling `on_event` for each change in order,
+  // until `context` is cancelled (then CANCELLED) or the stream breaks (etcd gone, the
+  // revision compacted: the caller reads again and watches on). No call deadline: the
+  // channel's keepalive notices a silent etcd. Blocks; one watch per context.
+  absl::Status WatchPrefix(const std::string& prefix, int64_t start_revision,
+                           grpc::ClientContext& context,
+                           const std::function<void(const WatchEvent&)>& on_event);
+
   // The gRPC target the endpoints became (for logs).
   const std::string& target() const { return target_; }
 
@@ -52,6 +76,7 @@ class EtcdClient {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<etcdserverpb::KV::Stub> kv_;
   std::unique_ptr<etcdserverpb::Lease::Stub> lease_;
+  std::unique_ptr<etcdserverpb::Watch::Stub> watch_;
   absl::Duration call_timeout_;
 };
 
@@ -68,4 +93,4 @@ std::string PrefixRangeEnd(const std::string& prefix);
 
 }  // namespace mlaserve::cluster
 
-#endif  // MLASERVE_SERVER_CLUSTER_ETCD_CLIENT_H_
+#endif  // MLASERVE_CLUSTER_ETCD_CLIENT_H_

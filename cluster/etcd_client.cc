@@ -1,11 +1,15 @@
-#include "server/cluster/etcd_client.h"
+#include "cluster/etcd_client.h"
 
 #include <algorithm>
 #include <fstream>
 #include <sstream>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/host_port.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/support/channel_arguments.h"
 
@@ -18,19 +22,11 @@ absl::Status FromGrpc(const grpc::Status& status, absl::string_view what) {
                       absl::StrCat("etcd ", what, ": ", status.error_message()));
 }
 
+// True for "a.b.c.d:port", which gRPC's ipv4: scheme can list several of.
 bool IsIpv4HostPort(const std::string& endpoint) {
-  const size_t colon = endpoint.rfind(':');
-  if (colon == std::string::npos || colon == 0) return false;
-  int dots = 0;
-  for (size_t i = 0; i < colon; ++i) {
-    const char c = endpoint[i];
-    if (c == '.') {
-      ++dots;
-    } else if (c < '0' || c > '9') {
-      return false;
-    }
-  }
-  return dots == 3;
+  absl::StatusOr<HostPort> parsed = ParseHostPort(endpoint, "--etcd_endpoints");
+  in_addr address{};
+  return parsed.ok() && inet_pton(AF_INET, parsed->host.c_str(), &address) == 1;
 }
 
 absl::StatusOr<std::string> ReadPem(const std::string& flag, const std::string& path) {
@@ -103,6 +99,10 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(
   // A call to a member that went away fails fast and the next one tries the others.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  // A watch has no deadline; pings find an etcd that went silent (etcd permits one every
+  // 5 s by default, --grpc-keepalive-min-time).
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   auto channel = grpc::CreateCustomChannel(target, std::move(credentials), args);
   return std::unique_ptr<EtcdClient>(new EtcdClient(target, std::move(channel), call_timeout));
 }
@@ -113,6 +113,7 @@ EtcdClient::EtcdClient(std::string target, std::shared_ptr<grpc::Channel> channe
       channel_(std::move(channel)),
       kv_(etcdserverpb::KV::NewStub(channel_)),
       lease_(etcdserverpb::Lease::NewStub(channel_)),
+      watch_(etcdserverpb::Watch::NewStub(channel_)),
       call_timeout_(call_timeout) {}
 
 void EtcdClient::Prepare(grpc::ClientContext& context) const {
@@ -180,6 +181,12 @@ absl::Status EtcdClient::Put(const std::string& key, const std::string& value, i
 
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> EtcdClient::GetPrefix(
     const std::string& prefix) {
+  absl::StatusOr<PrefixRead> read = ReadPrefix(prefix);
+  if (!read.ok()) return read.status();
+  return std::move(read->pairs);
+}
+
+absl::StatusOr<EtcdClient::PrefixRead> EtcdClient::ReadPrefix(const std::string& prefix) {
   grpc::ClientContext context;
   Prepare(context);
   etcdserverpb::RangeRequest request;
@@ -192,10 +199,39 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> EtcdClient::Get
       !status.ok()) {
     return status;
   }
-  std::vector<std::pair<std::string, std::string>> pairs;
-  pairs.reserve(response.kvs_size());
-  for (const mvccpb::KeyValue& kv : response.kvs()) pairs.emplace_back(kv.key(), kv.value());
-  return pairs;
+  PrefixRead read;
+  read.revision = response.header().revision();
+  read.pairs.reserve(response.kvs_size());
+  for (const mvccpb::KeyValue& kv : response.kvs()) read.pairs.emplace_back(kv.key(), kv.value());
+  return read;
+}
+
+absl::Status EtcdClient::WatchPrefix(const std::string& prefix, int64_t start_revision,
+                                     grpc::ClientContext& context,
+                                     const std::function<void(const WatchEvent&)>& on_event) {
+  auto stream = watch_->Watch(&context);
+  etcdserverpb::WatchRequest request;
+  etcdserverpb::WatchCreateRequest& create = *request.mutable_create_request();
+  create.set_key(prefix);
+  create.set_range_end(PrefixRangeEnd(prefix));
+  create.set_start_revision(start_revision);
+  if (!stream->Write(request)) return FromGrpc(stream->Finish(), "Watch");
+  etcdserverpb::WatchResponse response;
+  while (stream->Read(&response)) {
+    // A compacted start revision or a cancel from etcd ends this watch; the caller reads the
+    // prefix again.
+    if (response.compact_revision() != 0 || response.canceled()) {
+      context.TryCancel();
+      stream->Finish();
+      return absl::AbortedError(absl::StrCat(
+          "etcd Watch ended by etcd: ",
+          response.cancel_reason().empty() ? "revision compacted" : response.cancel_reason()));
+    }
+    for (const mvccpb::Event& event : response.events()) {
+      on_event({event.type() == mvccpb::Event::DELETE, event.kv().key(), event.kv().value()});
+    }
+  }
+  return FromGrpc(stream->Finish(), "Watch");
 }
 
 }  // namespace mlaserve::cluster

@@ -1,5 +1,5 @@
-#ifndef MLASERVE_SERVER_CLUSTER_MEMBER_RECORD_H_
-#define MLASERVE_SERVER_CLUSTER_MEMBER_RECORD_H_
+#ifndef MLASERVE_CLUSTER_MEMBER_RECORD_H_
+#define MLASERVE_CLUSTER_MEMBER_RECORD_H_
 
 #include <cstdint>
 #include <string>
@@ -46,4 +46,4 @@ std::string MemberKey(const std::string& cluster, const std::string& instance_id
 
 }  // namespace mlaserve::cluster
 
-#endif  // MLASERVE_SERVER_CLUSTER_MEMBER_RECORD_H_
+#endif  // MLASERVE_CLUSTER_MEMBER_RECORD_H_

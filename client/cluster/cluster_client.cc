@@ -1,0 +1,669 @@
+#include "client/cluster/cluster_client.h"
+
+#include <algorithm>
+#include <cmath>
+#include <future>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/tensor_helpers.h"
+#include "cluster/placement.h"
+#include "common/status_macros.h"
+#include "grpcpp/security/credentials.h"
+#include "spdlog/spdlog.h"
+
+namespace mlaserve::client {
+namespace {
+
+// Rows [first, first + count) of rows [n][...].
+v1::Tensor SliceRows(const v1::Tensor& rows, int64_t first, int64_t count) {
+  v1::Tensor slice;
+  slice.set_dtype(rows.dtype());
+  slice.add_shape(count);
+  for (int d = 1; d < rows.shape_size(); ++d) slice.add_shape(rows.shape(d));
+  const size_t row_bytes = rows.data().size() / static_cast<size_t>(rows.shape(0));
+  slice.set_data(rows.data().substr(first * row_bytes, count * row_bytes));
+  return slice;
+}
+
+v1::Fp8Rows SliceFp8Rows(const v1::Fp8Rows& rows, int64_t first, int64_t count) {
+  v1::Fp8Rows slice;
+  slice.set_count(count);
+  const size_t row_bytes = rows.data().size() / static_cast<size_t>(rows.count());
+  slice.set_data(rows.data().substr(first * row_bytes, count * row_bytes));
+  return slice;
+}
+
+int64_t RowCount(const KvAppend& append) {
+  if (append.fp8_rows.count() > 0) return append.fp8_rows.count();
+  return append.rows.shape_size() > 0 ? append.rows.shape(0) : 0;
+}
+
+std::string PartId(absl::string_view sequence_id, size_t part) {
+  return part == 0 ? std::string(sequence_id) : absl::StrCat(sequence_id, "@p", part);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ClusterClient>> ClusterClient::Connect(ClusterOptions options) {
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      options.etcd_credentials ? options.etcd_credentials : grpc::InsecureChannelCredentials();
+  ASSIGN_OR_RETURN(std::unique_ptr<cluster::EtcdClient> etcd,
+                   cluster::EtcdClient::Connect(options.etcd_endpoints, credentials));
+  ASSIGN_OR_RETURN(std::unique_ptr<cluster::MembershipView> view,
+                   cluster::MembershipView::Start(std::move(etcd), options.cluster));
+  return Create(std::move(view), std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<ClusterClient>> ClusterClient::Create(
+    std::unique_ptr<cluster::MembershipView> view, ClusterOptions options) {
+  const std::vector<cluster::MemberRecord> members = view->Members();
+  if (members.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("cluster '", view->cluster(), "' has no member in etcd"));
+  }
+  absl::Status last = absl::OkStatus();
+  for (const cluster::MemberRecord& member : members) {
+    std::unique_ptr<MlaServeClient> first =
+        MlaServeClient::Connect(member.address, options.server_options);
+    absl::StatusOr<v1::GetServerInfoResponse> info = first->GetServerInfo();
+    if (info.ok()) {
+      return std::unique_ptr<ClusterClient>(
+          new ClusterClient(std::move(view), std::move(options), *std::move(info)));
+    }
+    last = absl::Status(info.status().code(),
+                        absl::StrCat("server ", member.address, ": ", info.status().message()));
+  }
+  return last;
+}
+
+ClusterClient::ClusterClient(std::unique_ptr<cluster::MembershipView> view, ClusterOptions options,
+                             v1::GetServerInfoResponse info)
+    : view_(std::move(view)), options_(std::move(options)), info_(std::move(info)) {
+  spread_group_ = options_.spread_group;
+  if (spread_group_ < 0) {
+    const double b_theta =
+        info_.naive_thresholds_size() > 0 ? info_.naive_thresholds(0).b_theta() : 0.0;
+    spread_group_ = 2 * static_cast<int>(std::ceil(std::max(1.0, b_theta)));
+  }
+}
+
+int64_t ClusterClient::SequenceBytes() const {
+  const v1::ModelInfo& m = info_.model();
+  return options_.expected_sequence_tokens * m.layers() * m.kv_row_width() * 2;
+}
+
+int64_t ClusterClient::PrefixBytes(int64_t tokens) const {
+  const v1::ModelInfo& m = info_.model();
+  // The latent rows and the naive form's expanded K (dn + dr) and V (dv) per head, bf16.
+  return tokens * m.layers() *
+         (int64_t{m.kv_row_width()} * 2 + int64_t{m.heads()} * (m.dn() + m.dr() + m.dv()) * 2);
+}
+
+absl::StatusOr<ClusterClient::Route> ClusterClient::RouteTo(const std::string& instance_id,
+                                                            const std::string& address,
+                                                            absl::string_view sequence_id) {
+  if (!view_->Find(instance_id).has_value()) {
+    return absl::UnavailableError(
+        absl::StrCat("server ", address, " (instance ", instance_id, ") has left cluster '",
+                     view_->cluster(), "'", sequence_id.empty() ? "" : "; sequence '", sequence_id,
+                     sequence_id.empty() ? "" : "' was on it"));
+  }
+  absl::MutexLock lock(&mu_);
+  std::shared_ptr<MlaServeClient>& client = clients_[address];
+  if (client == nullptr) client = MlaServeClient::Connect(address, options_.server_options);
+  return Route{client, instance_id, address};
+}
+
+absl::Status ClusterClient::Annotate(const absl::Status& status, const Route& route) const {
+  if (status.ok()) return status;
+  if (!view_->Find(route.instance_id).has_value()) {
+    return absl::UnavailableError(absl::StrCat("server ", route.address, " (instance ",
+                                               route.instance_id, ") has left cluster '",
+                                               view_->cluster(), "': ", status.message()));
+  }
+  return absl::Status(status.code(),
+                      absl::StrCat("server ", route.address, ": ", status.message()));
+}
+
+void ClusterClient::Reserve(const std::string& instance_id, int64_t bytes) {
+  const std::optional<cluster::MemberRecord> record = view_->Find(instance_id);
+  if (!record.has_value()) return;
+  absl::MutexLock lock(&mu_);
+  Reservation& reservation = reservations_[instance_id];
+  if (reservation.record_updated_unix_ms != record->updated_unix_ms) {
+    reservation = {0, record->updated_unix_ms};
+  }
+  reservation.bytes += bytes;
+}
+
+absl::StatusOr<cluster::Placement> ClusterClient::Place(const std::string& prefix_id,
+                                                        int64_t sequence_bytes,
+                                                        std::vector<std::string> exclude) {
+  if (view_->stale()) {
+    spdlog::warn("cluster '{}': etcd is unreachable; placing on the last membership seen",
+                 view_->cluster());
+  }
+  std::vector<cluster::PlacementCandidate> candidates;
+  cluster::PlacementRequest request;
+  request.sequence_bytes = sequence_bytes;
+  request.has_prefix = !prefix_id.empty();
+  request.spread_group = spread_group_;
+  request.exclude = std::move(exclude);
+  {
+    absl::MutexLock lock(&mu_);
+    const PrefixState* prefix = nullptr;
+    if (request.has_prefix) {
+      auto it = prefixes_.find(prefix_id);
+      if (it == prefixes_.end()) {
+        return absl::NotFoundError(
+            absl::StrCat("prefix_id: '", prefix_id, "' is not a prefix of this cluster client"));
+      }
+      prefix = &it->second;
+      request.prefix_bytes = PrefixBytes(prefix->tokens);
+    }
+    for (cluster::MemberRecord& member : view_->Members()) {
+      // Every server of the cluster must serve the model the client connected for.
+      if (member.model != info_.model().name() || member.layers != info_.model().layers()) {
+        continue;
+      }
+      cluster::PlacementCandidate candidate;
+      auto reserved = reservations_.find(member.instance_id);
+      if (reserved != reservations_.end() &&
+          reserved->second.record_updated_unix_ms == member.updated_unix_ms) {
+        candidate.reserved_bytes = reserved->second.bytes;
+      }
+      if (prefix != nullptr) {
+        auto group = prefix->groups.find(member.instance_id);
+        if (group != prefix->groups.end()) candidate.prefix_group = group->second;
+      }
+      candidate.member = std::move(member);
+      candidates.push_back(std::move(candidate));
+    }
+  }
+  return cluster::PlaceSequence(candidates, request);
+}
+
+absl::Status ClusterClient::EnsurePrefixOn(const std::string& prefix_id,
+                                           const std::string& instance_id) {
+  PrefixState prefix;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = prefixes_.find(prefix_id);
+    if (it == prefixes_.end()) {
+      return absl::NotFoundError(absl::StrCat("prefix_id: '", prefix_id, "' is not known"));
+    }
+    if (it->second.groups.contains(instance_id)) return absl::OkStatus();
+    prefix = it->second;
+  }
+  if (!prefix.parent_id.empty()) RETURN_IF_ERROR(EnsurePrefixOn(prefix.parent_id, instance_id));
+  const std::optional<cluster::MemberRecord> member = view_->Find(instance_id);
+  if (!member.has_value()) {
+    return absl::UnavailableError(
+        absl::StrCat("instance ", instance_id, " has left cluster '", view_->cluster(), "'"));
+  }
+  ASSIGN_OR_RETURN(Route route, RouteTo(instance_id, member->address, ""));
+  absl::Status registered =
+      route.client->RegisterPrefix(prefix_id, prefix.parent_id, prefix.latent, prefix.kv_dtype);
+  if (!registered.ok() && !absl::IsAlreadyExists(registered)) return Annotate(registered, route);
+  Reserve(instance_id, PrefixBytes(prefix.tokens));
+  absl::MutexLock lock(&mu_);
+  auto it = prefixes_.find(prefix_id);
+  if (it != prefixes_.end()) it->second.groups.try_emplace(instance_id, 0);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::GetServerInfoResponse> ClusterClient::GetServerInfo() {
+  for (const cluster::MemberRecord& member : view_->Members()) {
+    absl::StatusOr<Route> route = RouteTo(member.instance_id, member.address, "");
+    if (!route.ok()) continue;
+    absl::StatusOr<v1::GetServerInfoResponse> info = route->client->GetServerInfo();
+    if (info.ok()) return info;
+  }
+  return info_;
+}
+
+absl::Status ClusterClient::RegisterPrefix(absl::string_view prefix_id, absl::string_view parent_id,
+                                           const v1::Tensor& latent, v1::KvDtype kv_dtype) {
+  if (latent.shape_size() != 3) {
+    return absl::InvalidArgumentError("latent: must be [layers][tokens][dl + dr]");
+  }
+  absl::MutexLock placing(&placement_mu_);
+  std::string where;
+  {
+    absl::MutexLock lock(&mu_);
+    if (prefixes_.contains(prefix_id)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("prefix_id: '", prefix_id, "' is already registered by this client"));
+    }
+    if (!parent_id.empty()) {
+      auto parent = prefixes_.find(parent_id);
+      if (parent == prefixes_.end() || parent->second.groups.empty()) {
+        return absl::NotFoundError(
+            absl::StrCat("parent_id: '", parent_id, "' is not a prefix of this cluster client"));
+      }
+      // A child goes where its parent is first registered (the smallest id, for determinism).
+      where = std::min_element(parent->second.groups.begin(), parent->second.groups.end())->first;
+    }
+    PrefixState& state = prefixes_[prefix_id];
+    state.parent_id = std::string(parent_id);
+    state.latent = latent;
+    state.kv_dtype = kv_dtype;
+    state.tokens = latent.shape(1);
+  }
+  if (where.empty()) {
+    absl::StatusOr<cluster::Placement> placed = Place("", PrefixBytes(latent.shape(1)), {});
+    if (!placed.ok()) {
+      absl::MutexLock lock(&mu_);
+      prefixes_.erase(prefix_id);
+      return placed.status();
+    }
+    where = placed->instance_id;
+  }
+  absl::Status registered = EnsurePrefixOn(std::string(prefix_id), where);
+  if (!registered.ok()) {
+    absl::MutexLock lock(&mu_);
+    prefixes_.erase(prefix_id);
+  }
+  return registered;
+}
+
+absl::Status ClusterClient::ReleasePrefix(absl::string_view prefix_id) {
+  std::vector<std::string> holders;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = prefixes_.find(prefix_id);
+    if (it == prefixes_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("prefix_id: '", prefix_id, "' is not a prefix of this cluster client"));
+    }
+    for (const auto& [instance, group] : it->second.groups) holders.push_back(instance);
+  }
+  for (const std::string& instance : holders) {
+    const std::optional<cluster::MemberRecord> member = view_->Find(instance);
+    if (!member.has_value()) continue;  // gone with its server
+    ASSIGN_OR_RETURN(Route route, RouteTo(instance, member->address, ""));
+    absl::Status released = route.client->ReleasePrefix(prefix_id);
+    if (!released.ok() && !absl::IsNotFound(released)) return Annotate(released, route);
+  }
+  absl::MutexLock lock(&mu_);
+  prefixes_.erase(prefix_id);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Sequence> ClusterClient::CreateSequence(absl::string_view sequence_id,
+                                                           absl::string_view prefix_id,
+                                                           v1::KvDtype kv_dtype) {
+  absl::MutexLock placing(&placement_mu_);
+  int64_t prefix_tokens = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (sequences_.contains(sequence_id)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("sequence_id: '", sequence_id, "' already exists in this cluster client"));
+    }
+    if (!prefix_id.empty()) {
+      auto prefix = prefixes_.find(prefix_id);
+      if (prefix != prefixes_.end()) prefix_tokens = prefix->second.tokens;
+    }
+  }
+  ASSIGN_OR_RETURN(cluster::Placement placed, Place(std::string(prefix_id), SequenceBytes(), {}));
+  if (placed.register_prefix) {
+    RETURN_IF_ERROR(EnsurePrefixOn(std::string(prefix_id), placed.instance_id));
+  }
+  const std::optional<cluster::MemberRecord> member = view_->Find(placed.instance_id);
+  if (!member.has_value()) {
+    return absl::UnavailableError(absl::StrCat("instance ", placed.instance_id, " left cluster '",
+                                               view_->cluster(),
+                                               "' while the sequence was placed"));
+  }
+  ASSIGN_OR_RETURN(Route route, RouteTo(placed.instance_id, member->address, sequence_id));
+  absl::StatusOr<v1::Sequence> created =
+      route.client->CreateSequence(sequence_id, prefix_id, kv_dtype);
+  if (!created.ok()) return Annotate(created.status(), route);
+  Reserve(placed.instance_id, SequenceBytes());
+  absl::MutexLock lock(&mu_);
+  SequenceState& state = sequences_[sequence_id];
+  state.prefix_id = std::string(prefix_id);
+  state.kv_dtype = created->kv_dtype();
+  state.prefix_tokens = prefix_tokens;
+  state.parts.push_back({placed.instance_id, member->address, std::string(sequence_id), 0});
+  state.layer_lengths.assign(created->layer_lengths().begin(), created->layer_lengths().end());
+  if (!prefix_id.empty()) ++prefixes_[prefix_id].groups[placed.instance_id];
+  return created;
+}
+
+absl::StatusOr<v1::Sequence> ClusterClient::ForkSequence(absl::string_view source_id,
+                                                         absl::string_view new_id) {
+  ASSIGN_OR_RETURN(SequenceState source, SequenceCopy(source_id));
+  absl::MutexLock placing(&placement_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (sequences_.contains(new_id)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("new_sequence_id: '", new_id, "' already exists in this cluster client"));
+    }
+  }
+  SequenceState fork = source;
+  v1::Sequence first;
+  for (size_t p = 0; p < fork.parts.size(); ++p) {
+    Part& part = fork.parts[p];
+    ASSIGN_OR_RETURN(Route route, RouteTo(part.instance_id, part.address, source_id));
+    const std::string fork_id = PartId(new_id, p);
+    absl::StatusOr<v1::Sequence> forked = route.client->ForkSequence(part.sequence_id, fork_id);
+    if (!forked.ok()) return Annotate(forked.status(), route);
+    if (p == 0) first = *forked;
+    part.sequence_id = fork_id;
+    Reserve(part.instance_id, SequenceBytes());
+  }
+  absl::MutexLock lock(&mu_);
+  if (!fork.prefix_id.empty()) ++prefixes_[fork.prefix_id].groups[fork.parts[0].instance_id];
+  sequences_.emplace(new_id, std::move(fork));
+  return first;
+}
+
+absl::Status ClusterClient::ReleaseSequence(absl::string_view sequence_id) {
+  ASSIGN_OR_RETURN(SequenceState state, SequenceCopy(sequence_id));
+  for (const Part& part : state.parts) {
+    absl::StatusOr<Route> route = RouteTo(part.instance_id, part.address, sequence_id);
+    if (!route.ok()) continue;  // its server has left: nothing to release
+    absl::Status released = route->client->ReleaseSequence(part.sequence_id);
+    if (!released.ok() && !absl::IsNotFound(released)) return Annotate(released, *route);
+  }
+  absl::MutexLock lock(&mu_);
+  sequences_.erase(sequence_id);
+  if (!state.prefix_id.empty()) {
+    auto prefix = prefixes_.find(state.prefix_id);
+    if (prefix != prefixes_.end()) {
+      auto group = prefix->second.groups.find(state.parts[0].instance_id);
+      if (group != prefix->second.groups.end() && group->second > 0) --group->second;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ClusterClient::SequenceState> ClusterClient::SequenceCopy(
+    absl::string_view sequence_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sequences_.find(sequence_id);
+  if (it == sequences_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("sequence_id: '", sequence_id, "' is not a sequence of this cluster client"));
+  }
+  return it->second;
+}
+
+absl::StatusOr<size_t> ClusterClient::PartFor(const std::string& sequence_id, int64_t position) {
+  ASSIGN_OR_RETURN(SequenceState state, SequenceCopy(sequence_id));
+  const int64_t first_end = state.prefix_tokens + options_.context_part_tokens;
+  if (options_.context_part_tokens <= 0 || position < first_end) return 0;
+  const size_t index =
+      1 + static_cast<size_t>((position - first_end) / options_.context_part_tokens);
+  if (index < state.parts.size()) return index;
+  absl::MutexLock placing(&placement_mu_);
+  // Opens the parts up to `index` (another thread may have opened some meanwhile).
+  while (true) {
+    ASSIGN_OR_RETURN(state, SequenceCopy(sequence_id));
+    if (index < state.parts.size()) return index;
+    const size_t opening = state.parts.size();
+    std::vector<std::string> exclude;
+    for (const Part& part : state.parts) exclude.push_back(part.instance_id);
+    const int64_t part_bytes = SequenceBytes();
+    absl::StatusOr<cluster::Placement> placed = Place("", part_bytes, exclude);
+    if (absl::IsResourceExhausted(placed.status())) placed = Place("", part_bytes, {});
+    if (!placed.ok()) return placed.status();
+    const std::optional<cluster::MemberRecord> member = view_->Find(placed->instance_id);
+    if (!member.has_value()) return absl::UnavailableError("a placed server left the cluster");
+    ASSIGN_OR_RETURN(Route route, RouteTo(placed->instance_id, member->address, sequence_id));
+    const std::string part_id = PartId(sequence_id, opening);
+    absl::StatusOr<v1::Sequence> created =
+        route.client->CreateSequence(part_id, "", state.kv_dtype);
+    if (!created.ok()) return Annotate(created.status(), route);
+    Reserve(placed->instance_id, part_bytes);
+    spdlog::debug("cluster: sequence '{}' part {} on {} from position {}", sequence_id, opening,
+                  member->address,
+                  first_end + static_cast<int64_t>(opening - 1) * options_.context_part_tokens);
+    absl::MutexLock lock(&mu_);
+    auto it = sequences_.find(sequence_id);
+    if (it == sequences_.end()) return absl::NotFoundError("sequence released while appending");
+    it->second.parts.push_back(
+        {placed->instance_id, member->address, part_id,
+         first_end + static_cast<int64_t>(opening - 1) * options_.context_part_tokens});
+  }
+}
+
+absl::Status ClusterClient::AppendKv(absl::string_view sequence_id, int layer,
+                                     int64_t start_position, const v1::Tensor& rows) {
+  KvAppend append{std::string(sequence_id), layer, start_position, rows, {}};
+  return AppendKv(std::span<const KvAppend>(&append, 1));
+}
+
+absl::Status ClusterClient::AppendKv(std::span<const KvAppend> appends) {
+  // The appends each server gets, with the route to it.
+  absl::flat_hash_map<std::string, std::pair<Route, std::vector<KvAppend>>> by_server;
+  for (const KvAppend& append : appends) {
+    const int64_t n = RowCount(append);
+    int64_t done = 0;
+    while (done < n || (n == 0 && done == 0)) {
+      const int64_t position = append.start_position + done;
+      ASSIGN_OR_RETURN(const size_t index, PartFor(append.sequence_id, position));
+      ASSIGN_OR_RETURN(SequenceState state, SequenceCopy(append.sequence_id));
+      const Part& part = state.parts[index];
+      int64_t take = n - done;
+      if (options_.context_part_tokens > 0) {
+        const int64_t part_end =
+            state.prefix_tokens + options_.context_part_tokens * static_cast<int64_t>(index + 1);
+        take = std::min(take, part_end - position);
+      }
+      ASSIGN_OR_RETURN(Route route, RouteTo(part.instance_id, part.address, append.sequence_id));
+      KvAppend piece;
+      piece.sequence_id = part.sequence_id;
+      piece.layer = append.layer;
+      piece.start_position = position - part.start;
+      if (append.fp8_rows.count() > 0) {
+        piece.fp8_rows = SliceFp8Rows(append.fp8_rows, done, take);
+      } else if (n > 0) {
+        piece.rows = SliceRows(append.rows, done, take);
+      } else {
+        piece.rows = append.rows;  // the server names what is wrong with it
+      }
+      auto& [server_route, pieces] = by_server[part.instance_id];
+      server_route = route;
+      pieces.push_back(std::move(piece));
+      done += std::max<int64_t>(take, 1);
+    }
+  }
+  for (auto& [instance, work] : by_server) {
+    auto& [route, pieces] = work;
+    RETURN_IF_ERROR(Annotate(route.client->AppendKv(pieces), route));
+  }
+  absl::MutexLock lock(&mu_);
+  for (const KvAppend& append : appends) {
+    auto it = sequences_.find(append.sequence_id);
+    if (it == sequences_.end() || append.layer < 0) continue;
+    std::vector<int64_t>& lengths = it->second.layer_lengths;
+    if (static_cast<size_t>(append.layer) >= lengths.size()) continue;
+    lengths[append.layer] =
+        std::max(lengths[append.layer], append.start_position + RowCount(append));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::DecodeResponse> ClusterClient::DecodeRaw(const v1::DecodeRequest& request) {
+  const v1::DType requested =
+      request.output_dtype() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_BF16 : request.output_dtype();
+  // What each server is asked, and where each answer goes back.
+  struct Slot {
+    int query = 0;
+    int part_query = -1;  // index into split[query], -1: the whole query
+  };
+  struct ServerCall {
+    Route route;
+    std::vector<v1::DecodeQuery> queries;
+    std::vector<Slot> slots;
+    bool fp32 = false;
+  };
+  absl::flat_hash_map<std::string, ServerCall> calls;
+  std::vector<std::string> order;  // servers in first-use order
+  const int n = request.queries_size();
+  std::vector<std::vector<PartQuery>> split(n);
+  auto call_for = [&](const Route& route) -> ServerCall& {
+    auto [it, added] = calls.try_emplace(route.instance_id);
+    if (added) {
+      it->second.route = route;
+      order.push_back(route.instance_id);
+    }
+    return it->second;
+  };
+  for (int i = 0; i < n; ++i) {
+    const v1::DecodeQuery& query = request.queries(i);
+    ASSIGN_OR_RETURN(SequenceState state, SequenceCopy(query.sequence_id()));
+    const bool has_append = query.has_append_position();
+    const int64_t append_rows =
+        query.append_rows().shape_size() > 0 ? query.append_rows().shape(0) : 0;
+    const int64_t first_end = state.prefix_tokens + options_.context_part_tokens;
+    const bool one_part = options_.context_part_tokens <= 0 ||
+                          (state.parts.size() == 1 &&
+                           (!has_append || query.append_position() + append_rows <= first_end));
+    if (one_part) {
+      const Part& part = state.parts[0];
+      ASSIGN_OR_RETURN(Route route, RouteTo(part.instance_id, part.address, query.sequence_id()));
+      ServerCall& call = call_for(route);
+      call.queries.push_back(query);
+      call.slots.push_back({i, -1});
+      if (has_append && options_.context_part_tokens > 0) {
+        absl::MutexLock lock(&mu_);
+        auto it = sequences_.find(query.sequence_id());
+        if (it != sequences_.end() && query.layer() >= 0 &&
+            static_cast<size_t>(query.layer()) < it->second.layer_lengths.size()) {
+          int64_t& length = it->second.layer_lengths[query.layer()];
+          length = std::max(length, query.append_position() + append_rows);
+        }
+      }
+      continue;
+    }
+    v1::DecodeQuery bare = query;
+    if (has_append) {
+      KvAppend append{
+          query.sequence_id(), query.layer(), query.append_position(), query.append_rows(), {}};
+      RETURN_IF_ERROR(AppendKv(std::span<const KvAppend>(&append, 1)));
+      bare.clear_append_rows();
+      bare.clear_append_position();
+    }
+    ASSIGN_OR_RETURN(state, SequenceCopy(query.sequence_id()));
+    if (query.layer() < 0 || static_cast<size_t>(query.layer()) >= state.layer_lengths.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("queries[", i, "].layer: ", query.layer(), " is not a layer of the model"));
+    }
+    const int64_t length = state.layer_lengths[query.layer()];
+    std::vector<SequencePart> parts;
+    for (size_t p = 0; p < state.parts.size() && state.parts[p].start < length; ++p) {
+      const int64_t end =
+          p + 1 < state.parts.size() ? std::min(state.parts[p + 1].start, length) : length;
+      parts.push_back({state.parts[p].sequence_id, state.parts[p].start, end});
+    }
+    ASSIGN_OR_RETURN(split[i], SplitOverParts(bare, length, parts));
+    for (size_t s = 0; s < split[i].size(); ++s) {
+      const Part& part = state.parts[split[i][s].part];
+      ASSIGN_OR_RETURN(Route route, RouteTo(part.instance_id, part.address, query.sequence_id()));
+      ServerCall& call = call_for(route);
+      call.queries.push_back(split[i][s].query);
+      call.slots.push_back({i, static_cast<int>(s)});
+      call.fp32 = true;
+    }
+  }
+
+  // One call per server (in chunks of the servers' batch limit), in parallel.
+  const int max_batch = std::max(1, info_.limits().max_batch());
+  auto run = [&](ServerCall& call) -> absl::StatusOr<std::vector<v1::DecodeResult>> {
+    std::vector<v1::DecodeResult> results;
+    for (size_t first = 0; first < call.queries.size(); first += max_batch) {
+      v1::DecodeRequest part;
+      part.set_output_dtype(call.fp32 ? v1::DTYPE_FP32 : requested);
+      if (request.has_softmax_scale()) part.set_softmax_scale(request.softmax_scale());
+      const size_t last = std::min(call.queries.size(), first + max_batch);
+      for (size_t q = first; q < last; ++q) *part.add_queries() = call.queries[q];
+      absl::StatusOr<v1::DecodeResponse> response = call.route.client->DecodeRaw(part);
+      if (!response.ok()) return Annotate(response.status(), call.route);
+      for (v1::DecodeResult& result : *response->mutable_results()) {
+        results.push_back(std::move(result));
+      }
+    }
+    return results;
+  };
+  std::vector<absl::StatusOr<std::vector<v1::DecodeResult>>> answers(order.size());
+  std::vector<std::future<void>> running;
+  for (size_t s = 1; s < order.size(); ++s) {
+    running.push_back(
+        std::async(std::launch::async, [&, s] { answers[s] = run(calls.at(order[s])); }));
+  }
+  if (!order.empty()) answers[0] = run(calls.at(order[0]));
+  for (std::future<void>& done : running) done.get();
+
+  v1::DecodeResponse response;
+  for (int i = 0; i < n; ++i) response.add_results();
+  std::vector<std::vector<v1::DecodeResult>> part_answers(n);
+  for (int i = 0; i < n; ++i) part_answers[i].resize(split[i].size());
+  for (size_t s = 0; s < order.size(); ++s) {
+    if (!answers[s].ok()) return answers[s].status();
+    ServerCall& call = calls.at(order[s]);
+    for (size_t q = 0; q < call.slots.size(); ++q) {
+      v1::DecodeResult& result = (*answers[s])[q];
+      const Slot& slot = call.slots[q];
+      if (slot.part_query >= 0) {
+        part_answers[slot.query][slot.part_query] = std::move(result);
+        continue;
+      }
+      if (call.fp32 && requested != v1::DTYPE_FP32) {
+        // Rounded here as the server would have (nearest even).
+        ASSIGN_OR_RETURN(std::vector<float> values, TensorToFloats(result.out()));
+        const std::vector<int64_t> shape(result.out().shape().begin(), result.out().shape().end());
+        *result.mutable_out() = FloatTensor(values, shape, requested);
+      }
+      *response.mutable_results(slot.query) = std::move(result);
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    if (split[i].empty()) continue;
+    ASSIGN_OR_RETURN(*response.mutable_results(i),
+                     MergeByLse(request.queries(i).sq(), split[i], part_answers[i], requested));
+  }
+  return response;
+}
+
+absl::StatusOr<std::vector<DecodeOutput>> ClusterClient::Decode(
+    std::vector<v1::DecodeQuery> queries, v1::DType output_dtype) {
+  v1::DecodeRequest request;
+  for (v1::DecodeQuery& query : queries) *request.add_queries() = std::move(query);
+  request.set_output_dtype(output_dtype);
+  ASSIGN_OR_RETURN(v1::DecodeResponse response, DecodeRaw(request));
+  return ToDecodeOutputs(response);
+}
+
+absl::StatusOr<std::vector<std::string>> ClusterClient::ServersOf(
+    absl::string_view sequence_id) const {
+  ASSIGN_OR_RETURN(SequenceState state, SequenceCopy(sequence_id));
+  std::vector<std::string> addresses;
+  for (const Part& part : state.parts) addresses.push_back(part.address);
+  return addresses;
+}
+
+std::vector<std::string> ClusterClient::PrefixServers(absl::string_view prefix_id) const {
+  std::vector<std::string> instances;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = prefixes_.find(prefix_id);
+    if (it == prefixes_.end()) return {};
+    for (const auto& [instance, group] : it->second.groups) instances.push_back(instance);
+  }
+  std::sort(instances.begin(), instances.end());
+  std::vector<std::string> addresses;
+  for (const std::string& instance : instances) {
+    if (std::optional<cluster::MemberRecord> member = view_->Find(instance)) {
+      addresses.push_back(member->address);
+    }
+  }
+  return addresses;
+}
+
+}  // namespace mlaserve::client

@@ -1,0 +1,165 @@
+#ifndef MLASERVE_CLIENT_CLUSTER_CLUSTER_CLIENT_H_
+#define MLASERVE_CLIENT_CLUSTER_CLUSTER_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "client/cluster/context_parallel.h"
+#include "client/mlaserve_client.h"
+#include "client/serving_client.h"
+#include "cluster/membership_view.h"
+#include "cluster/placement.h"
+#include "grpcpp/security/credentials.h"
+
+namespace mlaserve::client {
+
+struct ClusterOptions {
+  // etcd's client endpoints (host:port) and the cluster's name (the servers' --cluster).
+  std::vector<std::string> etcd_endpoints;
+  std::string cluster = "default";
+  // Towards etcd (cluster::EtcdChannelCredentials); null: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> etcd_credentials;
+  // Towards each server: TLS, tenant token, retries, deadlines.
+  ClientOptions server_options;
+  // The KV a new sequence is expected to grow to, in tokens: the room placement asks of a
+  // server (its record's load catches up within its refresh interval).
+  int64_t expected_sequence_tokens = 2048;
+  // A prefix's sequences on one server beyond which new ones go to another server, the prefix
+  // registered there too (ClusterClient places by cluster::PlaceSequence). -1: twice the
+  // servers' TyphoonMLA B_theta for one query token, so every server's group runs hybrid; 0:
+  // never spread while the prefix's server has room.
+  int spread_group = -1;
+  // Context parallelism: a sequence holds at most this many positions per server (its
+  // prefix's tokens on top for the first part); past that, its next positions go to a part on
+  // another server and its decodes fan out to every part, merged by LSE. 0: one server.
+  int64_t context_part_tokens = 0;
+};
+
+// The client of a cluster of mlaserve servers on etcd (docs/cluster.md): watches the
+// membership, places each new sequence (prefix affinity, then capacity), remembers where it
+// put it, and sends each later call straight to that server, with no proxy in between. A
+// Decode carrying sequences of several servers becomes one call per server, in parallel.
+// A call for a sequence whose server has left the cluster (drained, or its lease expired
+// after a kill -9) fails at once with UNAVAILABLE naming the server; other sequences are
+// unaffected. Sequences and prefixes are this client's: another client's are not seen.
+// Thread-safe.
+class ClusterClient final : public ServingClient {
+ public:
+  // Reads the membership from etcd (UNAVAILABLE if etcd does not answer within 5 s, or no
+  // server has registered) and keeps watching it.
+  static absl::StatusOr<std::unique_ptr<ClusterClient>> Connect(ClusterOptions options);
+  // Over an existing view (tests, or a process that shares one).
+  static absl::StatusOr<std::unique_ptr<ClusterClient>> Create(
+      std::unique_ptr<cluster::MembershipView> view, ClusterOptions options);
+
+  absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo() override;
+  // Registers the prefix on the server with the most room; the client keeps `latent` to
+  // register it on more servers as its sequences spread. A child prefix goes where its parent
+  // is first placed and follows it.
+  absl::Status RegisterPrefix(absl::string_view prefix_id, absl::string_view parent_id,
+                              const v1::Tensor& latent,
+                              v1::KvDtype kv_dtype = v1::KV_DTYPE_UNSPECIFIED) override;
+  // Releases the prefix on every server that holds it.
+  absl::Status ReleasePrefix(absl::string_view prefix_id) override;
+  absl::StatusOr<v1::Sequence> CreateSequence(
+      absl::string_view sequence_id, absl::string_view prefix_id = "",
+      v1::KvDtype kv_dtype = v1::KV_DTYPE_UNSPECIFIED) override;
+  // The fork lives where its source does (every part forked on its server).
+  absl::StatusOr<v1::Sequence> ForkSequence(absl::string_view source_id, absl::string_view new_id);
+  // Releases every part; a part on a server that has left is forgotten.
+  absl::Status ReleaseSequence(absl::string_view sequence_id) override;
+  absl::Status AppendKv(std::span<const KvAppend> appends) override;
+  absl::Status AppendKv(absl::string_view sequence_id, int layer, int64_t start_position,
+                        const v1::Tensor& rows);
+  absl::StatusOr<v1::DecodeResponse> DecodeRaw(const v1::DecodeRequest& request) override;
+  absl::StatusOr<std::vector<DecodeOutput>> Decode(std::vector<v1::DecodeQuery> queries,
+                                                   v1::DType output_dtype = v1::DTYPE_BF16);
+
+  // The servers (addresses) a sequence's parts are on, first part first; NOT_FOUND for a
+  // sequence this client does not hold.
+  absl::StatusOr<std::vector<std::string>> ServersOf(absl::string_view sequence_id) const;
+  // The servers a prefix is registered on.
+  std::vector<std::string> PrefixServers(absl::string_view prefix_id) const;
+  const cluster::MembershipView& membership() const { return *view_; }
+
+ private:
+  struct Part {
+    std::string instance_id;
+    std::string address;
+    std::string sequence_id;  // its id on that server
+    int64_t start = 0;        // first position of the whole sequence it holds
+  };
+  struct SequenceState {
+    std::string prefix_id;
+    v1::KvDtype kv_dtype = v1::KV_DTYPE_UNSPECIFIED;
+    int64_t prefix_tokens = 0;
+    std::vector<Part> parts;
+    std::vector<int64_t> layer_lengths;  // whole-sequence lengths, tracked with parts > 1
+  };
+  struct PrefixState {
+    std::string parent_id;
+    v1::Tensor latent;
+    v1::KvDtype kv_dtype = v1::KV_DTYPE_UNSPECIFIED;
+    int64_t tokens = 0;
+    // instance id -> live sequences this client placed on the prefix there
+    absl::flat_hash_map<std::string, int> groups;
+  };
+  struct Reservation {
+    int64_t bytes = 0;
+    int64_t record_updated_unix_ms = 0;  // the record's load these bytes come on top of
+  };
+  // A server's client and what a call on it says when it fails.
+  struct Route {
+    std::shared_ptr<MlaServeClient> client;
+    std::string instance_id;
+    std::string address;
+  };
+
+  ClusterClient(std::unique_ptr<cluster::MembershipView> view, ClusterOptions options,
+                v1::GetServerInfoResponse info);
+
+  absl::StatusOr<Route> RouteTo(const std::string& instance_id, const std::string& address,
+                                absl::string_view sequence_id);
+  // A failed call's status, naming the server (and that it left, if it has).
+  absl::Status Annotate(const absl::Status& status, const Route& route) const;
+  int64_t SequenceBytes() const;
+  int64_t PrefixBytes(int64_t tokens) const;
+  absl::StatusOr<cluster::Placement> Place(const std::string& prefix_id, int64_t sequence_bytes,
+                                           std::vector<std::string> exclude)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(placement_mu_);
+  void Reserve(const std::string& instance_id, int64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status EnsurePrefixOn(const std::string& prefix_id, const std::string& instance_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(placement_mu_);
+  // The part holding `position` of the sequence, opened on a new server when it is past the
+  // last; its index.
+  absl::StatusOr<size_t> PartFor(const std::string& sequence_id, int64_t position);
+  absl::StatusOr<SequenceState> SequenceCopy(absl::string_view sequence_id) const;
+
+  std::unique_ptr<cluster::MembershipView> view_;
+  const ClusterOptions options_;
+  const v1::GetServerInfoResponse info_;  // the first member's, at connect
+  int spread_group_ = 0;
+
+  // Placement (and opening parts) one at a time, so two new sequences see each other's room.
+  absl::Mutex placement_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<MlaServeClient>> clients_
+      ABSL_GUARDED_BY(mu_);  // by address
+  absl::flat_hash_map<std::string, SequenceState> sequences_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, PrefixState> prefixes_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Reservation> reservations_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace mlaserve::client
+
+#endif  // MLASERVE_CLIENT_CLUSTER_CLUSTER_CLIENT_H_

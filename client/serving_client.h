@@ -1,0 +1,40 @@
+#ifndef MLASERVE_CLIENT_SERVING_CLIENT_H_
+#define MLASERVE_CLIENT_SERVING_CLIENT_H_
+
+#include <span>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "mlaserve/v1/mlaserve.grpc.pb.h"
+
+namespace mlaserve::client {
+
+struct KvAppend;
+
+// The calls a serving framework makes of mlaserve, whether one server answers them
+// (MlaServeClient) or a cluster of them (ClusterClient, which routes each sequence to its
+// server). Code written against this interface runs on either. Implementations are
+// thread-safe.
+class ServingClient {
+ public:
+  virtual ~ServingClient() = default;
+
+  // A server's description (for a cluster: one member's; every member serves one model).
+  virtual absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo() = 0;
+  virtual absl::Status RegisterPrefix(absl::string_view prefix_id, absl::string_view parent_id,
+                                      const v1::Tensor& latent,
+                                      v1::KvDtype kv_dtype = v1::KV_DTYPE_UNSPECIFIED) = 0;
+  virtual absl::Status ReleasePrefix(absl::string_view prefix_id) = 0;
+  virtual absl::StatusOr<v1::Sequence> CreateSequence(
+      absl::string_view sequence_id, absl::string_view prefix_id = "",
+      v1::KvDtype kv_dtype = v1::KV_DTYPE_UNSPECIFIED) = 0;
+  virtual absl::Status ReleaseSequence(absl::string_view sequence_id) = 0;
+  virtual absl::Status AppendKv(std::span<const KvAppend> appends) = 0;
+  // One result per query, in request order.
+  virtual absl::StatusOr<v1::DecodeResponse> DecodeRaw(const v1::DecodeRequest& request) = 0;
+};
+
+}  // namespace mlaserve::client
+
+#endif  // MLASERVE_CLIENT_SERVING_CLIENT_H_

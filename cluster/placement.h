@@ -1,0 +1,62 @@
+#ifndef MLASERVE_CLUSTER_PLACEMENT_H_
+#define MLASERVE_CLUSTER_PLACEMENT_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cluster/member_record.h"
+
+namespace mlaserve::cluster {
+
+// A server placement may choose, as one client knows it.
+struct PlacementCandidate {
+  MemberRecord member;
+  // Bytes this client placed there since the member's record was written (the record's load
+  // lags by up to its refresh interval; without this a burst would all land on one server).
+  int64_t reserved_bytes = 0;
+  // Live sequences on the new sequence's prefix that this client placed there; -1 when the
+  // prefix is not registered there.
+  int prefix_group = -1;
+
+  int64_t free_bytes() const {
+    return member.kv_budget_bytes - member.kv_used_bytes - reserved_bytes;
+  }
+};
+
+struct PlacementRequest {
+  // Room the new sequence is expected to take (its expected tokens' KV).
+  int64_t sequence_bytes = 0;
+  // Room registering the prefix takes where it is not yet (latent plus expanded K/V); 0
+  // without a prefix.
+  int64_t prefix_bytes = 0;
+  bool has_prefix = false;
+  // A prefix's group on one server beyond which its new sequences go to another server (the
+  // prefix registered there too), as long as one has room; 0: never spread while a holder
+  // has room. About twice TyphoonMLA's B_theta keeps every group hybrid.
+  int spread_group = 0;
+  // Instance ids not to choose (a context-parallel sequence's other parts).
+  std::vector<std::string> exclude;
+};
+
+struct Placement {
+  std::string instance_id;
+  bool register_prefix = false;  // the prefix must be registered there first
+};
+
+// Where a new sequence goes (docs/cluster.md, "Placement"):
+//  1. a server holding its prefix, with room, whose group is below spread_group: the one
+//     with the smallest group (then the most free bytes);
+//  2. else the server with the most free bytes that has room for the sequence and the prefix
+//     (fewest sequences, then instance id, break ties), registering the prefix there;
+//  3. else a holder of the prefix with room, whatever its group (the smallest group first):
+//     affinity beats spreading when no other server has room.
+// RESOURCE_EXHAUSTED naming the bytes needed when no candidate has room.
+absl::StatusOr<Placement> PlaceSequence(std::span<const PlacementCandidate> candidates,
+                                        const PlacementRequest& request);
+
+}  // namespace mlaserve::cluster
+
+#endif  // MLASERVE_CLUSTER_PLACEMENT_H_
