@@ -9,8 +9,8 @@ import numpy as np
 
 from mlaserve.fp8 import quantize_rows
 from mlaserve.tensors import BF16, FP16, from_tensor, to_tensor, wire_dtype
-from mlaserve.v1 import (decode_pb2, kv_cache_pb2, mlaserve_pb2_grpc, server_info_pb2,
-                         tensor_pb2)
+from mlaserve.v1 import (admin_pb2, decode_pb2, kv_cache_pb2, mlaserve_pb2_grpc,
+                         server_info_pb2, tensor_pb2)
 
 DecodeResult = collections.namedtuple("DecodeResult", ["out", "lse", "plan"])
 DecodeResult.__doc__ = """One query's answer: out [sq, heads, width] and lse [sq, heads]
@@ -217,6 +217,30 @@ class Client:
                 data=data[first * row_bytes:(first + per_chunk) * row_bytes]))
             for first in range(0, len(rows), per_chunk)]
         return self._call(self._stub.AppendKv, chunks)
+
+    # --- Admin -------------------------------------------------------------------------
+
+    def list_prefixes(self):
+        """Every prefix the caller's tenant holds (ListPrefixes, all pages): PrefixSummary
+        messages in id order."""
+        return self._list(self._stub.ListPrefixes, admin_pb2.ListPrefixesRequest(),
+                          "prefixes")
+
+    def list_sequences(self, prefix_id=""):
+        """Every sequence (started on prefix_id, when given), all pages of ListSequences:
+        SequenceSummary messages in id order."""
+        return self._list(self._stub.ListSequences,
+                          admin_pb2.ListSequencesRequest(prefix_id=prefix_id), "sequences")
+
+    def _list(self, method, request, field):
+        entries = []
+        request.page_size = 1000
+        while True:
+            answer = self._call(method, request)
+            entries += list(getattr(answer, field))
+            if not answer.next_page_token:
+                return entries
+            request.page_token = answer.next_page_token
 
     # --- Decode ------------------------------------------------------------------------
 
