@@ -5,15 +5,20 @@
     info = client.server_info()
 
 `mlaserve.flash_mla` is a FlashMLA-compatible entry point (change an import to switch).
+`mlaserve.ClusterClient` places sequences on the servers of a cluster found through etcd
+(docs/cluster.md, "Python cluster client").
 Generated messages and stubs are in `mlaserve.v1`.
 """
 
 from mlaserve.bfloat16 import bf16_bits_to_float, float_to_bf16_bits, round_to_bf16
 from mlaserve.client import Client, DecodeResult, StreamError, head_query, latent_query
+from mlaserve.cluster import ClusterClient, ClusterError
 from mlaserve.tensors import from_tensor, to_tensor
 
 __all__ = [
     "Client",
+    "ClusterClient",
+    "ClusterError",
     "DecodeResult",
     "StreamError",
     "bf16_bits_to_float",

@@ -1,0 +1,1015 @@
+"""A client of a cluster of mlaserve servers that find each other through etcd.
+
+    import mlaserve
+    with mlaserve.ClusterClient("10.0.0.5:2379", cluster="prod") as cluster:
+        cluster.register_prefix("system", latent)          # [layers, tokens, dl + dr]
+        cluster.create_sequence("req-1", prefix_id="system")
+        cluster.append_kv("req-1", 0, prefix_tokens, rows)
+        [result] = cluster.decode([mlaserve.latent_query("req-1", 0, q)])
+
+The membership is the servers' records under /mlaserve/CLUSTER/servers/ (docs/cluster.md,
+"The record"), read through etcd's JSON gateway (its v3 API over HTTP/1.1: POST
+/v3/kv/range and the streaming /v3/watch), so no etcd package is needed. The client places
+each new sequence by the cluster's rule (prefix affinity, then capacity; docs/cluster.md,
+"Placement", the same rule as cluster/placement.h), remembers the server, and sends every
+later call for the sequence straight to it. With context_part_tokens > 0 a sequence is cut
+by position into parts on different servers and a decode over several parts is merged by
+LSE (context parallelism).
+"""
+
+import base64
+import collections
+import concurrent.futures
+import http.client
+import json
+import logging
+import math
+import ssl
+import threading
+import time
+
+import grpc
+import numpy as np
+
+from mlaserve.bfloat16 import bf16_bits_to_float, float_to_bf16_bits
+from mlaserve.client import Client, DecodeResult
+from mlaserve.tensors import BF16, FP16, FP32, wire_dtype
+from mlaserve.v1 import decode_pb2, kv_cache_pb2, tensor_pb2
+
+_log = logging.getLogger("mlaserve.cluster")
+
+_KV_DTYPE_NAMES = {tensor_pb2.KV_DTYPE_BF16: "bf16", tensor_pb2.KV_DTYPE_FP8: "fp8"}
+
+
+class ClusterError(Exception):
+    """A cluster-level failure: a grpc.StatusCode and a message, like mlaserve.StreamError.
+
+    RESOURCE_EXHAUSTED: no member has room for a new sequence (the message names the bytes);
+    UNAVAILABLE: the server holding a sequence left the cluster, or etcd never answered;
+    NOT_FOUND: a sequence or prefix this client did not create; ALREADY_EXISTS: an id
+    reused with other arguments."""
+
+    def __init__(self, code, message):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+
+# --- Placement ----------------------------------------------------------------------------
+
+PlacementCandidate = collections.namedtuple(
+    "PlacementCandidate", ["instance_id", "free_bytes", "sequences", "prefix_group"])
+PlacementCandidate.__doc__ = """A server as this client sees it: free_bytes = kv_budget_bytes
+- load.kv_used_bytes - bytes reserved since its record was written; sequences =
+load.sequences; prefix_group = live sequences this client placed on the new sequence's prefix
+there, -1 when the prefix is not registered there."""
+
+
+def place_sequence(candidates, sequence_bytes, prefix_bytes=0, has_prefix=False,
+                   spread_group=0, exclude=()):
+    """Where a new sequence goes, by the cluster's rule (cluster/placement.h, PlaceSequence):
+
+    1. with a prefix: a holder (prefix_group >= 0) with room for the sequence whose group is
+       below spread_group (any group when spread_group is 0): the smallest group, then the
+       most free bytes, then the smallest instance id;
+    2. else the server with the most free bytes that has room for the sequence plus, where
+       it lacks the prefix, the prefix (holders at or past spread_group skipped): then the
+       fewest sequences, then the smallest instance id; the prefix is registered there;
+    3. else a holder with room for the sequence whatever its group (smallest group first).
+
+    Returns (instance_id, register_prefix); ClusterError RESOURCE_EXHAUSTED naming the bytes
+    when no candidate has room. Servers in `exclude` are never chosen."""
+    exclude = set(exclude)
+
+    def holder(within_spread):
+        best = None
+        for c in candidates:
+            if c.prefix_group < 0 or c.instance_id in exclude:
+                continue
+            if c.free_bytes < sequence_bytes:
+                continue
+            if within_spread and spread_group > 0 and c.prefix_group >= spread_group:
+                continue
+            if best is None or (c.prefix_group, -c.free_bytes, c.instance_id) < (
+                    best.prefix_group, -best.free_bytes, best.instance_id):
+                best = c
+        return best
+
+    if has_prefix:
+        best = holder(True)
+        if best is not None:
+            return best.instance_id, False
+    best = None
+    for c in candidates:
+        if c.instance_id in exclude:
+            continue
+        needed = sequence_bytes + (prefix_bytes if has_prefix and c.prefix_group < 0 else 0)
+        if c.free_bytes < needed:
+            continue
+        if has_prefix and c.prefix_group >= 0 and spread_group > 0 and \
+                c.prefix_group >= spread_group:
+            continue
+        if best is None or (-c.free_bytes, c.sequences, c.instance_id) < (
+                -best.free_bytes, best.sequences, best.instance_id):
+            best = c
+    if best is not None:
+        return best.instance_id, has_prefix and best.prefix_group < 0
+    if has_prefix:
+        best = holder(False)
+        if best is not None:
+            return best.instance_id, False
+    raise ClusterError(grpc.StatusCode.RESOURCE_EXHAUSTED, (
+        f"no server of the cluster has room for a new sequence: it needs {sequence_bytes} bytes"
+        + (f" ({prefix_bytes} more where its prefix is not registered)" if has_prefix else "")
+        + f", among {len(candidates)} members"
+        + (f" ({len(exclude)} excluded)" if exclude else "")))
+
+
+# --- etcd through its JSON gateway --------------------------------------------------------
+
+def _b64(data):
+    return base64.b64encode(data.encode() if isinstance(data, str) else data).decode()
+
+
+def _prefix_end(prefix):
+    """etcd's range_end for every key starting with `prefix` (its last byte plus one)."""
+    raw = bytearray(prefix.encode())
+    while raw and raw[-1] == 0xFF:
+        raw.pop()
+    raw[-1] += 1
+    return bytes(raw)
+
+
+class _Etcd:
+    """etcd's v3 API over its HTTP/1.1 JSON gateway: one request per connection, trying the
+    endpoints in turn from the last one that answered."""
+
+    def __init__(self, endpoints, ca=None, cert=None, key=None, timeout=5.0):
+        if isinstance(endpoints, str):
+            endpoints = endpoints.split(",")
+        self.endpoints = [e.strip() for e in endpoints if e.strip()]
+        if not self.endpoints:
+            raise ValueError("etcd_endpoints names no endpoint")
+        if (cert is None) != (key is None):
+            raise ValueError("etcd_cert and etcd_key go together: give both or neither")
+        if ca is None and cert is not None:
+            raise ValueError("etcd_cert and etcd_key need etcd_ca")
+        self.context = None
+        if ca is not None:
+            self.context = ssl.create_default_context(cafile=ca)
+            if cert is not None:
+                self.context.load_cert_chain(cert, key)
+        self.timeout = timeout
+        self.current = 0
+        self._watch_lock = threading.Lock()
+        self._watch_connection = None
+        self._closed = False
+
+    def _connect(self, endpoint, timeout):
+        host, _, port = endpoint.rpartition(":")
+        host = host.strip("[]")
+        if self.context is not None:
+            return http.client.HTTPSConnection(host, int(port), timeout=timeout,
+                                               context=self.context)
+        return http.client.HTTPConnection(host, int(port), timeout=timeout)
+
+    def _endpoint_order(self):
+        n = len(self.endpoints)
+        return [(self.current + i) % n for i in range(n)]
+
+    def post(self, path, body):
+        """The answer's JSON; OSError (the last endpoint's) when none answered."""
+        error = None
+        for index in self._endpoint_order():
+            connection = self._connect(self.endpoints[index], self.timeout)
+            try:
+                connection.request("POST", path, json.dumps(body),
+                                   {"Content-Type": "application/json"})
+                answer = connection.getresponse()
+                data = answer.read()
+                if answer.status != 200:
+                    raise OSError(f"etcd {self.endpoints[index]} answered HTTP {answer.status}: "
+                                  f"{data[:200]!r}")
+                self.current = index
+                return json.loads(data)
+            except (OSError, http.client.HTTPException, ValueError) as e:
+                error = e if isinstance(e, OSError) else OSError(str(e))
+            finally:
+                connection.close()
+        raise error
+
+    def range_prefix(self, prefix):
+        """(revision, [(key, value bytes)]) of every key under `prefix`."""
+        body = self.post("/v3/kv/range", {"key": _b64(prefix),
+                                          "range_end": _b64(_prefix_end(prefix))})
+        revision = int(body.get("header", {}).get("revision", 0))
+        return revision, [(base64.b64decode(kv["key"]).decode(errors="replace"),
+                           base64.b64decode(kv.get("value", ""))) for kv in body.get("kvs", [])]
+
+    def watch_prefix(self, prefix, start_revision, idle_timeout):
+        """Yields the watch's results (dicts with header, events, created, canceled, ...)
+        until the stream ends; raises OSError when it breaks or stays silent idle_timeout s."""
+        connection = self._connect(self.endpoints[self.current], idle_timeout)
+        with self._watch_lock:
+            if self._closed:
+                return
+            self._watch_connection = connection
+        try:
+            connection.connect()
+            with self._watch_lock:
+                if self._closed:  # close() came before the socket existed
+                    return
+            connection.request("POST", "/v3/watch", json.dumps({"create_request": {
+                "key": _b64(prefix), "range_end": _b64(_prefix_end(prefix)),
+                "start_revision": str(start_revision)}}), {"Content-Type": "application/json"})
+            answer = connection.getresponse()
+            if answer.status != 200:
+                raise OSError(f"etcd watch answered HTTP {answer.status}")
+            while True:
+                line = answer.readline()
+                if not line:
+                    return
+                line = line.strip()
+                if not line:
+                    continue
+                message = json.loads(line)
+                if "error" in message:
+                    raise OSError(f"etcd watch: {message['error'].get('message', message)}")
+                yield message.get("result", {})
+        except (http.client.HTTPException, ValueError) as e:
+            raise OSError(str(e)) from e
+        finally:
+            with self._watch_lock:
+                self._watch_connection = None
+            connection.close()
+
+    def close(self):
+        """Ends a watch in progress (its reader sees the stream end)."""
+        import socket
+        with self._watch_lock:
+            self._closed = True
+            connection = self._watch_connection
+            if connection is not None and connection.sock is not None:
+                try:
+                    connection.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+# --- The client's book --------------------------------------------------------------------
+
+class _Prefix:
+    def __init__(self, prefix_id, latent, kv_dtype):
+        self.prefix_id = prefix_id
+        self.latent = latent
+        self.kv_dtype = kv_dtype
+        self.tokens = int(latent.shape[1]) if latent.ndim == 3 else 0
+        self.holders = {}  # instance id -> live sequences this client placed on it there
+        self.lock = threading.Lock()  # placement and registration of its sequences
+
+
+_Part = collections.namedtuple("_Part", ["sub_id", "instance_id", "address", "start", "end"])
+
+
+class _Sequence:
+    def __init__(self, sequence_id, prefix, kv_dtype, layers):
+        self.sequence_id = sequence_id
+        self.prefix = prefix  # _Prefix or None
+        self.prefix_tokens = prefix.tokens if prefix is not None else 0
+        self.requested_kv_dtype = kv_dtype
+        self.kv_dtype = kv_dtype  # the effective one once created ("bf16"/"fp8")
+        self.parts = []
+        self.lengths = [self.prefix_tokens] * layers  # tokens per layer, as appended here
+        self.lock = threading.Lock()  # opening parts
+
+
+class ClusterClient:
+    """Places sequences on the members of an mlaserve cluster and routes each call to the
+    server holding its sequence. Thread-safe; one per process is enough."""
+
+    def __init__(self, etcd_endpoints, cluster="default", etcd_ca=None, etcd_cert=None,
+                 etcd_key=None, context_part_tokens=0, expected_sequence_tokens=2048,
+                 spread_group=None, etcd_timeout_s=5.0, **client_kwargs):
+        """etcd_endpoints: "host:port[,host:port...]" or a list; etcd_ca/cert/key: PEM files
+        for an etcd serving TLS (and requiring client certificates). context_part_tokens: C >
+        0 cuts each sequence into parts of C tokens (the first also holds its prefix) on
+        different servers. expected_sequence_tokens: the room placement asks for a new
+        sequence. spread_group: a prefix's group on one server beyond which its sequences
+        go to another server; None: 2 x ceil(TyphoonMLA's B_theta for sq 1) from the servers'
+        GetServerInfo, 0: never spread while a holder has room. etcd_timeout_s bounds the
+        first read of the membership (ClusterError UNAVAILABLE naming the endpoints past it)
+        and every later etcd request. client_kwargs go to every mlaserve.Client."""
+        self._etcd = _Etcd(etcd_endpoints, etcd_ca, etcd_cert, etcd_key, etcd_timeout_s)
+        self.cluster = cluster
+        self._prefix = f"/mlaserve/{cluster}/servers/"
+        self._context_part_tokens = int(context_part_tokens)
+        if self._context_part_tokens < 0:
+            raise ValueError("context_part_tokens must be >= 0")
+        self._expected_tokens = int(expected_sequence_tokens)
+        self._spread_group = spread_group
+        self._client_kwargs = client_kwargs
+
+        self._lock = threading.RLock()
+        self._members = {}  # etcd key -> record
+        self._by_instance = {}  # instance id -> record
+        self._revision = 0
+        self._stale = False
+        self._changes = 0
+        self._reserved = {}  # instance id -> (the record's load.updated_unix_ms, bytes)
+        self._clients = {}  # instance id -> Client
+        self._infos = {}  # instance id -> GetServerInfoResponse
+        self._model = None  # the cluster's ModelInfo (the first server asked)
+        self._prefixes = {}
+        self._sequences = {}
+        self._stop = threading.Event()
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16,
+                                                           thread_name_prefix="mlaserve-cluster")
+
+        deadline = time.monotonic() + etcd_timeout_s
+        while True:
+            try:  # each try within what is left of the bound
+                self._etcd.timeout = max(0.1, deadline - time.monotonic())
+                self._read_all()
+                break
+            except OSError as error:
+                if time.monotonic() + 0.1 >= deadline:
+                    raise ClusterError(grpc.StatusCode.UNAVAILABLE, (
+                        f"etcd at {','.join(self._etcd.endpoints)} did not answer within "
+                        f"{etcd_timeout_s:g} s ({error}); cluster '{cluster}' unknown")) from None
+                time.sleep(0.1)
+            finally:
+                self._etcd.timeout = etcd_timeout_s
+        self._thread = threading.Thread(target=self._run, name="mlaserve-cluster-watch",
+                                        daemon=True)
+        self._thread.start()
+
+    # --- Lifetime ----------------------------------------------------------------------
+
+    def close(self):
+        """Stops the membership thread and closes every channel."""
+        self._stop.set()
+        self._etcd.close()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+        self._pool.shutdown(wait=True)
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            client.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # --- Membership --------------------------------------------------------------------
+
+    def members(self):
+        """The members' records (dicts, docs/cluster.md "The record"), by instance id."""
+        with self._lock:
+            return [json.loads(json.dumps(r)) for _, r in sorted(self._by_instance.items())]
+
+    @property
+    def stale(self):
+        """True while etcd does not answer and members() is the last membership seen."""
+        with self._lock:
+            return self._stale
+
+    @property
+    def changes(self):
+        """Membership changes seen (records written, removed, or everything re-read)."""
+        with self._lock:
+            return self._changes
+
+    def _parse(self, key, value):
+        try:
+            record = json.loads(value)
+            if not isinstance(record, dict) or not record.get("instance_id") or \
+                    not record.get("address"):
+                raise ValueError("no instance_id or address")
+            return record
+        except ValueError as error:
+            _log.warning("cluster '%s': ignoring the record under %s: %s", self.cluster, key,
+                         error)
+            return None
+
+    def _set_members(self, members):
+        """Under the lock: the key -> record map becomes `members`."""
+        self._members = members
+        self._by_instance = {r["instance_id"]: r for r in members.values()}
+        for instance in list(self._reserved):
+            if instance not in self._by_instance:
+                del self._reserved[instance]
+        self._changes += 1
+
+    def _read_all(self):
+        revision, kvs = self._etcd.range_prefix(self._prefix)
+        members = {}
+        for key, value in kvs:
+            record = self._parse(key, value)
+            if record is not None:
+                members[key] = record
+        with self._lock:
+            self._set_members(members)
+            self._revision = revision
+            if self._stale:
+                _log.info("cluster '%s': etcd at %s answers again; %d members", self.cluster,
+                          self._etcd.endpoints[self._etcd.current], len(members))
+            self._stale = False
+
+    def _apply(self, result):
+        with self._lock:
+            members = dict(self._members)
+            for event in result.get("events", []):
+                kv = event.get("kv", {})
+                key = base64.b64decode(kv.get("key", "")).decode(errors="replace")
+                if event.get("type") == "DELETE":
+                    members.pop(key, None)
+                else:
+                    record = self._parse(key, base64.b64decode(kv.get("value", "")))
+                    if record is not None:
+                        members[key] = record
+            self._set_members(members)
+            revision = int(result.get("header", {}).get("revision", 0))
+            self._revision = max(self._revision, revision)
+
+    def _run(self):
+        """Keeps the membership current: a full read, then a watch from its revision; the
+        stream breaking (or silent for a while) means a full read again. While etcd does not
+        answer, the last membership stays, marked stale."""
+        idle_timeout = 30.0
+        read = False  # the constructor has just read everything
+        while not self._stop.is_set():
+            try:
+                if read:
+                    self._read_all()
+                read = True
+            except OSError as error:
+                with self._lock:
+                    first = not self._stale
+                    self._stale = True
+                    count = len(self._by_instance)
+                if first:
+                    _log.warning("cluster '%s': etcd at %s unreachable (%s); keeping the last "
+                                 "membership (%d members) until it answers", self.cluster,
+                                 ",".join(self._etcd.endpoints), error, count)
+                self._stop.wait(0.5)
+                continue
+            with self._lock:
+                start = self._revision + 1
+            try:
+                for result in self._etcd.watch_prefix(self._prefix, start, idle_timeout):
+                    if self._stop.is_set():
+                        return
+                    if result.get("canceled") or result.get("compact_revision"):
+                        break  # compacted past our revision: read everything again
+                    if result.get("events"):
+                        self._apply(result)
+            except OSError as error:
+                _log.debug("cluster '%s': etcd watch ended: %s", self.cluster, error)
+
+    # --- Servers -----------------------------------------------------------------------
+
+    def _client(self, instance_id, address):
+        with self._lock:
+            client = self._clients.get(instance_id)
+            if client is None:
+                client = Client(address, **self._client_kwargs)
+                self._clients[instance_id] = client
+            return client
+
+    def _info(self, instance_id, address):
+        with self._lock:
+            info = self._infos.get(instance_id)
+        if info is None:
+            info = self._client(instance_id, address).server_info()
+            with self._lock:
+                self._infos[instance_id] = info
+                if self._model is None:
+                    self._model = info.model
+                    if self._spread_group is None:
+                        b_theta = next((t.b_theta for t in info.naive_thresholds if t.sq == 1),
+                                       0.0)
+                        self._spread_group = 2 * math.ceil(max(1.0, b_theta))
+        return info
+
+    def _cluster_model(self):
+        """The model the members serve (the first one's GetServerInfo): dims for the bytes."""
+        with self._lock:
+            if self._model is not None:
+                return self._model
+            members = sorted(self._by_instance.values(), key=lambda r: r["instance_id"])
+        error = None
+        for record in members:
+            try:
+                return self._info(record["instance_id"], record["address"]).model
+            except grpc.RpcError as e:
+                error = e
+        if error is not None:
+            raise error
+        raise ClusterError(grpc.StatusCode.UNAVAILABLE,
+                           f"cluster '{self.cluster}' has no member to ask for its model")
+
+    @property
+    def spread_group(self):
+        """The group size beyond which a prefix spreads to another server."""
+        if self._spread_group is None:
+            self._cluster_model()
+        return self._spread_group
+
+    def _sequence_bytes(self, model, tokens):
+        return tokens * model.layers * (model.dl + model.dr) * 2
+
+    def _prefix_bytes(self, model, tokens):
+        dv = model.dv or model.dn
+        return tokens * model.layers * ((model.dl + model.dr) * 2 +
+                                        model.heads * (model.dn + model.dr + dv) * 2)
+
+    def _candidates(self, prefix):
+        """Under the lock: every member serving the cluster's model, as placement sees it."""
+        candidates = []
+        for instance, record in sorted(self._by_instance.items()):
+            model = record.get("model", {})
+            if model.get("name") != self._model.name or model.get("layers") != self._model.layers:
+                continue
+            load = record.get("load", {})
+            updated, reserved = self._reserved.get(instance, (None, 0))
+            if updated != load.get("updated_unix_ms", 0):
+                reserved = 0
+            candidates.append(PlacementCandidate(
+                instance, int(record.get("kv_budget_bytes", 0)) - int(load.get("kv_used_bytes", 0))
+                - reserved, int(load.get("sequences", 0)),
+                prefix.holders.get(instance, -1) if prefix is not None else -1))
+        return candidates
+
+    def _reserve(self, instance_id, nbytes):
+        """Under the lock: nbytes more placed on the member since its record was written."""
+        record = self._by_instance.get(instance_id)
+        if record is None:
+            return
+        updated = record.get("load", {}).get("updated_unix_ms", 0)
+        previous, reserved = self._reserved.get(instance_id, (None, 0))
+        if previous != updated:
+            reserved = 0
+        self._reserved[instance_id] = (updated, max(0, reserved + nbytes))
+
+    def _address(self, instance_id):
+        with self._lock:
+            record = self._by_instance.get(instance_id)
+            return record["address"] if record is not None else None
+
+    def _left(self, part, sequence_id):
+        return ClusterError(grpc.StatusCode.UNAVAILABLE, (
+            f"server {part.address} (instance {part.instance_id}) left cluster "
+            f"'{self.cluster}'; sequence '{sequence_id}' was on it"))
+
+    def _gone(self, instance_id):
+        with self._lock:
+            return instance_id not in self._by_instance
+
+    def _call(self, part, sequence_id, function):
+        """function(client) against the part's server, failing at once when the server has
+        left the cluster (and when a call fails UNAVAILABLE because it has left since)."""
+        if self._gone(part.instance_id):
+            raise self._left(part, sequence_id)
+        try:
+            return function(self._client(part.instance_id, part.address))
+        except grpc.RpcError as error:
+            if error.code() == grpc.StatusCode.UNAVAILABLE and self._gone(part.instance_id):
+                raise self._left(part, sequence_id) from None
+            raise
+
+    # --- Prefixes ----------------------------------------------------------------------
+
+    def register_prefix(self, prefix_id, latent, kv_dtype=None):
+        """Registers latent [layers, tokens, dl + dr] as prefix_id on the member with the most
+        free bytes (that has room for it) and keeps the latent, to register it on more
+        servers when its sequences spread."""
+        latent = np.array(latent)
+        with self._lock:
+            known = self._prefixes.get(prefix_id)
+        if known is not None:
+            if known.kv_dtype == kv_dtype and known.latent.dtype == latent.dtype and \
+                    np.array_equal(known.latent, latent):
+                return
+            raise ClusterError(grpc.StatusCode.ALREADY_EXISTS,
+                               f"prefix '{prefix_id}' is registered with other rows")
+        model = self._cluster_model()
+        prefix = _Prefix(prefix_id, latent, kv_dtype)
+        nbytes = self._prefix_bytes(model, prefix.tokens)
+        with self._lock:
+            instance, _ = place_sequence(self._candidates(None), nbytes)
+            address = self._by_instance[instance]["address"]
+            self._reserve(instance, nbytes)
+        self._client(instance, address).register_prefix(prefix_id, latent, kv_dtype=kv_dtype)
+        with self._lock:
+            prefix.holders[instance] = 0
+            self._prefixes[prefix_id] = prefix
+
+    def release_prefix(self, prefix_id):
+        """Releases the prefix on every server this client registered it on (sequences on it
+        keep reading it there) and forgets its latent."""
+        with self._lock:
+            prefix = self._prefixes.pop(prefix_id, None)
+        if prefix is None:
+            return
+        for instance in list(prefix.holders):
+            address = self._address(instance)
+            if address is None:
+                continue  # that server left the cluster, and the prefix with it
+            try:
+                self._client(instance, address).release_prefix(prefix_id)
+            except grpc.RpcError as error:
+                if not (error.code() == grpc.StatusCode.UNAVAILABLE and self._gone(instance)):
+                    raise
+
+    def prefixes(self):
+        """{prefix id: {instance id: live sequences this client placed on it there}}."""
+        with self._lock:
+            return {p.prefix_id: dict(p.holders) for p in self._prefixes.values()}
+
+    # --- Sequences ---------------------------------------------------------------------
+
+    def _place_and_create(self, prefix, sequence_bytes, create, exclude=(), fallback=False):
+        """Chooses a server by the rule, reserves the room, registers the prefix there first
+        when the rule says so, and calls create(client) there; (instance id, address, what
+        create returned). A server that answers UNAVAILABLE (dead but still listed, or
+        draining) is passed over and the sequence placed again. With fallback, a placement
+        that finds no room outside `exclude` tries again among every member."""
+        model = self._cluster_model()
+        prefix_bytes = self._prefix_bytes(model, prefix.tokens) if prefix is not None else 0
+        unavailable = set()
+        last_error = None
+        while True:
+            with self._lock:
+                candidates = self._candidates(prefix)
+                try:
+                    try:
+                        instance, register = place_sequence(
+                            candidates, sequence_bytes, prefix_bytes, prefix is not None,
+                            self.spread_group, set(exclude) | unavailable)
+                    except ClusterError:
+                        if not fallback or not exclude:
+                            raise
+                        instance, register = place_sequence(
+                            candidates, sequence_bytes, prefix_bytes, prefix is not None,
+                            self.spread_group, unavailable)
+                except ClusterError:
+                    if last_error is not None:
+                        raise last_error from None
+                    raise
+                address = self._by_instance[instance]["address"]
+                reserved = sequence_bytes + (prefix_bytes if register else 0)
+                self._reserve(instance, reserved)
+                if prefix is not None and not register:
+                    prefix.holders[instance] += 1
+            client = self._client(instance, address)
+            try:
+                if register:
+                    client.register_prefix(prefix.prefix_id, prefix.latent,
+                                           kv_dtype=prefix.kv_dtype)
+                    with self._lock:
+                        prefix.holders[instance] = 1
+                return instance, address, create(client)
+            except grpc.RpcError as error:
+                with self._lock:
+                    self._reserve(instance, -reserved)
+                    if prefix is not None and prefix.holders.get(instance, 0) > 0:
+                        prefix.holders[instance] -= 1
+                if error.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                unavailable.add(instance)
+                last_error = error
+
+    def _part_bytes(self, model):
+        """The room a new sequence, or a new part of one, asks for: its expected tokens."""
+        return self._sequence_bytes(model, self._expected_tokens)
+
+    def create_sequence(self, sequence_id, prefix_id="", kv_dtype=None):
+        """Places a new sequence (on prefix_id, registered through this client) and creates it
+        there; returns the server's Sequence message. Later calls go to that server."""
+        with self._lock:
+            existing = self._sequences.get(sequence_id)
+            prefix = self._prefixes.get(prefix_id) if prefix_id else None
+        if prefix_id and prefix is None:
+            raise ClusterError(grpc.StatusCode.NOT_FOUND,
+                               f"prefix '{prefix_id}' was not registered through this client")
+        if existing is not None:
+            if existing.prefix is not prefix or existing.requested_kv_dtype != kv_dtype:
+                raise ClusterError(grpc.StatusCode.ALREADY_EXISTS,
+                                   f"sequence '{sequence_id}' exists with other arguments")
+            part = existing.parts[0]
+            return self._call(part, sequence_id, lambda c: c.create_sequence(
+                part.sub_id, prefix_id=prefix_id, kv_dtype=kv_dtype))
+        model = self._cluster_model()
+        sequence = _Sequence(sequence_id, prefix, kv_dtype, model.layers)
+
+        def create(client):
+            return client.create_sequence(sequence_id, prefix_id=prefix_id, kv_dtype=kv_dtype)
+
+        if prefix is not None:
+            with prefix.lock:  # one placement (and registration) at a time on a prefix
+                instance, address, created = self._place_and_create(
+                    prefix, self._part_bytes(model), create)
+        else:
+            instance, address, created = self._place_and_create(
+                None, self._part_bytes(model), create)
+        if kv_dtype is None:
+            sequence.kv_dtype = _KV_DTYPE_NAMES.get(created.kv_dtype)
+        end = sequence.prefix_tokens + self._context_part_tokens \
+            if self._context_part_tokens > 0 else None
+        sequence.parts.append(_Part(sequence_id, instance, address, 0, end))
+        with self._lock:
+            self._sequences[sequence_id] = sequence
+        return created
+
+    def _sequence(self, sequence_id):
+        with self._lock:
+            sequence = self._sequences.get(sequence_id)
+        if sequence is None:
+            raise ClusterError(grpc.StatusCode.NOT_FOUND,
+                               f"sequence '{sequence_id}' was not created through this client")
+        return sequence
+
+    def server_of(self, sequence_id):
+        """The address of the server holding the sequence (its first part)."""
+        return self._sequence(sequence_id).parts[0].address
+
+    def parts_of(self, sequence_id):
+        """The sequence's parts: [(part's sequence id, address, first position, end)] (end
+        None for a sequence that is not cut)."""
+        return [(p.sub_id, p.address, p.start, p.end)
+                for p in list(self._sequence(sequence_id).parts)]
+
+    def release_sequence(self, sequence_id):
+        """Releases every part of the sequence; parts on servers that left are forgotten."""
+        with self._lock:
+            sequence = self._sequences.pop(sequence_id, None)
+        if sequence is None:
+            return
+        for part in sequence.parts:
+            if self._gone(part.instance_id):
+                continue
+            try:
+                self._call(part, sequence_id, lambda c: c.release_sequence(part.sub_id))
+            except ClusterError:
+                pass  # left meanwhile: nothing to release
+        if sequence.prefix is not None:
+            with self._lock:
+                holders = sequence.prefix.holders
+                instance = sequence.parts[0].instance_id
+                if holders.get(instance, 0) > 0:
+                    holders[instance] -= 1
+
+    # --- Context-parallel parts --------------------------------------------------------
+
+    def _part_index(self, sequence, position):
+        c = self._context_part_tokens
+        if c <= 0 or position < sequence.prefix_tokens + c:
+            return 0
+        return (position - sequence.prefix_tokens) // c
+
+    def _part_range(self, sequence, index):
+        c, p = self._context_part_tokens, sequence.prefix_tokens
+        if c <= 0:
+            return 0, None
+        return (0 if index == 0 else p + index * c), p + (index + 1) * c
+
+    def _open_parts(self, sequence, last):
+        """Opens parts up to `last`: each a sequence without prefix, on a server none of the
+        earlier parts is on when one has room (else on any with room)."""
+        with sequence.lock:
+            while len(sequence.parts) <= last:
+                index = len(sequence.parts)
+                start, end = self._part_range(sequence, index)
+                sub_id = f"{sequence.sequence_id}@p{index}"
+                instance, address, _ = self._place_and_create(
+                    None, self._part_bytes(self._cluster_model()),
+                    lambda c: c.create_sequence(sub_id, kv_dtype=sequence.kv_dtype),
+                    exclude={p.instance_id for p in sequence.parts}, fallback=True)
+                sequence.parts.append(_Part(sub_id, instance, address, start, end))
+
+    def append_kv(self, sequence_id, layer, start_position, rows, dtype=None):
+        """Appends rows [n, dl + dr] at start_position of one layer (positions count the
+        prefix's tokens), cut at part boundaries for a context-parallel sequence."""
+        sequence = self._sequence(sequence_id)
+        rows = np.asarray(rows)
+        n = len(rows) if rows.ndim >= 1 else 0
+        pieces = []
+        if self._context_part_tokens <= 0 or rows.ndim != 2 or n == 0:
+            pieces.append((0, 0, n))
+        else:
+            first = self._part_index(sequence, start_position)
+            last = self._part_index(sequence, start_position + n - 1)
+            self._open_parts(sequence, last)
+            for index in range(first, last + 1):
+                a, b = self._part_range(sequence, index)
+                lo, hi = max(a, start_position), min(b, start_position + n)
+                pieces.append((index, lo - start_position, hi - start_position))
+        chunks = total_rows = 0
+        response = None
+        for index, lo, hi in pieces:
+            part = sequence.parts[index]
+            local = start_position + lo - part.start
+            piece = rows if (lo, hi) == (0, n) else rows[lo:hi]
+            response = self._call(part, sequence_id, lambda c: c.append_kv(
+                part.sub_id, layer, local, piece, dtype=dtype))
+            chunks += response.chunks
+            total_rows += response.rows
+        if n > 0 and 0 <= layer < len(sequence.lengths):
+            with self._lock:
+                sequence.lengths[layer] = max(sequence.lengths[layer], start_position + n)
+        if len(pieces) == 1:
+            return response
+        return kv_cache_pb2.AppendKvResponse(chunks=chunks, rows=total_rows)
+
+    # --- Decode ------------------------------------------------------------------------
+
+    def decode(self, queries, output_dtype="bf16", softmax_scale=None, timeout=None):
+        """Decode of head_query/latent_query queries on sequences of this client -> a list of
+        DecodeResult in query order: one Decode call per server (in parallel); a query over
+        several context-parallel parts is answered by sub-queries merged by LSE."""
+        out_wire = wire_dtype(output_dtype)
+        groups = collections.OrderedDict()  # (instance, wire dtype) -> [(part, slot, query)]
+        merges = []  # (query index, sequence, sq, heads, [(part index, s0, s1, slot)])
+        slots = []  # results, filled per sub-call
+        answers = [None] * len(queries)
+
+        def add(part, sequence_id, dtype, query):
+            slots.append(None)
+            groups.setdefault((part.instance_id, dtype), []).append(
+                (part, sequence_id, len(slots) - 1, query))
+            return len(slots) - 1
+
+        direct = []  # (query index, slot, sequence, layer, append end)
+        for i, query in enumerate(queries):
+            sequence = self._sequence(query.sequence_id)
+            appended = query.HasField("append_position")
+            append_end = (query.append_position + query.append_rows.shape[0]) if appended else 0
+            if len(sequence.parts) == 1 and (
+                    self._context_part_tokens <= 0 or not appended or
+                    self._part_index(sequence, max(append_end - 1, 0)) == 0):
+                slot = add(sequence.parts[0], query.sequence_id, out_wire, query)
+                direct.append((i, slot, sequence, query.layer, append_end))
+                continue
+            merges.append(self._split(i, sequence, query, add))
+
+        # A call names each (sequence, layer) at most once (the server refuses a repeat), and
+        # a part answers several sub-queries of one query (the tokens inside it, and each
+        # token past it): those go in consecutive calls to the server, run in parallel.
+        calls = []  # (instance, wire dtype, [(part, sequence id, slot, query)])
+        for (instance, dtype), items in groups.items():
+            limit = self._max_batch(items[0][0])
+            rounds = []
+            for item in items:
+                key = (item[3].sequence_id, item[3].layer)
+                for keys, batch in rounds:
+                    if key not in keys and len(batch) < limit:
+                        break
+                else:
+                    keys, batch = set(), []
+                    rounds.append((keys, batch))
+                keys.add(key)
+                batch.append(item)
+            calls += [(instance, dtype, batch) for _, batch in rounds]
+
+        def run(dtype, items):
+            part = items[0][0]
+            results = self._call(part, items[0][1], lambda c: c.decode(
+                [q for _, _, _, q in items], output_dtype=dtype, timeout=timeout,
+                softmax_scale=softmax_scale))
+            for (_, _, slot, _), result in zip(items, results):
+                slots[slot] = result
+
+        if len(calls) == 1:
+            run(calls[0][1], calls[0][2])
+        else:
+            futures = [self._pool.submit(run, dtype, items) for _, dtype, items in calls]
+            errors = []
+            for future in futures:
+                try:
+                    future.result()
+                except Exception as error:
+                    errors.append(error)
+            if errors:  # the first failing call's, in query order
+                raise errors[0]
+
+        for i, slot, sequence, layer, append_end in direct:
+            answers[i] = slots[slot]
+            if append_end and 0 <= layer < len(sequence.lengths):
+                with self._lock:
+                    sequence.lengths[layer] = max(sequence.lengths[layer], append_end)
+        for i, sq, heads, pieces in merges:
+            answers[i] = self._merge(sq, heads, pieces, slots, out_wire)
+        return answers
+
+    def _max_batch(self, part):
+        try:
+            return max(1, self._info(part.instance_id, part.address).limits.max_batch)
+        except grpc.RpcError:
+            return 256
+
+    def _split(self, i, sequence, query, add):
+        """A query on a context-parallel sequence as sub-queries on its parts (its append done
+        first through append_kv). Returns (query index, sq, heads, [(part, s0, s1, slot)])."""
+        if query.HasField("append_position"):
+            rows = query.append_rows
+            self.append_kv(sequence.sequence_id, query.layer, query.append_position,
+                           _rows_of(rows), dtype=_dtype_name(rows.dtype))
+            stripped = decode_pb2.DecodeQuery()
+            stripped.CopyFrom(query)
+            stripped.ClearField("append_rows")
+            stripped.ClearField("append_position")
+            query = stripped
+        if not 0 <= query.layer < len(sequence.lengths):
+            raise ClusterError(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"layer {query.layer} out of range [0, {len(sequence.lengths)})")
+        sq = query.sq
+        length = sequence.lengths[query.layer]
+        q_tensor = query.latent if query.HasField("latent") else query.head.q_nope
+        heads = q_tensor.shape[1]
+        positions = [length - sq + s for s in range(sq)]  # the tokens' own positions
+        pieces = []
+        for index, part in enumerate(list(sequence.parts)):
+            a = part.start
+            if a >= length:
+                break  # this layer has nothing there yet
+            b = length if part.end is None else min(part.end, length)
+            inside = [s for s, t in enumerate(positions) if a <= t < b]
+            if inside:
+                s0, s1 = inside[0], inside[-1] + 1
+                pieces.append((index, s0, s1, add(part, sequence.sequence_id, FP32,
+                                                  _sub_query(query, part.sub_id, s0, s1))))
+            for s, t in enumerate(positions):
+                if t >= b:
+                    pieces.append((index, s, s + 1, add(part, sequence.sequence_id, FP32,
+                                                        _sub_query(query, part.sub_id, s, s + 1))))
+        return i, sq, heads, pieces
+
+    def _merge(self, sq, heads, pieces, slots, out_wire):
+        parts = 1 + max(p for p, _, _, _ in pieces)
+        first = slots[pieces[0][3]]
+        width = first.out.shape[-1]
+        lse = np.full((parts, sq, heads), -np.inf)
+        out = np.zeros((parts, sq, heads, width))
+        plan = None
+        for index, s0, s1, slot in pieces:
+            result = slots[slot]
+            lse[index, s0:s1] = result.lse
+            out[index, s0:s1] = result.out
+            if index == 0 and plan is None:
+                plan = result.plan
+        peak = lse.max(axis=0)
+        seen = np.isfinite(peak)  # rows that saw a key in some part
+        safe_peak = np.where(seen, peak, 0.0)
+        weights = np.where(np.isfinite(lse), np.exp(lse - safe_peak), 0.0)
+        total = np.where(seen, weights.sum(axis=0), 1.0)
+        merged = (weights[..., None] * out).sum(axis=0) / total[..., None]
+        merged[~seen] = 0.0
+        merged_lse = np.where(seen, safe_peak + np.log(total), -np.inf)
+        return DecodeResult(_cast(merged, out_wire), merged_lse.astype(np.float32), plan)
+
+
+def _dtype_name(dtype):
+    return {BF16: "bf16", FP16: "fp16", FP32: "fp32"}.get(dtype)
+
+
+def _rows_of(tensor):
+    """A wire Tensor's values as numpy, bf16 kept as bit patterns (uint16) so they travel
+    unchanged."""
+    shape = tuple(tensor.shape)
+    if tensor.dtype == BF16:
+        return np.frombuffer(tensor.data, dtype="<u2").reshape(shape)
+    if tensor.dtype == FP16:
+        return np.frombuffer(tensor.data, dtype="<f2").reshape(shape)
+    return np.frombuffer(tensor.data, dtype="<f4").reshape(shape)
+
+
+def _slice_tokens(tensor, s0, s1):
+    """Tokens [s0, s1) of a [sq, heads, d] wire tensor, its bytes unchanged."""
+    stride = len(tensor.data) // max(1, tensor.shape[0])
+    return tensor_pb2.Tensor(dtype=tensor.dtype, shape=[s1 - s0] + list(tensor.shape[1:]),
+                             data=tensor.data[s0 * stride:s1 * stride])
+
+
+def _sub_query(query, sub_id, s0, s1):
+    sub = decode_pb2.DecodeQuery(sequence_id=sub_id, layer=query.layer, sq=s1 - s0)
+    if query.HasField("latent"):
+        sub.latent.CopyFrom(_slice_tokens(query.latent, s0, s1))
+    else:
+        sub.head.q_nope.CopyFrom(_slice_tokens(query.head.q_nope, s0, s1))
+        sub.head.q_pe.CopyFrom(_slice_tokens(query.head.q_pe, s0, s1))
+        sub.head.first_head = query.head.first_head
+    return sub
+
+
+def _cast(values, out_wire):
+    """float64 outputs as the float32 array a Decode in out_wire gives: to float32, then bf16
+    or fp16 rounded to nearest even (as the C++ client's merge does)."""
+    narrow = values.astype(np.float32)
+    if out_wire == FP32:
+        return narrow
+    if out_wire == FP16:
+        return narrow.astype(np.float16).astype(np.float32)
+    return bf16_bits_to_float(float_to_bf16_bits(narrow))
