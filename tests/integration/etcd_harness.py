@@ -74,15 +74,22 @@ class Etcd:
     def endpoint(self):
         return f"127.0.0.1:{self.client_port}"
 
+    def _post(self, path, body):
+        request = urllib.request.Request(
+            f"{'https' if self.pki else 'http'}://{self.endpoint()}{path}",
+            data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5, context=self.context) as answer:
+            return json.load(answer)
+
+    def put(self, key, value):
+        """Writes `value` (text) under `key`, without a lease."""
+        encode = lambda text: base64.b64encode(text.encode()).decode()
+        self._post("/v3/kv/put", {"key": encode(key), "value": encode(value)})
+
     def members(self):
         """{key: record} of the keys under the prefix, through etcd's JSON gateway (v3 API)."""
         encode = lambda text: base64.b64encode(text.encode()).decode()
         end = self.prefix[:-1] + chr(ord(self.prefix[-1]) + 1)
-        request = urllib.request.Request(
-            f"{'https' if self.pki else 'http'}://{self.endpoint()}/v3/kv/range",
-            data=json.dumps({"key": encode(self.prefix), "range_end": encode(end)}).encode(),
-            headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=5, context=self.context) as answer:
-            body = json.load(answer)
+        body = self._post("/v3/kv/range", {"key": encode(self.prefix), "range_end": encode(end)})
         return {base64.b64decode(kv["key"]).decode(): json.loads(base64.b64decode(kv["value"]))
                 for kv in body.get("kvs", [])}
