@@ -5,6 +5,7 @@
 #include <future>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "client/tensor_helpers.h"
 #include "cluster/placement.h"
@@ -497,23 +498,30 @@ absl::StatusOr<v1::DecodeResponse> ClusterClient::DecodeRaw(const v1::DecodeRequ
     int query = 0;
     int part_query = -1;  // index into split[query], -1: the whole query
   };
+  // A call names each (sequence, layer) once (the server's rule), so the sub-queries one
+  // part gets for several tokens of a query go out as calls of their own, in parallel.
   struct ServerCall {
     Route route;
     std::vector<v1::DecodeQuery> queries;
     std::vector<Slot> slots;
+    absl::flat_hash_set<std::pair<std::string, int>> named;
     bool fp32 = false;
   };
-  absl::flat_hash_map<std::string, ServerCall> calls;
-  std::vector<std::string> order;  // servers in first-use order
+  std::vector<ServerCall> calls;
+  absl::flat_hash_map<std::string, std::vector<size_t>> calls_of;  // by instance id
   const int n = request.queries_size();
   std::vector<std::vector<PartQuery>> split(n);
-  auto call_for = [&](const Route& route) -> ServerCall& {
-    auto [it, added] = calls.try_emplace(route.instance_id);
-    if (added) {
-      it->second.route = route;
-      order.push_back(route.instance_id);
+  auto call_for = [&](const Route& route, const v1::DecodeQuery& query) -> ServerCall& {
+    std::vector<size_t>& indices = calls_of[route.instance_id];
+    const std::pair<std::string, int> name(query.sequence_id(), query.layer());
+    for (size_t index : indices) {
+      if (calls[index].named.insert(name).second) return calls[index];
     }
-    return it->second;
+    indices.push_back(calls.size());
+    ServerCall& call = calls.emplace_back();
+    call.route = route;
+    call.named.insert(name);
+    return call;
   };
   for (int i = 0; i < n; ++i) {
     const v1::DecodeQuery& query = request.queries(i);
@@ -528,7 +536,7 @@ absl::StatusOr<v1::DecodeResponse> ClusterClient::DecodeRaw(const v1::DecodeRequ
     if (one_part) {
       const Part& part = state.parts[0];
       ASSIGN_OR_RETURN(Route route, RouteTo(part.instance_id, part.address, query.sequence_id()));
-      ServerCall& call = call_for(route);
+      ServerCall& call = call_for(route, query);
       call.queries.push_back(query);
       call.slots.push_back({i, -1});
       if (has_append && options_.context_part_tokens > 0) {
@@ -566,7 +574,7 @@ absl::StatusOr<v1::DecodeResponse> ClusterClient::DecodeRaw(const v1::DecodeRequ
     for (size_t s = 0; s < split[i].size(); ++s) {
       const Part& part = state.parts[split[i][s].part];
       ASSIGN_OR_RETURN(Route route, RouteTo(part.instance_id, part.address, query.sequence_id()));
-      ServerCall& call = call_for(route);
+      ServerCall& call = call_for(route, split[i][s].query);
       call.queries.push_back(split[i][s].query);
       call.slots.push_back({i, static_cast<int>(s)});
       call.fp32 = true;
@@ -591,22 +599,21 @@ absl::StatusOr<v1::DecodeResponse> ClusterClient::DecodeRaw(const v1::DecodeRequ
     }
     return results;
   };
-  std::vector<absl::StatusOr<std::vector<v1::DecodeResult>>> answers(order.size());
+  std::vector<absl::StatusOr<std::vector<v1::DecodeResult>>> answers(calls.size());
   std::vector<std::future<void>> running;
-  for (size_t s = 1; s < order.size(); ++s) {
-    running.push_back(
-        std::async(std::launch::async, [&, s] { answers[s] = run(calls.at(order[s])); }));
+  for (size_t c = 1; c < calls.size(); ++c) {
+    running.push_back(std::async(std::launch::async, [&, c] { answers[c] = run(calls[c]); }));
   }
-  if (!order.empty()) answers[0] = run(calls.at(order[0]));
+  if (!calls.empty()) answers[0] = run(calls[0]);
   for (std::future<void>& done : running) done.get();
 
   v1::DecodeResponse response;
   for (int i = 0; i < n; ++i) response.add_results();
   std::vector<std::vector<v1::DecodeResult>> part_answers(n);
   for (int i = 0; i < n; ++i) part_answers[i].resize(split[i].size());
-  for (size_t s = 0; s < order.size(); ++s) {
+  for (size_t s = 0; s < calls.size(); ++s) {
     if (!answers[s].ok()) return answers[s].status();
-    ServerCall& call = calls.at(order[s]);
+    ServerCall& call = calls[s];
     for (size_t q = 0; q < call.slots.size(); ++q) {
       v1::DecodeResult& result = (*answers[s])[q];
       const Slot& slot = call.slots[q];

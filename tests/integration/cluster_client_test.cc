@@ -1,0 +1,342 @@
+// The C++ cluster client against a real etcd (Debian's, on loopback) and three real servers
+// in this process, each registered as the server binary registers itself: placement,
+// routing, context-parallel decode against the fp64 golden, a server that leaves, etcd that
+// stops and comes back (docs/cluster.md).
+
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/cluster/cluster_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/cluster/cluster_membership.h"
+#include "server/cluster/member_description.h"
+#include "server/engine/model/model_weights.h"
+#include "tests/integration/integration_server.h"
+#include "tests/testing/etcd_process.h"
+
+namespace mlaserve::integration {
+namespace {
+
+constexpr char kCluster[] = "cluster-client-test";
+
+// A server and its membership, as mlaserve-server runs them with --etcd_endpoints.
+struct Member {
+  std::unique_ptr<IntegrationServer> server;
+  std::unique_ptr<cluster::ClusterMembership> membership;
+};
+
+class ClusterClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (int i = 0; i < 3; ++i) {
+      Member member;
+      member.server = std::make_unique<IntegrationServer>(SmallEngineOptions(TinyModel()));
+      cluster::MembershipOptions options;
+      options.cluster = kCluster;
+      options.lease_ttl = absl::Seconds(3);
+      options.refresh_interval = absl::Milliseconds(500);
+      absl::StatusOr<std::unique_ptr<cluster::ClusterMembership>> joined =
+          cluster::ClusterMembership::Start(
+              etcd_.Client(), options,
+              cluster::DescribeServer(member.server->server(), member.server->target(), "test"));
+      ASSERT_TRUE(joined.ok()) << joined.status();
+      member.membership = *std::move(joined);
+      members_.push_back(std::move(member));
+    }
+  }
+
+  std::unique_ptr<client::ClusterClient> Connect(int64_t context_part_tokens = 0) {
+    client::ClusterOptions options;
+    options.etcd_endpoints = {etcd_.endpoint()};
+    options.cluster = kCluster;
+    options.expected_sequence_tokens = 256;
+    options.spread_group = 2;
+    options.context_part_tokens = context_part_tokens;
+    absl::StatusOr<std::unique_ptr<client::ClusterClient>> client =
+        client::ClusterClient::Connect(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    if (!client.ok()) return nullptr;
+    // Every member seen before the test places anything.
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while ((*client)->membership().Members().size() < members_.size() && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    EXPECT_EQ((*client)->membership().Members().size(), members_.size());
+    return *std::move(client);
+  }
+
+  // The member serving `address`.
+  Member& At(const std::string& address) {
+    for (Member& member : members_) {
+      if (member.server->target() == address) return member;
+    }
+    ADD_FAILURE() << "no member at " << address;
+    return members_.front();
+  }
+
+  // Whether `address` holds sequence `id`, as its own admin listing says.
+  bool Holds(const std::string& address, const std::string& id) {
+    absl::StatusOr<v1::ListSequencesResponse> listed =
+        At(address).server->client().ListSequences(100);
+    if (!listed.ok()) return false;
+    for (const v1::SequenceSummary& sequence : listed->sequences()) {
+      if (sequence.sequence().sequence_id() == id) return true;
+    }
+    return false;
+  }
+
+  testing::EtcdProcess etcd_{MLASERVE_ETCD_BINARY};
+  std::vector<Member> members_;
+  Rng rng_{std::random_device{}()};
+};
+
+std::vector<Bf16> LayerRows(const std::vector<Bf16>& latent, int layer, int tokens, int width) {
+  return {latent.begin() + static_cast<ptrdiff_t>(layer) * tokens * width,
+          latent.begin() + static_cast<ptrdiff_t>(layer + 1) * tokens * width};
+}
+
+TEST_F(ClusterClientTest, APrefixsSequencesGoWhereItIsUntilTheSpreadGroupThenItIsRegisteredOnMore) {
+  std::unique_ptr<client::ClusterClient> cluster = Connect();
+  ASSERT_NE(cluster, nullptr);
+  // Without a prefix, on empty servers: by room, and this client's own placements count
+  // against it (the records lag), so a burst spreads.
+  std::set<std::string> used;
+  for (int i = 0; i < 3; ++i) {
+    const std::string id = absl::StrCat("free", i);
+    ASSERT_TRUE(cluster->CreateSequence(id).ok());
+    used.insert(cluster->ServersOf(id)->front());
+  }
+  EXPECT_EQ(used.size(), 3u);
+
+  const engine::ModelConfig model = TinyModel();
+  const int width = model.dk_latent();
+  const std::vector<Bf16> latent =
+      RandomBf16(static_cast<size_t>(model.layers) * 40 * width, 1.0, rng_);
+  ASSERT_TRUE(cluster->RegisterPrefix("system", "", Tensor3(latent, model.layers, 40, width)).ok());
+  const std::vector<std::string> first = cluster->PrefixServers("system");
+  ASSERT_EQ(first.size(), 1u);
+
+  // spread_group 2: two sequences on the prefix's server, then the prefix goes to a second.
+  for (int i = 0; i < 2; ++i) {
+    const std::string id = absl::StrCat("s", i);
+    ASSERT_TRUE(cluster->CreateSequence(id, "system").ok());
+    EXPECT_THAT(*cluster->ServersOf(id), ::testing::ElementsAre(first[0]));
+    EXPECT_TRUE(Holds(first[0], id));
+  }
+  ASSERT_TRUE(cluster->CreateSequence("s2", "system").ok());
+  const std::string second = cluster->ServersOf("s2")->front();
+  EXPECT_NE(second, first[0]);
+  EXPECT_TRUE(Holds(second, "s2"));
+  EXPECT_THAT(cluster->PrefixServers("system"), ::testing::UnorderedElementsAre(first[0], second));
+  absl::StatusOr<v1::ListPrefixesResponse> prefixes = At(second).server->client().ListPrefixes(10);
+  ASSERT_TRUE(prefixes.ok());
+  ASSERT_EQ(prefixes->prefixes_size(), 1);
+  EXPECT_EQ(prefixes->prefixes(0).prefix_id(), "system");
+  // The next goes to the new server's group, which is the smaller.
+  ASSERT_TRUE(cluster->CreateSequence("s3", "system").ok());
+  EXPECT_EQ(cluster->ServersOf("s3")->front(), second);
+
+  EXPECT_TRUE(absl::IsAlreadyExists(cluster->CreateSequence("s0", "system").status()));
+  EXPECT_TRUE(absl::IsNotFound(cluster->CreateSequence("x", "no-such-prefix").status()));
+}
+
+TEST_F(ClusterClientTest, ADecodeOverSeveralServersFansOutAndEachAnswerIsTheServersOwn) {
+  std::unique_ptr<client::ClusterClient> cluster = Connect();
+  ASSERT_NE(cluster, nullptr);
+  const engine::ModelConfig model = TinyModel();
+  const int width = model.dk_latent();
+  const int layer = 1;
+  std::vector<v1::DecodeQuery> queries;
+  std::vector<GoldenOutput> goldens;
+  for (int i = 0; i < 4; ++i) {
+    const std::string id = absl::StrCat("q", i);
+    ASSERT_TRUE(cluster->CreateSequence(id).ok());
+    const int tokens = 20 + 7 * i;
+    const std::vector<Bf16> rows = RandomBf16(static_cast<size_t>(tokens) * width, 1.0, rng_);
+    ASSERT_TRUE(cluster->AppendKv(id, layer, 0, Tensor2(rows, tokens, width)).ok());
+    const std::vector<Bf16> q = RandomBf16(static_cast<size_t>(model.heads) * width, 1.0, rng_);
+    queries.push_back(client::LatentQuery(id, layer, 1, Tensor3(q, 1, model.heads, width)));
+    goldens.push_back(GoldenLatent(model, rows, q, 1));
+  }
+  absl::StatusOr<v1::DecodeResponse> through_cluster = cluster->DecodeRaw([&] {
+    v1::DecodeRequest request;
+    for (const v1::DecodeQuery& q : queries) *request.add_queries() = q;
+    return request;
+  }());
+  ASSERT_TRUE(through_cluster.ok()) << through_cluster.status();
+  ASSERT_EQ(through_cluster->results_size(), 4);
+  for (int i = 0; i < 4; ++i) {
+    SCOPED_TRACE(absl::StrCat("query ", i));
+    // The same query sent to its server directly: the cluster client adds nothing.
+    v1::DecodeRequest direct;
+    *direct.add_queries() = queries[i];
+    absl::StatusOr<v1::DecodeResponse> answer =
+        At(cluster->ServersOf(queries[i].sequence_id())->front())
+            .server->client()
+            .DecodeRaw(direct);
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    EXPECT_EQ(answer->results(0).out().data(), through_cluster->results(i).out().data());
+    EXPECT_EQ(answer->results(0).lse().data(), through_cluster->results(i).lse().data());
+    absl::StatusOr<std::vector<client::DecodeOutput>> outputs =
+        client::ToDecodeOutputs(*through_cluster);
+    ASSERT_TRUE(outputs.ok());
+    EXPECT_TRUE(testing::AllClose((*outputs)[i].out, goldens[i].out, kLatentOutTolerance, true));
+    EXPECT_TRUE(testing::AllClose((*outputs)[i].lse, goldens[i].lse, kLatentLseTolerance, false));
+  }
+}
+
+// A sequence on a 24-token prefix, split every 32 positions, grows over three servers; latent
+// and head-space decodes (one and two tokens, with the new rows appended by the decode) equal
+// the golden over the whole sequence.
+TEST_F(ClusterClientTest, AContextParallelSequenceOverThreeServersDecodesAsOneSequence) {
+  constexpr int kPrefix = 24, kPart = 32;
+  std::unique_ptr<client::ClusterClient> cluster = Connect(kPart);
+  ASSERT_NE(cluster, nullptr);
+  const engine::ModelConfig model = TinyModel();
+  const int width = model.dk_latent();
+  absl::StatusOr<engine::ModelWeights> weights =
+      engine::ModelWeights::FromSeed(model, kWeightsSeed);
+  ASSERT_TRUE(weights.ok());
+  const std::vector<Bf16> prefix =
+      RandomBf16(static_cast<size_t>(model.layers) * kPrefix * width, 1.0, rng_);
+  ASSERT_TRUE(cluster->RegisterPrefix("p", "", Tensor3(prefix, model.layers, kPrefix, width)).ok());
+  ASSERT_TRUE(cluster->CreateSequence("long", "p").ok());
+  // Both layers, 70 positions after the prefix in uneven chunks: parts [0,56) [56,88) [88,..).
+  std::vector<std::vector<Bf16>> rows(model.layers);
+  for (int layer = 0; layer < model.layers; ++layer) {
+    rows[layer] = LayerRows(prefix, layer, kPrefix, width);
+    int position = kPrefix;
+    for (int chunk : {5, 40, 25}) {
+      const std::vector<Bf16> appended = RandomBf16(static_cast<size_t>(chunk) * width, 1.0, rng_);
+      ASSERT_TRUE(cluster->AppendKv("long", layer, position, Tensor2(appended, chunk, width)).ok());
+      rows[layer].insert(rows[layer].end(), appended.begin(), appended.end());
+      position += chunk;
+    }
+  }
+  const std::vector<std::string> servers = *cluster->ServersOf("long");
+  ASSERT_EQ(servers.size(), 3u);
+  EXPECT_EQ(std::set<std::string>(servers.begin(), servers.end()).size(), 3u);
+  EXPECT_TRUE(Holds(servers[1], "long@p1"));
+  EXPECT_TRUE(Holds(servers[2], "long@p2"));
+
+  for (int sq : {1, 2}) {
+    for (bool head : {false, true}) {
+      SCOPED_TRACE(absl::StrCat("sq ", sq, head ? " head space" : " latent"));
+      const int layer = head ? 0 : 1;
+      // The decode appends the sq new tokens' rows first (they land in the last part).
+      const std::vector<Bf16> fresh = RandomBf16(static_cast<size_t>(sq) * width, 1.0, rng_);
+      const int64_t position = static_cast<int64_t>(rows[layer].size() / width);
+      rows[layer].insert(rows[layer].end(), fresh.begin(), fresh.end());
+      const size_t token_heads = static_cast<size_t>(sq) * model.heads;
+      v1::DecodeQuery query;
+      GoldenOutput golden;
+      if (head) {
+        const std::vector<Bf16> q_nope = RandomBf16(token_heads * model.dn, 1.0, rng_);
+        const std::vector<Bf16> q_pe = RandomBf16(token_heads * model.dr, 1.0, rng_);
+        query =
+            client::HeadSpaceQuery("long", layer, sq, Tensor3(q_nope, sq, model.heads, model.dn),
+                                   Tensor3(q_pe, sq, model.heads, model.dr));
+        golden = GoldenHeadSpace(model, weights->Layer(layer), rows[layer], q_nope, q_pe, sq);
+      } else {
+        const std::vector<Bf16> q = RandomBf16(token_heads * width, 1.0, rng_);
+        query = client::LatentQuery("long", layer, sq, Tensor3(q, sq, model.heads, width));
+        golden = GoldenLatent(model, rows[layer], q, sq);
+      }
+      client::AppendBeforeDecode(query, Tensor2(fresh, sq, width), position);
+      absl::StatusOr<std::vector<client::DecodeOutput>> answer =
+          cluster->Decode({query}, v1::DTYPE_FP32);
+      ASSERT_TRUE(answer.ok()) << answer.status();
+      EXPECT_TRUE(testing::AllClose((*answer)[0].out, golden.out,
+                                    head ? kHeadSpaceOutTolerance : kLatentOutTolerance, true));
+      EXPECT_TRUE(testing::AllClose((*answer)[0].lse, golden.lse,
+                                    head ? kHeadSpaceLseTolerance : kLatentLseTolerance, false));
+    }
+  }
+  ASSERT_TRUE(cluster->ReleaseSequence("long").ok());
+  EXPECT_FALSE(Holds(servers[1], "long@p1"));
+  EXPECT_FALSE(Holds(servers[2], "long@p2"));
+}
+
+TEST_F(ClusterClientTest, ASequenceOnAServerThatLeftFailsAtOnceNamingItAndOthersAnswer) {
+  std::unique_ptr<client::ClusterClient> cluster = Connect();
+  ASSERT_NE(cluster, nullptr);
+  const engine::ModelConfig model = TinyModel();
+  const int width = model.dk_latent();
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    ids.push_back(absl::StrCat("f", i));
+    ASSERT_TRUE(cluster->CreateSequence(ids.back()).ok());
+    const std::vector<Bf16> rows = RandomBf16(8 * static_cast<size_t>(width), 1.0, rng_);
+    ASSERT_TRUE(cluster->AppendKv(ids.back(), 0, 0, Tensor2(rows, 8, width)).ok());
+  }
+  const std::string lost_address = cluster->ServersOf("f0")->front();
+  Member& lost = At(lost_address);
+  const int64_t seen = cluster->membership().changes();
+  lost.membership->Leave();  // its key goes, as when a lease runs out
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (cluster->membership().Members().size() == members_.size() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_GT(cluster->membership().changes(), seen);
+  const std::vector<Bf16> q = RandomBf16(static_cast<size_t>(model.heads) * width, 1.0, rng_);
+  for (const std::string& id : ids) {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::vector<client::DecodeOutput>> answer =
+        cluster->Decode({client::LatentQuery(id, 0, 1, Tensor3(q, 1, model.heads, width))});
+    if (cluster->ServersOf(id)->front() == lost_address) {
+      EXPECT_TRUE(absl::IsUnavailable(answer.status())) << answer.status();
+      EXPECT_THAT(answer.status().message(), ::testing::HasSubstr(lost_address));
+      EXPECT_THAT(answer.status().message(), ::testing::HasSubstr("has left cluster"));
+      EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
+    } else {
+      EXPECT_TRUE(answer.ok()) << id << ": " << answer.status();
+    }
+  }
+  // New sequences avoid it; releasing the lost one just forgets it.
+  for (int i = 0; i < 4; ++i) {
+    const std::string id = absl::StrCat("after", i);
+    ASSERT_TRUE(cluster->CreateSequence(id).ok());
+    EXPECT_NE(cluster->ServersOf(id)->front(), lost_address);
+  }
+  EXPECT_TRUE(cluster->ReleaseSequence("f0").ok());
+  EXPECT_TRUE(absl::IsNotFound(cluster->ServersOf("f0").status()));
+}
+
+TEST_F(ClusterClientTest, WithEtcdDownSequencesAnswerAndPlacementUsesTheLastMembership) {
+  std::unique_ptr<client::ClusterClient> cluster = Connect();
+  ASSERT_NE(cluster, nullptr);
+  const engine::ModelConfig model = TinyModel();
+  const int width = model.dk_latent();
+  ASSERT_TRUE(cluster->CreateSequence("before").ok());
+  const std::vector<Bf16> rows = RandomBf16(4 * static_cast<size_t>(width), 1.0, rng_);
+  ASSERT_TRUE(cluster->AppendKv("before", 0, 0, Tensor2(rows, 4, width)).ok());
+
+  etcd_.Stop();
+  absl::Time deadline = absl::Now() + absl::Seconds(15);
+  while (!cluster->membership().stale() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(cluster->membership().stale());
+  EXPECT_EQ(cluster->membership().Members().size(), members_.size());
+  const std::vector<Bf16> q = RandomBf16(static_cast<size_t>(model.heads) * width, 1.0, rng_);
+  EXPECT_TRUE(
+      cluster->Decode({client::LatentQuery("before", 0, 1, Tensor3(q, 1, model.heads, width))})
+          .ok());
+  EXPECT_TRUE(cluster->CreateSequence("during").ok());
+
+  etcd_.Start();
+  deadline = absl::Now() + absl::Seconds(20);
+  while (cluster->membership().stale() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_FALSE(cluster->membership().stale());
+}
+
+}  // namespace
+}  // namespace mlaserve::integration
