@@ -35,7 +35,7 @@ struct PlacementRequest {
   bool has_prefix = false;
   // A prefix's group on one server beyond which its new sequences go to another server (the
   // prefix registered there too), as long as one has room; 0: never spread while a holder
-  // has room. About twice TyphoonMLA's B_theta keeps every group hybrid.
+  // has room. TyphoonMLA's B_theta: a server's group spreads once it runs hybrid.
   int spread_group = 0;
   // Instance ids not to choose (a context-parallel sequence's other parts).
   std::vector<std::string> exclude;

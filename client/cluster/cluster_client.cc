@@ -85,7 +85,7 @@ ClusterClient::ClusterClient(std::unique_ptr<cluster::MembershipView> view, Clus
   if (spread_group_ < 0) {
     const double b_theta =
         info_.naive_thresholds_size() > 0 ? info_.naive_thresholds(0).b_theta() : 0.0;
-    spread_group_ = 2 * static_cast<int>(std::ceil(std::max(1.0, b_theta)));
+    spread_group_ = static_cast<int>(std::ceil(std::max(1.0, b_theta)));
   }
 }
 

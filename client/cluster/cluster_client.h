@@ -35,9 +35,10 @@ struct ClusterOptions {
   // server (its record's load catches up within its refresh interval).
   int64_t expected_sequence_tokens = 2048;
   // A prefix's sequences on one server beyond which new ones go to another server, the prefix
-  // registered there too (ClusterClient places by cluster::PlaceSequence). -1: twice the
-  // servers' TyphoonMLA B_theta for one query token, so every server's group runs hybrid; 0:
-  // never spread while the prefix's server has room.
+  // registered there too (ClusterClient places by cluster::PlaceSequence). -1: the
+  // servers' TyphoonMLA B_theta for one query token (rounded up): a group that size runs
+  // hybrid, so a new server's group is started only once the others' can; 0: never spread
+  // while the prefix's server has room.
   int spread_group = -1;
   // Context parallelism: a sequence holds at most this many positions per server (its
   // prefix's tokens on top for the first part); past that, its next positions go to a part on

@@ -13,7 +13,7 @@ v1::Tensor Rows(std::span<const Bf16> values, std::initializer_list<int64_t> sha
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GrpcLoadTarget>> GrpcLoadTarget::Create(
-    std::unique_ptr<client::MlaServeClient> client) {
+    std::unique_ptr<client::ServingClient> client) {
   absl::StatusOr<v1::GetServerInfoResponse> info = client->GetServerInfo();
   if (!info.ok()) return info.status();
   const v1::ModelInfo& m = info->model();
@@ -53,7 +53,8 @@ absl::Status GrpcLoadTarget::ReleaseSequence(const std::string& id) {
 absl::Status GrpcLoadTarget::AppendKv(const std::string& id, int layer, int64_t position,
                                       std::span<const Bf16> rows) {
   const int64_t n = static_cast<int64_t>(rows.size()) / model_.dk();
-  return client_->AppendKv(id, layer, position, Rows(rows, {n, model_.dk()}));
+  const client::KvAppend append{id, layer, position, Rows(rows, {n, model_.dk()}), {}};
+  return client_->AppendKv(std::span<const client::KvAppend>(&append, 1));
 }
 
 absl::StatusOr<std::vector<LoadAnswer>> GrpcLoadTarget::Decode(

@@ -6,16 +6,17 @@
 
 #include "client/loadgen/load_target.h"
 #include "client/mlaserve_client.h"
+#include "client/serving_client.h"
 
 namespace mlaserve::loadgen {
 
-// A server over gRPC, through the C++ client: what a serving framework does, wire encoding
-// and all.
+// A server over gRPC, or a cluster of them, through the C++ client (MlaServeClient or
+// ClusterClient): what a serving framework does, wire encoding and all.
 class GrpcLoadTarget final : public LoadTarget {
  public:
   // Asks the server for its model once; every tensor the target sends is shaped by it.
   static absl::StatusOr<std::unique_ptr<GrpcLoadTarget>> Create(
-      std::unique_ptr<client::MlaServeClient> client);
+      std::unique_ptr<client::ServingClient> client);
 
   absl::StatusOr<TargetModel> Model() override { return model_; }
   absl::Status RegisterPrefix(const std::string& id, std::span<const Bf16> latent, int tokens,
@@ -29,10 +30,10 @@ class GrpcLoadTarget final : public LoadTarget {
   absl::StatusOr<std::vector<LoadAnswer>> Decode(const std::vector<LoadQuery>& queries) override;
 
  private:
-  GrpcLoadTarget(std::unique_ptr<client::MlaServeClient> client, TargetModel model)
+  GrpcLoadTarget(std::unique_ptr<client::ServingClient> client, TargetModel model)
       : client_(std::move(client)), model_(std::move(model)) {}
 
-  std::unique_ptr<client::MlaServeClient> client_;
+  std::unique_ptr<client::ServingClient> client_;
   const TargetModel model_;
 };
 

@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "client/loadgen/continuous.h"
 #include "client/loadgen/continuous_report.h"
+#include "client/cluster/cluster_client.h"
 #include "client/loadgen/grpc_load_target.h"
 #include "client/loadgen/load_report.h"
 #include "client/loadgen/multi_target.h"
@@ -39,6 +40,22 @@
 ABSL_FLAG(std::string, target, "127.0.0.1:50051",
           "server address, host:port; a comma-separated list spreads sequences over several "
           "servers (a system prompt's sequences kept together)");
+ABSL_FLAG(std::string, spread, "prefix",
+          "with several --target servers: prefix (a system prompt's sequences on its server) or "
+          "sequence (plain hashing of each sequence's id, the prompt on every server)");
+ABSL_FLAG(std::string, etcd_endpoints, "",
+          "a cluster instead of --target: etcd's host:port list; sequences are placed by the "
+          "cluster client (docs/cluster.md)");
+ABSL_FLAG(std::string, cluster, "default", "with --etcd-endpoints: the servers' --cluster");
+ABSL_FLAG(std::string, etcd_ca, "", "with --etcd-endpoints: PEM CA of etcd's certificate (TLS)");
+ABSL_FLAG(std::string, etcd_cert, "", "PEM client certificate for an etcd that requires one");
+ABSL_FLAG(std::string, etcd_key, "", "PEM private key of --etcd-cert");
+ABSL_FLAG(int, spread_group, -1,
+          "with --etcd-endpoints: a prompt's sequences per server before it is registered on "
+          "another (-1: the servers' B_theta; 0: only when a server is full)");
+ABSL_FLAG(int64_t, context_part_tokens, 0,
+          "with --etcd-endpoints: positions per server of a context-parallel sequence (0: one "
+          "server each)");
 ABSL_FLAG(int, workers, 2, "concurrent callers (serving-framework ranks), one call in flight each");
 ABSL_FLAG(int, sequences, 72, "sequences per worker, all decoded in every call");
 ABSL_FLAG(int, prefix_tokens, 1024,
@@ -209,7 +226,7 @@ nlohmann::json ClientMachine() {
           {"hostname", host}};
 }
 
-nlohmann::json ServerJson(mlaserve::client::MlaServeClient& client) {
+nlohmann::json ServerJson(mlaserve::client::ServingClient& client) {
   absl::StatusOr<mlaserve::v1::GetServerInfoResponse> info = client.GetServerInfo();
   if (!info.ok()) return {{"error", std::string(info.status().message())}};
   std::string text;
@@ -232,7 +249,7 @@ nlohmann::json ServerJson(mlaserve::client::MlaServeClient& client) {
 // MultiTarget over them (docs/loadgen.md, "Several servers").
 absl::StatusOr<std::unique_ptr<mlaserve::loadgen::LoadTarget>> LoadTargetFor(
     std::vector<std::unique_ptr<mlaserve::client::MlaServeClient>> clients,
-    const std::vector<std::string>& names) {
+    const std::vector<std::string>& names, mlaserve::loadgen::MultiTarget::Spread spread) {
   std::vector<std::unique_ptr<mlaserve::loadgen::LoadTarget>> targets;
   for (auto& client : clients) {
     auto target = mlaserve::loadgen::GrpcLoadTarget::Create(std::move(client));
@@ -240,9 +257,80 @@ absl::StatusOr<std::unique_ptr<mlaserve::loadgen::LoadTarget>> LoadTargetFor(
     targets.push_back(*std::move(target));
   }
   if (targets.size() == 1) return std::move(targets[0]);
-  auto multi = mlaserve::loadgen::MultiTarget::Create(std::move(targets), names);
+  auto multi = mlaserve::loadgen::MultiTarget::Create(std::move(targets), names, spread);
   if (!multi.ok()) return multi.status();
   return std::unique_ptr<mlaserve::loadgen::LoadTarget>(*std::move(multi));
+}
+
+// Where the load goes, and what the reports say of it.
+struct Destination {
+  std::unique_ptr<mlaserve::loadgen::LoadTarget> target;
+  nlohmann::json servers;  // GetServerInfo's facts, and the servers' addresses
+  std::string name;        // for the report's heading
+};
+
+// The cluster of --etcd-endpoints through the cluster client (docs/cluster.md).
+absl::StatusOr<Destination> ClusterDestination(const mlaserve::client::ClientOptions& options) {
+  mlaserve::client::ClusterOptions cluster;
+  cluster.etcd_endpoints = absl::StrSplit(absl::GetFlag(FLAGS_etcd_endpoints), ',');
+  cluster.cluster = absl::GetFlag(FLAGS_cluster);
+  cluster.server_options = options;
+  cluster.spread_group = absl::GetFlag(FLAGS_spread_group);
+  cluster.context_part_tokens = absl::GetFlag(FLAGS_context_part_tokens);
+  if (!absl::GetFlag(FLAGS_etcd_ca).empty() || !absl::GetFlag(FLAGS_etcd_cert).empty()) {
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+        mlaserve::cluster::EtcdChannelCredentials(absl::GetFlag(FLAGS_etcd_ca),
+                                                  absl::GetFlag(FLAGS_etcd_cert),
+                                                  absl::GetFlag(FLAGS_etcd_key));
+    if (!credentials.ok()) return credentials.status();
+    cluster.etcd_credentials = *std::move(credentials);
+  }
+  absl::StatusOr<std::unique_ptr<mlaserve::client::ClusterClient>> client =
+      mlaserve::client::ClusterClient::Connect(std::move(cluster));
+  if (!client.ok()) return client.status();
+  Destination destination;
+  destination.servers = ServerJson(**client);
+  std::vector<std::string> addresses;
+  for (const mlaserve::cluster::MemberRecord& member : (*client)->membership().Members()) {
+    addresses.push_back(member.address);
+  }
+  destination.servers["cluster"] = absl::GetFlag(FLAGS_cluster);
+  destination.servers["etcd"] = absl::GetFlag(FLAGS_etcd_endpoints);
+  destination.servers["targets"] = addresses;
+  destination.servers["servers"] = static_cast<int>(addresses.size());
+  destination.name = absl::StrCat("cluster '", absl::GetFlag(FLAGS_cluster), "' (",
+                                  addresses.size(), " servers: ", absl::StrJoin(addresses, ","),
+                                  ")");
+  absl::StatusOr<std::unique_ptr<mlaserve::loadgen::GrpcLoadTarget>> target =
+      mlaserve::loadgen::GrpcLoadTarget::Create(*std::move(client));
+  if (!target.ok()) return target.status();
+  destination.target = *std::move(target);
+  return destination;
+}
+
+// The servers of --target.
+absl::StatusOr<Destination> TargetDestination(
+    std::vector<std::unique_ptr<mlaserve::client::MlaServeClient>> clients,
+    const std::vector<std::string>& names, const std::string& target) {
+  const std::string spread = absl::GetFlag(FLAGS_spread);
+  if (spread != "prefix" && spread != "sequence") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--spread: '", spread, "' is neither prefix nor sequence"));
+  }
+  Destination destination;
+  destination.servers = ServerJson(*clients.front());
+  if (clients.size() > 1) {
+    destination.servers["targets"] = names;
+    destination.servers["servers"] = static_cast<int>(clients.size());
+  }
+  destination.name = target;
+  absl::StatusOr<std::unique_ptr<mlaserve::loadgen::LoadTarget>> load_target = LoadTargetFor(
+      std::move(clients), names,
+      spread == "sequence" ? mlaserve::loadgen::MultiTarget::Spread::kSequenceHash
+                           : mlaserve::loadgen::MultiTarget::Spread::kPrefixHash);
+  if (!load_target.ok()) return load_target.status();
+  destination.target = *std::move(load_target);
+  return destination;
 }
 
 std::string CommandLine(int argc, char** argv) {
@@ -252,10 +340,9 @@ std::string CommandLine(int argc, char** argv) {
 
 // Continuous traffic, one run or a sweep (docs/loadgen.md). Exit status: 0 when every call
 // succeeded, 1 otherwise or when the run fails, 2 for bad flags.
-int RunContinuousMode(const mlaserve::loadgen::WorkloadOptions& base,
-                      std::vector<std::unique_ptr<mlaserve::client::MlaServeClient>> clients,
-                      const std::vector<std::string>& names, const std::string& target,
+int RunContinuousMode(const mlaserve::loadgen::WorkloadOptions& base, Destination destination,
                       const std::string& command) {
+  const std::string& target = destination.name;
   using mlaserve::loadgen::ContinuousOptions;
   auto bad = [](const absl::Status& status) {
     std::cerr << "mlaserve-loadgen: " << status.message() << "\n";
@@ -320,17 +407,8 @@ int RunContinuousMode(const mlaserve::loadgen::WorkloadOptions& base,
   }
   const std::string out = absl::GetFlag(FLAGS_out);
 
-  nlohmann::json servers = ServerJson(*clients.front());
-  if (clients.size() > 1) {
-    servers["targets"] = names;
-    servers["servers"] = static_cast<int>(clients.size());
-  }
-  mlaserve::loadgen::SweepContext context_info{command, ClientMachine(), servers};
-  auto load_target = LoadTargetFor(std::move(clients), names);
-  if (!load_target.ok()) {
-    std::cerr << "mlaserve-loadgen: " << load_target.status() << "\n";
-    return 1;
-  }
+  mlaserve::loadgen::SweepContext context_info{command, ClientMachine(), destination.servers};
+  mlaserve::loadgen::LoadTarget* const load_target = destination.target.get();
   const bool json = absl::GetFlag(FLAGS_json);
   const std::vector<double> values =
       sweep.has_value() ? sweep->values : std::vector<double>{std::nan("")};
@@ -354,7 +432,7 @@ int RunContinuousMode(const mlaserve::loadgen::WorkloadOptions& base,
       mlaserve::loadgen::Progress progress(
           mlaserve::loadgen::ProgressModeFor(absl::GetFlag(FLAGS_quiet), STDERR_FILENO), std::cerr);
       point.progress = &progress;
-      result = mlaserve::loadgen::RunContinuous(**load_target, point);
+      result = mlaserve::loadgen::RunContinuous(*load_target, point);
     }
     if (!result.ok()) {
       std::cerr << "mlaserve-loadgen: " << result.status() << "\n";
@@ -479,13 +557,18 @@ int main(int argc, char** argv) {
   }
   // A soak counts every failed call, so the client must not hide one behind a retry.
   if (absl::GetFlag(FLAGS_soak)) client_options.max_attempts = 1;
+  const bool cluster = !absl::GetFlag(FLAGS_etcd_endpoints).empty();
+  if (absl::GetFlag(FLAGS_soak) && cluster) {
+    std::cerr << "--etcd_endpoints: the soak takes one server (--target)\n";
+    return 2;
+  }
   const std::vector<std::string> names = absl::StrSplit(target, ',');
   if (absl::GetFlag(FLAGS_soak) && names.size() > 1) {
     std::cerr << "--target: the soak takes one server\n";
     return 2;
   }
   std::vector<std::unique_ptr<mlaserve::client::MlaServeClient>> clients;
-  for (const std::string& name : names) {
+  for (const std::string& name : cluster ? std::vector<std::string>{} : names) {
     if (name.empty()) {
       std::cerr << "--target: an empty address in '" << target << "'\n";
       return 2;
@@ -498,14 +581,16 @@ int main(int argc, char** argv) {
   }
   const mlaserve::client::ClientTls tls = client_options.tls;
   if (absl::GetFlag(FLAGS_soak)) return RunSoakMode(*clients.front(), target, tls);
+  absl::StatusOr<Destination> destination =
+      cluster ? ClusterDestination(client_options)
+              : TargetDestination(std::move(clients), names, target);
+  if (!destination.ok()) {
+    std::cerr << "mlaserve-loadgen: " << destination.status() << "\n";
+    return absl::IsInvalidArgument(destination.status()) ? 2 : 1;
+  }
   if (absl::GetFlag(FLAGS_continuous) || !absl::GetFlag(FLAGS_sweep).empty() ||
       absl::GetFlag(FLAGS_arrival_rate) > 0) {
-    return RunContinuousMode(o, std::move(clients), names, target, CommandLine(argc, argv));
-  }
-  auto load_target = LoadTargetFor(std::move(clients), names);
-  if (!load_target.ok()) {
-    std::cerr << "mlaserve-loadgen: " << load_target.status() << "\n";
-    return 1;
+    return RunContinuousMode(o, *std::move(destination), CommandLine(argc, argv));
   }
   absl::StatusOr<mlaserve::loadgen::LoadResult> result;
   {
@@ -513,7 +598,7 @@ int main(int argc, char** argv) {
     mlaserve::loadgen::Progress progress(
         mlaserve::loadgen::ProgressModeFor(absl::GetFlag(FLAGS_quiet), STDERR_FILENO), std::cerr);
     o.progress = &progress;
-    result = mlaserve::loadgen::RunWorkload(**load_target, o);
+    result = mlaserve::loadgen::RunWorkload(*destination->target, o);
     o.progress = nullptr;
   }
   if (!result.ok()) {
@@ -524,7 +609,7 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_json)) {
     std::cout << mlaserve::loadgen::ToJson(*result, summary).dump() << "\n";
   } else {
-    mlaserve::loadgen::PrintReport(*result, summary, target, std::cout);
+    mlaserve::loadgen::PrintReport(*result, summary, destination->name, std::cout);
   }
   return summary.failed_calls == 0 ? 0 : 1;
 }

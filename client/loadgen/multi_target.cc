@@ -7,7 +7,8 @@
 namespace mlaserve::loadgen {
 
 absl::StatusOr<std::unique_ptr<MultiTarget>> MultiTarget::Create(
-    std::vector<std::unique_ptr<LoadTarget>> targets, std::vector<std::string> names) {
+    std::vector<std::unique_ptr<LoadTarget>> targets, std::vector<std::string> names,
+    Spread spread) {
   if (targets.empty()) return absl::InvalidArgumentError("--target: no server");
   absl::StatusOr<TargetModel> first = targets[0]->Model();
   if (!first.ok()) return first.status();
@@ -26,7 +27,7 @@ absl::StatusOr<std::unique_ptr<MultiTarget>> MultiTarget::Create(
       first->max_batch = m->max_batch;
     }
   }
-  return std::unique_ptr<MultiTarget>(new MultiTarget(std::move(targets), *first));
+  return std::unique_ptr<MultiTarget>(new MultiTarget(std::move(targets), *first, spread));
 }
 
 int MultiTarget::HashTarget(const std::string& id, int count) {
@@ -46,18 +47,31 @@ int MultiTarget::TargetOf(const std::string& id) {
 
 absl::Status MultiTarget::RegisterPrefix(const std::string& id, std::span<const Bf16> latent,
                                          int tokens, std::optional<KvDtype> kv_dtype) {
+  if (spread_ == Spread::kSequenceHash) {
+    for (auto& target : targets_) {
+      if (absl::Status status = target->RegisterPrefix(id, latent, tokens, kv_dtype); !status.ok()) {
+        return status;
+      }
+    }
+    return absl::OkStatus();
+  }
   return targets_[HashTarget(id, static_cast<int>(targets_.size()))]->RegisterPrefix(
       id, latent, tokens, kv_dtype);
 }
 
 absl::Status MultiTarget::ReleasePrefix(const std::string& id) {
+  if (spread_ == Spread::kSequenceHash) {
+    absl::Status first = absl::OkStatus();
+    for (auto& target : targets_) first.Update(target->ReleasePrefix(id));
+    return first;
+  }
   return targets_[HashTarget(id, static_cast<int>(targets_.size()))]->ReleasePrefix(id);
 }
 
 absl::Status MultiTarget::CreateSequence(const std::string& id, const std::string& prefix_id,
                                          std::optional<KvDtype> kv_dtype) {
-  const int target =
-      HashTarget(prefix_id.empty() ? id : prefix_id, static_cast<int>(targets_.size()));
+  const int target = HashTarget(prefix_id.empty() || spread_ == Spread::kSequenceHash ? id : prefix_id,
+                                static_cast<int>(targets_.size()));
   absl::Status status = targets_[target]->CreateSequence(id, prefix_id, kv_dtype);
   if (status.ok()) {
     std::lock_guard lock(mu_);

@@ -295,7 +295,7 @@ class ClusterClient:
         0 cuts each sequence into parts of C tokens (the first also holds its prefix) on
         different servers. expected_sequence_tokens: the room placement asks for a new
         sequence. spread_group: a prefix's group on one server beyond which its sequences
-        go to another server; None: 2 x ceil(TyphoonMLA's B_theta for sq 1) from the servers'
+        go to another server; None: ceil(TyphoonMLA's B_theta for sq 1) from the servers'
         GetServerInfo, 0: never spread while a holder has room. etcd_timeout_s bounds the
         first read of the membership (ClusterError UNAVAILABLE naming the endpoints past it)
         and every later etcd request. client_kwargs go to every mlaserve.Client."""
@@ -491,7 +491,7 @@ class ClusterClient:
                     if self._spread_group is None:
                         b_theta = next((t.b_theta for t in info.naive_thresholds if t.sq == 1),
                                        0.0)
-                        self._spread_group = 2 * math.ceil(max(1.0, b_theta))
+                        self._spread_group = math.ceil(max(1.0, b_theta))
         return info
 
     def _cluster_model(self):

@@ -18,7 +18,7 @@ struct Cluster {
   std::unique_ptr<MultiTarget> target;
 };
 
-Cluster MakeCluster(int n) {
+Cluster MakeCluster(int n, MultiTarget::Spread spread = MultiTarget::Spread::kPrefixHash) {
   Cluster c;
   std::vector<std::unique_ptr<LoadTarget>> targets;
   std::vector<std::string> names;
@@ -30,7 +30,7 @@ Cluster MakeCluster(int n) {
     names.push_back(absl::StrCat("server-", i));
   }
   absl::StatusOr<std::unique_ptr<MultiTarget>> multi =
-      MultiTarget::Create(std::move(targets), names);
+      MultiTarget::Create(std::move(targets), names, spread);
   EXPECT_TRUE(multi.ok()) << multi.status();
   c.target = *std::move(multi);
   return c;
@@ -41,6 +41,25 @@ LoadQuery Query(const std::string& id, int64_t position) {
   q.sequence_id = id;
   q.append_position = position;
   return q;
+}
+
+// Plain hashing, the baseline of the cluster's placement: the prompt everywhere, each
+// sequence where its own id hashes.
+TEST(MultiTargetTest, SequenceHashingPutsThePromptEverywhereAndSpreadsItsSequences) {
+  Cluster c = MakeCluster(3, MultiTarget::Spread::kSequenceHash);
+  const std::vector<Bf16> prompt(static_cast<size_t>(FakeTarget::kLayers) * 4 * 8);
+  ASSERT_TRUE(c.target->RegisterPrefix("prompt", prompt, 4, std::nullopt).ok());
+  for (FakeTarget* server : c.servers) EXPECT_EQ(server->prefixes_.count("prompt"), 1u);
+  std::vector<int> per_server(3);
+  for (int i = 0; i < 90; ++i) {
+    const std::string id = absl::StrCat("on-prompt-", i);
+    ASSERT_TRUE(c.target->CreateSequence(id, "prompt", std::nullopt).ok());
+    EXPECT_EQ(c.target->TargetOf(id), MultiTarget::HashTarget(id, 3));
+    ++per_server[c.target->TargetOf(id)];
+  }
+  for (int count : per_server) EXPECT_GT(count, 10);
+  ASSERT_TRUE(c.target->ReleasePrefix("prompt").ok());
+  for (FakeTarget* server : c.servers) EXPECT_EQ(server->prefixes_.count("prompt"), 0u);
 }
 
 TEST(MultiTargetTest, APromptsSequencesStayWithItAndOthersSpreadByTheirId) {
