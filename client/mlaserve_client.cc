@@ -283,6 +283,17 @@ absl::StatusOr<v1::GetStatsResponse> MlaServeClient::GetStats() {
   return response;
 }
 
+absl::StatusOr<v1::MigrateSequencesResponse> MlaServeClient::MigrateSequences(
+    const v1::MigrateSequencesRequest& request, absl::Duration timeout) {
+  ClientOptions once = options_;
+  once.max_attempts = 1;
+  v1::MigrateSequencesResponse response;
+  RETURN_IF_ERROR(CallWithRetry(once, timeout, [&](grpc::ClientContext& context) {
+    return stub_->MigrateSequences(&context, request, &response);
+  }));
+  return response;
+}
+
 absl::Status MlaServeClient::AppendKv(std::span<const KvAppend> appends) {
   // Chunk once; every attempt streams the same chunks.
   std::vector<v1::AppendKvChunk> chunks;

@@ -148,6 +148,10 @@ class MlaServeClient final : public ServingClient {
                                                           const std::string& page_token = "",
                                                           const std::string& prefix_id = "");
   absl::StatusOr<v1::GetStatsResponse> GetStats();
+  // Moves sequences from this server to another (admin.proto); never retried (a move is not
+  // idempotent: what moved is gone here), bounded by `timeout`.
+  absl::StatusOr<v1::MigrateSequencesResponse> MigrateSequences(
+      const v1::MigrateSequencesRequest& request, absl::Duration timeout);
 
   // Streams the appends in chunks of at most options.append_chunk_bytes. On UNAVAILABLE the
   // whole stream is retried (rows already appended are skipped by the server).

@@ -6,6 +6,10 @@
 
 #include <pthread.h>
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
@@ -103,6 +107,16 @@ int main(int argc, char** argv) {
     return EXIT_FAILURE;
   }
 
+  // MigrateSequences' leave_cluster and stop_after (mlaserve-ctl drain): the membership,
+  // once joined, and the SIGTERM path below.
+  std::atomic<mlaserve::cluster::ClusterMembership*> joined{nullptr};
+  if (!config->etcd_endpoints.empty()) {
+    config->server.leave_cluster = [&joined] {
+      if (mlaserve::cluster::ClusterMembership* membership = joined.load()) membership->Leave();
+    };
+  }
+  config->server.stop_server = [] { kill(getpid(), SIGTERM); };
+
   const absl::Time start = absl::Now();
   absl::StatusOr<std::unique_ptr<mlaserve::service::MlaServer>> server =
       mlaserve::service::MlaServer::Start(mlaserve::engine::CreateEngine, config->engine,
@@ -153,17 +167,18 @@ int main(int argc, char** argv) {
         address.ok()
             ? mlaserve::cluster::EtcdClient::Connect(config->etcd_endpoints, *etcd_credentials)
             : address.status();
-    absl::StatusOr<std::unique_ptr<mlaserve::cluster::ClusterMembership>> joined =
+    absl::StatusOr<std::unique_ptr<mlaserve::cluster::ClusterMembership>> started =
         etcd.ok() ? mlaserve::cluster::ClusterMembership::Start(
                         std::move(*etcd), config->membership,
                         mlaserve::cluster::DescribeServer(**server, *address, MLASERVE_VERSION))
                   : etcd.status();
-    if (!joined.ok()) {
-      spdlog::error("cannot join the cluster: {}", std::string(joined.status().message()));
+    if (!started.ok()) {
+      spdlog::error("cannot join the cluster: {}", std::string(started.status().message()));
       (*server)->Shutdown(absl::ZeroDuration()).IgnoreError();
       return EXIT_FAILURE;
     }
-    membership = std::move(*joined);
+    membership = std::move(*started);
+    joined.store(membership.get());
   }
 
   int signal = 0;

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/tensor_helpers.h"
 #include "cluster/placement.h"
@@ -334,8 +335,8 @@ absl::StatusOr<v1::Sequence> ClusterClient::CreateSequence(absl::string_view seq
   return created;
 }
 
-absl::StatusOr<v1::Sequence> ClusterClient::ForkSequence(absl::string_view source_id,
-                                                         absl::string_view new_id) {
+absl::StatusOr<v1::Sequence> ClusterClient::ForkOnce(absl::string_view source_id,
+                                                     absl::string_view new_id) {
   ASSIGN_OR_RETURN(SequenceState source, SequenceCopy(source_id));
   absl::MutexLock placing(&placement_mu_);
   {
@@ -363,7 +364,7 @@ absl::StatusOr<v1::Sequence> ClusterClient::ForkSequence(absl::string_view sourc
   return first;
 }
 
-absl::Status ClusterClient::ReleaseSequence(absl::string_view sequence_id) {
+absl::Status ClusterClient::ReleaseOnce(absl::string_view sequence_id) {
   ASSIGN_OR_RETURN(SequenceState state, SequenceCopy(sequence_id));
   for (const Part& part : state.parts) {
     absl::StatusOr<Route> route = RouteTo(part.instance_id, part.address, sequence_id);
@@ -439,7 +440,7 @@ absl::Status ClusterClient::AppendKv(absl::string_view sequence_id, int layer,
   return AppendKv(std::span<const KvAppend>(&append, 1));
 }
 
-absl::Status ClusterClient::AppendKv(std::span<const KvAppend> appends) {
+absl::Status ClusterClient::AppendOnce(std::span<const KvAppend> appends) {
   // The appends each server gets, with the route to it.
   absl::flat_hash_map<std::string, std::pair<Route, std::vector<KvAppend>>> by_server;
   for (const KvAppend& append : appends) {
@@ -490,7 +491,7 @@ absl::Status ClusterClient::AppendKv(std::span<const KvAppend> appends) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::DecodeResponse> ClusterClient::DecodeRaw(const v1::DecodeRequest& request) {
+absl::StatusOr<v1::DecodeResponse> ClusterClient::DecodeOnce(const v1::DecodeRequest& request) {
   const v1::DType requested =
       request.output_dtype() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_BF16 : request.output_dtype();
   // What each server is asked, and where each answer goes back.
@@ -636,6 +637,95 @@ absl::StatusOr<v1::DecodeResponse> ClusterClient::DecodeRaw(const v1::DecodeRequ
                      MergeByLse(request.queries(i).sq(), split[i], part_answers[i], requested));
   }
   return response;
+}
+
+// A moved sequence is followed to its new server and the call repeated (every call here is
+// idempotent); a few moves in one call at most.
+constexpr int kMaxMovesFollowed = 8;
+
+absl::StatusOr<v1::DecodeResponse> ClusterClient::DecodeRaw(const v1::DecodeRequest& request) {
+  for (int moves = 0;; ++moves) {
+    absl::StatusOr<v1::DecodeResponse> response = DecodeOnce(request);
+    if (response.ok() || moves >= kMaxMovesFollowed || !FollowMove(response.status())) {
+      return response;
+    }
+  }
+}
+
+absl::Status ClusterClient::AppendKv(std::span<const KvAppend> appends) {
+  for (int moves = 0;; ++moves) {
+    absl::Status status = AppendOnce(appends);
+    if (status.ok() || moves >= kMaxMovesFollowed || !FollowMove(status)) return status;
+  }
+}
+
+absl::Status ClusterClient::ReleaseSequence(absl::string_view sequence_id) {
+  for (int moves = 0;; ++moves) {
+    absl::Status status = ReleaseOnce(sequence_id);
+    if (status.ok() || moves >= kMaxMovesFollowed || !FollowMove(status)) return status;
+  }
+}
+
+absl::StatusOr<v1::Sequence> ClusterClient::ForkSequence(absl::string_view source_id,
+                                                         absl::string_view new_id) {
+  for (int moves = 0;; ++moves) {
+    absl::StatusOr<v1::Sequence> forked = ForkOnce(source_id, new_id);
+    if (forked.ok() || moves >= kMaxMovesFollowed || !FollowMove(forked.status())) return forked;
+  }
+}
+
+bool ClusterClient::FollowMove(const absl::Status& status) {
+  // Its last rows are on their way: the move ends within moments (the client library's own
+  // retries of UNAVAILABLE may not have waited long enough).
+  if (absl::IsUnavailable(status) &&
+      absl::StrContains(status.message(), "' is moving to server ")) {
+    absl::SleepFor(absl::Milliseconds(100));
+    return true;
+  }
+  if (!absl::IsFailedPrecondition(status)) return false;
+  const absl::string_view message = status.message();
+  constexpr absl::string_view kMoved = "' moved to server ";
+  const size_t moved = message.find(kMoved);
+  constexpr absl::string_view kSequence = "sequence '";
+  const size_t named = moved == absl::string_view::npos ? moved : message.rfind(kSequence, moved);
+  if (named == absl::string_view::npos) return false;
+  const std::string part_id(
+      message.substr(named + kSequence.size(), moved - named - kSequence.size()));
+  absl::string_view address = message.substr(moved + kMoved.size());
+  address = address.substr(0, address.find_first_of(" ;,)"));
+  std::optional<cluster::MemberRecord> member;
+  for (cluster::MemberRecord& record : view_->Members()) {
+    if (record.address == address) member = std::move(record);
+  }
+  if (!member.has_value()) {
+    spdlog::warn("cluster '{}': sequence '{}' moved to {}, which is no member", view_->cluster(),
+                 part_id, std::string(address));
+    return false;
+  }
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, state] : sequences_) {
+    for (size_t p = 0; p < state.parts.size(); ++p) {
+      Part& part = state.parts[p];
+      if (part.sequence_id != part_id || part.instance_id == member->instance_id) continue;
+      spdlog::info("cluster '{}': sequence '{}' moved from {} to {}", view_->cluster(), part_id,
+                   part.address, member->address);
+      if (p == 0 && !state.prefix_id.empty()) {
+        auto prefix = prefixes_.find(state.prefix_id);
+        if (prefix != prefixes_.end()) {
+          auto old_group = prefix->second.groups.find(part.instance_id);
+          if (old_group != prefix->second.groups.end() && old_group->second > 0) {
+            --old_group->second;
+          }
+          // The move registered the prefix there.
+          ++prefix->second.groups[member->instance_id];
+        }
+      }
+      part.instance_id = member->instance_id;
+      part.address = member->address;
+      return true;
+    }
+  }
+  return false;
 }
 
 absl::StatusOr<std::vector<DecodeOutput>> ClusterClient::Decode(

@@ -52,8 +52,8 @@ struct ClusterOptions {
 // Decode carrying sequences of several servers becomes one call per server, in parallel.
 // A call for a sequence whose server has left the cluster (drained, or its lease expired
 // after a kill -9) fails at once with UNAVAILABLE naming the server; other sequences are
-// unaffected. Sequences and prefixes are this client's: another client's are not seen.
-// Thread-safe.
+// unaffected. A sequence moved to another server (mlaserve-ctl drain) is followed there. Sequences
+// and prefixes are this client's: another client's are not seen. Thread-safe.
 class ClusterClient final : public ServingClient {
  public:
   // Reads the membership from etcd (UNAVAILABLE if etcd does not answer within 5 s, or no
@@ -145,6 +145,15 @@ class ClusterClient final : public ServingClient {
   // last; its index.
   absl::StatusOr<size_t> PartFor(const std::string& sequence_id, int64_t position);
   absl::StatusOr<SequenceState> SequenceCopy(absl::string_view sequence_id) const;
+  // For a call refused because a sequence moved (FAILED_PRECONDITION "sequence 'ID' moved to
+  // server ADDRESS", MigrateSequences): points the part that is ID at that server. For one
+  // refused while it moves (UNAVAILABLE "... is moving to server ..."): waits a moment. True
+  // if the call is worth repeating.
+  bool FollowMove(const absl::Status& status);
+  absl::StatusOr<v1::DecodeResponse> DecodeOnce(const v1::DecodeRequest& request);
+  absl::Status AppendOnce(std::span<const KvAppend> appends);
+  absl::Status ReleaseOnce(absl::string_view sequence_id);
+  absl::StatusOr<v1::Sequence> ForkOnce(absl::string_view source_id, absl::string_view new_id);
 
   std::unique_ptr<cluster::MembershipView> view_;
   const ClusterOptions options_;

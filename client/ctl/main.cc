@@ -1,5 +1,6 @@
 // mlaserve-ctl: what an operator asks a running server, as tables for people and JSON for
-// scripts (Debian ships no grpcurl). Read-only: it never changes what the server holds.
+// scripts (Debian ships no grpcurl). Read-only but for `drain`, which moves a server's
+// sequences to the other members of its cluster and stops it.
 //
 //   mlaserve-ctl [--target host:port] [--json] [TLS and token flags] COMMAND
 //     info        model, devices, limits, host, KV formats, instance and restored state
@@ -7,6 +8,8 @@
 //     prefixes    registered prefixes (all pages; --limit caps them)
 //     sequences   live sequences, optionally --prefix ID's only
 //     stats       KV pages and bytes, prefixes, sequences, evictions, queued queries
+//     members     the cluster's servers and their load, from etcd (--etcd_endpoints)
+//     drain       move --target's sequences to the other members, then stop it
 
 #include <cstdlib>
 #include <fstream>
@@ -19,10 +22,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "client/ctl/drain.h"
 #include "client/health_check.h"
 #include "client/mlaserve_client.h"
+#include "cluster/etcd_client.h"
+#include "cluster/member_record.h"
 #include "common/command_line.h"
+#include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
+#include "grpcpp/security/credentials.h"
 #include "kernels/core/matmul.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "server address, host:port");
@@ -38,6 +47,13 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate, for servers that r
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_server_name, "",
           "name the server's certificate carries, when it is not the target's host");
+ABSL_FLAG(std::string, etcd_endpoints, "",
+          "members, drain: etcd's host:port list, where the cluster's servers register");
+ABSL_FLAG(std::string, cluster, "default", "members, drain: the servers' --cluster");
+ABSL_FLAG(std::string, etcd_ca, "", "PEM CA of etcd's certificate (TLS towards etcd)");
+ABSL_FLAG(std::string, etcd_cert, "", "PEM client certificate for an etcd that requires one");
+ABSL_FLAG(std::string, etcd_key, "", "PEM private key of --etcd_cert");
+ABSL_FLAG(double, move_timeout_s, 600, "drain: deadline of each move");
 ABSL_FLAG(std::string, auth_token_file, "",
           "file whose first line is the tenant's bearer token (servers with --auth_tokens_file)");
 
@@ -48,12 +64,16 @@ namespace v1 = mlaserve::v1;
 
 constexpr char kUsage[] =
     "mlaserve-ctl [--target host:port] [--json] COMMAND\n"
-    "Commands (read-only):\n"
+    "Read-only commands:\n"
     "  info        the server's model, devices, limits, host, KV formats and state\n"
     "  health      grpc.health.v1 status; exit 0 SERVING, 1 not serving, 2 no answer\n"
     "  prefixes    registered prefixes: id, parent, tokens, format, pages, referenced\n"
     "  sequences   live sequences (--prefix ID: those on one prefix): lengths, format, pages\n"
     "  stats       KV pages and bytes, prefixes, sequences, evictions, queued queries\n"
+    "  members     the cluster's servers and their load, from etcd (--etcd_endpoints)\n"
+    "Command that changes state:\n"
+    "  drain       move --target's sequences to the cluster's other servers (by prefix, by\n"
+    "              room), then stop it; clients follow them (docs/cluster.md)\n"
     "Under tenants a caller sees its own prefixes and sequences only (docs/api.md).";
 
 int Fail(const absl::Status& status) {
@@ -238,6 +258,94 @@ int Stats(MlaServeClient& client, bool json) {
   return 0;
 }
 
+// The cluster's members as etcd holds them (docs/cluster.md, "The record").
+absl::StatusOr<std::vector<mlaserve::cluster::MemberRecord>> ReadMembers() {
+  const std::string endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
+  if (endpoints.empty()) return absl::InvalidArgumentError("--etcd_endpoints: needed here");
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!absl::GetFlag(FLAGS_etcd_ca).empty() || !absl::GetFlag(FLAGS_etcd_cert).empty()) {
+    ASSIGN_OR_RETURN(credentials, mlaserve::cluster::EtcdChannelCredentials(
+                                      absl::GetFlag(FLAGS_etcd_ca), absl::GetFlag(FLAGS_etcd_cert),
+                                      absl::GetFlag(FLAGS_etcd_key)));
+  }
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<mlaserve::cluster::EtcdClient> etcd,
+      mlaserve::cluster::EtcdClient::Connect(absl::StrSplit(endpoints, ','), credentials));
+  ASSIGN_OR_RETURN(auto pairs,
+                   etcd->GetPrefix(mlaserve::cluster::MembersPrefix(absl::GetFlag(FLAGS_cluster))));
+  std::vector<mlaserve::cluster::MemberRecord> members;
+  for (const auto& [key, value] : pairs) {
+    absl::StatusOr<mlaserve::cluster::MemberRecord> record =
+        mlaserve::cluster::ParseMemberRecord(value);
+    if (record.ok()) members.push_back(*std::move(record));
+  }
+  return members;
+}
+
+int Members(bool json) {
+  absl::StatusOr<std::vector<mlaserve::cluster::MemberRecord>> members = ReadMembers();
+  if (!members.ok()) return Fail(members.status());
+  if (json) {
+    std::cout << "{\"members\": [";
+    for (size_t i = 0; i < members->size(); ++i) {
+      std::cout << (i > 0 ? ", " : "") << (*members)[i].ToJson();
+    }
+    std::cout << "]}\n";
+    return 0;
+  }
+  std::cout << absl::StrFormat("%-24s %-32s %-12s %6s %10s %10s %9s %7s\n", "address", "instance",
+                               "model", "seqs", "KV used", "budget", "queued", "q/s");
+  for (const mlaserve::cluster::MemberRecord& m : *members) {
+    std::cout << absl::StrFormat("%-24s %-32s %-12s %6d %8.1fMi %8.1fMi %9d %7.0f\n", m.address,
+                                 m.instance_id, m.model, m.sequences, m.kv_used_bytes / 1048576.0,
+                                 m.kv_budget_bytes / 1048576.0, m.queued_queries, m.queries_per_s);
+  }
+  return 0;
+}
+
+int Drain(MlaServeClient& client, bool json) {
+  absl::StatusOr<std::vector<mlaserve::cluster::MemberRecord>> members = ReadMembers();
+  if (!members.ok()) return Fail(members.status());
+  const std::string target = absl::GetFlag(FLAGS_target);
+  absl::StatusOr<v1::GetServerInfoResponse> info = client.GetServerInfo();
+  if (!info.ok()) return Fail(info.status());
+  // The others: by instance id (the address it advertises may differ from --target's).
+  std::vector<mlaserve::cluster::MemberRecord> others;
+  for (mlaserve::cluster::MemberRecord& m : *members) {
+    if (m.instance_id != info->state().instance_id() && m.address != target) {
+      others.push_back(std::move(m));
+    }
+  }
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::vector<mlaserve::ctl::DrainStep>> steps = mlaserve::ctl::DrainServer(
+      client, others, absl::Seconds(absl::GetFlag(FLAGS_move_timeout_s)));
+  if (!steps.ok()) return Fail(steps.status());
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  if (json) {
+    std::cout << "{\"drained\": \"" << target << "\", \"seconds\": " << seconds << ", \"moves\": [";
+    for (size_t i = 0; i < steps->size(); ++i) {
+      const auto& s = (*steps)[i];
+      std::cout << (i > 0 ? ", " : "") << "{\"target\": \"" << s.target
+                << "\", \"sequences\": " << s.moved.sequences()
+                << ", \"prefixes\": " << s.moved.prefixes() << ", \"tokens\": " << s.moved.tokens()
+                << ", \"bytes\": " << s.moved.bytes() << ", \"seconds\": " << s.moved.seconds()
+                << ", \"held_seconds\": " << s.moved.held_seconds() << "}";
+    }
+    std::cout << "]}\n";
+    return 0;
+  }
+  std::cout << absl::StrFormat("drained %s in %.2f s; it stops now\n", target, seconds);
+  std::cout << absl::StrFormat("  %-24s %9s %8s %10s %10s %8s %8s\n", "to", "sequences", "prefixes",
+                               "tokens", "MiB", "s", "held ms");
+  for (const auto& s : *steps) {
+    std::cout << absl::StrFormat("  %-24s %9d %8d %10d %10.1f %8.2f %8.1f\n", s.target,
+                                 s.moved.sequences(), s.moved.prefixes(), s.moved.tokens(),
+                                 s.moved.bytes() / 1048576.0, s.moved.seconds(),
+                                 s.moved.held_seconds() * 1000);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -291,6 +399,8 @@ int main(int argc, char** argv) {
   if (command == "prefixes") return Prefixes(*client, json);
   if (command == "sequences") return Sequences(*client, json);
   if (command == "stats") return Stats(*client, json);
+  if (command == "members") return Members(json);
+  if (command == "drain") return Drain(*client, json);
   std::cerr << "mlaserve-ctl: unknown command '" << command << "'\n" << kUsage << "\n";
   return 2;
 }

@@ -25,10 +25,12 @@ absl::Status Draining(int64_t chunks) {
 }  // namespace
 
 AppendKvReactor::AppendKvReactor(absl::StatusOr<Tenant*> admitted, const std::string& client,
-                                 engine::Engine& engine, ServiceMetrics& metrics,
-                                 CallRegistry& registry, grpc::ByteBuffer* response)
+                                 engine::Engine& engine, const MovedSequences& moved,
+                                 ServiceMetrics& metrics, CallRegistry& registry,
+                                 grpc::ByteBuffer* response)
     : tenant_(admitted.ok() ? *admitted : nullptr),
       engine_(engine),
+      moved_(moved),
       metrics_(metrics),
       registry_(registry),
       response_(response),
@@ -79,6 +81,7 @@ void AppendKvReactor::OnDone() {
 absl::Status AppendKvReactor::Apply(v1::AppendKvChunk& chunk) {
   const std::string field = absl::StrCat("chunks[", chunks_, "]");
   RETURN_IF_ERROR(ScopeIds(tenant_, chunk, field));
+  RETURN_IF_ERROR(moved_.Check(chunk.sequence_id(), field + ".sequence_id"));
   absl::StatusOr<int64_t> applied = ApplyAppendChunk(engine_, chunk, field);
   if (!applied.ok()) return UnscopeStatus(tenant_, applied.status());
   const int64_t rows = *applied;

@@ -12,6 +12,7 @@
 #include "mlaserve/v1/kv_cache.pb.h"
 #include "server/engine/engine.h"
 #include "server/service/call_registry.h"
+#include "server/service/moved_sequences.h"
 #include "server/service/service_metrics.h"
 #include "server/service/tenancy.h"
 
@@ -30,8 +31,8 @@ class AppendKvReactor : public grpc::ServerReadReactor<grpc::ByteBuffer>, public
   // (it then ends at once with that status). `client` is whose open streams it counts
   // against (CallRegistry::Add).
   AppendKvReactor(absl::StatusOr<Tenant*> admitted, const std::string& client,
-                  engine::Engine& engine, ServiceMetrics& metrics, CallRegistry& registry,
-                  grpc::ByteBuffer* response);
+                  engine::Engine& engine, const MovedSequences& moved, ServiceMetrics& metrics,
+                  CallRegistry& registry, grpc::ByteBuffer* response);
 
   void OnReadDone(bool ok) override;
   void OnDone() override;
@@ -44,6 +45,7 @@ class AppendKvReactor : public grpc::ServerReadReactor<grpc::ByteBuffer>, public
 
   Tenant* const tenant_;
   engine::Engine& engine_;
+  const MovedSequences& moved_;
   ServiceMetrics& metrics_;
   CallRegistry& registry_;
   grpc::ByteBuffer* const response_;

@@ -17,6 +17,14 @@ void DecodeDispatcher::Dispatch(v1::DecodeRequest& request, Tenant* tenant, absl
     std::move(done)(scoped);
     return;
   }
+  for (int i = 0; i < request.queries_size(); ++i) {
+    if (absl::Status moved = moved_.Check(request.queries(i).sequence_id(),
+                                          absl::StrCat("queries[", i, "].sequence_id"));
+        !moved.ok()) {
+      std::move(done)(moved);
+      return;
+    }
+  }
   absl::StatusOr<std::unique_ptr<ParsedDecode>> parsed = ParseDecodeRequest(request);
   if (!parsed.ok()) {
     std::move(done)(UnscopeStatus(tenant, parsed.status()));

@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "mlaserve/v1/decode.pb.h"
 #include "server/engine/engine.h"
+#include "server/service/moved_sequences.h"
 #include "server/service/service_metrics.h"
 #include "server/service/tenancy.h"
 
@@ -23,8 +24,8 @@ class DecodeDispatcher {
  public:
   using Done = absl::AnyInvocable<void(absl::Status) &&>;
 
-  DecodeDispatcher(engine::Engine& engine, ServiceMetrics& metrics)
-      : engine_(engine), metrics_(metrics) {}
+  DecodeDispatcher(engine::Engine& engine, const MovedSequences& moved, ServiceMetrics& metrics)
+      : engine_(engine), moved_(moved), metrics_(metrics) {}
 
   // `request` (its ids moved into `tenant`'s namespace here) and `response` must stay valid
   // until `done` runs. `done` runs exactly once, possibly before Dispatch returns, possibly
@@ -35,6 +36,7 @@ class DecodeDispatcher {
 
  private:
   engine::Engine& engine_;
+  const MovedSequences& moved_;
   ServiceMetrics& metrics_;
 };
 

@@ -6,6 +6,8 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "client/mlaserve_client.h"
+#include "common/host_port.h"
 #include "common/status_macros.h"
 #include "kernels/core/tensor_view.h"
 #include "server/service/admin_requests.h"
@@ -14,10 +16,12 @@
 #include "server/service/decode_stream_reactor.h"
 #include "server/service/kv_request_codec.h"
 #include "server/service/kv_requests.h"
+#include "server/service/sequence_migration.h"
 #include "server/service/server_info.h"
 #include "server/service/status_mapping.h"
 #include "server/service/tenant_scope.h"
 #include "server/service/wire_message.h"
+#include "spdlog/spdlog.h"
 
 namespace mlaserve::service {
 namespace {
@@ -42,8 +46,17 @@ MlaServeService::MlaServeService(engine::Engine& engine, ServiceMetrics& metrics
     : engine_(engine),
       metrics_(metrics),
       options_(options),
-      dispatcher_(engine, metrics),
+      dispatcher_(engine, moved_, metrics),
       calls_(options.max_streams_per_client) {}
+
+MlaServeService::~MlaServeService() {
+  std::vector<std::thread> running;
+  {
+    absl::MutexLock lock(&migrations_mu_);
+    running.swap(migrations_);
+  }
+  for (std::thread& migration : running) migration.join();
+}
 
 grpc::ServerUnaryReactor* MlaServeService::Answer(grpc::CallbackServerContext* context,
                                                   absl::string_view rpc, absl::Time start,
@@ -160,7 +173,10 @@ grpc::ServerUnaryReactor* MlaServeService::CreateSequence(grpc::CallbackServerCo
         absl::Status status =
             kv_dtype.ok() ? engine_.CreateSequence(r.sequence_id(), r.prefix_id(), *kv_dtype)
                           : kv_dtype.status();
-        if (status.ok()) status = DescribeSequence(r.sequence_id(), created->mutable_sequence());
+        if (status.ok()) {
+          moved_.Forget(r.sequence_id());  // a new sequence under a moved id lives here
+          status = DescribeSequence(r.sequence_id(), created->mutable_sequence());
+        }
         return status;
       });
 }
@@ -171,6 +187,7 @@ grpc::ServerUnaryReactor* MlaServeService::ForkSequence(grpc::CallbackServerCont
   return Unary<v1::ForkSequenceRequest, v1::ForkSequenceResponse>(
       context, "ForkSequence", kWrite, request, response,
       [this](const v1::ForkSequenceRequest& r, v1::ForkSequenceResponse* forked) {
+        RETURN_IF_ERROR(moved_.Check(r.source_sequence_id(), "source_sequence_id"));
         absl::Status status = engine_.ForkSequence(r.source_sequence_id(), r.new_sequence_id());
         if (status.ok()) status = DescribeSequence(r.new_sequence_id(), forked->mutable_sequence());
         return status;
@@ -183,6 +200,7 @@ grpc::ServerUnaryReactor* MlaServeService::ReleaseSequence(grpc::CallbackServerC
   return Unary<v1::ReleaseSequenceRequest, v1::ReleaseSequenceResponse>(
       context, "ReleaseSequence", kWrite, request, response,
       [this](const v1::ReleaseSequenceRequest& r, v1::ReleaseSequenceResponse*) {
+        RETURN_IF_ERROR(moved_.Check(r.sequence_id(), "sequence_id"));
         return engine_.ReleaseSequence(r.sequence_id());
       });
 }
@@ -193,6 +211,7 @@ grpc::ServerUnaryReactor* MlaServeService::GetSequence(grpc::CallbackServerConte
   return Unary<v1::GetSequenceRequest, v1::GetSequenceResponse>(
       context, "GetSequence", kRead, request, response,
       [this](const v1::GetSequenceRequest& r, v1::GetSequenceResponse* found) {
+        RETURN_IF_ERROR(moved_.Check(r.sequence_id(), "sequence_id"));
         return DescribeSequence(r.sequence_id(), found->mutable_sequence());
       });
 }
@@ -227,12 +246,68 @@ grpc::ServerUnaryReactor* MlaServeService::GetStats(grpc::CallbackServerContext*
       });
 }
 
+grpc::ServerUnaryReactor* MlaServeService::MigrateSequences(grpc::CallbackServerContext* context,
+                                                            const grpc::ByteBuffer* request_bytes,
+                                                            grpc::ByteBuffer* response_bytes) {
+  constexpr absl::string_view kRpc = "MigrateSequences";
+  const absl::Time start = absl::Now();
+  StampInstance(context);
+  if (!calls_.BeginUnary()) return Refuse(context, kRpc, start);
+  absl::StatusOr<Tenant*> tenant = Admit(*context, kWrite, kRpc);
+  if (!tenant.ok()) return Answer(context, kRpc, start, tenant.status());
+  v1::MigrateSequencesRequest request;
+  absl::Status status = ParseWireMessage(*request_bytes, "request", &request);
+  if (status.ok() && options_.tenancy != nullptr) {
+    status = absl::FailedPreconditionError(
+        "MigrateSequences: this server has tenants; moving sequences between servers is for "
+        "single-tenant servers");
+  }
+  if (status.ok()) status = ParseHostPort(request.target(), "target").status();
+  if (status.ok() && request.leave_cluster() && !options_.leave_cluster) {
+    status = absl::FailedPreconditionError("leave_cluster: this server is in no cluster");
+  }
+  if (status.ok() && request.stop_after() && !options_.stop_server) {
+    status = absl::FailedPreconditionError("stop_after: this server cannot stop itself");
+  }
+  if (!status.ok()) return Answer(context, kRpc, start, status);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::MutexLock lock(&migrations_mu_);
+  migrations_.emplace_back([this, reactor, start, request = std::move(request), response_bytes] {
+    if (request.leave_cluster()) options_.leave_cluster();
+    std::unique_ptr<client::MlaServeClient> target =
+        client::MlaServeClient::Connect(request.target());
+    std::vector<std::string> ids(request.sequence_ids().begin(), request.sequence_ids().end());
+    absl::StatusOr<MigrationResult> moved = service::MigrateSequences(
+        engine_, moved_, *target, request.target(), options_.state.instance_id(), std::move(ids));
+    absl::Status result = moved.status();
+    if (moved.ok()) {
+      v1::MigrateSequencesResponse response;
+      response.set_sequences(moved->sequences);
+      response.set_prefixes(moved->prefixes);
+      response.set_tokens(moved->tokens);
+      response.set_bytes(moved->bytes);
+      response.set_seconds(absl::ToDoubleSeconds(moved->took));
+      response.set_held_seconds(absl::ToDoubleSeconds(moved->held));
+      SerializeWireMessage(response, response_bytes);
+      spdlog::info("moved {} sequences ({} tokens, {} bytes) to {} in {:.3f} s", moved->sequences,
+                   moved->tokens, moved->bytes, request.target(),
+                   absl::ToDoubleSeconds(moved->took));
+    }
+    metrics_.RecordRpc(kRpc, result.code(), absl::Now() - start);
+    reactor->Finish(ToGrpcStatus(result));
+    calls_.EndUnary();
+    if (request.stop_after() && result.ok()) options_.stop_server();
+  });
+  return reactor;
+}
+
 grpc::ServerReadReactor<grpc::ByteBuffer>* MlaServeService::AppendKv(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   StampInstance(context);
   absl::StatusOr<Tenant*> admitted = Admit(*context, kWrite, "AppendKv");
   const std::string client = StreamClient(*context, admitted);
-  return new AppendKvReactor(std::move(admitted), client, engine_, metrics_, calls_, response);
+  return new AppendKvReactor(std::move(admitted), client, engine_, moved_, metrics_, calls_,
+                             response);
 }
 
 grpc::ServerUnaryReactor* MlaServeService::Decode(grpc::CallbackServerContext* context,

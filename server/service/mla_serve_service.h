@@ -1,6 +1,10 @@
 #ifndef MLASERVE_SERVER_SERVICE_MLA_SERVE_SERVICE_H_
 #define MLASERVE_SERVER_SERVICE_MLA_SERVE_SERVICE_H_
 
+#include <functional>
+#include <thread>
+#include <vector>
+
 #include <cstdint>
 #include <memory>
 
@@ -14,6 +18,7 @@
 #include "server/engine/engine.h"
 #include "server/service/call_registry.h"
 #include "server/service/decode_dispatcher.h"
+#include "server/service/moved_sequences.h"
 #include "server/service/service_metrics.h"
 #include "server/service/tenancy.h"
 
@@ -32,6 +37,10 @@ struct ServiceOptions {
   v1::StateInfo state;
   // Who the callers are (tenancy.h); null: single-tenant.
   std::shared_ptr<Tenancy> tenancy;
+  // MigrateSequences' leave_cluster and stop_after (mlaserve-ctl drain): the process's
+  // membership and its SIGTERM path; unset, those requests are FAILED_PRECONDITION.
+  std::function<void()> leave_cluster;
+  std::function<void()> stop_server;
 };
 
 // The initial-metadata key that carries the server's instance id on every call's answer, so
@@ -40,19 +49,22 @@ inline constexpr char kInstanceIdMetadata[] = "mlaserve-instance-id";
 
 // Every method of mlaserve.v1.MlaServe in its raw form: the service parses requests and
 // serializes answers itself (wire_message.h says why).
-using RawMlaServe = v1::MlaServe::WithRawCallbackMethod_ListPrefixes<
-    v1::MlaServe::WithRawCallbackMethod_ListSequences<v1::MlaServe::WithRawCallbackMethod_GetStats<
-        v1::MlaServe::WithRawCallbackMethod_GetServerInfo<
-            v1::MlaServe::WithRawCallbackMethod_RegisterPrefix<
-                v1::MlaServe::WithRawCallbackMethod_ReleasePrefix<
-                    v1::MlaServe::WithRawCallbackMethod_CreateSequence<
-                        v1::MlaServe::WithRawCallbackMethod_ForkSequence<
-                            v1::MlaServe::WithRawCallbackMethod_ReleaseSequence<
-                                v1::MlaServe::WithRawCallbackMethod_GetSequence<
-                                    v1::MlaServe::WithRawCallbackMethod_AppendKv<
-                                        v1::MlaServe::WithRawCallbackMethod_Decode<
-                                            v1::MlaServe::WithRawCallbackMethod_DecodeStream<
-                                                v1::MlaServe::Service>>>>>>>>>>>>>;
+using RawMlaServe = v1::MlaServe::WithRawCallbackMethod_MigrateSequences<
+    v1::MlaServe::WithRawCallbackMethod_ListPrefixes<
+        v1::MlaServe::WithRawCallbackMethod_ListSequences<
+            v1::MlaServe::WithRawCallbackMethod_GetStats<
+                v1::MlaServe::WithRawCallbackMethod_GetServerInfo<
+                    v1::MlaServe::WithRawCallbackMethod_RegisterPrefix<
+                        v1::MlaServe::WithRawCallbackMethod_ReleasePrefix<
+                            v1::MlaServe::WithRawCallbackMethod_CreateSequence<
+                                v1::MlaServe::WithRawCallbackMethod_ForkSequence<
+                                    v1::MlaServe::WithRawCallbackMethod_ReleaseSequence<
+                                        v1::MlaServe::WithRawCallbackMethod_GetSequence<
+                                            v1::MlaServe::WithRawCallbackMethod_AppendKv<
+                                                v1::MlaServe::WithRawCallbackMethod_Decode<
+                                                    v1::MlaServe::
+                                                        WithRawCallbackMethod_DecodeStream<
+                                                            v1::MlaServe::Service>>>>>>>>>>>>>>;
 
 // mlaserve.v1.MlaServe on gRPC's callback API: no call holds a thread while the engine
 // batches it. KV calls run on the callback thread (they are bounded metadata updates and
@@ -61,6 +73,8 @@ using RawMlaServe = v1::MlaServe::WithRawCallbackMethod_ListPrefixes<
 class MlaServeService final : public RawMlaServe {
  public:
   MlaServeService(engine::Engine& engine, ServiceMetrics& metrics, ServiceOptions options);
+  // Waits for migrations still running.
+  ~MlaServeService() override;
 
   // Open DecodeStreams stop reading and end with UNAVAILABLE once answered, open AppendKv
   // streams end between chunks; new ones are refused. Unary calls are left to
@@ -106,6 +120,10 @@ class MlaServeService final : public RawMlaServe {
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* response) override;
+  // Runs on a thread of its own (a move takes as long as its rows take to copy).
+  grpc::ServerUnaryReactor* MigrateSequences(grpc::CallbackServerContext* context,
+                                             const grpc::ByteBuffer* request,
+                                             grpc::ByteBuffer* response) override;
 
  private:
   // A unary call answered on the callback thread: admits the caller (tenant, `right`),
@@ -135,8 +153,11 @@ class MlaServeService final : public RawMlaServe {
   engine::Engine& engine_;
   ServiceMetrics& metrics_;
   const ServiceOptions options_;
+  MovedSequences moved_;
   DecodeDispatcher dispatcher_;
   CallRegistry calls_;
+  absl::Mutex migrations_mu_;
+  std::vector<std::thread> migrations_ ABSL_GUARDED_BY(migrations_mu_);
 };
 
 }  // namespace mlaserve::service

@@ -103,6 +103,8 @@ absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factor
   service_options.max_message_bytes = options.max_message_bytes;
   service_options.stream_max_in_flight = options.stream_max_in_flight;
   service_options.max_streams_per_client = options.max_streams_per_client;
+  service_options.leave_cluster = options.leave_cluster;
+  service_options.stop_server = options.stop_server;
   server->service_ = std::make_unique<MlaServeService>(*server->engine_, *metrics, service_options);
 
   grpc::EnableDefaultHealthCheckService(true);

@@ -2,6 +2,7 @@
 #define MLASERVE_SERVER_SERVICE_MLA_SERVER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -56,6 +57,10 @@ struct ServerOptions {
   // Who the callers are (tenancy.h): set by the command line; null is single-tenant. Its KV
   // quotas must also be in the engine options (KvStoreOptions::namespace_budget_bytes).
   std::shared_ptr<Tenancy> tenancy;
+
+  // MigrateSequences' leave_cluster and stop_after (ServiceOptions).
+  std::function<void()> leave_cluster;
+  std::function<void()> stop_server;
 
   // Restarts that keep the cache (docs/deploy.md): the KV store is loaded from this directory
   // before the server listens and saved there after a drain; "" keeps no state.

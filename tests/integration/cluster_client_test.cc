@@ -3,10 +3,13 @@
 // routing, context-parallel decode against the fp64 golden, a server that leaves, etcd that
 // stops and comes back (docs/cluster.md).
 
+#include <atomic>
+#include <map>
 #include <memory>
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -336,6 +339,185 @@ TEST_F(ClusterClientTest, WithEtcdDownSequencesAnswerAndPlacementUsesTheLastMemb
     absl::SleepFor(absl::Milliseconds(50));
   }
   EXPECT_FALSE(cluster->membership().stale());
+}
+
+// The rows of one latent decode query answered by `client` (one query per call, so the batch,
+// and with it every rounding, is the same wherever it runs).
+std::string Answer(client::ServingClient& client, const v1::DecodeQuery& query) {
+  v1::DecodeRequest request;
+  *request.add_queries() = query;
+  request.set_output_dtype(v1::DTYPE_FP32);
+  absl::StatusOr<v1::DecodeResponse> response = client.DecodeRaw(request);
+  EXPECT_TRUE(response.ok()) << response.status();
+  if (!response.ok()) return "";
+  return response->results(0).out().data() + response->results(0).lse().data();
+}
+
+// Sequences on a bf16 prefix, and an FP8 one, move from one server to another: the target
+// answers them bit for bit as the source did, the source redirects calls naming them, and the
+// cluster client follows without being told.
+TEST_F(ClusterClientTest, AMoveKeepsEveryAnswerBitForBitAndClientsFollowIt) {
+  std::unique_ptr<client::ClusterClient> cluster = Connect();
+  ASSERT_NE(cluster, nullptr);
+  const engine::ModelConfig model = TinyModel();
+  const int width = model.dk_latent();
+  const std::vector<Bf16> prefix =
+      RandomBf16(static_cast<size_t>(model.layers) * 40 * width, 1.0, rng_);
+  ASSERT_TRUE(cluster->RegisterPrefix("p", "", Tensor3(prefix, model.layers, 40, width)).ok());
+  std::vector<std::string> ids = {"m0", "m1"};
+  for (const std::string& id : ids) ASSERT_TRUE(cluster->CreateSequence(id, "p").ok());
+  ASSERT_TRUE(cluster->CreateSequence("m-fp8", "", v1::KV_DTYPE_FP8).ok());
+  ids.push_back("m-fp8");
+  std::vector<v1::DecodeQuery> queries;
+  for (const std::string& id : ids) {
+    const int64_t start = id == "m-fp8" ? 0 : 40;
+    for (int layer = 0; layer < model.layers; ++layer) {
+      const std::vector<Bf16> rows = RandomBf16(37 * static_cast<size_t>(width), 1.0, rng_);
+      ASSERT_TRUE(cluster->AppendKv(id, layer, start, Tensor2(rows, 37, width)).ok());
+    }
+    const std::vector<Bf16> q = RandomBf16(static_cast<size_t>(model.heads) * width, 1.0, rng_);
+    queries.push_back(client::LatentQuery(id, 1, 1, Tensor3(q, 1, model.heads, width)));
+  }
+  std::vector<std::string> before;
+  for (const v1::DecodeQuery& query : queries) before.push_back(Answer(*cluster, query));
+
+  // Each server's sequences move to the next server.
+  std::map<std::string, std::vector<std::string>> by_server;
+  for (const std::string& id : ids) by_server[cluster->ServersOf(id)->front()].push_back(id);
+  std::map<std::string, std::string> destination_of;  // sequence -> where it went
+  for (const auto& [source, moving] : by_server) {
+    std::string destination;
+    for (size_t i = 0; i < members_.size(); ++i) {
+      if (members_[i].server->target() == source) {
+        destination = members_[(i + 1) % members_.size()].server->target();
+      }
+    }
+    v1::MigrateSequencesRequest move;
+    move.set_target(destination);
+    for (const std::string& id : moving) move.add_sequence_ids(id);
+    absl::StatusOr<v1::MigrateSequencesResponse> moved =
+        At(source).server->client().MigrateSequences(move, absl::Seconds(60));
+    ASSERT_TRUE(moved.ok()) << moved.status();
+    EXPECT_EQ(moved->sequences(), static_cast<int>(moving.size()));
+    const bool on_prefix = moving.front() != "m-fp8";
+    EXPECT_EQ(moved->prefixes(), on_prefix ? 1 : 0);
+    EXPECT_EQ(moved->tokens(),
+              (on_prefix ? 40 : 0) + static_cast<int64_t>(moving.size()) * model.layers * 37);
+    for (const std::string& id : moving) {
+      destination_of[id] = destination;
+      EXPECT_FALSE(Holds(source, id));
+      EXPECT_TRUE(Holds(destination, id));
+    }
+    // The source names the new server.
+    v1::DecodeRequest direct;
+    for (const v1::DecodeQuery& query : queries) {
+      if (query.sequence_id() == moving.front()) *direct.add_queries() = query;
+    }
+    absl::StatusOr<v1::DecodeResponse> refused = At(source).server->client().DecodeRaw(direct);
+    ASSERT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+    EXPECT_THAT(refused.status().message(),
+                ::testing::HasSubstr(
+                    absl::StrCat("sequence '", moving.front(), "' moved to server ", destination)));
+  }
+  // Through the cluster client, unchanged code: the same bits from the new servers.
+  for (size_t i = 0; i < queries.size(); ++i) {
+    EXPECT_EQ(Answer(*cluster, queries[i]), before[i]) << ids[i];
+    EXPECT_THAT(*cluster->ServersOf(ids[i]), ::testing::ElementsAre(destination_of[ids[i]]));
+  }
+  // And it goes on there: appends, releases.
+  const std::vector<Bf16> more = RandomBf16(static_cast<size_t>(width), 1.0, rng_);
+  EXPECT_TRUE(cluster->AppendKv("m0", 0, 77, Tensor2(more, 1, width)).ok());
+  for (const std::string& id : ids) EXPECT_TRUE(cluster->ReleaseSequence(id).ok());
+  EXPECT_FALSE(Holds(destination_of["m0"], "m0"));
+}
+
+// Decodes that append a token each and check every answer against the golden run while
+// the sequence moves: none fails, none differs from the golden.
+TEST_F(ClusterClientTest, AMoveUnderLoadLosesNoRowAndFailsNoCall) {
+  std::unique_ptr<client::ClusterClient> cluster = Connect();
+  ASSERT_NE(cluster, nullptr);
+  const engine::ModelConfig model = TinyModel();
+  const int width = model.dk_latent();
+  ASSERT_TRUE(cluster->CreateSequence("busy").ok());
+  std::vector<Bf16> rows = RandomBf16(16 * static_cast<size_t>(width), 1.0, rng_);
+  ASSERT_TRUE(cluster->AppendKv("busy", 0, 0, Tensor2(rows, 16, width)).ok());
+  const std::string source = cluster->ServersOf("busy")->front();
+  std::atomic<int> steps{0};
+  std::atomic<bool> stop{false};
+  std::thread load([&] {
+    Rng rng(std::random_device{}());
+    while (!stop.load() && steps.load() < 400) {
+      const std::vector<Bf16> row = RandomBf16(static_cast<size_t>(width), 1.0, rng);
+      const std::vector<Bf16> q = RandomBf16(static_cast<size_t>(model.heads) * width, 1.0, rng);
+      v1::DecodeQuery query = client::LatentQuery("busy", 0, 1, Tensor3(q, 1, model.heads, width));
+      client::AppendBeforeDecode(query, Tensor2(row, 1, width),
+                                 static_cast<int64_t>(rows.size() / width));
+      absl::StatusOr<std::vector<client::DecodeOutput>> answer = cluster->Decode({query});
+      ASSERT_TRUE(answer.ok()) << "step " << steps.load() << ": " << answer.status();
+      rows.insert(rows.end(), row.begin(), row.end());
+      const GoldenOutput golden = GoldenLatent(model, rows, q, 1);
+      ASSERT_TRUE(testing::AllClose((*answer)[0].out, golden.out, kLatentOutTolerance, true))
+          << "step " << steps.load();
+      ++steps;
+    }
+  });
+  while (steps.load() < 20) absl::SleepFor(absl::Milliseconds(5));
+  std::string destination;
+  for (const Member& m : members_) {
+    if (m.server->target() != source) destination = m.server->target();
+  }
+  v1::MigrateSequencesRequest move;
+  move.set_target(destination);  // every sequence: just this one
+  absl::StatusOr<v1::MigrateSequencesResponse> moved =
+      At(source).server->client().MigrateSequences(move, absl::Seconds(60));
+  const int at_move = steps.load();
+  while (steps.load() < at_move + 20 && !HasFatalFailure()) absl::SleepFor(absl::Milliseconds(5));
+  stop = true;
+  load.join();
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(moved->sequences(), 1);
+  EXPECT_THAT(*cluster->ServersOf("busy"), ::testing::ElementsAre(destination));
+  absl::StatusOr<v1::Sequence> there = At(destination).server->client().GetSequence("busy");
+  ASSERT_TRUE(there.ok()) << there.status();
+  EXPECT_EQ(there->layer_lengths(0), static_cast<int64_t>(rows.size() / width));
+  std::cout << "moved under load after " << at_move << " steps, held "
+            << moved->held_seconds() * 1000 << " ms; " << steps.load() << " steps in all\n";
+}
+
+TEST_F(ClusterClientTest, AMoveThatCannotHappenSaysWhyAndChangesNothing) {
+  std::unique_ptr<client::ClusterClient> cluster = Connect();
+  ASSERT_NE(cluster, nullptr);
+  ASSERT_TRUE(cluster->CreateSequence("stays").ok());
+  const std::string source = cluster->ServersOf("stays")->front();
+  client::MlaServeClient& admin = At(source).server->client();
+  auto move = [&](const std::string& target, std::vector<std::string> ids, bool leave = false) {
+    v1::MigrateSequencesRequest request;
+    request.set_target(target);
+    for (const std::string& id : ids) request.add_sequence_ids(id);
+    request.set_leave_cluster(leave);
+    return admin.MigrateSequences(request, absl::Seconds(30)).status();
+  };
+  std::string other;
+  for (const Member& m : members_) {
+    if (m.server->target() != source) other = m.server->target();
+  }
+  absl::Status status = move("no port", {"stays"});
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_THAT(status.message(), ::testing::HasSubstr("target"));
+  status = move(other, {"stays", "nobody"});
+  EXPECT_TRUE(absl::IsNotFound(status)) << status;
+  EXPECT_THAT(status.message(), ::testing::HasSubstr("sequence_ids[1]"));
+  status = move(absl::StrCat("127.0.0.1:", testing::FreeLoopbackPort()), {"stays"});
+  EXPECT_TRUE(absl::IsUnavailable(status)) << status;
+  EXPECT_THAT(status.message(), ::testing::HasSubstr("target: server 127.0.0.1:"));
+  status = move(source, {"stays"});
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  status = move(other, {"stays"}, /*leave=*/true);  // these servers have no cluster hooks
+  EXPECT_TRUE(absl::IsFailedPrecondition(status)) << status;
+  EXPECT_THAT(status.message(), ::testing::HasSubstr("leave_cluster"));
+  EXPECT_TRUE(Holds(source, "stays"));
+  EXPECT_FALSE(Holds(other, "stays"));
+  EXPECT_EQ(cluster->ServersOf("stays")->front(), source);
 }
 
 }  // namespace
