@@ -213,7 +213,7 @@ def main():
               "members' instance ids")
         b_theta = info.naive_thresholds[0].b_theta
         with mlaserve.ClusterClient(etcd.endpoint(), cluster=CLUSTER) as default:
-            check(default.spread_group == 2 * math.ceil(b_theta),
+            check(default.spread_group == math.ceil(b_theta),
                   f"default spread group {default.spread_group}, B_theta {b_theta}")
         scale = float(np.float32(info.model.softmax_scale))
         heads, width = info.model.heads, info.model.kv_row_width
