@@ -232,6 +232,21 @@ class Client:
         return self._list(self._stub.ListSequences,
                           admin_pb2.ListSequencesRequest(prefix_id=prefix_id), "sequences")
 
+    def migrate_sequences(self, target, sequence_ids=(), leave_cluster=False, stop_after=False,
+                          timeout=600):
+        """Moves sequences of this server to the server at `target` (host:port, reached by this
+        server in plaintext): sequence_ids, or every sequence when empty (docs/cluster.md,
+        "Migration and drain"). leave_cluster: this server first leaves its cluster;
+        stop_after: it stops once it has answered. Returns the MigrateSequencesResponse
+        (sequences, prefixes, tokens, bytes, seconds, held_seconds). Never retried (a move is
+        not idempotent). When the server answers an error, nothing moved (e.g. UNAVAILABLE
+        "target: server ADDRESS: ..." when the target did not answer it; NOT_FOUND naming
+        sequence_ids[i] for a sequence it does not hold)."""
+        request = admin_pb2.MigrateSequencesRequest(
+            target=target, sequence_ids=list(sequence_ids), leave_cluster=leave_cluster,
+            stop_after=stop_after)
+        return self._stub.MigrateSequences(request, timeout=timeout, metadata=self._metadata)
+
     def _list(self, method, request, field):
         entries = []
         request.page_size = 1000
