@@ -14,7 +14,8 @@ each new sequence by the cluster's rule (prefix affinity, then capacity; docs/cl
 "Placement", the same rule as cluster/placement.h), remembers the server, and sends every
 later call for the sequence straight to it. With context_part_tokens > 0 a sequence is cut
 by position into parts on different servers and a decode over several parts is merged by
-LSE (context parallelism).
+LSE (context parallelism). A sequence a server moved to another member (MigrateSequences,
+mlaserve-ctl drain) is followed there without the caller noticing.
 """
 
 import base64
@@ -39,6 +40,14 @@ from mlaserve.v1 import decode_pb2, kv_cache_pb2, tensor_pb2
 _log = logging.getLogger("mlaserve.cluster")
 
 _KV_DTYPE_NAMES = {tensor_pb2.KV_DTYPE_BF16: "bf16", tensor_pb2.KV_DTYPE_FP8: "fp8"}
+
+# A sequence a server moved (MigrateSequences) is followed to its new server and the call
+# repeated (every call here is idempotent), a few moves in one call at most; as the C++
+# cluster client (client/cluster/cluster_client.cc, FollowMove).
+_MAX_MOVES_FOLLOWED = 8
+_MOVING = "' is moving to server "  # UNAVAILABLE while its last rows go over
+_MOVED = "' moved to server "  # FAILED_PRECONDITION "sequence 'ID' moved to server ADDRESS"
+_NAMED = "sequence '"
 
 
 class ClusterError(Exception):
@@ -580,6 +589,65 @@ class ClusterClient:
                 raise self._left(part, sequence_id) from None
             raise
 
+    def _following_moves(self, function):
+        """function(), repeated after each failure _follow_move follows (at most
+        _MAX_MOVES_FOLLOWED times)."""
+        moves = 0
+        while True:
+            try:
+                return function()
+            except grpc.RpcError as error:
+                if moves >= _MAX_MOVES_FOLLOWED or not self._follow_move(error):
+                    raise
+                moves += 1
+
+    def _follow_move(self, error):
+        """For a call refused because a sequence moved (FAILED_PRECONDITION "sequence 'ID'
+        moved to server ADDRESS", ID being a part's id): points that part at the member with
+        that address (its prefix now counted there: the move registered it). For one refused
+        while it moves (UNAVAILABLE "... is moving to server ..."): waits a moment. True if
+        the call is worth repeating."""
+        code, message = error.code(), error.details() or ""
+        if code == grpc.StatusCode.UNAVAILABLE and _MOVING in message:
+            # Its last rows are on their way: the move ends within moments (mlaserve.Client's
+            # own retries of UNAVAILABLE may not have waited long enough).
+            time.sleep(0.1)
+            return True
+        if code != grpc.StatusCode.FAILED_PRECONDITION:
+            return False
+        moved = message.find(_MOVED)
+        named = message.rfind(_NAMED, 0, moved) if moved >= 0 else -1
+        if named < 0:
+            return False
+        part_id = message[named + len(_NAMED):moved]
+        address = message[moved + len(_MOVED):]
+        for stop in " ;,)":
+            address = address.split(stop, 1)[0]
+        with self._lock:
+            member = next((r for r in self._by_instance.values() if r["address"] == address),
+                          None)
+            if member is None:
+                _log.warning("cluster '%s': sequence '%s' moved to %s, which is no member",
+                             self.cluster, part_id, address)
+                return False
+            instance = member["instance_id"]
+            for sequence in self._sequences.values():
+                for index, part in enumerate(sequence.parts):
+                    if part.sub_id != part_id:
+                        continue
+                    if part.instance_id == instance:
+                        return True  # another call followed it meanwhile
+                    _log.info("cluster '%s': sequence '%s' moved from %s to %s", self.cluster,
+                              part_id, part.address, address)
+                    if index == 0 and sequence.prefix is not None:
+                        holders = sequence.prefix.holders
+                        if holders.get(part.instance_id, 0) > 0:
+                            holders[part.instance_id] -= 1
+                        holders[instance] = holders.get(instance, 0) + 1
+                    sequence.parts[index] = part._replace(instance_id=instance, address=address)
+                    return True
+        return False
+
     # --- Prefixes ----------------------------------------------------------------------
 
     def register_prefix(self, prefix_id, latent, kv_dtype=None):
@@ -699,9 +767,11 @@ class ClusterClient:
             if existing.prefix is not prefix or existing.requested_kv_dtype != kv_dtype:
                 raise ClusterError(grpc.StatusCode.ALREADY_EXISTS,
                                    f"sequence '{sequence_id}' exists with other arguments")
-            part = existing.parts[0]
-            return self._call(part, sequence_id, lambda c: c.create_sequence(
-                part.sub_id, prefix_id=prefix_id, kv_dtype=kv_dtype))
+            # Where it is now (a create there could not tell it moved, and would make an
+            # empty twin on the server it left).
+            return self._following_moves(lambda: self._call(
+                existing.parts[0], sequence_id,
+                lambda c: c.get_sequence(existing.parts[0].sub_id)))
         model = self._cluster_model()
         sequence = _Sequence(sequence_id, prefix, kv_dtype, model.layers)
 
@@ -745,18 +815,28 @@ class ClusterClient:
     def release_sequence(self, sequence_id):
         """Releases every part of the sequence; parts on servers that left are forgotten."""
         with self._lock:
-            sequence = self._sequences.pop(sequence_id, None)
+            sequence = self._sequences.get(sequence_id)
         if sequence is None:
             return
-        for part in sequence.parts:
+        self._following_moves(lambda: self._release_once(sequence))
+
+    def _release_once(self, sequence):
+        for part in list(sequence.parts):
             if self._gone(part.instance_id):
                 continue
             try:
-                self._call(part, sequence_id, lambda c: c.release_sequence(part.sub_id))
+                self._call(part, sequence.sequence_id,
+                           lambda c: c.release_sequence(part.sub_id))
             except ClusterError:
                 pass  # left meanwhile: nothing to release
-        if sequence.prefix is not None:
-            with self._lock:
+            except grpc.RpcError as error:
+                if error.code() != grpc.StatusCode.NOT_FOUND:
+                    raise  # (NOT_FOUND: released by an earlier try)
+        with self._lock:
+            if self._sequences.get(sequence.sequence_id) is not sequence:
+                return  # released meanwhile by another thread
+            del self._sequences[sequence.sequence_id]
+            if sequence.prefix is not None:
                 holders = sequence.prefix.holders
                 instance = sequence.parts[0].instance_id
                 if holders.get(instance, 0) > 0:
@@ -793,6 +873,10 @@ class ClusterClient:
     def append_kv(self, sequence_id, layer, start_position, rows, dtype=None):
         """Appends rows [n, dl + dr] at start_position of one layer (positions count the
         prefix's tokens), cut at part boundaries for a context-parallel sequence."""
+        return self._following_moves(lambda: self._append_once(
+            sequence_id, layer, start_position, rows, dtype))
+
+    def _append_once(self, sequence_id, layer, start_position, rows, dtype):
         sequence = self._sequence(sequence_id)
         rows = np.asarray(rows)
         n = len(rows) if rows.ndim >= 1 else 0
@@ -830,6 +914,10 @@ class ClusterClient:
         """Decode of head_query/latent_query queries on sequences of this client -> a list of
         DecodeResult in query order: one Decode call per server (in parallel); a query over
         several context-parallel parts is answered by sub-queries merged by LSE."""
+        return self._following_moves(lambda: self._decode_once(
+            queries, output_dtype, softmax_scale, timeout))
+
+    def _decode_once(self, queries, output_dtype, softmax_scale, timeout):
         out_wire = wire_dtype(output_dtype)
         groups = collections.OrderedDict()  # (instance, wire dtype) -> [(part, slot, query)]
         merges = []  # (query index, sequence, sq, heads, [(part index, s0, s1, slot)])
