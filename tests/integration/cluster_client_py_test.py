@@ -6,8 +6,11 @@ it, capacity placement, prefix affinity until the spread group and the prefix th
 registered on a second server (seen through the servers' ListPrefixes/ListSequences), decode
 answers bit for bit equal to one server's, context-parallel decode over three servers against
 an fp64 reference (sq 1 and 2, tokens straddling part boundaries, an append inside the
-query), a kill -9 (calls for its sequences fail at once with UNAVAILABLE naming it once its
-key is gone, the others answer), etcd stopped (stale, decodes go on) and restarted.
+query), sequences moved by their servers (MigrateSequences: a sequence on a prefix, an FP8
+one and a context-parallel part, followed by the cluster client without being told, answers
+bit for bit as before, also during the moves; a dead target and an unknown id refused,
+nothing moved), a kill -9 (calls for its sequences fail at once with UNAVAILABLE naming it
+once its key is gone, the others answer), etcd stopped (stale, decodes go on) and restarted.
 
     /usr/bin/python3 tests/integration/cluster_client_py_test.py \\
         --server build/bin/mlaserve-server --etcd /usr/bin/etcd   (PYTHONPATH=build/python)
@@ -21,6 +24,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 
 import grpc
@@ -119,6 +123,170 @@ def check_placement_rule(check):
     except mlaserve.ClusterError as error:
         check(error.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "95 bytes" in error.message
               and "1 excluded" in error.message, f"no room: {error}")
+
+
+def check_moves(cluster, address_of, instance_of, model, system, bf16, check, log):
+    """Section 4b: sequences moved by Client(source).migrate_sequences, followed by the
+    cluster client (answers bit for bit as before, also for decodes running during the
+    moves); a move to a dead target and one naming an unknown sequence change nothing.
+    `cluster` makes one attempt per call (max_attempts=1), so a call meeting a sequence in
+    its last rows (UNAVAILABLE "is moving") is waited out by the cluster client itself."""
+    heads, width = model.heads, model.kv_row_width
+    fp8_row = model.dl + 4 + 2 * model.dr  # e4m3 content, fp32 scale, bf16 RoPE
+    cluster.register_prefix("sys", system)
+    cluster.create_sequence("mv-sys", prefix_id="sys")
+    cluster.create_sequence("mv-fp8", kv_dtype="fp8")
+    moving = ["mv-sys", "mv-fp8"]
+    own = {"mv-sys": 21, "mv-fp8": 13}  # rows per layer after the prefix
+    ends = {}
+    for sequence_id in moving:
+        base = 40 if sequence_id == "mv-sys" else 0
+        for layer in range(LAYERS):
+            cluster.append_kv(sequence_id, layer, base, bf16((own[sequence_id], width), 0.1))
+            ends[(sequence_id, layer)] = base + own[sequence_id]
+    queries = [mlaserve.latent_query(s, layer, bf16((1 + layer, heads, width)))
+               for s in moving for layer in range(LAYERS)]
+    before = cluster.decode(queries, output_dtype="fp32")
+    source_of = {s: cluster.server_of(s) for s in moving}
+    groups_before = cluster.prefixes()["sys"]
+
+    def same_as_before(answers, which=range(len(queries))):
+        return len(answers) == len(which) and all(
+            np.array_equal(a.out, before[i].out) and np.array_equal(a.lse, before[i].lse)
+            for a, i in zip(answers, which))
+
+    def expect_rpc_error(function, code, *words):
+        try:
+            function()
+        except grpc.RpcError as error:
+            check(error.code() == code and all(w in (error.details() or "") for w in words),
+                  f"expected {code.name} naming {words}, got {error.code()}: {error.details()}")
+            return
+        check(False, f"expected {code.name}, nothing raised")
+
+    def holds(address, sequence_id):
+        return sequence_id in {x.sequence.sequence_id
+                               for x in address_of[address][1].list_sequences()}
+
+    # A target that does not answer, and an unknown sequence: refused, nothing moves.
+    with mlaserve.Client(source_of["mv-sys"]) as source:
+        dead = f"127.0.0.1:{free_port()}"
+        started = time.monotonic()
+        expect_rpc_error(lambda: source.migrate_sequences(dead, sequence_ids=["mv-sys"]),
+                         grpc.StatusCode.UNAVAILABLE, f"target: server {dead}")
+        print(f"a move to a dead target failed after {time.monotonic() - started:.2f} s")
+        other = min(t for t in address_of if t != source_of["mv-sys"])
+        expect_rpc_error(lambda: source.migrate_sequences(
+            other, sequence_ids=["mv-sys", "nobody"]), grpc.StatusCode.NOT_FOUND,
+            "sequence_ids[1]", "nobody")
+    check(cluster.server_of("mv-sys") == source_of["mv-sys"] and
+          holds(source_of["mv-sys"], "mv-sys") and not holds(other, "mv-sys"),
+          "mv-sys left its server after refused moves")
+    check(same_as_before(cluster.decode(queries, output_dtype="fp32")),
+          "decode after refused moves differs")
+
+    # The moves, each server's sequences to the next server, while a thread decodes them
+    # (one sq-1 query on each: a few milliseconds a call, against calls held ~20 ms).
+    targets = sorted(address_of)
+    by_source = {}
+    for sequence_id in moving:
+        by_source.setdefault(source_of[sequence_id], []).append(sequence_id)
+    destination_of = {}
+    light = [i for i, q in enumerate(queries) if q.layer == 0]
+    load = {"decodes": 0, "errors": [], "waits": 0}
+    stop = threading.Event()
+    follow = cluster._follow_move
+
+    def counting_follow(error):
+        if error.code() == grpc.StatusCode.UNAVAILABLE:
+            load["waits"] += 1
+        return follow(error)
+
+    def decode_during_moves():
+        while not stop.is_set():
+            try:
+                answers = cluster.decode([queries[i] for i in light], output_dtype="fp32")
+            except Exception as error:  # reported below
+                load["errors"].append(f"{type(error).__name__}: {error}")
+                return
+            if not same_as_before(answers, light):
+                load["errors"].append("an answer differs from before the move")
+            load["decodes"] += 1
+
+    cluster._follow_move = counting_follow
+    loader = threading.Thread(target=decode_during_moves)
+    loader.start()
+    try:
+        for source_address, ids in sorted(by_source.items()):
+            target = targets[(targets.index(source_address) + 1) % len(targets)]
+            with mlaserve.Client(source_address) as source:
+                moved = source.migrate_sequences(target, sequence_ids=ids)
+            on_prefix = "mv-sys" in ids
+            tokens = (40 if on_prefix else 0) + sum(own[s] for s in ids) * LAYERS
+            nbytes = (40 * LAYERS * width * 2 if on_prefix else 0) + sum(
+                own[s] * LAYERS * (fp8_row if s == "mv-fp8" else width * 2) for s in ids)
+            check((moved.sequences, moved.prefixes, moved.tokens, moved.bytes) ==
+                  (len(ids), 1 if on_prefix else 0, tokens, nbytes),
+                  f"moved {ids} to {target}: {moved}, expected {len(ids)} sequences, "
+                  f"{1 if on_prefix else 0} prefixes, {tokens} tokens, {nbytes} bytes")
+            print(f"moved {ids} in {moved.seconds * 1e3:.1f} ms, calls held "
+                  f"{moved.held_seconds * 1e3:.1f} ms")
+            for sequence_id in ids:
+                destination_of[sequence_id] = target
+            # The source names the new server.
+            expect_rpc_error(lambda: address_of[source_address][1].decode(
+                [q for q in queries if q.sequence_id == ids[0]][:1]),
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"sequence '{ids[0]}' moved to server {target}")
+        time.sleep(0.05)  # a few decodes after the last move
+    finally:
+        stop.set()
+        loader.join()
+        cluster._follow_move = follow
+    check(not load["errors"], f"decodes during the moves: {load['errors'][:3]}")
+    print(f"{load['decodes']} decodes through the cluster client during the moves, all equal "
+          f"to before; {load['waits']} met a sequence moving and waited")
+
+    # Through the cluster client, told nothing: the same bits, from the new servers.
+    check(same_as_before(cluster.decode(queries, output_dtype="fp32")),
+          "decode after the moves differs from before")
+    for sequence_id in moving:
+        check(cluster.server_of(sequence_id) == destination_of[sequence_id],
+              f"server_of({sequence_id}) {cluster.server_of(sequence_id)}, expected "
+              f"{destination_of[sequence_id]}")
+        check(holds(destination_of[sequence_id], sequence_id) and
+              not holds(source_of[sequence_id], sequence_id),
+              f"{sequence_id} not (only) on {destination_of[sequence_id]}")
+    followed = sorted(m for m in log.messages if "' moved from " in m)
+    check(followed == sorted(f"cluster '{CLUSTER}': sequence '{s}' moved from {source_of[s]} to "
+                             f"{destination_of[s]}" for s in moving),
+          f"one move followed per sequence: {followed}")
+    # The prefix's group moved with mv-sys.
+    old, new = instance_of[source_of["mv-sys"]], instance_of[destination_of["mv-sys"]]
+    expected = dict(groups_before)
+    expected[old] -= 1
+    expected[new] = expected.get(new, 0) + 1
+    check(cluster.prefixes()["sys"] == expected,
+          f"prefix groups after the move {cluster.prefixes()['sys']}, expected {expected}")
+
+    # And it goes on there: an append, a decode with an append inside, the releases.
+    for sequence_id in moving:
+        cluster.append_kv(sequence_id, 0, ends[(sequence_id, 0)], bf16((2, width), 0.1))
+        [answer] = cluster.decode([mlaserve.latent_query(
+            sequence_id, 1, bf16((1, heads, width)), append_rows=bf16((1, width), 0.1),
+            append_position=ends[(sequence_id, 1)])])
+        check(np.isfinite(answer.lse).all(), f"decode with an append on moved {sequence_id}")
+        there = address_of[destination_of[sequence_id]][1].get_sequence(sequence_id)
+        check(list(there.layer_lengths) == [ends[(sequence_id, 0)] + 2,
+                                            ends[(sequence_id, 1)] + 1],
+              f"{sequence_id} on its new server: lengths {list(there.layer_lengths)}")
+    for sequence_id in moving:
+        cluster.release_sequence(sequence_id)
+        check(not holds(destination_of[sequence_id], sequence_id),
+              f"{sequence_id} still on its new server after its release")
+    expected[new] -= 1
+    check(cluster.prefixes()["sys"] == expected,
+          f"prefix groups after the releases {cluster.prefixes()['sys']}, expected {expected}")
 
 
 class LogLines(logging.Handler):
@@ -318,6 +486,13 @@ def main():
                   for a, b in zip(through_cluster, on_one)),
               "decode with appends through the cluster differs from one server's")
 
+        # 4b. Moves (MigrateSequences): a sequence on the prefix and an FP8 one, moved by their
+        # servers to the next server; the cluster client follows without being told.
+        mover = mlaserve.ClusterClient(etcd.endpoint(), cluster=CLUSTER, max_attempts=1)
+        clients.append(mover)
+        check_moves(mover, address_of, instance_of, info.model, system, bf16, check, log)
+        mover.close()  # (its membership thread would count in section 6's warnings)
+
         # 5. Context parallel: parts of 16 tokens after an 8-token prefix, each part on
         # another server; decodes merged by LSE against fp64 attention.
         part_tokens, prefix_tokens = 16, 8
@@ -393,6 +568,20 @@ def main():
         cp_case("sq 1 on layer 1 (two parts)", 1, 1, append=1)
         print(f"context parallel against fp64: worst out error {worst['out']:.1e}, "
               f"lse {worst['lse']:.1e}")
+        # A part moved by its server (named "cp@pK" there) to the second prefix holder (which
+        # keeps its own part, for section 7): followed, the merged answers unchanged.
+        q = [mlaserve.latent_query("cp", layer, bf16((2, heads, width))) for layer in (0, 1)]
+        unmoved = cp.decode(q, output_dtype="fp32")
+        index, (sub_id, address, _, _) = next(
+            (i, p) for i, p in enumerate(cp.parts_of("cp")) if i > 0 and p[1] != second)
+        with mlaserve.Client(address) as source:
+            moved = source.migrate_sequences(second, sequence_ids=[sub_id])
+        check(moved.sequences == 1 and moved.prefixes == 0, f"moved part {sub_id}: {moved}")
+        check(all(np.array_equal(a.out, b.out) and np.array_equal(a.lse, b.lse)
+                  for a, b in zip(cp.decode(q, output_dtype="fp32"), unmoved)),
+              f"context-parallel decode after moving part {sub_id} differs")
+        check(cp.parts_of("cp")[index][1] == second, f"part {sub_id} not followed to {second}: "
+              f"{cp.parts_of('cp')}")
 
         # 6. etcd stopped: stale, the last membership kept, decodes go on; restarted: fresh.
         before = [m["instance_id"] for m in cluster.members()]
