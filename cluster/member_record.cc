@@ -24,6 +24,7 @@ std::string MemberRecord::ToJson() const {
         {"queued_queries", queued_queries},
         {"queries_per_s", queries_per_s},
         {"updated_unix_ms", updated_unix_ms}}},
+      {"state", state},
   };
   return json.dump();
 }
@@ -85,6 +86,7 @@ absl::StatusOr<MemberRecord> ParseMemberRecord(const std::string& text) {
     read(load, "queries_per_s", "load.queries_per_s", record.queries_per_s);
     read(load, "updated_unix_ms", "load.updated_unix_ms", record.updated_unix_ms);
   }
+  if (problem.empty() && json.contains("state")) read(json, "state", "state", record.state);
   if (!problem.empty()) return absl::InvalidArgumentError(problem);
   if (record.instance_id.empty()) {
     return absl::InvalidArgumentError("member record: instance_id is empty");

@@ -32,6 +32,10 @@ struct MemberRecord {
   int32_t queued_queries = 0;
   double queries_per_s = 0;  // decode queries answered per second since the last update
   int64_t updated_unix_ms = 0;
+  // "serving", or "moving-out" from when a drain takes the server out of the cluster until
+  // its key goes: clients keep calling it for the sequences it still holds (they move and
+  // are redirected) instead of failing them as a lost server's. Optional in the JSON.
+  std::string state = "serving";
 
   std::string ToJson() const;
   friend bool operator==(const MemberRecord&, const MemberRecord&) = default;
@@ -39,6 +43,8 @@ struct MemberRecord {
 
 // INVALID_ARGUMENT naming the field for a value that is not a record.
 absl::StatusOr<MemberRecord> ParseMemberRecord(const std::string& json);
+
+inline constexpr char kMemberMovingOut[] = "moving-out";
 
 // The etcd key prefix of a cluster's members, and one member's key.
 std::string MembersPrefix(const std::string& cluster);

@@ -62,8 +62,16 @@ absl::Status MembershipView::ReadAll() {
 void MembershipView::Apply(const EtcdClient::WatchEvent& event) {
   if (event.deleted) {
     absl::MutexLock lock(&mu_);
-    if (members_.erase(event.key) > 0) {
-      spdlog::info("cluster '{}': {} left", cluster_, event.key.substr(prefix_.size()));
+    auto it = members_.find(event.key);
+    if (it != members_.end()) {
+      const bool moving_out = it->second.state == kMemberMovingOut;
+      spdlog::info("cluster '{}': {} left{}", cluster_, event.key.substr(prefix_.size()),
+                   moving_out ? ", moving its sequences out" : "");
+      if (moving_out) {
+        moved_out_.push_back(it->second.instance_id);
+        if (moved_out_.size() > 64) moved_out_.pop_front();
+      }
+      members_.erase(it);
     }
     ++changes_;
     return;
@@ -141,6 +149,11 @@ std::optional<MemberRecord> MembershipView::Find(const std::string& instance_id)
   auto it = members_.find(MemberKey(cluster_, instance_id));
   if (it == members_.end()) return std::nullopt;
   return it->second;
+}
+
+bool MembershipView::MovedOut(const std::string& instance_id) const {
+  absl::MutexLock lock(&mu_);
+  return std::find(moved_out_.begin(), moved_out_.end(), instance_id) != moved_out_.end();
 }
 
 bool MembershipView::stale() const {

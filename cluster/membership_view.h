@@ -1,6 +1,7 @@
 #ifndef MLASERVE_CLUSTER_MEMBERSHIP_VIEW_H_
 #define MLASERVE_CLUSTER_MEMBERSHIP_VIEW_H_
 
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,6 +36,9 @@ class MembershipView {
   std::vector<MemberRecord> Members() const;
   // One member by instance id; nullopt once it has left (or never was).
   std::optional<MemberRecord> Find(const std::string& instance_id) const;
+  // Whether `instance_id` left with its record saying "moving-out" (a drain that moves its
+  // sequences to other servers): it still answers for them until they have moved.
+  bool MovedOut(const std::string& instance_id) const;
   // True while etcd is unreachable and the members are the last ones seen.
   bool stale() const;
   // How many times the membership changed (puts and deletes seen); for tests that wait.
@@ -56,6 +60,9 @@ class MembershipView {
   int64_t revision_ ABSL_GUARDED_BY(mu_) = 0;
   bool stale_ ABSL_GUARDED_BY(mu_) = false;
   int64_t changes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Instances that left moving out, the latest few (a drain's sequences are moved within
+  // seconds; older ones no longer matter).
+  std::deque<std::string> moved_out_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread thread_;

@@ -112,7 +112,9 @@ int main(int argc, char** argv) {
   std::atomic<mlaserve::cluster::ClusterMembership*> joined{nullptr};
   if (!config->etcd_endpoints.empty()) {
     config->server.leave_cluster = [&joined] {
-      if (mlaserve::cluster::ClusterMembership* membership = joined.load()) membership->Leave();
+      if (mlaserve::cluster::ClusterMembership* membership = joined.load()) {
+        membership->Leave(/*moving_out=*/true);
+      }
     };
   }
   config->server.stop_server = [] { kill(getpid(), SIGTERM); };

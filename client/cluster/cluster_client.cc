@@ -105,7 +105,9 @@ int64_t ClusterClient::PrefixBytes(int64_t tokens) const {
 absl::StatusOr<ClusterClient::Route> ClusterClient::RouteTo(const std::string& instance_id,
                                                             const std::string& address,
                                                             absl::string_view sequence_id) {
-  if (!view_->Find(instance_id).has_value()) {
+  // A server drained by mlaserve-ctl drain still answers for its sequences (they move, and
+  // calls naming them are redirected); a lost one is failed here, without a call.
+  if (!view_->Find(instance_id).has_value() && !view_->MovedOut(instance_id)) {
     return absl::UnavailableError(
         absl::StrCat("server ", address, " (instance ", instance_id, ") has left cluster '",
                      view_->cluster(), "'", sequence_id.empty() ? "" : "; sequence '", sequence_id,
@@ -119,7 +121,7 @@ absl::StatusOr<ClusterClient::Route> ClusterClient::RouteTo(const std::string& i
 
 absl::Status ClusterClient::Annotate(const absl::Status& status, const Route& route) const {
   if (status.ok()) return status;
-  if (!view_->Find(route.instance_id).has_value()) {
+  if (!view_->Find(route.instance_id).has_value() && !view_->MovedOut(route.instance_id)) {
     return absl::UnavailableError(absl::StrCat("server ", route.address, " (instance ",
                                                route.instance_id, ") has left cluster '",
                                                view_->cluster(), "': ", status.message()));
@@ -166,7 +168,8 @@ absl::StatusOr<cluster::Placement> ClusterClient::Place(const std::string& prefi
     }
     for (cluster::MemberRecord& member : view_->Members()) {
       // Every server of the cluster must serve the model the client connected for.
-      if (member.model != info_.model().name() || member.layers != info_.model().layers()) {
+      if (member.model != info_.model().name() || member.layers != info_.model().layers() ||
+          member.state == cluster::kMemberMovingOut) {
         continue;
       }
       cluster::PlacementCandidate candidate;
@@ -309,20 +312,32 @@ absl::StatusOr<v1::Sequence> ClusterClient::CreateSequence(absl::string_view seq
       if (prefix != prefixes_.end()) prefix_tokens = prefix->second.tokens;
     }
   }
-  ASSIGN_OR_RETURN(cluster::Placement placed, Place(std::string(prefix_id), SequenceBytes(), {}));
-  if (placed.register_prefix) {
-    RETURN_IF_ERROR(EnsurePrefixOn(std::string(prefix_id), placed.instance_id));
+  // A server that refuses (UNAVAILABLE: it is leaving the cluster in a drain, or going away)
+  // is passed over and the sequence placed again.
+  std::vector<std::string> refused;
+  cluster::Placement placed;
+  std::optional<cluster::MemberRecord> member;
+  absl::StatusOr<v1::Sequence> created = absl::UnavailableError("not placed");
+  for (int attempt = 0; attempt < 3 && absl::IsUnavailable(created.status()); ++attempt) {
+    ASSIGN_OR_RETURN(placed, Place(std::string(prefix_id), SequenceBytes(), refused));
+    refused.push_back(placed.instance_id);
+    absl::Status ready = absl::OkStatus();
+    if (placed.register_prefix) ready = EnsurePrefixOn(std::string(prefix_id), placed.instance_id);
+    member = view_->Find(placed.instance_id);
+    if (ready.ok() && !member.has_value()) {
+      ready =
+          absl::UnavailableError(absl::StrCat("instance ", placed.instance_id, " left cluster '",
+                                              view_->cluster(), "' while the sequence was placed"));
+    }
+    if (!ready.ok()) {
+      created = ready;
+      continue;
+    }
+    ASSIGN_OR_RETURN(Route route, RouteTo(placed.instance_id, member->address, sequence_id));
+    created = route.client->CreateSequence(sequence_id, prefix_id, kv_dtype);
+    if (!created.ok()) created = Annotate(created.status(), route);
   }
-  const std::optional<cluster::MemberRecord> member = view_->Find(placed.instance_id);
-  if (!member.has_value()) {
-    return absl::UnavailableError(absl::StrCat("instance ", placed.instance_id, " left cluster '",
-                                               view_->cluster(),
-                                               "' while the sequence was placed"));
-  }
-  ASSIGN_OR_RETURN(Route route, RouteTo(placed.instance_id, member->address, sequence_id));
-  absl::StatusOr<v1::Sequence> created =
-      route.client->CreateSequence(sequence_id, prefix_id, kv_dtype);
-  if (!created.ok()) return Annotate(created.status(), route);
+  if (!created.ok()) return created.status();
   Reserve(placed.instance_id, SequenceBytes());
   absl::MutexLock lock(&mu_);
   SequenceState& state = sequences_[sequence_id];
@@ -640,29 +655,32 @@ absl::StatusOr<v1::DecodeResponse> ClusterClient::DecodeOnce(const v1::DecodeReq
 }
 
 // A moved sequence is followed to its new server and the call repeated (every call here is
-// idempotent); a few moves in one call at most.
-constexpr int kMaxMovesFollowed = 8;
+// idempotent). A server refuses one moved sequence per call, so a call may follow as many moves
+// as it names sequences, and a few more.
+constexpr int kMovesFollowedBeyondSequences = 8;
 
 absl::StatusOr<v1::DecodeResponse> ClusterClient::DecodeRaw(const v1::DecodeRequest& request) {
+  const int bound = request.queries_size() + kMovesFollowedBeyondSequences;
   for (int moves = 0;; ++moves) {
     absl::StatusOr<v1::DecodeResponse> response = DecodeOnce(request);
-    if (response.ok() || moves >= kMaxMovesFollowed || !FollowMove(response.status())) {
-      return response;
-    }
+    if (response.ok() || moves >= bound || !FollowMove(response.status())) return response;
   }
 }
 
 absl::Status ClusterClient::AppendKv(std::span<const KvAppend> appends) {
+  const int bound = static_cast<int>(appends.size()) + kMovesFollowedBeyondSequences;
   for (int moves = 0;; ++moves) {
     absl::Status status = AppendOnce(appends);
-    if (status.ok() || moves >= kMaxMovesFollowed || !FollowMove(status)) return status;
+    if (status.ok() || moves >= bound || !FollowMove(status)) return status;
   }
 }
 
 absl::Status ClusterClient::ReleaseSequence(absl::string_view sequence_id) {
   for (int moves = 0;; ++moves) {
     absl::Status status = ReleaseOnce(sequence_id);
-    if (status.ok() || moves >= kMaxMovesFollowed || !FollowMove(status)) return status;
+    if (status.ok() || moves >= kMovesFollowedBeyondSequences || !FollowMove(status)) {
+      return status;
+    }
   }
 }
 
@@ -670,7 +688,9 @@ absl::StatusOr<v1::Sequence> ClusterClient::ForkSequence(absl::string_view sourc
                                                          absl::string_view new_id) {
   for (int moves = 0;; ++moves) {
     absl::StatusOr<v1::Sequence> forked = ForkOnce(source_id, new_id);
-    if (forked.ok() || moves >= kMaxMovesFollowed || !FollowMove(forked.status())) return forked;
+    if (forked.ok() || moves >= kMovesFollowedBeyondSequences || !FollowMove(forked.status())) {
+      return forked;
+    }
   }
 }
 
@@ -681,6 +701,13 @@ bool ClusterClient::FollowMove(const absl::Status& status) {
       absl::StrContains(status.message(), "' is moving to server ")) {
     absl::SleepFor(absl::Milliseconds(100));
     return true;
+  }
+  // A drained server that has already stopped: its sequences moved, but there is nobody left
+  // to say where. The other members' listings do.
+  if (absl::IsUnavailable(status) && absl::StartsWith(status.message(), "server ")) {
+    const absl::string_view rest = status.message().substr(7);
+    const std::string address(rest.substr(0, rest.find(':', rest.find(':') + 1)));
+    return Relocate(address);
   }
   if (!absl::IsFailedPrecondition(status)) return false;
   const absl::string_view message = status.message();
@@ -706,7 +733,9 @@ bool ClusterClient::FollowMove(const absl::Status& status) {
   for (auto& [id, state] : sequences_) {
     for (size_t p = 0; p < state.parts.size(); ++p) {
       Part& part = state.parts[p];
-      if (part.sequence_id != part_id || part.instance_id == member->instance_id) continue;
+      if (part.sequence_id != part_id) continue;
+      // Another call followed this move first: repeating is all that is left to do.
+      if (part.instance_id == member->instance_id) return true;
       spdlog::info("cluster '{}': sequence '{}' moved from {} to {}", view_->cluster(), part_id,
                    part.address, member->address);
       if (p == 0 && !state.prefix_id.empty()) {
@@ -726,6 +755,52 @@ bool ClusterClient::FollowMove(const absl::Status& status) {
     }
   }
   return false;
+}
+
+bool ClusterClient::Relocate(const std::string& address) {
+  std::string gone_instance;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, state] : sequences_) {
+      for (const Part& part : state.parts) {
+        if (part.address == address) gone_instance = part.instance_id;
+      }
+    }
+    // Another call relocated them first: repeating is all that is left to do.
+    if (gone_instance.empty()) return relocated_.contains(address);
+  }
+  if (!view_->MovedOut(gone_instance)) return false;
+  // Every sequence the members hold, by id.
+  absl::flat_hash_map<std::string, cluster::MemberRecord> holder;
+  for (const cluster::MemberRecord& member : view_->Members()) {
+    absl::StatusOr<Route> route = RouteTo(member.instance_id, member.address, "");
+    if (!route.ok()) continue;
+    std::string token;
+    do {
+      absl::StatusOr<v1::ListSequencesResponse> page = route->client->ListSequences(1000, token);
+      if (!page.ok()) break;
+      for (const v1::SequenceSummary& s : page->sequences()) {
+        holder.emplace(s.sequence().sequence_id(), member);
+      }
+      token = page->next_page_token();
+    } while (!token.empty());
+  }
+  bool moved = false;
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, state] : sequences_) {
+    for (Part& part : state.parts) {
+      if (part.instance_id != gone_instance) continue;
+      auto it = holder.find(part.sequence_id);
+      if (it == holder.end()) continue;
+      spdlog::info("cluster '{}': sequence '{}' found on {} after {} stopped", view_->cluster(),
+                   part.sequence_id, it->second.address, part.address);
+      part.instance_id = it->second.instance_id;
+      part.address = it->second.address;
+      moved = true;
+    }
+  }
+  if (moved) relocated_.insert(address);
+  return moved;
 }
 
 absl::StatusOr<std::vector<DecodeOutput>> ClusterClient::Decode(

@@ -11,6 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -150,6 +151,10 @@ class ClusterClient final : public ServingClient {
   // refused while it moves (UNAVAILABLE "... is moving to server ..."): waits a moment. True
   // if the call is worth repeating.
   bool FollowMove(const absl::Status& status);
+  // After a call to `address` failed UNAVAILABLE: if it is a drained server (moved out) that
+  // has stopped, finds its sequences on the other members and points them there. True if
+  // any moved.
+  bool Relocate(const std::string& address);
   absl::StatusOr<v1::DecodeResponse> DecodeOnce(const v1::DecodeRequest& request);
   absl::Status AppendOnce(std::span<const KvAppend> appends);
   absl::Status ReleaseOnce(absl::string_view sequence_id);
@@ -168,6 +173,7 @@ class ClusterClient final : public ServingClient {
   absl::flat_hash_map<std::string, SequenceState> sequences_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, PrefixState> prefixes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Reservation> reservations_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::string> relocated_ ABSL_GUARDED_BY(mu_);  // stopped drained servers
 };
 
 }  // namespace mlaserve::client

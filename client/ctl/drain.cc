@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -85,17 +86,31 @@ absl::StatusOr<std::vector<DrainStep>> DrainServer(
   ASSIGN_OR_RETURN(v1::GetServerInfoResponse info, source.GetServerInfo());
   const int64_t row_bytes = int64_t{2} * info.model().kv_row_width();
   std::vector<DrainStep> steps;
-  auto move = [&](const std::string& target, const std::vector<std::string>& ids, bool leave,
+  auto move = [&](const std::string& target, std::vector<std::string> ids, bool leave,
                   bool stop) -> absl::Status {
-    v1::MigrateSequencesRequest request;
-    request.set_target(target);
-    for (const std::string& id : ids) request.add_sequence_ids(id);
-    request.set_leave_cluster(leave);
-    request.set_stop_after(stop);
-    ASSIGN_OR_RETURN(v1::MigrateSequencesResponse moved,
-                     source.MigrateSequences(request, move_timeout));
-    if (moved.sequences() > 0) steps.push_back({target, std::move(moved)});
-    return absl::OkStatus();
+    // A sequence its client released since the listing is NOT_FOUND: list again and move
+    // the others (a few times at most; clients release all the time).
+    for (int attempt = 0;; ++attempt) {
+      v1::MigrateSequencesRequest request;
+      request.set_target(target);
+      for (const std::string& id : ids) request.add_sequence_ids(id);
+      request.set_leave_cluster(leave);
+      request.set_stop_after(stop);
+      absl::StatusOr<v1::MigrateSequencesResponse> moved =
+          source.MigrateSequences(request, move_timeout);
+      if (moved.ok()) {
+        if (moved->sequences() > 0) steps.push_back({target, *std::move(moved)});
+        return absl::OkStatus();
+      }
+      if (!absl::IsNotFound(moved.status()) || ids.empty() || attempt >= 4) {
+        return moved.status();
+      }
+      ASSIGN_OR_RETURN(std::vector<DrainedSequence> now, ListAll(source, row_bytes));
+      absl::flat_hash_set<std::string> present;
+      for (const DrainedSequence& s : now) present.insert(s.id);
+      std::erase_if(ids, [&](const std::string& id) { return !present.contains(id); });
+      if (ids.empty()) return absl::OkStatus();
+    }
   };
   // Leaves the cluster with the first move, so clients place nothing new here; the groups
   // listed now go where PlanDrain puts them.

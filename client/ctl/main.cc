@@ -33,6 +33,8 @@
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/security/credentials.h"
 #include "kernels/core/matmul.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "server address, host:port");
 ABSL_FLAG(bool, json, false,
@@ -349,6 +351,8 @@ int Drain(MlaServeClient& client, bool json) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Reports (and --json) own stdout; the cluster client's log lines go to stderr.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("mlaserve-ctl"));
   absl::SetProgramUsageMessage(kUsage);
   absl::StatusOr<std::vector<std::string>> args =
       mlaserve::ParseFlags(argc, argv, mlaserve::MatrixPathDescription);

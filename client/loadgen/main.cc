@@ -22,9 +22,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "client/cluster/cluster_client.h"
 #include "client/loadgen/continuous.h"
 #include "client/loadgen/continuous_report.h"
-#include "client/cluster/cluster_client.h"
 #include "client/loadgen/grpc_load_target.h"
 #include "client/loadgen/load_report.h"
 #include "client/loadgen/multi_target.h"
@@ -36,6 +36,8 @@
 #include "google/protobuf/util/json_util.h"
 #include "kernels/core/cpu_features.h"
 #include "kernels/core/matmul.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051",
           "server address, host:port; a comma-separated list spreads sequences over several "
@@ -298,9 +300,9 @@ absl::StatusOr<Destination> ClusterDestination(const mlaserve::client::ClientOpt
   destination.servers["etcd"] = absl::GetFlag(FLAGS_etcd_endpoints);
   destination.servers["targets"] = addresses;
   destination.servers["servers"] = static_cast<int>(addresses.size());
-  destination.name = absl::StrCat("cluster '", absl::GetFlag(FLAGS_cluster), "' (",
-                                  addresses.size(), " servers: ", absl::StrJoin(addresses, ","),
-                                  ")");
+  destination.name =
+      absl::StrCat("cluster '", absl::GetFlag(FLAGS_cluster), "' (", addresses.size(),
+                   " servers: ", absl::StrJoin(addresses, ","), ")");
   absl::StatusOr<std::unique_ptr<mlaserve::loadgen::GrpcLoadTarget>> target =
       mlaserve::loadgen::GrpcLoadTarget::Create(*std::move(client));
   if (!target.ok()) return target.status();
@@ -324,10 +326,10 @@ absl::StatusOr<Destination> TargetDestination(
     destination.servers["servers"] = static_cast<int>(clients.size());
   }
   destination.name = target;
-  absl::StatusOr<std::unique_ptr<mlaserve::loadgen::LoadTarget>> load_target = LoadTargetFor(
-      std::move(clients), names,
-      spread == "sequence" ? mlaserve::loadgen::MultiTarget::Spread::kSequenceHash
-                           : mlaserve::loadgen::MultiTarget::Spread::kPrefixHash);
+  absl::StatusOr<std::unique_ptr<mlaserve::loadgen::LoadTarget>> load_target =
+      LoadTargetFor(std::move(clients), names,
+                    spread == "sequence" ? mlaserve::loadgen::MultiTarget::Spread::kSequenceHash
+                                         : mlaserve::loadgen::MultiTarget::Spread::kPrefixHash);
   if (!load_target.ok()) return load_target.status();
   destination.target = *std::move(load_target);
   return destination;
@@ -491,6 +493,8 @@ int RunContinuousMode(const mlaserve::loadgen::WorkloadOptions& base, Destinatio
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Reports (and --json) own stdout; the cluster client's log lines go to stderr.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("mlaserve-loadgen"));
   absl::SetProgramUsageMessage(
       "mlaserve-loadgen [--target host:port] [flags]: closed-loop decode load; with "
       "--continuous (or --arrival-rate, --sweep), traffic that arrives and retires; with --soak "

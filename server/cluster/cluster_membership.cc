@@ -99,7 +99,7 @@ void ClusterMembership::Refresh() {
   }
 }
 
-void ClusterMembership::Leave() {
+void ClusterMembership::Leave(bool moving_out) {
   int64_t lease;
   {
     absl::MutexLock lock(&mu_);
@@ -110,6 +110,14 @@ void ClusterMembership::Leave() {
   }
   if (thread_.joinable()) thread_.join();
   if (lease == 0) return;
+  if (moving_out) {
+    MemberRecord record = describe_();
+    record.state = kMemberMovingOut;
+    if (absl::Status put = etcd_->Put(key_, record.ToJson(), lease); !put.ok()) {
+      spdlog::warn("cluster: could not mark the record moving-out ({})",
+                   std::string(put.message()));
+    }
+  }
   if (absl::Status revoked = etcd_->Revoke(lease); revoked.ok()) {
     spdlog::info("cluster: left {} (lease {} revoked)", options_.cluster, lease);
   } else {

@@ -38,9 +38,11 @@ class ClusterMembership {
   ~ClusterMembership();
 
   // Leaves the cluster: the renewals stop and the lease is revoked, so the key disappears at
-  // once (a drain calls this first, so clients stop placing work here). Later calls do
-  // nothing.
-  void Leave();
+  // once (a drain calls this first, so clients stop placing work here). `moving_out` (the
+  // drain of mlaserve-ctl drain, whose sequences move to other servers): the record says so
+  // before it goes, so clients keep calling this server for them until they are moved.
+  // Later calls do nothing.
+  void Leave(bool moving_out = false);
 
   // Whether the record is in etcd as of the last renewal (for tests and logs).
   bool registered() const;

@@ -58,6 +58,13 @@ MlaServeService::~MlaServeService() {
   for (std::thread& migration : running) migration.join();
 }
 
+absl::Status MlaServeService::RefuseIfLeaving() const {
+  if (!leaving_.load(std::memory_order_relaxed)) return absl::OkStatus();
+  return absl::UnavailableError(
+      "this server is leaving its cluster (mlaserve-ctl drain): place new sequences and "
+      "prefixes on another server");
+}
+
 grpc::ServerUnaryReactor* MlaServeService::Answer(grpc::CallbackServerContext* context,
                                                   absl::string_view rpc, absl::Time start,
                                                   const absl::Status& status) {
@@ -149,6 +156,7 @@ grpc::ServerUnaryReactor* MlaServeService::RegisterPrefix(grpc::CallbackServerCo
   return Unary<v1::RegisterPrefixRequest, v1::RegisterPrefixResponse>(
       context, "RegisterPrefix", kWrite, request, response,
       [this](const v1::RegisterPrefixRequest& r, v1::RegisterPrefixResponse*) {
+        RETURN_IF_ERROR(RefuseIfLeaving());
         return RegisterPrefixOnEngine(engine_, r);
       });
 }
@@ -169,6 +177,7 @@ grpc::ServerUnaryReactor* MlaServeService::CreateSequence(grpc::CallbackServerCo
   return Unary<v1::CreateSequenceRequest, v1::CreateSequenceResponse>(
       context, "CreateSequence", kWrite, request, response,
       [this](const v1::CreateSequenceRequest& r, v1::CreateSequenceResponse* created) {
+        RETURN_IF_ERROR(RefuseIfLeaving());
         absl::StatusOr<std::optional<KvDtype>> kv_dtype = ParseKvDtype(r.kv_dtype(), "kv_dtype");
         absl::Status status =
             kv_dtype.ok() ? engine_.CreateSequence(r.sequence_id(), r.prefix_id(), *kv_dtype)
@@ -188,6 +197,7 @@ grpc::ServerUnaryReactor* MlaServeService::ForkSequence(grpc::CallbackServerCont
       context, "ForkSequence", kWrite, request, response,
       [this](const v1::ForkSequenceRequest& r, v1::ForkSequenceResponse* forked) {
         RETURN_IF_ERROR(moved_.Check(r.source_sequence_id(), "source_sequence_id"));
+        RETURN_IF_ERROR(RefuseIfLeaving());
         absl::Status status = engine_.ForkSequence(r.source_sequence_id(), r.new_sequence_id());
         if (status.ok()) status = DescribeSequence(r.new_sequence_id(), forked->mutable_sequence());
         return status;
@@ -273,7 +283,10 @@ grpc::ServerUnaryReactor* MlaServeService::MigrateSequences(grpc::CallbackServer
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::MutexLock lock(&migrations_mu_);
   migrations_.emplace_back([this, reactor, start, request = std::move(request), response_bytes] {
-    if (request.leave_cluster()) options_.leave_cluster();
+    if (request.leave_cluster()) {
+      leaving_.store(true);
+      options_.leave_cluster();
+    }
     std::unique_ptr<client::MlaServeClient> target =
         client::MlaServeClient::Connect(request.target());
     std::vector<std::string> ids(request.sequence_ids().begin(), request.sequence_ids().end());

@@ -1,6 +1,7 @@
 #ifndef MLASERVE_SERVER_SERVICE_MLA_SERVE_SERVICE_H_
 #define MLASERVE_SERVER_SERVICE_MLA_SERVE_SERVICE_H_
 
+#include <atomic>
 #include <functional>
 #include <thread>
 #include <vector>
@@ -149,11 +150,15 @@ class MlaServeService final : public RawMlaServe {
   absl::Status DescribeSequence(absl::string_view sequence_id, v1::Sequence* sequence) const;
   // Adds the instance id to the call's initial metadata; before the reactor sends anything.
   void StampInstance(grpc::CallbackServerContext* context) const;
+  // Once a drain has taken the server out of its cluster, nothing new is created here (a
+  // sequence created after the drain's last move would be lost with the server).
+  absl::Status RefuseIfLeaving() const;
 
   engine::Engine& engine_;
   ServiceMetrics& metrics_;
   const ServiceOptions options_;
   MovedSequences moved_;
+  std::atomic<bool> leaving_{false};
   DecodeDispatcher dispatcher_;
   CallRegistry calls_;
   absl::Mutex migrations_mu_;
