@@ -191,6 +191,11 @@ def main():
                                 [f"--target={targets}", "--spread=sequence"]))
             rows.append(measure(args, "prompt", "3 servers, one server per prompt", servers,
                                 [f"--target={targets}", "--spread=prefix"]))
+        if "kv" in args.workloads:
+            # Context parallel: every sequence cut in three parts of 1366 positions, one per
+            # server, each decode fanned out to the three and merged by LSE.
+            rows.append(measure(args, "kv", "3 servers, context parallel (3 parts)", servers,
+                                [*through_cluster, "--context_part_tokens=1366"]))
     finally:
         for s in servers:
             s["server"].stop()

@@ -49,7 +49,8 @@ absl::Status MultiTarget::RegisterPrefix(const std::string& id, std::span<const 
                                          int tokens, std::optional<KvDtype> kv_dtype) {
   if (spread_ == Spread::kSequenceHash) {
     for (auto& target : targets_) {
-      if (absl::Status status = target->RegisterPrefix(id, latent, tokens, kv_dtype); !status.ok()) {
+      if (absl::Status status = target->RegisterPrefix(id, latent, tokens, kv_dtype);
+          !status.ok()) {
         return status;
       }
     }
@@ -70,8 +71,9 @@ absl::Status MultiTarget::ReleasePrefix(const std::string& id) {
 
 absl::Status MultiTarget::CreateSequence(const std::string& id, const std::string& prefix_id,
                                          std::optional<KvDtype> kv_dtype) {
-  const int target = HashTarget(prefix_id.empty() || spread_ == Spread::kSequenceHash ? id : prefix_id,
-                                static_cast<int>(targets_.size()));
+  const int target =
+      HashTarget(prefix_id.empty() || spread_ == Spread::kSequenceHash ? id : prefix_id,
+                 static_cast<int>(targets_.size()));
   absl::Status status = targets_[target]->CreateSequence(id, prefix_id, kv_dtype);
   if (status.ok()) {
     std::lock_guard lock(mu_);

@@ -16,9 +16,9 @@ namespace mlaserve::loadgen {
 // hash of its id picks; a sequence on a prefix goes where the prefix is (TyphoonMLA needs a
 // prefix's queries together), one without a prefix where the hash of its own id points.
 // kSequenceHash, plain hashing (the baseline prefix-aware placement is measured against): every
-// sequence where the hash of its own id points, its prefix registered on every server. A Decode carrying
-// sequences of several servers becomes one call per server, in parallel, its answers put back
-// in the queries' order; it fails if any part fails. Thread-safe.
+// sequence where the hash of its own id points, its prefix registered on every server. A Decode
+// carrying sequences of several servers becomes one call per server, in parallel, its answers put
+// back in the queries' order; it fails if any part fails. Thread-safe.
 class MultiTarget final : public LoadTarget {
  public:
   enum class Spread { kPrefixHash, kSequenceHash };

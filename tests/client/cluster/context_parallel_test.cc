@@ -137,7 +137,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{40, 1, {0}}, Case{40, 1, {0, 16, 32}}, Case{40, 1, {0, 39}},
                       Case{40, 3, {0, 16, 38}},  // the three tokens straddle a boundary
                       Case{40, 4, {0, 37, 39}},  // a part holds only MTP tokens
-                      Case{40, 2, {0, 10, 20, 30}}));
+                      Case{40, 2, {0, 10, 20, 30}}),
+    [](const ::testing::TestParamInfo<Case>& case_info) {
+      return absl::StrCat("L", case_info.param.length, "sq", case_info.param.sq, "parts",
+                          case_info.param.starts.size(), "at", case_info.param.starts.back());
+    });
 
 TEST(SplitOverPartsTest, TokensInsideAPartGoTogetherAndTokensPastItAlone) {
   // Positions 37, 38, 39 over parts [0, 38) and [38, 40).
