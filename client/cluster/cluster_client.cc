@@ -106,8 +106,17 @@ absl::StatusOr<ClusterClient::Route> ClusterClient::RouteTo(const std::string& i
                                                             const std::string& address,
                                                             absl::string_view sequence_id) {
   // A server drained by mlaserve-ctl drain still answers for its sequences (they move, and
-  // calls naming them are redirected); a lost one is failed here, without a call.
+  // calls naming them are redirected); a lost one is failed here, without a call, unless a
+  // server has come back at its address (systemd's restart: with --state_dir it holds the
+  // sequences again, else it answers NOT_FOUND).
   if (!view_->Find(instance_id).has_value() && !view_->MovedOut(instance_id)) {
+    for (const cluster::MemberRecord& member : view_->Members()) {
+      if (member.address != address) continue;
+      absl::MutexLock lock(&mu_);
+      std::shared_ptr<MlaServeClient>& client = clients_[address];
+      if (client == nullptr) client = MlaServeClient::Connect(address, options_.server_options);
+      return Route{client, member.instance_id, address};
+    }
     return absl::UnavailableError(
         absl::StrCat("server ", address, " (instance ", instance_id, ") has left cluster '",
                      view_->cluster(), "'", sequence_id.empty() ? "" : "; sequence '", sequence_id,

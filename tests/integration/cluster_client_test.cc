@@ -4,6 +4,7 @@
 // stops and comes back (docs/cluster.md).
 
 #include <atomic>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <random>
@@ -22,6 +23,7 @@
 #include "server/engine/model/model_weights.h"
 #include "tests/integration/integration_server.h"
 #include "tests/testing/etcd_process.h"
+#include "tests/testing/scratch_dir.h"
 
 namespace mlaserve::integration {
 namespace {
@@ -518,6 +520,67 @@ TEST_F(ClusterClientTest, AMoveThatCannotHappenSaysWhyAndChangesNothing) {
   EXPECT_TRUE(Holds(source, "stays"));
   EXPECT_FALSE(Holds(other, "stays"));
   EXPECT_EQ(cluster->ServersOf("stays")->front(), source);
+}
+
+// A server that goes (its key removed, as when its lease runs out) and comes back at its
+// address with its --state_dir (systemd's restart): calls for its sequences fail at once
+// while it is away, naming it, and answer as before once it is back.
+TEST_F(ClusterClientTest, ASequenceAnswersAgainWhenItsServerRestartsWithItsState) {
+  static testing::ScratchDir state("cluster-restart");
+  const engine::ModelConfig model = TinyModel();
+  const int width = model.dk_latent();
+  service::ServerOptions with_state;
+  with_state.state_dir = state.Path("a");
+  std::filesystem::create_directories(with_state.state_dir);
+  cluster::MembershipOptions membership;
+  membership.cluster = "restart-test";
+  membership.lease_ttl = absl::Seconds(3);
+  membership.refresh_interval = absl::Milliseconds(500);
+  auto start = [&](int port) {
+    Member m;
+    m.server = std::make_unique<IntegrationServer>(SmallEngineOptions(model), "", with_state, port);
+    auto joined = cluster::ClusterMembership::Start(
+        etcd_.Client(), membership,
+        cluster::DescribeServer(m.server->server(), m.server->target(), "test"));
+    EXPECT_TRUE(joined.ok()) << joined.status();
+    if (joined.ok()) m.membership = *std::move(joined);
+    return m;
+  };
+  Member lone = start(0);
+  const int port = lone.server->server().port();
+  client::ClusterOptions options;
+  options.etcd_endpoints = {etcd_.endpoint()};
+  options.cluster = "restart-test";
+  options.expected_sequence_tokens = 256;
+  absl::StatusOr<std::unique_ptr<client::ClusterClient>> cluster =
+      client::ClusterClient::Connect(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->CreateSequence("kept").ok());
+  const std::vector<Bf16> rows = RandomBf16(20 * static_cast<size_t>(width), 1.0, rng_);
+  ASSERT_TRUE((*cluster)->AppendKv("kept", 1, 0, Tensor2(rows, 20, width)).ok());
+  const std::vector<Bf16> q = RandomBf16(static_cast<size_t>(model.heads) * width, 1.0, rng_);
+  const v1::DecodeQuery query =
+      client::LatentQuery("kept", 1, 1, Tensor3(q, 1, model.heads, width));
+  const std::string before = Answer(**cluster, query);
+
+  lone.membership->Leave();
+  lone = Member();  // stopped; its state saved
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!(*cluster)->membership().Members().empty() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  v1::DecodeRequest request;
+  *request.add_queries() = query;
+  absl::StatusOr<v1::DecodeResponse> away = (*cluster)->DecodeRaw(request);
+  ASSERT_TRUE(absl::IsUnavailable(away.status())) << away.status();
+  EXPECT_THAT(away.status().message(), ::testing::HasSubstr("has left cluster 'restart-test'"));
+
+  lone = start(port);
+  deadline = absl::Now() + absl::Seconds(10);
+  while ((*cluster)->membership().Members().empty() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(Answer(**cluster, query), before);
 }
 
 }  // namespace

@@ -40,9 +40,9 @@ engine::EngineOptions SmallEngineOptions(const engine::ModelConfig& model) {
 }
 
 IntegrationServer::IntegrationServer(engine::EngineOptions options, std::string metrics_address,
-                                     service::ServerOptions server_options)
+                                     service::ServerOptions server_options, int port)
     : model_(options.model) {
-  server_options.listen_address = "127.0.0.1:0";
+  server_options.listen_address = absl::StrCat("127.0.0.1:", port);
   server_options.metrics_address = std::move(metrics_address);
   auto server = service::MlaServer::Start(engine::CreateEngine, std::move(options), server_options);
   if (!server.ok()) {

@@ -30,8 +30,9 @@ engine::EngineOptions SmallEngineOptions(const engine::ModelConfig& model);
 class IntegrationServer {
  public:
   // `server_options` apart from its addresses (a loopback port, `metrics_address`).
+  // `port` 0: a free one (a restart passes the port it had).
   explicit IntegrationServer(engine::EngineOptions options, std::string metrics_address = "",
-                             service::ServerOptions server_options = {});
+                             service::ServerOptions server_options = {}, int port = 0);
   ~IntegrationServer();
 
   service::MlaServer& server() { return *server_; }
