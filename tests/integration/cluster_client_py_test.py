@@ -9,19 +9,26 @@ an fp64 reference (sq 1 and 2, tokens straddling part boundaries, an append insi
 query), sequences moved by their servers (MigrateSequences: a sequence on a prefix, an FP8
 one and a context-parallel part, followed by the cluster client without being told, answers
 bit for bit as before, also during the moves; a dead target and an unknown id refused,
-nothing moved), a kill -9 (calls for its sequences fail at once with UNAVAILABLE naming it
-once its key is gone, the others answer), etcd stopped (stale, decodes go on) and restarted.
+nothing moved), `mlaserve-ctl drain` of a fourth server holding the client's sequences while
+it decodes and creates (the server exits 0; every sequence answers bit for bit as before, one
+not called since before the drain found once the server has stopped; new ones placed on the
+others; fake records: one moving out never chosen, a dead one's create placed again), a
+kill -9 (calls for its sequences fail at once with UNAVAILABLE naming it once its key is
+gone, the others answer), etcd stopped (stale, decodes go on) and restarted.
 
     /usr/bin/python3 tests/integration/cluster_client_py_test.py \\
         --server build/bin/mlaserve-server --etcd /usr/bin/etcd   (PYTHONPATH=build/python)
+        [--ctl build/bin/mlaserve-ctl: by default next to --server]
 """
 
 import argparse
+import base64
 import json
 import logging
 import math
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -289,6 +296,215 @@ def check_moves(cluster, address_of, instance_of, model, system, bf16, check, lo
           f"prefix groups after the releases {cluster.prefixes()['sys']}, expected {expected}")
 
 
+def check_drain(etcd, ctl, start_server, others, bf16, check, log):
+    """Section 5b: `mlaserve-ctl drain` of a fourth server D holding sequences of a
+    ClusterClient (some on a prefix) while the client decodes some of them and creates new
+    ones; D exits 0, and the client, told nothing, answers every sequence bit for bit as
+    before, one it had not called since before the drain (found by _relocate once D has
+    stopped) included, and places new sequences on the three servers left (`others`:
+    address -> (server, Client)). First, with fake records in etcd: a member whose record
+    says "moving-out" is never chosen, and one that refuses a create (a dead address) has
+    the sequence placed again elsewhere."""
+    # D has the most room by far, so the drainer's prefix and sequences all go there.
+    d_server, d_address, d_client = start_server("--kv_budget=256MiB")
+    d_instance = d_client.server_info().state.instance_id
+    model = d_client.server_info().model
+    heads, width = model.heads, model.kv_row_width
+    drainer = mlaserve.ClusterClient(etcd.endpoint(), cluster=CLUSTER, spread_group=8,
+                                     expected_sequence_tokens=64)
+    try:
+        members = wait_for(lambda: {m["address"]: m for m in drainer.members()}
+                           if len(drainer.members()) == 4 else None, 10)
+        if not check(members and d_address in members, f"D not a member: {drainer.members()}"):
+            return
+
+        # Fake members with far more room than D: one moving out (never chosen, never even
+        # called), one at a dead address (its create refused: placed again on D).
+        def fake(name, **fields):
+            record = dict(members[d_address], instance_id=name,
+                          address=f"127.0.0.1:{free_port()}", kv_budget_bytes=1 << 40,
+                          **fields)
+            record["load"] = dict(record["load"], kv_used_bytes=0, sequences=0)
+            etcd.put(PREFIX + name, json.dumps(record))
+            check(bool(wait_for(lambda: name in {m["instance_id"] for m in drainer.members()},
+                                10)), f"fake member {name} not seen")
+
+        def unfake(name):
+            etcd._post("/v3/kv/deleterange", {"key": base64.b64encode(
+                (PREFIX + name).encode()).decode()})
+            check(bool(wait_for(lambda: name not in {m["instance_id"]
+                                                     for m in drainer.members()}, 10)),
+                  f"fake member {name} still listed")
+
+        fake("zz-moving-out", state="moving-out")
+        drainer.create_sequence("dr-probe-0")
+        check(drainer.server_of("dr-probe-0") == d_address and
+              "zz-moving-out" not in drainer._clients,
+              f"placed on (or called) a member moving out: {drainer.server_of('dr-probe-0')}")
+        unfake("zz-moving-out")
+        check(any("zz-moving-out" in m and "moving its sequences out" in m
+                  for m in log.messages), "the moving-out member's leaving not logged")
+        fake("zz-dead")
+        drainer.create_sequence("dr-probe-1")
+        check(drainer.server_of("dr-probe-1") == d_address and
+              any("refused a new sequence" in m for m in log.messages),
+              f"a refused create: placed on {drainer.server_of('dr-probe-1')}, "
+              f"log {log.messages[-3:]}")
+        unfake("zz-dead")
+        # (the dead one left without moving out: not remembered)
+        check(not drainer._lost("zz-moving-out") and drainer._lost("zz-dead"),
+              "which fake members are remembered as moved out")
+
+        # The drainer's sequences, all on D: three on a prefix, three without.
+        system = bf16((LAYERS, 24, width), 0.1)
+        drainer.register_prefix("dr-sys", system)
+        ids = [f"dr-sys-{i}" for i in range(3)] + [f"dr-free-{i}" for i in range(3)]
+        rows = {}
+        for n, sequence_id in enumerate(ids):
+            on_prefix = sequence_id.startswith("dr-sys")
+            drainer.create_sequence(sequence_id, prefix_id="dr-sys" if on_prefix else "")
+            for layer in range(LAYERS):
+                rows[(sequence_id, layer)] = 3 + 2 * n + layer
+                drainer.append_kv(sequence_id, layer, 24 if on_prefix else 0,
+                                  bf16((rows[(sequence_id, layer)], width), 0.1))
+        for sequence_id in ["dr-probe-0", "dr-probe-1"]:
+            drainer.release_sequence(sequence_id)
+        on_d = {x.sequence.sequence_id for x in d_client.list_sequences()}
+        if not check(on_d == set(ids), f"D holds {sorted(on_d)}, expected {sorted(ids)}"):
+            return
+        queries = [mlaserve.latent_query(s, layer, bf16((1 + layer, heads, width)))
+                   for s in ids for layer in range(LAYERS)]
+        before = drainer.decode(queries, output_dtype="fp32")
+
+        def same_as_before(answers, which):
+            return len(answers) == len(which) and all(
+                same_bits(a.out, before[i].out) and same_bits(a.lse, before[i].lse)
+                for a, i in zip(answers, which))
+
+        # During the drain: decodes of every sequence but dr-sys-0 (left alone, so only
+        # _relocate can find it), and new sequences created (on the prefix or not).
+        untouched = "dr-sys-0"
+        busy = [i for i, q in enumerate(queries) if q.sequence_id != untouched]
+        load = {"decodes": 0, "errors": [], "created": {}}
+        stop = threading.Event()
+
+        def decode_during_drain():
+            while not stop.is_set():
+                try:
+                    answers = drainer.decode([queries[i] for i in busy], output_dtype="fp32")
+                except Exception as error:  # reported below
+                    load["errors"].append(f"decode: {type(error).__name__}: {error}")
+                    return
+                if not same_as_before(answers, busy):
+                    load["errors"].append("an answer during the drain differs from before")
+                load["decodes"] += 1
+
+        def create_during_drain():
+            n = 0
+            while not stop.is_set() and n < 60:
+                sequence_id = f"dr-new-{n}"
+                try:
+                    drainer.create_sequence(sequence_id, prefix_id="" if n % 2 else "dr-sys")
+                except Exception as error:  # reported below
+                    load["errors"].append(f"create: {type(error).__name__}: {error}")
+                    return
+                load["created"][sequence_id] = drainer.server_of(sequence_id)
+                n += 1
+                time.sleep(0.005)
+
+        threads = [threading.Thread(target=decode_during_drain),
+                   threading.Thread(target=create_during_drain)]
+        for thread in threads:
+            thread.start()
+        try:
+            time.sleep(0.05)
+            started = time.monotonic()
+            drained = subprocess.run(
+                [ctl, f"--etcd_endpoints={etcd.endpoint()}", f"--cluster={CLUSTER}",
+                 f"--target={d_address}", "--json", "drain"],
+                capture_output=True, text=True, timeout=60)
+            drain_s = time.monotonic() - started
+            try:
+                exit_code = d_server.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                exit_code = None
+            exit_s = time.monotonic() - started
+            time.sleep(0.1)  # a few calls more after D stopped
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
+        if not check(drained.returncode == 0,
+                     f"mlaserve-ctl drain exited {drained.returncode}: {drained.stderr[-2000:]}"):
+            return
+        report = json.loads(drained.stdout)
+        moves = report["moves"]
+        created_on_d = [s for s, a in load["created"].items() if a == d_address]
+        moved = sum(m["sequences"] for m in moves)
+        check(report["drained"] == d_address and moves and
+              all(m["target"] in others for m in moves), f"drain report {report}")
+        check(moved == len(ids) + len(created_on_d),
+              f"{moved} sequences moved, expected {len(ids)} + {len(created_on_d)} created "
+              f"there during the drain: {report}")
+        check(sum(m["prefixes"] for m in moves) >= 1 and sum(m["tokens"] for m in moves) ==
+              sum(rows.values()) + 24 * sum(m["prefixes"] for m in moves),
+              f"prefixes and tokens moved: {report}")
+        check(exit_code == 0, f"the drained server exited {exit_code}: "
+              f"{''.join(d_server.log[-10:])}")
+        check(not load["errors"], f"calls during the drain: {load['errors'][:3]}")
+        print(f"drain of D: {moved} sequences ({len(created_on_d)} created during it) to "
+              f"{len(moves)} servers in {report['seconds']:.2f} s, ctl {drain_s:.2f} s, D "
+              f"exited after {exit_s:.2f} s; meanwhile {load['decodes']} decodes (all as "
+              f"before) and {len(load['created'])} creates through the cluster client")
+
+        # Told nothing: the untouched sequence first (D has stopped: found by _relocate),
+        # then every one, the same bits as before the drain.
+        mine = [i for i, q in enumerate(queries) if q.sequence_id == untouched]
+        started = time.monotonic()
+        check(same_as_before(drainer.decode([queries[i] for i in mine], output_dtype="fp32"),
+                             mine), f"{untouched} after the drain differs from before")
+        print(f"{untouched}, not called since before the drain, answered after "
+              f"{(time.monotonic() - started) * 1e3:.0f} ms")
+        check(any(f"sequence '{untouched}' found on " in m and f"after {d_address} stopped"
+                  in m for m in log.messages), f"{untouched} not relocated: {log.messages[-5:]}")
+        check(same_as_before(drainer.decode(queries, output_dtype="fp32"),
+                             range(len(queries))), "decode after the drain differs from before")
+        check(any(d_instance in m and "moving its sequences out" in m for m in log.messages),
+              "D's leaving not logged as moving out")
+        followed = [m for m in log.messages if "' moved from " in m and d_address in m]
+        refused = [m for m in log.messages if "refused a new sequence" in m and d_address in m]
+        cancelled = [m for m in log.messages if "cancelled a call as it stopped" in m]
+        print(f"{len(followed)} moves followed by redirection during the drain, the rest "
+              f"found after it; {len(refused)} creates refused by D and placed again, "
+              f"{len(cancelled)} calls cancelled by D as it stopped and repeated")
+
+        # Every sequence of the drainer answers from the three servers left; new ones go there.
+        for n in range(4):
+            drainer.create_sequence(f"dr-after-{n}", prefix_id="dr-sys" if n % 2 else "")
+        every = sorted(set(ids) | set(load["created"]) | {f"dr-after-{n}" for n in range(4)})
+        for sequence_id in every:
+            if sequence_id not in ids:
+                base = 24 if drainer._sequence(sequence_id).prefix is not None else 0
+                drainer.append_kv(sequence_id, 0, base, bf16((2, width), 0.1))
+        answers = drainer.decode([mlaserve.latent_query(s, 0, bf16((1, heads, width)))
+                                  for s in every], output_dtype="fp32")
+        check(all(np.isfinite(a.lse).all() for a in answers), "a decode after the drain")
+        where = {s: drainer.server_of(s) for s in every}
+        check(all(a in others for a in where.values()),
+              f"sequences still on D: {[s for s, a in where.items() if a not in others]}")
+        held = {x.sequence.sequence_id: a for a, (_, c) in others.items()
+                for x in c.list_sequences() if x.sequence.sequence_id.startswith("dr-")}
+        check(held == where, f"the servers hold {held}, the client says {where}")
+        for sequence_id in every:
+            drainer.release_sequence(sequence_id)
+        left = [x.sequence.sequence_id for _, c in others.values() for x in c.list_sequences()
+                if x.sequence.sequence_id.startswith("dr-")]
+        check(not left, f"still on the servers after the releases: {left}")
+        drainer.release_prefix("dr-sys")
+    finally:
+        drainer.close()  # (its membership thread would count in section 6's warnings)
+
+
 class LogLines(logging.Handler):
     def __init__(self):
         super().__init__(logging.INFO)
@@ -302,7 +518,10 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--server", required=True)
     parser.add_argument("--etcd", required=True)
+    parser.add_argument("--ctl", help="mlaserve-ctl (default: next to --server)")
     args = parser.parse_args()
+    ctl = args.ctl or os.path.join(os.path.dirname(os.path.abspath(args.server)),
+                                   "mlaserve-ctl")
     began = time.time()
     failures = []
     directory = tempfile.mkdtemp(prefix="mlaserve-cluster-client-test-")
@@ -318,11 +537,11 @@ def main():
             failures.append(message)
         return condition
 
-    def start_server():
+    def start_server(kv_budget="--kv_budget=64MiB"):
         target = f"127.0.0.1:{free_port()}"
         server = Server(args.server, [
             f"--listen={target}", "--metrics_listen=", f"--layers={LAYERS}", "--devices=1",
-            "--kv_budget=64MiB", "--model=kimi-k2", f"--etcd_endpoints={etcd.endpoint()}",
+            kv_budget, "--model=kimi-k2", f"--etcd_endpoints={etcd.endpoint()}",
             f"--cluster={CLUSTER}", "--etcd_lease_ttl_s=3"])
         servers.append(server)
         if not server.ready(60):
@@ -583,6 +802,9 @@ def main():
         check(cp.parts_of("cp")[index][1] == second, f"part {sub_id} not followed to {second}: "
               f"{cp.parts_of('cp')}")
 
+        # 5b. mlaserve-ctl drain of a fourth server holding a cluster client's sequences.
+        check_drain(etcd, ctl, start_server, address_of, bf16, check, log)
+
         # 6. etcd stopped: stale, the last membership kept, decodes go on; restarted: fresh.
         before = [m["instance_id"] for m in cluster.members()]
         etcd.stop()
@@ -594,7 +816,7 @@ def main():
         [answer] = cp.decode([mlaserve.latent_query("cp", 0, bf16((1, heads, width)))])
         check(np.isfinite(answer.lse).all(), "context-parallel decode while etcd is away")
         etcd.start()
-        check(bool(wait_for(lambda: not cluster.stale and not cp.stale, 15)),
+        check(bool(wait_for(lambda: not any(c.stale for c in (cluster, cp, huge)), 15)),
               "still stale after etcd came back")
         check(bool(wait_for(lambda: len(cluster.members()) == 3, 15)),
               f"members after etcd came back: {cluster.members()}")

@@ -15,7 +15,8 @@ each new sequence by the cluster's rule (prefix affinity, then capacity; docs/cl
 later call for the sequence straight to it. With context_part_tokens > 0 a sequence is cut
 by position into parts on different servers and a decode over several parts is merged by
 LSE (context parallelism). A sequence a server moved to another member (MigrateSequences,
-mlaserve-ctl drain) is followed there without the caller noticing.
+mlaserve-ctl drain) is followed there without the caller noticing, also once a drained server
+has stopped.
 """
 
 import base64
@@ -42,9 +43,19 @@ _log = logging.getLogger("mlaserve.cluster")
 _KV_DTYPE_NAMES = {tensor_pb2.KV_DTYPE_BF16: "bf16", tensor_pb2.KV_DTYPE_FP8: "fp8"}
 
 # A sequence a server moved (MigrateSequences) is followed to its new server and the call
-# repeated (every call here is idempotent), a few moves in one call at most; as the C++
-# cluster client (client/cluster/cluster_client.cc, FollowMove).
-_MAX_MOVES_FOLLOWED = 8
+# repeated (every call here is idempotent); as the C++ cluster client
+# (client/cluster/cluster_client.cc, FollowMove). A server refuses one moved sequence per
+# call, so a call follows as many moves as it names sequences (parts), and a few more.
+_MOVES_FOLLOWED_BEYOND_SEQUENCES = 8
+# A new sequence refused UNAVAILABLE (its server leaving the cluster in a drain, or gone), or
+# CANCELLED by a drained server as it stops, is placed again on another server, this many
+# placements in all (as the C++ client's CreateSequence).
+_CREATE_ATTEMPTS = 3
+# A record's "state" while mlaserve-ctl drain takes its server out of the cluster
+# (cluster/member_record.h): placement passes it over, and once its key is gone its
+# sequences are still called there (they are being moved, and the calls redirected).
+_MOVING_OUT = "moving-out"
+_MOVED_OUT_REMEMBERED = 64  # the latest instances that left moving out
 _MOVING = "' is moving to server "  # UNAVAILABLE while its last rows go over
 _MOVED = "' moved to server "  # FAILED_PRECONDITION "sequence 'ID' moved to server ADDRESS"
 _NAMED = "sequence '"
@@ -62,6 +73,18 @@ class ClusterError(Exception):
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message
+
+
+class _ServerStopped(Exception):
+    """Internal: a call to a server that left the cluster moving out (a drain) failed
+    UNAVAILABLE (it has stopped, its sequences on other members) or CANCELLED (it cancelled
+    the call as it stopped). Caught by _following_moves, which finds them there (_relocate)
+    or raises `error`."""
+
+    def __init__(self, part, error):
+        super().__init__(f"{part.address}: {error.details()}")
+        self.part = part
+        self.error = error
 
 
 # --- Placement ----------------------------------------------------------------------------
@@ -321,6 +344,8 @@ class ClusterClient:
         self._lock = threading.RLock()
         self._members = {}  # etcd key -> record
         self._by_instance = {}  # instance id -> record
+        # Instances whose key went while their record said "moving-out", the latest first out.
+        self._moved_out = collections.deque(maxlen=_MOVED_OUT_REMEMBERED)
         self._revision = 0
         self._stale = False
         self._changes = 0
@@ -403,8 +428,15 @@ class ClusterClient:
                          error)
             return None
 
-    def _set_members(self, members):
-        """Under the lock: the key -> record map becomes `members`."""
+    def _set_members(self, members, moved_out=()):
+        """Under the lock: the key -> record map becomes `members`; `moved_out`: records
+        removed while they said "moving-out" (remembered: their sequences are being moved)."""
+        for record in moved_out:
+            instance = record["instance_id"]
+            _log.info("cluster '%s': %s (%s) left, moving its sequences out", self.cluster,
+                      instance, record["address"])
+            if instance not in self._moved_out:
+                self._moved_out.append(instance)
         self._members = members
         self._by_instance = {r["instance_id"]: r for r in members.values()}
         for instance in list(self._reserved):
@@ -420,7 +452,10 @@ class ClusterClient:
             if record is not None:
                 members[key] = record
         with self._lock:
-            self._set_members(members)
+            present = {r["instance_id"] for r in members.values()}
+            self._set_members(members, [
+                r for i, r in self._by_instance.items()
+                if i not in present and r.get("state") == _MOVING_OUT])
             self._revision = revision
             if self._stale:
                 _log.info("cluster '%s': etcd at %s answers again; %d members", self.cluster,
@@ -430,16 +465,20 @@ class ClusterClient:
     def _apply(self, result):
         with self._lock:
             members = dict(self._members)
+            moved_out = []
             for event in result.get("events", []):
                 kv = event.get("kv", {})
                 key = base64.b64decode(kv.get("key", "")).decode(errors="replace")
                 if event.get("type") == "DELETE":
-                    members.pop(key, None)
+                    # (its last record may have come in this same result)
+                    record = members.pop(key, None)
+                    if record is not None and record.get("state") == _MOVING_OUT:
+                        moved_out.append(record)
                 else:
                     record = self._parse(key, base64.b64decode(kv.get("value", "")))
                     if record is not None:
                         members[key] = record
-            self._set_members(members)
+            self._set_members(members, moved_out)
             revision = int(result.get("header", {}).get("revision", 0))
             self._revision = max(self._revision, revision)
 
@@ -542,6 +581,8 @@ class ClusterClient:
             model = record.get("model", {})
             if model.get("name") != self._model.name or model.get("layers") != self._model.layers:
                 continue
+            if record.get("state") == _MOVING_OUT:
+                continue  # a drain is taking it out of the cluster: it creates nothing new
             load = record.get("load", {})
             updated, reserved = self._reserved.get(instance, (None, 0))
             if updated != load.get("updated_unix_ms", 0):
@@ -574,32 +615,128 @@ class ClusterClient:
             f"'{self.cluster}'; sequence '{sequence_id}' was on it"))
 
     def _gone(self, instance_id):
+        """Whether the server has left the membership (a drained one included)."""
         with self._lock:
             return instance_id not in self._by_instance
 
+    def _moving_out(self, instance_id):
+        """Under the lock: whether a drain is taking the server out of the cluster (its record
+        says "moving-out") or has (its key went while it said so)."""
+        record = self._by_instance.get(instance_id)
+        if record is not None:
+            return record.get("state") == _MOVING_OUT
+        return instance_id in self._moved_out
+
+    def _lost(self, instance_id):
+        """Whether the server left the cluster without moving its sequences out (killed, lease
+        expired): its sequences are gone with it."""
+        with self._lock:
+            return instance_id not in self._by_instance and instance_id not in self._moved_out
+
     def _call(self, part, sequence_id, function):
         """function(client) against the part's server, failing at once when the server has
-        left the cluster (and when a call fails UNAVAILABLE because it has left since)."""
-        if self._gone(part.instance_id):
+        been lost (and when a call fails UNAVAILABLE because it has been lost since). A server
+        drained out of the cluster is still called (its sequences move, and calls naming them
+        are redirected); when it fails UNAVAILABLE (stopped) or CANCELLED (stopping),
+        _ServerStopped."""
+        if self._lost(part.instance_id):
             raise self._left(part, sequence_id)
         try:
             return function(self._client(part.instance_id, part.address))
         except grpc.RpcError as error:
-            if error.code() == grpc.StatusCode.UNAVAILABLE and self._gone(part.instance_id):
-                raise self._left(part, sequence_id) from None
+            if error.code() == grpc.StatusCode.UNAVAILABLE:
+                if self._lost(part.instance_id):
+                    raise self._left(part, sequence_id) from None
+            if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                # (a stopping server cancels calls it has not answered: CANCELLED from it)
+                with self._lock:
+                    stopped = self._moving_out(part.instance_id)
+                if stopped and _MOVING not in (error.details() or ""):
+                    raise _ServerStopped(part, error) from None
             raise
 
-    def _following_moves(self, function):
-        """function(), repeated after each failure _follow_move follows (at most
-        _MAX_MOVES_FOLLOWED times)."""
+    def _following_moves(self, function, sequences=1, unfound=None):
+        """function(), repeated after each failure _follow_move follows or _relocate mends,
+        at most `sequences` (those the call names on the servers) + a few times. A part on a
+        stopped drained server that no member holds: unfound() if given, else the server's
+        UNAVAILABLE."""
+        bound = sequences + _MOVES_FOLLOWED_BEYOND_SEQUENCES
         moves = 0
         while True:
             try:
                 return function()
+            except _ServerStopped as stopped:
+                found = moves < bound and self._relocate(stopped.part)
+                if not found and stopped.error.code() == grpc.StatusCode.CANCELLED:
+                    # (a call the stopping server cancelled is repeated in any case)
+                    _log.info("cluster '%s': %s cancelled a call as it stopped; repeating it",
+                              self.cluster, stopped.part.address)
+                if not found and (moves >= bound or
+                                  stopped.error.code() != grpc.StatusCode.CANCELLED):
+                    if unfound is None:
+                        raise stopped.error from None
+                    return unfound()
             except grpc.RpcError as error:
-                if moves >= _MAX_MOVES_FOLLOWED or not self._follow_move(error):
+                if moves >= bound or not self._follow_move(error):
                     raise
-                moves += 1
+            moves += 1
+
+    def _parts_named(self, sequence_ids):
+        """How many sequences the servers hold for these of this client (parts count)."""
+        with self._lock:
+            return sum(len(s.parts) if s is not None else 1
+                       for s in (self._sequences.get(i) for i in sequence_ids))
+
+    def _repoint(self, sequence, index, instance, address):
+        """Under the lock: part `index` of the sequence is now on `instance` (for part 0 its
+        prefix's group with it, the prefix counted as registered there: a move registers
+        it)."""
+        part = sequence.parts[index]
+        if index == 0 and sequence.prefix is not None:
+            holders = sequence.prefix.holders
+            if holders.get(part.instance_id, 0) > 0:
+                holders[part.instance_id] -= 1
+            holders[instance] = holders.get(instance, 0) + 1
+        sequence.parts[index] = part._replace(instance_id=instance, address=address)
+
+    def _relocate(self, stopped):
+        """After a call for part `stopped` failed UNAVAILABLE on a server a drain took out of
+        the cluster (it has stopped, maybe before this client heard of every move): finds
+        every part this client had there on the other members (ListSequences) and points it
+        at the one holding it. True if the call is worth repeating (its part is elsewhere
+        now, also when another call relocated it first)."""
+        instance = stopped.instance_id
+
+        def still_there():
+            return any(p.sub_id == stopped.sub_id and p.instance_id == instance
+                       for s in self._sequences.values() for p in s.parts)
+
+        with self._lock:
+            if not still_there():
+                return True  # another call found it (or followed its move) meanwhile
+            if not self._moving_out(instance):
+                return False
+            members = [r for i, r in sorted(self._by_instance.items()) if i != instance]
+        holder = {}  # a server-side sequence id -> the member holding it
+        for record in members:
+            try:
+                summaries = self._client(record["instance_id"], record["address"]) \
+                    .list_sequences()
+            except grpc.RpcError as error:
+                _log.debug("cluster '%s': listing %s: %s", self.cluster, record["address"], error)
+                continue
+            for summary in summaries:
+                holder.setdefault(summary.sequence.sequence_id, record)
+        with self._lock:
+            for sequence in self._sequences.values():
+                for index, part in enumerate(sequence.parts):
+                    record = holder.get(part.sub_id) if part.instance_id == instance else None
+                    if record is None:
+                        continue
+                    _log.info("cluster '%s': sequence '%s' found on %s after %s stopped",
+                              self.cluster, part.sub_id, record["address"], part.address)
+                    self._repoint(sequence, index, record["instance_id"], record["address"])
+            return not still_there()
 
     def _follow_move(self, error):
         """For a call refused because a sequence moved (FAILED_PRECONDITION "sequence 'ID'
@@ -639,12 +776,7 @@ class ClusterClient:
                         return True  # another call followed it meanwhile
                     _log.info("cluster '%s': sequence '%s' moved from %s to %s", self.cluster,
                               part_id, part.address, address)
-                    if index == 0 and sequence.prefix is not None:
-                        holders = sequence.prefix.holders
-                        if holders.get(part.instance_id, 0) > 0:
-                            holders[part.instance_id] -= 1
-                        holders[instance] = holders.get(instance, 0) + 1
-                    sequence.parts[index] = part._replace(instance_id=instance, address=address)
+                    self._repoint(sequence, index, instance, address)
                     return True
         return False
 
@@ -702,14 +834,15 @@ class ClusterClient:
     def _place_and_create(self, prefix, sequence_bytes, create, exclude=(), fallback=False):
         """Chooses a server by the rule, reserves the room, registers the prefix there first
         when the rule says so, and calls create(client) there; (instance id, address, what
-        create returned). A server that answers UNAVAILABLE (dead but still listed, or
-        draining) is passed over and the sequence placed again. With fallback, a placement
+        create returned). A server that answers UNAVAILABLE (leaving the cluster in a drain,
+        or dead but still listed), or CANCELLED as a drain stops it, is passed over and the
+        sequence placed again, _CREATE_ATTEMPTS placements in all. With fallback, a placement
         that finds no room outside `exclude` tries again among every member."""
         model = self._cluster_model()
         prefix_bytes = self._prefix_bytes(model, prefix.tokens) if prefix is not None else 0
         unavailable = set()
         last_error = None
-        while True:
+        for attempt in range(_CREATE_ATTEMPTS):
             with self._lock:
                 candidates = self._candidates(prefix)
                 try:
@@ -745,10 +878,19 @@ class ClusterClient:
                     self._reserve(instance, -reserved)
                     if prefix is not None and prefix.holders.get(instance, 0) > 0:
                         prefix.holders[instance] -= 1
-                if error.code() != grpc.StatusCode.UNAVAILABLE:
+                    # A drained server cancels what it has not answered as it stops (a create
+                    # it refused, retried by mlaserve.Client until then): created nowhere.
+                    stopping = error.code() == grpc.StatusCode.CANCELLED and \
+                        self._moving_out(instance)
+                if error.code() != grpc.StatusCode.UNAVAILABLE and not stopping:
                     raise
                 unavailable.add(instance)
                 last_error = error
+                if attempt + 1 < _CREATE_ATTEMPTS:
+                    _log.info("cluster '%s': %s refused a new sequence (%s: %s); placing it "
+                              "on another server", self.cluster, address, error.code().name,
+                              error.details())
+        raise last_error
 
     def _part_bytes(self, model):
         """The room a new sequence, or a new part of one, asks for: its expected tokens."""
@@ -813,25 +955,37 @@ class ClusterClient:
                 for p in list(self._sequence(sequence_id).parts)]
 
     def release_sequence(self, sequence_id):
-        """Releases every part of the sequence; parts on servers that left are forgotten."""
+        """Releases every part of the sequence; parts on servers that were lost (and parts a
+        drained server had that no member holds now) are forgotten."""
         with self._lock:
             sequence = self._sequences.get(sequence_id)
         if sequence is None:
             return
-        self._following_moves(lambda: self._release_once(sequence))
+        self._following_moves(lambda: self._release_once(sequence), len(sequence.parts),
+                              unfound=lambda: self._forget(sequence))
 
     def _release_once(self, sequence):
+        """Releases the parts (raising _ServerStopped, after releasing the others, for one on
+        a drained server that has stopped) and forgets the sequence."""
+        stopped = None
         for part in list(sequence.parts):
-            if self._gone(part.instance_id):
+            if self._lost(part.instance_id):
                 continue
             try:
                 self._call(part, sequence.sequence_id,
                            lambda c: c.release_sequence(part.sub_id))
+            except _ServerStopped as error:
+                stopped = stopped or error
             except ClusterError:
-                pass  # left meanwhile: nothing to release
+                pass  # lost meanwhile: nothing to release
             except grpc.RpcError as error:
                 if error.code() != grpc.StatusCode.NOT_FOUND:
                     raise  # (NOT_FOUND: released by an earlier try)
+        if stopped is not None:
+            raise stopped
+        self._forget(sequence)
+
+    def _forget(self, sequence):
         with self._lock:
             if self._sequences.get(sequence.sequence_id) is not sequence:
                 return  # released meanwhile by another thread
@@ -874,7 +1028,7 @@ class ClusterClient:
         """Appends rows [n, dl + dr] at start_position of one layer (positions count the
         prefix's tokens), cut at part boundaries for a context-parallel sequence."""
         return self._following_moves(lambda: self._append_once(
-            sequence_id, layer, start_position, rows, dtype))
+            sequence_id, layer, start_position, rows, dtype), self._parts_named([sequence_id]))
 
     def _append_once(self, sequence_id, layer, start_position, rows, dtype):
         sequence = self._sequence(sequence_id)
@@ -915,7 +1069,8 @@ class ClusterClient:
         DecodeResult in query order: one Decode call per server (in parallel); a query over
         several context-parallel parts is answered by sub-queries merged by LSE."""
         return self._following_moves(lambda: self._decode_once(
-            queries, output_dtype, softmax_scale, timeout))
+            queries, output_dtype, softmax_scale, timeout),
+            self._parts_named(q.sequence_id for q in queries))
 
     def _decode_once(self, queries, output_dtype, softmax_scale, timeout):
         out_wire = wire_dtype(output_dtype)
