@@ -327,7 +327,9 @@ absl::StatusOr<v1::Sequence> ClusterClient::CreateSequence(absl::string_view seq
   cluster::Placement placed;
   std::optional<cluster::MemberRecord> member;
   absl::StatusOr<v1::Sequence> created = absl::UnavailableError("not placed");
-  for (int attempt = 0; attempt < 3 && absl::IsUnavailable(created.status()); ++attempt) {
+  for (int attempt = 0; attempt < 3 && (absl::IsUnavailable(created.status()) ||
+                                        absl::IsCancelled(created.status()));
+       ++attempt) {
     ASSIGN_OR_RETURN(placed, Place(std::string(prefix_id), SequenceBytes(), refused));
     refused.push_back(placed.instance_id);
     absl::Status ready = absl::OkStatus();
@@ -713,7 +715,9 @@ bool ClusterClient::FollowMove(const absl::Status& status) {
   }
   // A drained server that has already stopped: its sequences moved, but there is nobody left
   // to say where. The other members' listings do.
-  if (absl::IsUnavailable(status) && absl::StartsWith(status.message(), "server ")) {
+  // (CANCELLED: it was shutting down as the call arrived.)
+  if ((absl::IsUnavailable(status) || absl::IsCancelled(status)) &&
+      absl::StartsWith(status.message(), "server ")) {
     const absl::string_view rest = status.message().substr(7);
     const std::string address(rest.substr(0, rest.find(':', rest.find(':') + 1)));
     return Relocate(address);
