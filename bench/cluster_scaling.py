@@ -173,32 +173,45 @@ def main():
 
     scratch = tempfile.mkdtemp(prefix="mlaserve-cluster-scaling-")
     etcd = Etcd(args.etcd, scratch, f"/mlaserve/{CLUSTER}/servers/")
-    servers = []
     rows = []
     try:
         etcd.start()
         through_cluster = ["--etcd_endpoints", etcd.endpoint(), f"--cluster={CLUSTER}"]
-        for n in (1, 2, 3):
-            servers.append(start_server(args, etcd, scratch, n))
-            if not wait_for(lambda: len(etcd.members()) >= n, 30):
-                raise RuntimeError(f"{n} servers did not all register")
-            for workload in args.workloads:
-                rows.append(measure(args, workload, f"cluster client, {n} server{'s' * (n > 1)}",
-                                    servers, through_cluster))
-        targets = ",".join(s["address"] for s in servers)
-        if "prompt" in args.workloads:
-            rows.append(measure(args, "prompt", "3 servers, plain hashing of ids", servers,
-                                [f"--target={targets}", "--spread=sequence"]))
-            rows.append(measure(args, "prompt", "3 servers, one server per prompt", servers,
-                                [f"--target={targets}", "--spread=prefix"]))
-        if "kv" in args.workloads:
-            # Context parallel: every sequence cut in three parts of 1366 positions, one per
-            # server, each decode fanned out to the three and merged by LSE.
-            rows.append(measure(args, "kv", "3 servers, context parallel (3 parts)", servers,
-                                [*through_cluster, "--context_part_tokens=1366"]))
+        # (workload, name, servers, flags): each run on servers started for it, so none
+        # carries KV or statistics from the one before.
+        plan = []
+        for workload in args.workloads:
+            for n in (1, 2, 3):
+                plan.append((workload, f"cluster client, {n} server{'s' * (n > 1)}", n, through_cluster))
+                if workload == "prompt" and n > 1:
+                    # Each rank its own client, as data-parallel ranks: a rank's sequences on
+                    # the prompt stay together in its calls, where TyphoonMLA's groups form.
+                    plan.append((workload, f"client per rank, {n} servers", n,
+                                 [*through_cluster, "--client_per_rank"]))
+            if workload == "prompt":
+                plan.append((workload, "3 servers, plain hashing of ids", 3, "sequence"))
+                plan.append((workload, "3 servers, one server per prompt", 3, "prefix"))
+            if workload == "kv":
+                # Context parallel: every sequence cut in three parts of 1366 positions, one
+                # per server, each decode fanned out to the three and merged by LSE.
+                plan.append((workload, "3 servers, context parallel (3 parts)", 3,
+                             [*through_cluster, "--context_part_tokens=1366"]))
+        for workload, name, n, flags in plan:
+            servers = []
+            try:
+                for i in range(n):
+                    servers.append(start_server(args, etcd, scratch, i))
+                if not wait_for(lambda: len(etcd.members()) == n, 30):
+                    raise RuntimeError(f"{n} servers did not all register")
+                if isinstance(flags, str):  # a --target list, spread by MultiTarget
+                    flags = [f"--target={','.join(s['address'] for s in servers)}",
+                             f"--spread={flags}"]
+                rows.append(measure(args, workload, name, servers, flags))
+            finally:
+                for s_ in servers:
+                    s_["server"].stop()
+                wait_for(lambda: len(etcd.members()) == 0, 30)
     finally:
-        for s in servers:
-            s["server"].stop()
         etcd.stop()
         shutil.rmtree(scratch, ignore_errors=True)
     if args.json:

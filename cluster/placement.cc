@@ -1,6 +1,8 @@
 #include "cluster/placement.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -11,32 +13,60 @@ bool Excluded(const PlacementRequest& request, const std::string& id) {
   return std::find(request.exclude.begin(), request.exclude.end(), id) != request.exclude.end();
 }
 
-// The holder with the smallest group, then the most free bytes, then the smallest id.
+// The order among otherwise equal servers: the smallest instance id, or with a tie-break
+// seed, an order of the client's own (FNV-1a of the id from the seed), so clients that start
+// together do not all choose the same server.
+uint64_t TieKey(const PlacementRequest& request, const std::string& instance_id) {
+  uint64_t h = 1469598103934665603ull ^ request.tie_break;
+  for (unsigned char c : instance_id) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+bool TieBefore(const PlacementRequest& request, const PlacementCandidate& a,
+               const PlacementCandidate& b) {
+  if (request.tie_break == 0) return a.member.instance_id < b.member.instance_id;
+  return TieKey(request, a.member.instance_id) < TieKey(request, b.member.instance_id);
+}
+
+// Free bytes within this share of the roomiest count as as roomy (then fewer sequences and the
+// tie order decide): a few bytes more should not pull every new sequence to one server.
+constexpr int64_t kRoomyShare = 20;  // 5 %
+
+// The holder with the smallest group, then the roomiest, then the tie order.
 const PlacementCandidate* BestHolder(std::span<const PlacementCandidate> candidates,
                                      const PlacementRequest& request, bool within_spread) {
-  const PlacementCandidate* best = nullptr;
+  std::vector<const PlacementCandidate*> eligible;
   for (const PlacementCandidate& c : candidates) {
     if (c.prefix_group < 0 || Excluded(request, c.member.instance_id)) continue;
     if (c.free_bytes() < request.sequence_bytes) continue;
     if (within_spread && request.spread_group > 0 && c.prefix_group >= request.spread_group) {
       continue;
     }
-    if (best == nullptr || c.prefix_group < best->prefix_group ||
-        (c.prefix_group == best->prefix_group &&
-         (c.free_bytes() > best->free_bytes() ||
-          (c.free_bytes() == best->free_bytes() &&
-           c.member.instance_id < best->member.instance_id)))) {
-      best = &c;
-    }
+    eligible.push_back(&c);
+  }
+  if (eligible.empty()) return nullptr;
+  int smallest = eligible.front()->prefix_group;
+  for (const PlacementCandidate* c : eligible) smallest = std::min(smallest, c->prefix_group);
+  std::erase_if(eligible, [&](const PlacementCandidate* c) { return c->prefix_group != smallest; });
+  int64_t most_free = 0;
+  for (const PlacementCandidate* c : eligible) most_free = std::max(most_free, c->free_bytes());
+  const PlacementCandidate* best = nullptr;
+  for (const PlacementCandidate* c : eligible) {
+    if (c->free_bytes() < most_free - most_free / kRoomyShare) continue;
+    if (best == nullptr || TieBefore(request, *c, *best)) best = c;
   }
   return best;
 }
 
-// The server with the most free bytes that has room for the sequence and, where it lacks
-// the prefix, the prefix.
+// The roomiest server that has room for the sequence and, where it lacks the prefix, the
+// prefix; then the fewest sequences, then the tie order.
 const PlacementCandidate* MostRoom(std::span<const PlacementCandidate> candidates,
                                    const PlacementRequest& request) {
-  const PlacementCandidate* best = nullptr;
+  std::vector<const PlacementCandidate*> eligible;
+  int64_t most_free = 0;
   for (const PlacementCandidate& c : candidates) {
     if (Excluded(request, c.member.instance_id)) continue;
     // Step 1 already passed over the holders; here a holder counts as any other server.
@@ -47,12 +77,15 @@ const PlacementCandidate* MostRoom(std::span<const PlacementCandidate> candidate
         c.prefix_group >= request.spread_group) {
       continue;
     }
-    if (best == nullptr || c.free_bytes() > best->free_bytes() ||
-        (c.free_bytes() == best->free_bytes() &&
-         (c.member.sequences < best->member.sequences ||
-          (c.member.sequences == best->member.sequences &&
-           c.member.instance_id < best->member.instance_id)))) {
-      best = &c;
+    eligible.push_back(&c);
+    most_free = std::max(most_free, c.free_bytes());
+  }
+  const PlacementCandidate* best = nullptr;
+  for (const PlacementCandidate* c : eligible) {
+    if (c->free_bytes() < most_free - most_free / kRoomyShare) continue;
+    if (best == nullptr || c->sequences() < best->sequences() ||
+        (c->sequences() == best->sequences() && TieBefore(request, *c, *best))) {
+      best = c;
     }
   }
   return best;

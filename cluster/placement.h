@@ -17,10 +17,13 @@ struct PlacementCandidate {
   // Bytes this client placed there since the member's record was written (the record's load
   // lags by up to its refresh interval; without this a burst would all land on one server).
   int64_t reserved_bytes = 0;
+  // Sequences this client placed there since then, likewise.
+  int reserved_sequences = 0;
   // Live sequences on the new sequence's prefix that this client placed there; -1 when the
   // prefix is not registered there.
   int prefix_group = -1;
 
+  int sequences() const { return member.sequences + reserved_sequences; }
   int64_t free_bytes() const {
     return member.kv_budget_bytes - member.kv_used_bytes - reserved_bytes;
   }
@@ -35,10 +38,13 @@ struct PlacementRequest {
   bool has_prefix = false;
   // A prefix's group on one server beyond which its new sequences go to another server (the
   // prefix registered there too), as long as one has room; 0: never spread while a holder
-  // has room. TyphoonMLA's B_theta: a server's group spreads once it runs hybrid.
+  // has room. About twice TyphoonMLA's B_theta keeps a group hybrid while sequences come and go.
   int spread_group = 0;
   // Instance ids not to choose (a context-parallel sequence's other parts).
   std::vector<std::string> exclude;
+  // Orders servers that are otherwise equal: 0, the smallest instance id; else an order of
+  // this seed (each client its own), so clients that start together spread out.
+  uint64_t tie_break = 0;
 };
 
 struct Placement {
@@ -48,11 +54,13 @@ struct Placement {
 
 // Where a new sequence goes (docs/cluster.md, "Placement"):
 //  1. a server holding its prefix, with room, whose group is below spread_group: the one
-//     with the smallest group (then the most free bytes);
-//  2. else the server with the most free bytes that has room for the sequence and the prefix
-//     (fewest sequences, then instance id, break ties), registering the prefix there;
+//     with the smallest group, then the roomiest;
+//  2. else the roomiest server that has room for the sequence and the prefix, then the one
+//     with the fewest sequences, registering the prefix there;
 //  3. else a holder of the prefix with room, whatever its group (the smallest group first):
 //     affinity beats spreading when no other server has room.
+// "The roomiest": free bytes within 5 % of the most free count the same; remaining ties go
+// by `tie_break`'s order.
 // RESOURCE_EXHAUSTED naming the bytes needed when no candidate has room.
 absl::StatusOr<Placement> PlaceSequence(std::span<const PlacementCandidate> candidates,
                                         const PlacementRequest& request);

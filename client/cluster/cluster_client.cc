@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/tensor_helpers.h"
@@ -81,12 +82,15 @@ absl::StatusOr<std::unique_ptr<ClusterClient>> ClusterClient::Create(
 
 ClusterClient::ClusterClient(std::unique_ptr<cluster::MembershipView> view, ClusterOptions options,
                              v1::GetServerInfoResponse info)
-    : view_(std::move(view)), options_(std::move(options)), info_(std::move(info)) {
+    : view_(std::move(view)),
+      options_(std::move(options)),
+      info_(std::move(info)),
+      tie_break_(absl::Uniform<uint64_t>(absl::BitGen(), 1, ~uint64_t{0})) {
   spread_group_ = options_.spread_group;
   if (spread_group_ < 0) {
     const double b_theta =
         info_.naive_thresholds_size() > 0 ? info_.naive_thresholds(0).b_theta() : 0.0;
-    spread_group_ = static_cast<int>(std::ceil(std::max(1.0, b_theta)));
+    spread_group_ = 2 * static_cast<int>(std::ceil(std::max(1.0, b_theta)));
   }
 }
 
@@ -145,9 +149,10 @@ void ClusterClient::Reserve(const std::string& instance_id, int64_t bytes) {
   absl::MutexLock lock(&mu_);
   Reservation& reservation = reservations_[instance_id];
   if (reservation.record_updated_unix_ms != record->updated_unix_ms) {
-    reservation = {0, record->updated_unix_ms};
+    reservation = {0, 0, record->updated_unix_ms};
   }
   reservation.bytes += bytes;
+  ++reservation.sequences;
 }
 
 absl::StatusOr<cluster::Placement> ClusterClient::Place(const std::string& prefix_id,
@@ -163,6 +168,7 @@ absl::StatusOr<cluster::Placement> ClusterClient::Place(const std::string& prefi
   request.has_prefix = !prefix_id.empty();
   request.spread_group = spread_group_;
   request.exclude = std::move(exclude);
+  request.tie_break = tie_break_;
   {
     absl::MutexLock lock(&mu_);
     const PrefixState* prefix = nullptr;
@@ -186,6 +192,7 @@ absl::StatusOr<cluster::Placement> ClusterClient::Place(const std::string& prefi
       if (reserved != reservations_.end() &&
           reserved->second.record_updated_unix_ms == member.updated_unix_ms) {
         candidate.reserved_bytes = reserved->second.bytes;
+        candidate.reserved_sequences = reserved->second.sequences;
       }
       if (prefix != nullptr) {
         auto group = prefix->groups.find(member.instance_id);

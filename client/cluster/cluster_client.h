@@ -36,10 +36,10 @@ struct ClusterOptions {
   // server (its record's load catches up within its refresh interval).
   int64_t expected_sequence_tokens = 2048;
   // A prefix's sequences on one server beyond which new ones go to another server, the prefix
-  // registered there too (ClusterClient places by cluster::PlaceSequence). -1: the
-  // servers' TyphoonMLA B_theta for one query token (rounded up): a group that size runs
-  // hybrid, so a new server's group is started only once the others' can; 0: never spread
-  // while the prefix's server has room.
+  // registered there too (ClusterClient places by cluster::PlaceSequence). -1: twice the
+  // servers' TyphoonMLA B_theta for one query token (rounded up): a group stays above B_theta,
+  // and so hybrid, while its sequences come and go; 0: never spread while the prefix's server
+  // has room.
   int spread_group = -1;
   // Context parallelism: a sequence holds at most this many positions per server (its
   // prefix's tokens on top for the first part); past that, its next positions go to a part on
@@ -118,6 +118,7 @@ class ClusterClient final : public ServingClient {
   };
   struct Reservation {
     int64_t bytes = 0;
+    int sequences = 0;                   // placements (a prefix's too: it adds its own load)
     int64_t record_updated_unix_ms = 0;  // the record's load these bytes come on top of
   };
   // A server's client and what a call on it says when it fails.
@@ -164,6 +165,8 @@ class ClusterClient final : public ServingClient {
   const ClusterOptions options_;
   const v1::GetServerInfoResponse info_;  // the first member's, at connect
   int spread_group_ = 0;
+  // This client's order among equally roomy servers (random: clients started together spread).
+  const uint64_t tie_break_;
 
   // Placement (and opening parts) one at a time, so two new sequences see each other's room.
   absl::Mutex placement_mu_ ABSL_ACQUIRED_BEFORE(mu_);

@@ -28,6 +28,7 @@
 #include "client/loadgen/grpc_load_target.h"
 #include "client/loadgen/load_report.h"
 #include "client/loadgen/multi_target.h"
+#include "client/loadgen/rank_target.h"
 #include "client/loadgen/soak.h"
 #include "client/loadgen/soak_report.h"
 #include "client/loadgen/workload.h"
@@ -54,7 +55,10 @@ ABSL_FLAG(std::string, etcd_cert, "", "PEM client certificate for an etcd that r
 ABSL_FLAG(std::string, etcd_key, "", "PEM private key of --etcd-cert");
 ABSL_FLAG(int, spread_group, -1,
           "with --etcd-endpoints: a prompt's sequences per server before it is registered on "
-          "another (-1: the servers' B_theta; 0: only when a server is full)");
+          "another (-1: twice the servers' B_theta; 0: only when a server is full)");
+ABSL_FLAG(bool, client_per_rank, false,
+          "with --etcd-endpoints: one cluster client per worker, as data-parallel ranks that "
+          "each place their own sequences (a prompt's group then stays within a rank's calls)");
 ABSL_FLAG(int64_t, context_part_tokens, 0,
           "with --etcd-endpoints: positions per server of a context-parallel sequence (0: one "
           "server each)");
@@ -272,7 +276,8 @@ struct Destination {
 };
 
 // The cluster of --etcd-endpoints through the cluster client (docs/cluster.md).
-absl::StatusOr<Destination> ClusterDestination(const mlaserve::client::ClientOptions& options) {
+absl::StatusOr<Destination> ClusterDestination(const mlaserve::client::ClientOptions& options,
+                                               int workers) {
   mlaserve::client::ClusterOptions cluster;
   cluster.etcd_endpoints = absl::StrSplit(absl::GetFlag(FLAGS_etcd_endpoints), ',');
   cluster.cluster = absl::GetFlag(FLAGS_cluster);
@@ -288,7 +293,7 @@ absl::StatusOr<Destination> ClusterDestination(const mlaserve::client::ClientOpt
     cluster.etcd_credentials = *std::move(credentials);
   }
   absl::StatusOr<std::unique_ptr<mlaserve::client::ClusterClient>> client =
-      mlaserve::client::ClusterClient::Connect(std::move(cluster));
+      mlaserve::client::ClusterClient::Connect(cluster);
   if (!client.ok()) return client.status();
   Destination destination;
   destination.servers = ServerJson(**client);
@@ -306,7 +311,23 @@ absl::StatusOr<Destination> ClusterDestination(const mlaserve::client::ClientOpt
   absl::StatusOr<std::unique_ptr<mlaserve::loadgen::GrpcLoadTarget>> target =
       mlaserve::loadgen::GrpcLoadTarget::Create(*std::move(client));
   if (!target.ok()) return target.status();
-  destination.target = *std::move(target);
+  if (!absl::GetFlag(FLAGS_client_per_rank) || workers <= 1) {
+    destination.target = *std::move(target);
+    return destination;
+  }
+  std::vector<std::unique_ptr<mlaserve::loadgen::LoadTarget>> ranks;
+  ranks.push_back(*std::move(target));
+  for (int rank = 1; rank < workers; ++rank) {
+    absl::StatusOr<std::unique_ptr<mlaserve::client::ClusterClient>> own =
+        mlaserve::client::ClusterClient::Connect(cluster);
+    if (!own.ok()) return own.status();
+    absl::StatusOr<std::unique_ptr<mlaserve::loadgen::GrpcLoadTarget>> rank_target =
+        mlaserve::loadgen::GrpcLoadTarget::Create(*std::move(own));
+    if (!rank_target.ok()) return rank_target.status();
+    ranks.push_back(*std::move(rank_target));
+  }
+  destination.name += absl::StrCat(", one client per rank");
+  destination.target = std::make_unique<mlaserve::loadgen::RankTarget>(std::move(ranks));
   return destination;
 }
 
@@ -586,7 +607,7 @@ int main(int argc, char** argv) {
   const mlaserve::client::ClientTls tls = client_options.tls;
   if (absl::GetFlag(FLAGS_soak)) return RunSoakMode(*clients.front(), target, tls);
   absl::StatusOr<Destination> destination =
-      cluster ? ClusterDestination(client_options)
+      cluster ? ClusterDestination(client_options, o.workers)
               : TargetDestination(std::move(clients), names, target);
   if (!destination.ok()) {
     std::cerr << "mlaserve-loadgen: " << destination.status() << "\n";

@@ -1,5 +1,6 @@
 #include "cluster/placement.h"
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -53,7 +54,7 @@ TEST(PlaceSequenceTest, TiesGoToFewerSequencesThenTheSmallerId) {
 TEST(PlaceSequenceTest, ThisClientsReservationsCountAgainstTheRoom) {
   std::vector<PlacementCandidate> servers = {Server("a", 4 * kGiB, kGiB),
                                              Server("b", 4 * kGiB, 2 * kGiB)};
-  servers[0].reserved_bytes = kGiB + 1;  // a burst just placed there
+  servers[0].reserved_bytes = 2 * kGiB;  // a burst just placed there
   EXPECT_EQ(PlaceSequence(servers, Sequence(false))->instance_id, "b");
 }
 
@@ -102,6 +103,23 @@ TEST(PlaceSequenceTest, AFullHolderSendsTheSequenceElsewhereWithThePrefix) {
   ASSERT_TRUE(placed.ok()) << placed.status();
   EXPECT_EQ(placed->instance_id, "b");
   EXPECT_TRUE(placed->register_prefix);
+}
+
+TEST(PlaceSequenceTest, NearlyAsRoomyServersAreEqualAndEachClientOrdersThemItsOwnWay) {
+  // 1 % apart: the same room. Without a seed the smaller id; with seeds, clients disagree.
+  const std::vector<PlacementCandidate> servers = {Server("a", 100 * kGiB, kGiB),
+                                                   Server("b", 100 * kGiB, 0),
+                                                   Server("c", 100 * kGiB, 40 * kGiB)};
+  EXPECT_EQ(PlaceSequence(servers, Sequence(false))->instance_id, "a");
+  std::set<std::string> chosen;
+  for (uint64_t seed = 1; seed <= 16; ++seed) {
+    PlacementRequest request = Sequence(false);
+    request.tie_break = seed;
+    const std::string id = PlaceSequence(servers, request)->instance_id;
+    EXPECT_NE(id, "c");  // 40 % fuller is not as roomy
+    chosen.insert(id);
+  }
+  EXPECT_EQ(chosen, (std::set<std::string>{"a", "b"}));
 }
 
 TEST(PlaceSequenceTest, ExcludedServersAreNeverChosen) {
