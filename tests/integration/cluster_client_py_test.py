@@ -14,7 +14,11 @@ it decodes and creates (the server exits 0; every sequence answers bit for bit a
 not called since before the drain found once the server has stopped; new ones placed on the
 others; fake records: one moving out never chosen, a dead one's create placed again), a
 kill -9 (calls for its sequences fail at once with UNAVAILABLE naming it once its key is
-gone, the others answer), etcd stopped (stale, decodes go on) and restarted.
+gone, the others answer), a server stopped with SIGTERM and restarted on its port with its
+--state_dir (a new instance at the old address: its sequences fail at once while it is away,
+then answer bit for bit as before), etcd stopped (stale, decodes go on) and restarted. The
+rule's checks include the 5 % within which servers count as equally roomy and the tie order of
+a client's seed (tie_break 0: the smallest id).
 
     /usr/bin/python3 tests/integration/cluster_client_py_test.py \\
         --server build/bin/mlaserve-server --etcd /usr/bin/etcd   (PYTHONPATH=build/python)
@@ -130,6 +134,48 @@ def check_placement_rule(check):
     except mlaserve.ClusterError as error:
         check(error.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "95 bytes" in error.message
               and "1 excluded" in error.message, f"no room: {error}")
+
+    # "The roomiest": free bytes within 5 % of the most free (>= most - most // 20) count the
+    # same. Step 2: among those, the fewest sequences.
+    servers = [c("a", 1000, 3, -1), c("b", 951, 1, -1), c("c", 949, 0, -1)]
+    check(place_sequence(servers, 10) == ("b", False), "step 2: within 5 %, fewer sequences")
+    servers[2] = c("c", 950, 0, -1)
+    check(place_sequence(servers, 10) == ("c", False), "step 2: exactly 5 % below counts")
+    # Step 1: the smallest group, then within 5 % of its most free the tie order alone
+    # (sequences do not count there); a holder with a larger group never, however roomy.
+    servers = [c("a", 1000, 9, 1), c("b", 955, 0, 1), c("d", 5000, 0, 2)]
+    check(place_sequence(servers, 10, 50, True, 3) == ("a", False), "step 1: 5 %, tie 0")
+    check(place_sequence(servers, 10, 50, True, 3, tie_break=1) == ("b", False),
+          "step 1: 5 %, tie_break 1")
+    servers[1] = c("b", 949, 0, 1)
+    check(place_sequence(servers, 10, 50, True, 3, tie_break=1) == ("a", False),
+          "step 1: past 5 % the most free")
+
+    # The tie order: FNV-1a 64 of the id's bytes from 1469598103934665603 ^ tie_break (the C++
+    # constant, cluster/placement.cc), checked against a uint64 computation of its own.
+    def key(instance_id, seed):
+        h = np.uint64(1469598103934665603) ^ np.uint64(seed)
+        with np.errstate(over="ignore"):
+            for byte in instance_id.encode():
+                h = (h ^ np.uint64(byte)) * np.uint64(1099511628211)
+        return int(h)
+
+    for instance_id, seed in (("a", 1), ("b", 4), ("0123456789abcdef0123456789abcdef", 1 << 63),
+                              ("é", (1 << 64) - 1)):
+        check(mlaserve.cluster._tie_key(instance_id, seed) == key(instance_id, seed),
+              f"tie key of {instance_id!r}, seed {seed}")
+    # Equally roomy (4 % apart), equal sequences: tie_break 0 the smallest id; seeds 1 and 4
+    # order them otherwise (b and c first: their keys are the smallest), as each client its
+    # own way; a server 6 % below is never chosen.
+    servers = [c("a", 1000, 2, -1), c("b", 990, 2, -1), c("c", 960, 2, -1),
+               c("d", 940, 0, -1)]
+    chosen = {seed: place_sequence(servers, 10, tie_break=seed)[0] for seed in (0, 1, 4)}
+    check(chosen == {0: "a", 1: "b", 4: "c"}, f"tie order by seed: {chosen}")
+    for seed in (1, 4):
+        best = min("abc", key=lambda i: key(i, seed))
+        check(chosen[seed] == best, f"seed {seed} chose {chosen[seed]}, its key order {best}")
+    seen = {place_sequence(servers, 10, tie_break=seed)[0] for seed in range(1, 17)}
+    check(seen == {"a", "b", "c"}, f"16 seeds chose {seen}")
 
 
 def check_moves(cluster, address_of, instance_of, model, system, bf16, check, log):
@@ -537,12 +583,16 @@ def main():
             failures.append(message)
         return condition
 
-    def start_server(kv_budget="--kv_budget=64MiB"):
-        target = f"127.0.0.1:{free_port()}"
+    def start_server(kv_budget="--kv_budget=64MiB", target=None):
+        """A server registered in the cluster, its KV state saved on SIGTERM to a directory
+        of its port (`target`: the address of one restarted, its state loaded again)."""
+        target = target or f"127.0.0.1:{free_port()}"
+        state_dir = os.path.join(directory, "state-" + target.rpartition(":")[2])
+        os.makedirs(state_dir, exist_ok=True)
         server = Server(args.server, [
             f"--listen={target}", "--metrics_listen=", f"--layers={LAYERS}", "--devices=1",
             kv_budget, "--model=kimi-k2", f"--etcd_endpoints={etcd.endpoint()}",
-            f"--cluster={CLUSTER}", "--etcd_lease_ttl_s=3"])
+            f"--cluster={CLUSTER}", "--etcd_lease_ttl_s=3", f"--state_dir={state_dir}"])
         servers.append(server)
         if not server.ready(60):
             raise RuntimeError("the server did not become ready: " + "".join(server.log))
@@ -600,8 +650,25 @@ def main():
               "members' instance ids")
         b_theta = info.naive_thresholds[0].b_theta
         with mlaserve.ClusterClient(etcd.endpoint(), cluster=CLUSTER) as default:
-            check(default.spread_group == math.ceil(b_theta),
+            check(default.spread_group == 2 * math.ceil(max(1.0, b_theta)),
                   f"default spread group {default.spread_group}, B_theta {b_theta}")
+            # Each client its own tie order among equally roomy servers, drawn at random.
+            check(all(1 <= t < 1 << 64 for t in (default._tie_break, cluster._tie_break))
+                  and default._tie_break != cluster._tie_break,
+                  f"tie_break {default._tie_break}, {cluster._tie_break}")
+        # A placement counts on its server until that server's next record: its bytes and one
+        # sequence (two with the prefix's registration), both taken back when it fails.
+        cluster._cluster_model()  # (what _candidates compares the records' models with)
+        with cluster._lock:  # (no record refresh in between)
+            any_member = members[0]["instance_id"]
+            before = {x.instance_id: x for x in cluster._candidates(None)}[any_member]
+            cluster._reserve(any_member, 1000, 2)
+            after = {x.instance_id: x for x in cluster._candidates(None)}[any_member]
+            cluster._reserve(any_member, -1000, -2)
+            undone = {x.instance_id: x for x in cluster._candidates(None)}[any_member]
+        check(after.free_bytes == before.free_bytes - 1000 and
+              after.sequences == before.sequences + 2 and undone == before,
+              f"reserved: {before} -> {after} -> {undone}")
         scale = float(np.float32(info.model.softmax_scale))
         heads, width = info.model.heads, info.model.kv_row_width
 
@@ -859,6 +926,44 @@ def main():
         # New sequences go to the two servers left.
         cluster.create_sequence("after-kill")
         check(cluster.server_of("after-kill") != second, "placed on a dead server")
+
+        # 7b. A server stopped (SIGTERM: its key removed, its KV state saved) and started again
+        # on its port with its --state_dir, as systemd restarts one: a new instance at the old
+        # address. While it is away its sequences fail at once; once it is back the cluster
+        # client calls it for them, and they answer bit for bit as before.
+        back = cluster.server_of(kept[0])
+        back_server, back_client = address_of[back]
+        gone = instance_of[back]
+        mine = [s for s in kept if cluster.server_of(s) == back]
+        q_back = [mlaserve.latent_query(s, 1, bf16((2, heads, width))) for s in mine]
+        before = cluster.decode(q_back, output_dtype="fp32")
+        stopping = time.monotonic()
+        back_server.process.terminate()
+        check(bool(wait_for(lambda: gone not in {m["instance_id"] for m in cluster.members()},
+                            10)), "the stopped server is still a member")
+        took = expect_error(lambda: cluster.decode(q_back[:1]), grpc.StatusCode.UNAVAILABLE,
+                            back, gone, "left cluster")
+        check(took < 0.5, f"a call for a stopped server's sequence took {took:.2f} s")
+        check(back_server.process.wait(timeout=30) == 0, "the stopped server's exit code")
+        back_server, _, _ = start_server(target=back)
+        address_of[back] = (back_server, back_client)
+        instance_of[back] = back_client.server_info().state.instance_id
+        state = back_client.server_info().state
+        check(state.restored_from_instance_id == gone and state.instance_id != gone,
+              f"restarted: instance {state.instance_id}, restored from "
+              f"{state.restored_from_instance_id}, expected {gone}")
+        check(bool(wait_for(lambda: back in {m["address"] for m in cluster.members()}, 10)),
+              "the restarted server is no member")
+        again = cluster.decode(q_back, output_dtype="fp32")
+        check(all(same_bits(a.out, b.out) and same_bits(a.lse, b.lse)
+                  for a, b in zip(again, before)),
+              "decode after the restart differs from before")
+        print(f"{len(mine)} sequences answered as before after their server restarted "
+              f"({time.monotonic() - stopping:.2f} s from SIGTERM)")
+        cluster.release_sequence(mine[-1])
+        check(mine[-1] not in {x.sequence.sequence_id for x in back_client.list_sequences()},
+              "a sequence released through the cluster client is still on the restarted "
+              "server")
 
         # 8. etcd over TLS requiring client certificates: the read and the watch over HTTPS
         # (a record written there shows up), and a client without a certificate refused.

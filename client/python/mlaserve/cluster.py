@@ -26,6 +26,7 @@ import http.client
 import json
 import logging
 import math
+import random
 import ssl
 import threading
 import time
@@ -79,12 +80,14 @@ class _ServerStopped(Exception):
     """Internal: a call to a server that left the cluster moving out (a drain) failed
     UNAVAILABLE (it has stopped, its sequences on other members) or CANCELLED (it cancelled
     the call as it stopped). Caught by _following_moves, which finds them there (_relocate)
-    or raises `error`."""
+    or raises `error`. `instance`: the member called (the part's own, or the one that came
+    back at its address)."""
 
-    def __init__(self, part, error):
+    def __init__(self, part, error, instance):
         super().__init__(f"{part.address}: {error.details()}")
         self.part = part
         self.error = error
+        self.instance = instance
 
 
 # --- Placement ----------------------------------------------------------------------------
@@ -92,46 +95,80 @@ class _ServerStopped(Exception):
 PlacementCandidate = collections.namedtuple(
     "PlacementCandidate", ["instance_id", "free_bytes", "sequences", "prefix_group"])
 PlacementCandidate.__doc__ = """A server as this client sees it: free_bytes = kv_budget_bytes
-- load.kv_used_bytes - bytes reserved since its record was written; sequences =
-load.sequences; prefix_group = live sequences this client placed on the new sequence's prefix
-there, -1 when the prefix is not registered there."""
+- load.kv_used_bytes - bytes this client placed there since its record was written; sequences
+= load.sequences + this client's placements there since then (each placement, a prefix's
+registration included, counts one); prefix_group = live sequences this client placed on the
+new sequence's prefix there, -1 when the prefix is not registered there."""
+
+# Free bytes within this share of the most free count as as roomy (then fewer sequences and
+# the tie order decide): a few bytes more should not pull every new sequence to one server.
+_ROOMY_SHARE = 20  # 5 %
+_FNV_OFFSET = 1469598103934665603
+_FNV_PRIME = 1099511628211
+_U64 = (1 << 64) - 1
+
+
+def _tie_key(instance_id, tie_break):
+    """FNV-1a 64 of the instance id's UTF-8 bytes, started from _FNV_OFFSET XORed with
+    tie_break: cluster/placement.cc's TieKey, its constant included (1469598103934665603, not
+    FNV's published 14695981039346656037; the two clients must agree, not match FNV)."""
+    h = _FNV_OFFSET ^ tie_break
+    for byte in instance_id.encode():
+        h = ((h ^ byte) * _FNV_PRIME) & _U64
+    return h
+
+
+def _tie_order(tie_break):
+    """The order among otherwise equal servers: the smallest instance id with tie_break 0,
+    else the smallest _tie_key (each client its own seed, so clients that start together do
+    not all choose the same server)."""
+    if tie_break == 0:
+        return lambda c: c.instance_id
+    return lambda c: _tie_key(c.instance_id, tie_break)
+
+
+def _roomy(eligible):
+    """Those of `eligible` whose free bytes are within 5 % of the most free."""
+    most_free = max([0] + [c.free_bytes for c in eligible])
+    return [c for c in eligible if c.free_bytes >= most_free - most_free // _ROOMY_SHARE]
 
 
 def place_sequence(candidates, sequence_bytes, prefix_bytes=0, has_prefix=False,
-                   spread_group=0, exclude=()):
+                   spread_group=0, exclude=(), tie_break=0):
     """Where a new sequence goes, by the cluster's rule (cluster/placement.h, PlaceSequence):
 
     1. with a prefix: a holder (prefix_group >= 0) with room for the sequence whose group is
        below spread_group (any group when spread_group is 0): the smallest group, then the
-       most free bytes, then the smallest instance id;
-    2. else the server with the most free bytes that has room for the sequence plus, where
-       it lacks the prefix, the prefix (holders at or past spread_group skipped): then the
-       fewest sequences, then the smallest instance id; the prefix is registered there;
+       roomiest, then the tie order;
+    2. else the roomiest server that has room for the sequence plus, where it lacks the
+       prefix, the prefix (holders at or past spread_group skipped): then the fewest
+       sequences, then the tie order; the prefix is registered there;
     3. else a holder with room for the sequence whatever its group (smallest group first).
 
-    Returns (instance_id, register_prefix); ClusterError RESOURCE_EXHAUSTED naming the bytes
-    when no candidate has room. Servers in `exclude` are never chosen."""
+    "The roomiest": free bytes within 5 % of the most free among those eligible (free >=
+    most_free - most_free // 20) count the same. The tie order: the smallest instance id when
+    tie_break is 0, else the smallest FNV-1a 64 of the id from the offset basis XORed with
+    tie_break (a ClusterClient draws its own tie_break at random). Returns (instance_id,
+    register_prefix); ClusterError RESOURCE_EXHAUSTED naming the bytes when no candidate has
+    room. Servers in `exclude` are never chosen."""
     exclude = set(exclude)
+    tie = _tie_order(tie_break)
 
     def holder(within_spread):
-        best = None
-        for c in candidates:
-            if c.prefix_group < 0 or c.instance_id in exclude:
-                continue
-            if c.free_bytes < sequence_bytes:
-                continue
-            if within_spread and spread_group > 0 and c.prefix_group >= spread_group:
-                continue
-            if best is None or (c.prefix_group, -c.free_bytes, c.instance_id) < (
-                    best.prefix_group, -best.free_bytes, best.instance_id):
-                best = c
-        return best
+        eligible = [c for c in candidates
+                    if c.prefix_group >= 0 and c.instance_id not in exclude and
+                    c.free_bytes >= sequence_bytes and
+                    not (within_spread and spread_group > 0 and c.prefix_group >= spread_group)]
+        if not eligible:
+            return None
+        smallest = min(c.prefix_group for c in eligible)
+        return min(_roomy([c for c in eligible if c.prefix_group == smallest]), key=tie)
 
     if has_prefix:
         best = holder(True)
         if best is not None:
             return best.instance_id, False
-    best = None
+    eligible = []
     for c in candidates:
         if c.instance_id in exclude:
             continue
@@ -141,10 +178,9 @@ def place_sequence(candidates, sequence_bytes, prefix_bytes=0, has_prefix=False,
         if has_prefix and c.prefix_group >= 0 and spread_group > 0 and \
                 c.prefix_group >= spread_group:
             continue
-        if best is None or (-c.free_bytes, c.sequences, c.instance_id) < (
-                -best.free_bytes, best.sequences, best.instance_id):
-            best = c
-    if best is not None:
+        eligible.append(c)
+    if eligible:
+        best = min(_roomy(eligible), key=lambda c: (c.sequences, tie(c)))
         return best.instance_id, has_prefix and best.prefix_group < 0
     if has_prefix:
         best = holder(False)
@@ -327,10 +363,13 @@ class ClusterClient:
         0 cuts each sequence into parts of C tokens (the first also holds its prefix) on
         different servers. expected_sequence_tokens: the room placement asks for a new
         sequence. spread_group: a prefix's group on one server beyond which its sequences
-        go to another server; None: ceil(TyphoonMLA's B_theta for sq 1) from the servers'
-        GetServerInfo, 0: never spread while a holder has room. etcd_timeout_s bounds the
-        first read of the membership (ClusterError UNAVAILABLE naming the endpoints past it)
-        and every later etcd request. client_kwargs go to every mlaserve.Client."""
+        go to another server; None: 2 x ceil(TyphoonMLA's B_theta for sq 1) from the
+        servers' GetServerInfo (a group stays above B_theta, and so hybrid, while its
+        sequences come and go), 0: never spread while a holder has room. etcd_timeout_s
+        bounds the first read of the membership (ClusterError UNAVAILABLE naming the endpoints
+        past it) and every later etcd request. client_kwargs go to every mlaserve.Client.
+        Each client draws its own random order among equally roomy servers (tie_break), so
+        clients started together do not all place on one server."""
         self._etcd = _Etcd(etcd_endpoints, etcd_ca, etcd_cert, etcd_key, etcd_timeout_s)
         self.cluster = cluster
         self._prefix = f"/mlaserve/{cluster}/servers/"
@@ -349,7 +388,12 @@ class ClusterClient:
         self._revision = 0
         self._stale = False
         self._changes = 0
-        self._reserved = {}  # instance id -> (the record's load.updated_unix_ms, bytes)
+        # instance id -> (the record's load.updated_unix_ms, bytes, sequences) placed there
+        # by this client since that record was written
+        self._reserved = {}
+        # This client's order among equally roomy servers (random: clients started together
+        # spread out), as the C++ client's.
+        self._tie_break = random.SystemRandom().randint(1, (1 << 64) - 1)
         self._clients = {}  # instance id -> Client
         self._infos = {}  # instance id -> GetServerInfoResponse
         self._model = None  # the cluster's ModelInfo (the first server asked)
@@ -539,7 +583,7 @@ class ClusterClient:
                     if self._spread_group is None:
                         b_theta = next((t.b_theta for t in info.naive_thresholds if t.sq == 1),
                                        0.0)
-                        self._spread_group = math.ceil(max(1.0, b_theta))
+                        self._spread_group = 2 * math.ceil(max(1.0, b_theta))
         return info
 
     def _cluster_model(self):
@@ -584,25 +628,28 @@ class ClusterClient:
             if record.get("state") == _MOVING_OUT:
                 continue  # a drain is taking it out of the cluster: it creates nothing new
             load = record.get("load", {})
-            updated, reserved = self._reserved.get(instance, (None, 0))
+            updated, reserved, placed = self._reserved.get(instance, (None, 0, 0))
             if updated != load.get("updated_unix_ms", 0):
-                reserved = 0
+                reserved = placed = 0
             candidates.append(PlacementCandidate(
                 instance, int(record.get("kv_budget_bytes", 0)) - int(load.get("kv_used_bytes", 0))
-                - reserved, int(load.get("sequences", 0)),
+                - reserved, int(load.get("sequences", 0)) + placed,
                 prefix.holders.get(instance, -1) if prefix is not None else -1))
         return candidates
 
-    def _reserve(self, instance_id, nbytes):
-        """Under the lock: nbytes more placed on the member since its record was written."""
+    def _reserve(self, instance_id, nbytes, sequences=1):
+        """Under the lock: nbytes and `sequences` placements (a prefix's registration counts
+        one) more on the member since its record was written; negative to take back a
+        placement that failed."""
         record = self._by_instance.get(instance_id)
         if record is None:
             return
         updated = record.get("load", {}).get("updated_unix_ms", 0)
-        previous, reserved = self._reserved.get(instance_id, (None, 0))
+        previous, reserved, placed = self._reserved.get(instance_id, (None, 0, 0))
         if previous != updated:
-            reserved = 0
-        self._reserved[instance_id] = (updated, max(0, reserved + nbytes))
+            reserved = placed = 0
+        self._reserved[instance_id] = (updated, max(0, reserved + nbytes),
+                                       max(0, placed + sequences))
 
     def _address(self, instance_id):
         with self._lock:
@@ -633,26 +680,39 @@ class ClusterClient:
         with self._lock:
             return instance_id not in self._by_instance and instance_id not in self._moved_out
 
+    def _route(self, part):
+        """The member to call for the part: its own server while that is a member or left
+        moving out (a drain); for one that was lost, a member now at its address (a server
+        restarted there, e.g. by systemd with --state_dir: it holds the sequences again, or
+        answers NOT_FOUND), as the C++ client's RouteTo; None without one."""
+        with self._lock:
+            if not self._lost(part.instance_id):
+                return part.instance_id
+            return next((i for i, r in sorted(self._by_instance.items())
+                         if r["address"] == part.address), None)
+
     def _call(self, part, sequence_id, function):
-        """function(client) against the part's server, failing at once when the server has
-        been lost (and when a call fails UNAVAILABLE because it has been lost since). A server
-        drained out of the cluster is still called (its sequences move, and calls naming them
-        are redirected); when it fails UNAVAILABLE (stopped) or CANCELLED (stopping),
+        """function(client) against the part's server (_route), failing at once when the
+        server has been lost and no member has come back at its address (and when a call
+        fails UNAVAILABLE because the server called has been lost since). A server drained
+        out of the cluster is still called (its sequences move, and calls naming them are
+        redirected); when it fails UNAVAILABLE (stopped) or CANCELLED (stopping),
         _ServerStopped."""
-        if self._lost(part.instance_id):
+        instance = self._route(part)
+        if instance is None:
             raise self._left(part, sequence_id)
         try:
-            return function(self._client(part.instance_id, part.address))
+            return function(self._client(instance, part.address))
         except grpc.RpcError as error:
             if error.code() == grpc.StatusCode.UNAVAILABLE:
-                if self._lost(part.instance_id):
-                    raise self._left(part, sequence_id) from None
+                if self._lost(instance):
+                    raise self._left(part._replace(instance_id=instance), sequence_id) from None
             if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                 # (a stopping server cancels calls it has not answered: CANCELLED from it)
                 with self._lock:
-                    stopped = self._moving_out(part.instance_id)
+                    stopped = self._moving_out(instance)
                 if stopped and _MOVING not in (error.details() or ""):
-                    raise _ServerStopped(part, error) from None
+                    raise _ServerStopped(part, error, instance) from None
             raise
 
     def _following_moves(self, function, sequences=1, unfound=None):
@@ -666,7 +726,7 @@ class ClusterClient:
             try:
                 return function()
             except _ServerStopped as stopped:
-                found = moves < bound and self._relocate(stopped.part)
+                found = moves < bound and self._relocate(stopped.part, stopped.instance)
                 if not found and stopped.error.code() == grpc.StatusCode.CANCELLED:
                     # (a call the stopping server cancelled is repeated in any case)
                     _log.info("cluster '%s': %s cancelled a call as it stopped; repeating it",
@@ -699,13 +759,14 @@ class ClusterClient:
             holders[instance] = holders.get(instance, 0) + 1
         sequence.parts[index] = part._replace(instance_id=instance, address=address)
 
-    def _relocate(self, stopped):
-        """After a call for part `stopped` failed UNAVAILABLE on a server a drain took out of
-        the cluster (it has stopped, maybe before this client heard of every move): finds
-        every part this client had there on the other members (ListSequences) and points it
-        at the one holding it. True if the call is worth repeating (its part is elsewhere
-        now, also when another call relocated it first)."""
+    def _relocate(self, stopped, called):
+        """After a call for part `stopped` failed UNAVAILABLE on `called`, a server a drain
+        took out of the cluster (it has stopped, maybe before this client heard of every
+        move): finds every part this client had there on the other members (ListSequences)
+        and points it at the one holding it. True if the call is worth repeating (its part is
+        elsewhere now, also when another call relocated it first)."""
         instance = stopped.instance_id
+        there = {instance, called}  # (a lost server's parts go to one back at its address)
 
         def still_there():
             return any(p.sub_id == stopped.sub_id and p.instance_id == instance
@@ -714,9 +775,9 @@ class ClusterClient:
         with self._lock:
             if not still_there():
                 return True  # another call found it (or followed its move) meanwhile
-            if not self._moving_out(instance):
+            if not self._moving_out(called):
                 return False
-            members = [r for i, r in sorted(self._by_instance.items()) if i != instance]
+            members = [r for i, r in sorted(self._by_instance.items()) if i not in there]
         holder = {}  # a server-side sequence id -> the member holding it
         for record in members:
             try:
@@ -730,7 +791,7 @@ class ClusterClient:
         with self._lock:
             for sequence in self._sequences.values():
                 for index, part in enumerate(sequence.parts):
-                    record = holder.get(part.sub_id) if part.instance_id == instance else None
+                    record = holder.get(part.sub_id) if part.instance_id in there else None
                     if record is None:
                         continue
                     _log.info("cluster '%s': sequence '%s' found on %s after %s stopped",
@@ -799,7 +860,8 @@ class ClusterClient:
         prefix = _Prefix(prefix_id, latent, kv_dtype)
         nbytes = self._prefix_bytes(model, prefix.tokens)
         with self._lock:
-            instance, _ = place_sequence(self._candidates(None), nbytes)
+            instance, _ = place_sequence(self._candidates(None), nbytes,
+                                         tie_break=self._tie_break)
             address = self._by_instance[instance]["address"]
             self._reserve(instance, nbytes)
         self._client(instance, address).register_prefix(prefix_id, latent, kv_dtype=kv_dtype)
@@ -849,20 +911,21 @@ class ClusterClient:
                     try:
                         instance, register = place_sequence(
                             candidates, sequence_bytes, prefix_bytes, prefix is not None,
-                            self.spread_group, set(exclude) | unavailable)
+                            self.spread_group, set(exclude) | unavailable, self._tie_break)
                     except ClusterError:
                         if not fallback or not exclude:
                             raise
                         instance, register = place_sequence(
                             candidates, sequence_bytes, prefix_bytes, prefix is not None,
-                            self.spread_group, unavailable)
+                            self.spread_group, unavailable, self._tie_break)
                 except ClusterError:
                     if last_error is not None:
                         raise last_error from None
                     raise
                 address = self._by_instance[instance]["address"]
                 reserved = sequence_bytes + (prefix_bytes if register else 0)
-                self._reserve(instance, reserved)
+                placements = 2 if register else 1  # the prefix's registration counts too
+                self._reserve(instance, reserved, placements)
                 if prefix is not None and not register:
                     prefix.holders[instance] += 1
             client = self._client(instance, address)
@@ -875,7 +938,7 @@ class ClusterClient:
                 return instance, address, create(client)
             except grpc.RpcError as error:
                 with self._lock:
-                    self._reserve(instance, -reserved)
+                    self._reserve(instance, -reserved, -placements)
                     if prefix is not None and prefix.holders.get(instance, 0) > 0:
                         prefix.holders[instance] -= 1
                     # A drained server cancels what it has not answered as it stops (a create
@@ -969,7 +1032,7 @@ class ClusterClient:
         a drained server that has stopped) and forgets the sequence."""
         stopped = None
         for part in list(sequence.parts):
-            if self._lost(part.instance_id):
+            if self._route(part) is None:
                 continue
             try:
                 self._call(part, sequence.sequence_id,
@@ -1149,7 +1212,8 @@ class ClusterClient:
 
     def _max_batch(self, part):
         try:
-            return max(1, self._info(part.instance_id, part.address).limits.max_batch)
+            instance = self._route(part) or part.instance_id
+            return max(1, self._info(instance, part.address).limits.max_batch)
         except grpc.RpcError:
             return 256
 
