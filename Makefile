@@ -4,7 +4,7 @@ PRESET ?= default
 BUILD_DIR := build
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps bench-deps configure build test test-tsan test-asan fuzz format format-check demo install uninstall clean
+.PHONY: all deps bench-deps configure build test test-tsan test-asan fuzz format format-check demo demo-cluster install uninstall clean
 
 # The concurrency tests that also run under ThreadSanitizer (engine and emulator; Debian's
 # gRPC and abseil are not TSan-instrumented, so the gRPC edge stays out).
@@ -65,6 +65,11 @@ format-check: deps
 # form; ARGS passes any other flag to scripts/demo.sh.
 demo: build
 	@scripts/demo.sh $(if $(KV_DTYPE),--kv-dtype=$(KV_DTYPE)) $(ARGS)
+
+# make demo's workload on three servers and Debian's etcd, through the cluster client, with a
+# drain under load (docs/cluster.md); ARGS passes flags to the first load run.
+demo-cluster: build
+	@scripts/cluster_demo.sh $(ARGS)
 
 # The systemd service (docs/deploy.md). PREFIX and DESTDIR pass through the environment.
 install: deps
