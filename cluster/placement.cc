@@ -17,7 +17,7 @@ bool Excluded(const PlacementRequest& request, const std::string& id) {
 // seed, an order of the client's own (FNV-1a of the id from the seed), so clients that start
 // together do not all choose the same server.
 uint64_t TieKey(const PlacementRequest& request, const std::string& instance_id) {
-  uint64_t h = 1469598103934665603ull ^ request.tie_break;
+  uint64_t h = 14695981039346656037ull ^ request.tie_break;
   for (unsigned char c : instance_id) {
     h ^= c;
     h *= 1099511628211ull;

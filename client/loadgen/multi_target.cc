@@ -31,7 +31,7 @@ absl::StatusOr<std::unique_ptr<MultiTarget>> MultiTarget::Create(
 }
 
 int MultiTarget::HashTarget(const std::string& id, int count) {
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = 14695981039346656037ull;
   for (unsigned char c : id) {
     h ^= c;
     h *= 1099511628211ull;

@@ -103,15 +103,14 @@ new sequence's prefix there, -1 when the prefix is not registered there."""
 # Free bytes within this share of the most free count as as roomy (then fewer sequences and
 # the tie order decide): a few bytes more should not pull every new sequence to one server.
 _ROOMY_SHARE = 20  # 5 %
-_FNV_OFFSET = 1469598103934665603
+_FNV_OFFSET = 14695981039346656037
 _FNV_PRIME = 1099511628211
 _U64 = (1 << 64) - 1
 
 
 def _tie_key(instance_id, tie_break):
-    """FNV-1a 64 of the instance id's UTF-8 bytes, started from _FNV_OFFSET XORed with
-    tie_break: cluster/placement.cc's TieKey, its constant included (1469598103934665603, not
-    FNV's published 14695981039346656037; the two clients must agree, not match FNV)."""
+    """FNV-1a 64 of the instance id's UTF-8 bytes, started from FNV's offset basis XORed with
+    tie_break: cluster/placement.cc's TieKey (the two clients must agree)."""
     h = _FNV_OFFSET ^ tie_break
     for byte in instance_id.encode():
         h = ((h ^ byte) * _FNV_PRIME) & _U64
