@@ -282,7 +282,8 @@ grpc::ServerUnaryReactor* MlaServeService::MigrateSequences(grpc::CallbackServer
   if (!status.ok()) return Answer(context, kRpc, start, status);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::MutexLock lock(&migrations_mu_);
-  migrations_.emplace_back([this, reactor, start, request = std::move(request), response_bytes] {
+  migrations_.emplace_back([this, kRpc, reactor, start, request = std::move(request),
+                            response_bytes] {
     if (request.leave_cluster()) {
       leaving_.store(true);
       options_.leave_cluster();

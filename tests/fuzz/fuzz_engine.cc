@@ -63,7 +63,7 @@ FuzzEngine::FuzzEngine() {
   auto created = engine::CreateEngine(SmallEngine());
   Check(created.status(), "CreateEngine");
   engine_ = *std::move(created);
-  dispatcher_ = std::make_unique<service::DecodeDispatcher>(*engine_, *metrics_);
+  dispatcher_ = std::make_unique<service::DecodeDispatcher>(*engine_, moved_, *metrics_);
   Populate();
 }
 

@@ -5,6 +5,7 @@
 
 #include "server/engine/engine.h"
 #include "server/service/decode_dispatcher.h"
+#include "server/service/moved_sequences.h"
 #include "server/service/service_metrics.h"
 
 namespace mlaserve::fuzz {
@@ -30,6 +31,8 @@ class FuzzEngine {
 
   std::unique_ptr<service::ServiceMetrics> metrics_;
   std::unique_ptr<engine::Engine> engine_;
+  // None is ever moved here: the dispatcher's moved-sequence check stays on its fast path.
+  service::MovedSequences moved_;
   std::unique_ptr<service::DecodeDispatcher> dispatcher_;
 };
 
