@@ -1,9 +1,12 @@
 #!/usr/bin/python3
-"""mlaserve-ctl drain under load, every part a real process: Debian's etcd on loopback, three
-server binaries in one cluster, mlaserve-loadgen driving make demo's workload through the
-cluster client. Midway, `mlaserve-ctl drain` moves one server's sequences to the others and
-stops it: the server exits cleanly and leaves etcd, the load generator finishes with no failed
-call (its client follows the moved sequences), `mlaserve-ctl members` lists the two left.
+"""mlaserve-ctl drain, then a kill -9, under load, every part a real process: Debian's etcd
+on loopback, three server binaries in one cluster, mlaserve-loadgen driving make demo's
+workload through the cluster client. Midway, `mlaserve-ctl drain` moves one server's
+sequences to the others and stops it: the server exits cleanly and leaves etcd, the load
+generator finishes with no failed call (its client follows the moved sequences), `mlaserve-ctl
+members` lists the two left. Then, under a second load run, one of those two is killed: only
+calls carrying its sequences fail (UNAVAILABLE), new sequences go to the survivor, and a run
+after it has no error.
 
     /usr/bin/python3 tests/integration/cluster_drain_test.py --build build --etcd /usr/bin/etcd
 """
@@ -93,6 +96,37 @@ def main():
         assert len(left) == 2 and drained.address not in [m["address"] for m in left], left
         print(f"drained {drained.address} in {drain_s:.2f} s to exit; load: "
               f"{point['tokens']} tokens, 0 errors")
+
+        # kill -9 of one of the two left, under load: calls that carry its sequences fail
+        # (UNAVAILABLE, and nothing else), the run goes on placing new sequences on the
+        # survivor and ends on time; a run after it sees no error at all.
+        def run_load(duration_s):
+            return subprocess.Popen(
+                [binary("mlaserve-loadgen"), *cluster, "--client_per_rank", "--continuous",
+                 "--workers=2", "--sequences=16", "--system-prompts=256",
+                 "--context-tokens=64", "--steps-dist=uniform:8,32",
+                 f"--duration-s={duration_s}", "--warmup-s=1", "--json", "--quiet"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+        loadgen = run_load(8)
+        time.sleep(4)
+        victim = next(s for s in servers if s is not drained and s.process.poll() is None)
+        survivor = next(s for s in servers if s is not drained and s is not victim)
+        victim.process.kill()
+        victim.process.wait()
+        out, err = loadgen.communicate(timeout=120)
+        point = json.loads(out)["points"][0]
+        assert set(point["errors_by_code"]) <= {"UNAVAILABLE"}, point["errors_by_code"]
+        assert point["tokens"] > 0, point
+        assert wait_for(lambda: len(etcd.members()) == 1, 30), etcd.members()
+        loadgen = run_load(3)
+        out, err = loadgen.communicate(timeout=120)
+        assert loadgen.returncode == 0, err[-2000:]
+        after = json.loads(out)["points"][0]
+        assert after["errors"] == 0 and after["tokens"] > 0, after["errors_by_code"]
+        print(f"kill -9 of {victim.address} under load: {point['errors']} calls failed "
+              f"(UNAVAILABLE), {point['tokens']} tokens; after it, on {survivor.address}: "
+              f"{after['tokens']} tokens, 0 errors")
         print("PASS")
     finally:
         if loadgen is not None and loadgen.poll() is None:
