@@ -274,6 +274,20 @@ absl::StatusOr<v1::ListSequencesResponse> MlaServeClient::ListSequences(
   return response;
 }
 
+absl::StatusOr<std::vector<v1::SequenceSummary>> MlaServeClient::ListAllSequences(
+    const std::string& prefix_id) {
+  std::vector<v1::SequenceSummary> sequences;
+  std::string token;
+  do {
+    ASSIGN_OR_RETURN(v1::ListSequencesResponse page, ListSequences(1000, token, prefix_id));
+    for (v1::SequenceSummary& summary : *page.mutable_sequences()) {
+      sequences.push_back(std::move(summary));
+    }
+    token = page.next_page_token();
+  } while (!token.empty());
+  return sequences;
+}
+
 absl::StatusOr<v1::GetStatsResponse> MlaServeClient::GetStats() {
   v1::GetStatsRequest request;
   v1::GetStatsResponse response;

@@ -147,6 +147,9 @@ class MlaServeClient final : public ServingClient {
   absl::StatusOr<v1::ListSequencesResponse> ListSequences(int page_size,
                                                           const std::string& page_token = "",
                                                           const std::string& prefix_id = "");
+  // Every page of ListSequences, in id order (for tools; a listing is a pass over the store).
+  absl::StatusOr<std::vector<v1::SequenceSummary>> ListAllSequences(
+      const std::string& prefix_id = "");
   absl::StatusOr<v1::GetStatsResponse> GetStats();
   // Moves sequences from this server to another (admin.proto); never retried (a move is not
   // idempotent: what moved is gone here), bounded by `timeout`.

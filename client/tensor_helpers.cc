@@ -1,5 +1,6 @@
 #include "client/tensor_helpers.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 
@@ -100,6 +101,20 @@ v1::Fp8Rows QuantizeFp8Rows(std::span<const Bf16> rows, int dl, int dr) {
                               reinterpret_cast<std::byte*>(data.data() + r * row_bytes));
   }
   return out;
+}
+
+v1::Tensor SliceOuter(const v1::Tensor& tensor, int64_t first, int64_t count) {
+  v1::Tensor slice;
+  slice.set_dtype(tensor.dtype());
+  slice.add_shape(count);
+  for (int d = 1; d < tensor.shape_size(); ++d) slice.add_shape(tensor.shape(d));
+  // A tensor whose bytes do not match its shape slices to whatever bytes there are; the
+  // server names what is wrong with it.
+  if (tensor.shape_size() == 0 || tensor.shape(0) <= 0 || first < 0 || count < 0) return slice;
+  const size_t entry_bytes = tensor.data().size() / static_cast<size_t>(tensor.shape(0));
+  const size_t begin = std::min(tensor.data().size(), static_cast<size_t>(first) * entry_bytes);
+  slice.set_data(tensor.data().substr(begin, static_cast<size_t>(count) * entry_bytes));
+  return slice;
 }
 
 }  // namespace mlaserve::client

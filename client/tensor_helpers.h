@@ -28,6 +28,9 @@ absl::StatusOr<std::vector<float>> TensorToFloats(const v1::Tensor& tensor);
 
 // Elements a tensor's shape holds.
 int64_t ElementCount(const v1::Tensor& tensor);
+// Entries [first, first + count) of the outermost dimension (rows of [n][..], tokens of
+// [sq][heads][..]), as a tensor of the same dtype.
+v1::Tensor SliceOuter(const v1::Tensor& tensor, int64_t first, int64_t count);
 
 // Latent rows [n][dl + dr] in the FP8 form an FP8 sequence stores (SnapMLA's RoPE-aware
 // per-token quantisation, the server's own formula: the bytes equal what the server would

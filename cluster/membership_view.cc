@@ -151,6 +151,11 @@ std::optional<MemberRecord> MembershipView::Find(const std::string& instance_id)
   return it->second;
 }
 
+bool MembershipView::Contains(const std::string& instance_id) const {
+  absl::MutexLock lock(&mu_);
+  return members_.contains(MemberKey(cluster_, instance_id));
+}
+
 bool MembershipView::MovedOut(const std::string& instance_id) const {
   absl::MutexLock lock(&mu_);
   return std::find(moved_out_.begin(), moved_out_.end(), instance_id) != moved_out_.end();

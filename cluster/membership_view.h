@@ -36,6 +36,8 @@ class MembershipView {
   std::vector<MemberRecord> Members() const;
   // One member by instance id; nullopt once it has left (or never was).
   std::optional<MemberRecord> Find(const std::string& instance_id) const;
+  // Whether it is a member, without copying its record (every routed call asks).
+  bool Contains(const std::string& instance_id) const;
   // Whether `instance_id` left with its record saying "moving-out" (a drain that moves its
   // sequences to other servers): it still answers for them until they have moved.
   bool MovedOut(const std::string& instance_id) const;

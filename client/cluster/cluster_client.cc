@@ -18,17 +18,6 @@
 namespace mlaserve::client {
 namespace {
 
-// Rows [first, first + count) of rows [n][...].
-v1::Tensor SliceRows(const v1::Tensor& rows, int64_t first, int64_t count) {
-  v1::Tensor slice;
-  slice.set_dtype(rows.dtype());
-  slice.add_shape(count);
-  for (int d = 1; d < rows.shape_size(); ++d) slice.add_shape(rows.shape(d));
-  const size_t row_bytes = rows.data().size() / static_cast<size_t>(rows.shape(0));
-  slice.set_data(rows.data().substr(first * row_bytes, count * row_bytes));
-  return slice;
-}
-
 v1::Fp8Rows SliceFp8Rows(const v1::Fp8Rows& rows, int64_t first, int64_t count) {
   v1::Fp8Rows slice;
   slice.set_count(count);
@@ -113,28 +102,28 @@ absl::StatusOr<ClusterClient::Route> ClusterClient::RouteTo(const std::string& i
   // calls naming them are redirected); a lost one is failed here, without a call, unless a
   // server has come back at its address (systemd's restart: with --state_dir it holds the
   // sequences again, else it answers NOT_FOUND).
-  if (!view_->Find(instance_id).has_value() && !view_->MovedOut(instance_id)) {
-    for (const cluster::MemberRecord& member : view_->Members()) {
-      if (member.address != address) continue;
-      absl::MutexLock lock(&mu_);
-      std::shared_ptr<MlaServeClient>& client = clients_[address];
-      if (client == nullptr) client = MlaServeClient::Connect(address, options_.server_options);
-      return Route{client, member.instance_id, address};
-    }
-    return absl::UnavailableError(
-        absl::StrCat("server ", address, " (instance ", instance_id, ") has left cluster '",
-                     view_->cluster(), "'", sequence_id.empty() ? "" : "; sequence '", sequence_id,
-                     sequence_id.empty() ? "" : "' was on it"));
+  if (view_->Contains(instance_id) || view_->MovedOut(instance_id)) {
+    return Route{ClientFor(address), instance_id, address};
   }
+  for (const cluster::MemberRecord& member : view_->Members()) {
+    if (member.address == address) return Route{ClientFor(address), member.instance_id, address};
+  }
+  return absl::UnavailableError(absl::StrCat("server ", address, " (instance ", instance_id,
+                                             ") has left cluster '", view_->cluster(), "'",
+                                             sequence_id.empty() ? "" : "; sequence '", sequence_id,
+                                             sequence_id.empty() ? "" : "' was on it"));
+}
+
+std::shared_ptr<MlaServeClient> ClusterClient::ClientFor(const std::string& address) {
   absl::MutexLock lock(&mu_);
   std::shared_ptr<MlaServeClient>& client = clients_[address];
   if (client == nullptr) client = MlaServeClient::Connect(address, options_.server_options);
-  return Route{client, instance_id, address};
+  return client;
 }
 
 absl::Status ClusterClient::Annotate(const absl::Status& status, const Route& route) const {
   if (status.ok()) return status;
-  if (!view_->Find(route.instance_id).has_value() && !view_->MovedOut(route.instance_id)) {
+  if (!view_->Contains(route.instance_id) && !view_->MovedOut(route.instance_id)) {
     return absl::UnavailableError(absl::StrCat("server ", route.address, " (instance ",
                                                route.instance_id, ") has left cluster '",
                                                view_->cluster(), "': ", status.message()));
@@ -498,7 +487,7 @@ absl::Status ClusterClient::AppendOnce(std::span<const KvAppend> appends) {
       if (append.fp8_rows.count() > 0) {
         piece.fp8_rows = SliceFp8Rows(append.fp8_rows, done, take);
       } else if (n > 0) {
-        piece.rows = SliceRows(append.rows, done, take);
+        piece.rows = SliceOuter(append.rows, done, take);
       } else {
         piece.rows = append.rows;  // the server names what is wrong with it
       }
@@ -795,15 +784,9 @@ bool ClusterClient::Relocate(const std::string& address) {
   for (const cluster::MemberRecord& member : view_->Members()) {
     absl::StatusOr<Route> route = RouteTo(member.instance_id, member.address, "");
     if (!route.ok()) continue;
-    std::string token;
-    do {
-      absl::StatusOr<v1::ListSequencesResponse> page = route->client->ListSequences(1000, token);
-      if (!page.ok()) break;
-      for (const v1::SequenceSummary& s : page->sequences()) {
-        holder.emplace(s.sequence().sequence_id(), member);
-      }
-      token = page->next_page_token();
-    } while (!token.empty());
+    absl::StatusOr<std::vector<v1::SequenceSummary>> listed = route->client->ListAllSequences();
+    if (!listed.ok()) continue;
+    for (const v1::SequenceSummary& s : *listed) holder.emplace(s.sequence().sequence_id(), member);
   }
   bool moved = false;
   absl::MutexLock lock(&mu_);

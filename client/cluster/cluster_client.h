@@ -133,6 +133,8 @@ class ClusterClient final : public ServingClient {
 
   absl::StatusOr<Route> RouteTo(const std::string& instance_id, const std::string& address,
                                 absl::string_view sequence_id);
+  // The channel to `address`, one per server for the client's life.
+  std::shared_ptr<MlaServeClient> ClientFor(const std::string& address);
   // A failed call's status, naming the server (and that it left, if it has).
   absl::Status Annotate(const absl::Status& status, const Route& route) const;
   int64_t SequenceBytes() const;

@@ -9,17 +9,6 @@
 namespace mlaserve::client {
 namespace {
 
-// Tokens [first, first + count) of a [sq][...] tensor.
-v1::Tensor SliceTokens(const v1::Tensor& tensor, int sq, int first, int count) {
-  v1::Tensor slice;
-  slice.set_dtype(tensor.dtype());
-  slice.add_shape(count);
-  for (int d = 1; d < tensor.shape_size(); ++d) slice.add_shape(tensor.shape(d));
-  const size_t token_bytes = tensor.data().size() / static_cast<size_t>(sq);
-  slice.set_data(tensor.data().substr(first * token_bytes, count * token_bytes));
-  return slice;
-}
-
 v1::DecodeQuery TokensOf(const v1::DecodeQuery& query, const std::string& part_id, int first,
                          int count) {
   v1::DecodeQuery sub;
@@ -28,11 +17,11 @@ v1::DecodeQuery TokensOf(const v1::DecodeQuery& query, const std::string& part_i
   sub.set_sq(count);
   if (query.has_head()) {
     v1::HeadSpaceQuery& head = *sub.mutable_head();
-    *head.mutable_q_nope() = SliceTokens(query.head().q_nope(), query.sq(), first, count);
-    *head.mutable_q_pe() = SliceTokens(query.head().q_pe(), query.sq(), first, count);
+    *head.mutable_q_nope() = SliceOuter(query.head().q_nope(), first, count);
+    *head.mutable_q_pe() = SliceOuter(query.head().q_pe(), first, count);
     head.set_first_head(query.head().first_head());
   } else {
-    *sub.mutable_latent() = SliceTokens(query.latent(), query.sq(), first, count);
+    *sub.mutable_latent() = SliceOuter(query.latent(), first, count);
   }
   return sub;
 }

@@ -61,17 +61,13 @@ namespace {
 
 absl::StatusOr<std::vector<DrainedSequence>> ListAll(client::MlaServeClient& source,
                                                      int64_t row_bytes) {
+  ASSIGN_OR_RETURN(std::vector<v1::SequenceSummary> listed, source.ListAllSequences());
   std::vector<DrainedSequence> sequences;
-  std::string token;
-  do {
-    ASSIGN_OR_RETURN(v1::ListSequencesResponse page, source.ListSequences(1000, token));
-    for (const v1::SequenceSummary& summary : page.sequences()) {
-      DrainedSequence s{summary.sequence().sequence_id(), summary.sequence().prefix_id(), 0};
-      for (int32_t length : summary.sequence().layer_lengths()) s.bytes += length * row_bytes;
-      sequences.push_back(std::move(s));
-    }
-    token = page.next_page_token();
-  } while (!token.empty());
+  for (const v1::SequenceSummary& summary : listed) {
+    DrainedSequence s{summary.sequence().sequence_id(), summary.sequence().prefix_id(), 0};
+    for (int32_t length : summary.sequence().layer_lengths()) s.bytes += length * row_bytes;
+    sequences.push_back(std::move(s));
+  }
   return sequences;
 }
 

@@ -68,8 +68,13 @@ absl::Status MlaServeService::RefuseIfLeaving() const {
 grpc::ServerUnaryReactor* MlaServeService::Answer(grpc::CallbackServerContext* context,
                                                   absl::string_view rpc, absl::Time start,
                                                   const absl::Status& status) {
+  return Finish(context->DefaultReactor(), rpc, start, status);
+}
+
+grpc::ServerUnaryReactor* MlaServeService::Finish(grpc::ServerUnaryReactor* reactor,
+                                                  absl::string_view rpc, absl::Time start,
+                                                  const absl::Status& status) {
   metrics_.RecordRpc(rpc, status.code(), absl::Now() - start);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   calls_.EndUnary();
   return reactor;
@@ -307,9 +312,7 @@ grpc::ServerUnaryReactor* MlaServeService::MigrateSequences(grpc::CallbackServer
                    moved->tokens, moved->bytes, request.target(),
                    absl::ToDoubleSeconds(moved->took));
     }
-    metrics_.RecordRpc(kRpc, result.code(), absl::Now() - start);
-    reactor->Finish(ToGrpcStatus(result));
-    calls_.EndUnary();
+    Finish(reactor, kRpc, start, result);
     if (request.stop_after() && result.ok()) options_.stop_server();
   });
   return reactor;

@@ -143,6 +143,9 @@ class MlaServeService final : public RawMlaServe {
   // Records the call, finishes it with `status` and takes it off the registry.
   grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, absl::string_view rpc,
                                    absl::Time start, const absl::Status& status);
+  // The same for a call answered later, from another thread, on the reactor it returned.
+  grpc::ServerUnaryReactor* Finish(grpc::ServerUnaryReactor* reactor, absl::string_view rpc,
+                                   absl::Time start, const absl::Status& status);
   // Answers a call that arrives while the server drains (UNAVAILABLE).
   grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* context, absl::string_view rpc,
                                    absl::Time start);

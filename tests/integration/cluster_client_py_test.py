@@ -43,7 +43,7 @@ import numpy as np
 
 import mlaserve
 from etcd_harness import Etcd, wait_for
-from harness import Server, free_port, make_pki
+from harness import Server, close, free_port, make_pki
 from mlaserve.cluster import PlacementCandidate, place_sequence
 
 CLUSTER = "py-client-test"
@@ -54,29 +54,6 @@ LAYERS = 2
 # 8.01/65536.
 OUT_TOLERANCE = (8e-4, 2.01 / 128, 5e-6)
 LSE_TOLERANCE = (1e-6, 8.01 / 65536, None)
-
-
-def close(actual, expected, tolerance):
-    """None when every finite element is within abs_tol or rel_tol (infinities equal) and the
-    cosine difference is under its bound; else what is wrong."""
-    abs_tol, rel_tol, cos_tol = tolerance
-    actual = np.asarray(actual, dtype=np.float64)
-    expected = np.asarray(expected, dtype=np.float64)
-    if actual.shape != expected.shape:
-        return f"shape {actual.shape}, expected {expected.shape}"
-    if not np.array_equal(np.isinf(actual), np.isinf(expected)):
-        return "infinities differ"
-    finite = np.isfinite(expected)
-    a, e = actual[finite], expected[finite]
-    error = np.abs(a - e)
-    bad = ~((error < abs_tol) | (error < rel_tol * np.abs(e)))
-    if np.any(bad):
-        return f"{int(bad.sum())} of {a.size} elements off (worst abs {error.max():.2e})"
-    if cos_tol is not None and a.size:
-        cos_diff = 1 - 2 * float((a * e).sum()) / max(float((a * a + e * e).sum()), 1e-12)
-        if cos_diff >= cos_tol:
-            return f"cos_diff {cos_diff:.2e}"
-    return None
 
 
 def reference(q, kv, scale):

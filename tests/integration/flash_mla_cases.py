@@ -18,6 +18,7 @@ import math
 import numpy as np
 import torch
 
+from harness import close
 from mlaserve import flash_mla
 
 OUT_TOLERANCE = (8e-4, 2.01 / 128, 5e-6)
@@ -51,27 +52,6 @@ def reference(q, blocks, block_table, seqlens, scale, causal):
                 out[i, s, heads] = (weights / total) @ kv[:visible, :512]
                 lse[i, heads, s] = (peak + np.log(total))[:, 0]
     return out, lse
-
-
-def close(actual, expected, tolerance):
-    """FlashMLA's check: each finite element within abs_tol or rel_tol, infinities equal,
-    and the cosine difference under its bound. Returns a problem or None."""
-    abs_tol, rel_tol, cos_tol = tolerance
-    actual = actual.astype(np.float64)
-    if not np.array_equal(np.isinf(actual), np.isinf(expected)):
-        return "infinities differ"
-    finite = np.isfinite(expected)
-    a, e = actual[finite], expected[finite]
-    error = np.abs(a - e)
-    bad = ~((error < abs_tol) | (error < rel_tol * np.abs(e)))
-    if np.any(bad):
-        return f"{int(bad.sum())} of {a.size} elements off (worst abs {error.max():.2e})"
-    if cos_tol is not None:
-        norms = float((a * a + e * e).sum())
-        cos_diff = 1 - 2 * float((a * e).sum()) / max(norms, 1e-12)
-        if cos_diff >= cos_tol:
-            return f"cos_diff {cos_diff:.2e}"
-    return None
 
 
 def run_case(generator, b, s_q, mean_sk, h_q, h_kv, causal, varlen, zero_row, scale, api):

@@ -5,6 +5,8 @@ import socket
 import subprocess
 import threading
 
+import numpy as np
+
 KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
 
 
@@ -62,3 +64,27 @@ class Server:
                 self.process.kill()
                 self.process.wait()
         self._reader.join(timeout=5)
+
+
+def close(actual, expected, tolerance):
+    """FlashMLA's check: None when every finite element is within abs_tol or rel_tol
+    (infinities equal) and the cosine difference is under its bound (none: unchecked); else
+    what is wrong. `tolerance` is (abs_tol, rel_tol, cos_tol)."""
+    abs_tol, rel_tol, cos_tol = tolerance
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    if actual.shape != expected.shape:
+        return f"shape {actual.shape}, expected {expected.shape}"
+    if not np.array_equal(np.isinf(actual), np.isinf(expected)):
+        return "infinities differ"
+    finite = np.isfinite(expected)
+    a, e = actual[finite], expected[finite]
+    error = np.abs(a - e)
+    bad = ~((error < abs_tol) | (error < rel_tol * np.abs(e)))
+    if np.any(bad):
+        return f"{int(bad.sum())} of {a.size} elements off (worst abs {error.max():.2e})"
+    if cos_tol is not None and a.size:
+        cos_diff = 1 - 2 * float((a * e).sum()) / max(float((a * a + e * e).sum()), 1e-12)
+        if cos_diff >= cos_tol:
+            return f"cos_diff {cos_diff:.2e}"
+    return None

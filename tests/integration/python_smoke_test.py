@@ -26,6 +26,7 @@ import mlaserve
 from mlaserve import flash_mla
 
 import flash_mla_cases  # beside this script
+from harness import close
 
 SERVING = b"\x08\x01"  # grpc.health.v1.HealthCheckResponse{status: SERVING}
 
@@ -135,7 +136,7 @@ def check_flash_mla(target, heads, model_scale, rng, failures):
         print(f"flash_mla {name}: out rel err {out_error:.2e}, lse rel err {lse_error:.2e}")
         if not out_error < out_tol or not lse_error < lse_tol:
             failures.append(f"{name}: out error {out_error:.2e}, lse error {lse_error:.2e}")
-        lse_problem = flash_mla_cases.close(lse, ref_lse, flash_mla_cases.LSE_TOLERANCE)
+        lse_problem = close(lse, ref_lse, flash_mla_cases.LSE_TOLERANCE)
         if lse_problem:
             failures.append(f"{name}: LSE outside FlashMLA's tolerance: {lse_problem}")
         if scale is None and abs(expected_scale - model_scale) < 1e-6:
