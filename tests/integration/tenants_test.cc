@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -62,24 +63,25 @@ class TenantsTest : public ::testing::Test {
     return server_->NewClient(options);
   }
 
-  v1::Tensor Rows(int n) {
-    return Tensor2(RandomBf16(static_cast<size_t>(n) * 576, 1.0, rng_), n, 576);
+  // Fresh values; the concurrency tests call it from several threads, and a shared engine
+  // raced on corrupts its state (UBSan caught an index past the twister's end).
+  std::vector<Bf16> Random(size_t count) {
+    std::lock_guard lock(rng_mu_);
+    return RandomBf16(count, 1.0, rng_);
   }
+  v1::Tensor Rows(int n) { return Tensor2(Random(static_cast<size_t>(n) * 576), n, 576); }
   v1::DecodeQuery Query(const std::string& id) {
     const engine::ModelConfig& m = server_->model();
     return client::LatentQuery(
         id, 0, 1,
-        Tensor3(RandomBf16(static_cast<size_t>(m.heads) * m.dk_latent(), 1.0, rng_), 1, m.heads,
-                m.dk_latent()));
+        Tensor3(Random(static_cast<size_t>(m.heads) * m.dk_latent()), 1, m.heads, m.dk_latent()));
   }
 
   // Alpha's state: prefix "p" (40 tokens), sequence "s" on it (+10), sequence "t" (30).
   void BuildAlpha() {
     const engine::ModelConfig& m = server_->model();
     ASSERT_TRUE(
-        alpha_
-            ->RegisterPrefix(
-                "p", "", Tensor3(RandomBf16(size_t{2} * 40 * 576, 1.0, rng_), m.layers, 40, 576))
+        alpha_->RegisterPrefix("p", "", Tensor3(Random(size_t{2} * 40 * 576), m.layers, 40, 576))
             .ok());
     ASSERT_TRUE(alpha_->CreateSequence("s", "p").ok());
     ASSERT_TRUE(alpha_->CreateSequence("t").ok());
@@ -89,6 +91,7 @@ class TenantsTest : public ::testing::Test {
     }
   }
 
+  std::mutex rng_mu_;
   Rng rng_{std::random_device{}()};
   std::unique_ptr<IntegrationServer> server_;
   std::unique_ptr<client::MlaServeClient> alpha_;
