@@ -25,8 +25,8 @@
 namespace mlaserve::bench {
 namespace {
 
-constexpr int kPageSize = 128;
-constexpr int kDn = 128, kDr = 64, kDl = 512, kDv = 128;
+constexpr int kPeerPageSize = 128;
+constexpr int kPeerDn = 128, kPeerDr = 64, kPeerDl = 512, kPeerDv = 128;
 
 struct Shape {
   std::string form;
@@ -34,7 +34,8 @@ struct Shape {
 
   double Flops() const {
     const double rows = double{1} * batch * heads * sq;
-    return form == "absorb" ? 2 * rows * sk * (kDl + kDr + kDl) : 2 * rows * sk * (kDn + kDr + kDv);
+    return form == "absorb" ? 2 * rows * sk * (kPeerDl + kPeerDr + kPeerDl)
+                            : 2 * rows * sk * (kPeerDn + kPeerDr + kPeerDv);
   }
 };
 
@@ -50,10 +51,11 @@ struct OurBatch {
 absl::StatusOr<std::unique_ptr<OurBatch>> MakeOurs(const Shape& s, int threads, Rng& rng) {
   auto ours = std::make_unique<OurBatch>();
   const int H = s.heads;
-  const int pages_per_sequence = (s.sk + kPageSize - 1) / kPageSize;
+  const int pages_per_sequence = (s.sk + kPeerPageSize - 1) / kPeerPageSize;
   const bool absorb = s.form == "absorb";
   const int sequences = absorb ? s.batch : 1;  // the naive form reads one shared prefix
-  ours->pool.resize(static_cast<size_t>(sequences) * pages_per_sequence * kPageSize * (kDl + kDr));
+  ours->pool.resize(static_cast<size_t>(sequences) * pages_per_sequence * kPeerPageSize *
+                    (kPeerDl + kPeerDr));
   if (absorb) FillNormal(ours->pool, 1.0, rng);
   for (int m = 0; m < s.batch; ++m) {
     std::vector<int32_t> table(pages_per_sequence);
@@ -62,25 +64,26 @@ absl::StatusOr<std::unique_ptr<OurBatch>> MakeOurs(const Shape& s, int threads, 
     ours->pages.push_back(std::move(table));
   }
   DecodeBatch b;
-  b.dims = MlaDims{H, kDn, kDr, kDl, kDv, static_cast<float>(1.0 / std::sqrt(192.0))};
+  b.dims =
+      MlaDims{H, kPeerDn, kPeerDr, kPeerDl, kPeerDv, static_cast<float>(1.0 / std::sqrt(192.0))};
   b.pool = ours->pool.data();
   b.pool_pages = int64_t{sequences} * pages_per_sequence;
-  b.page_size = kPageSize;
+  b.page_size = kPeerPageSize;
   b.parallel_units = threads;
   DecodeBatch::Group g;
   g.head_space = !absorb;
   g.sq = s.sq;
   g.out_bf16 = true;
   const int64_t rows = int64_t{s.sq} * H;
-  ours->q.resize(static_cast<size_t>(s.batch * rows * (absorb ? kDl + kDr : kDn)));
+  ours->q.resize(static_cast<size_t>(s.batch * rows * (absorb ? kPeerDl + kPeerDr : kPeerDn)));
   FillNormal(ours->q, 1.0, rng);
   if (!absorb) {
-    ours->q_pe.resize(static_cast<size_t>(s.batch * rows * kDr));
+    ours->q_pe.resize(static_cast<size_t>(s.batch * rows * kPeerDr));
     FillNormal(ours->q_pe, 1.0, rng);
-    ours->kv_b.resize(static_cast<size_t>(H) * (kDn + kDv) * kDl);
+    ours->kv_b.resize(static_cast<size_t>(H) * (kPeerDn + kPeerDv) * kPeerDl);
     FillNormal(ours->kv_b, 0.04, rng);
-    ours->keys.resize(static_cast<size_t>(H) * s.sk * (kDn + kDr));
-    ours->values.resize(static_cast<size_t>(H) * s.sk * kDv);
+    ours->keys.resize(static_cast<size_t>(H) * s.sk * (kPeerDn + kPeerDr));
+    ours->values.resize(static_cast<size_t>(H) * s.sk * kPeerDv);
     FillNormal(ours->keys, 1.0, rng);
     FillNormal(ours->values, 1.0, rng);
     g.kv_b = ours->kv_b.data();
@@ -93,10 +96,10 @@ absl::StatusOr<std::unique_ptr<OurBatch>> MakeOurs(const Shape& s, int threads, 
     member.pages = ours->pages[m];
     member.length = s.sk;
     if (absorb) {
-      member.q_latent = ours->q.data() + m * rows * (kDl + kDr);
+      member.q_latent = ours->q.data() + m * rows * (kPeerDl + kPeerDr);
     } else {
-      member.q_nope = ours->q.data() + m * rows * kDn;
-      member.q_pe = ours->q_pe.data() + m * rows * kDr;
+      member.q_nope = ours->q.data() + m * rows * kPeerDn;
+      member.q_pe = ours->q_pe.data() + m * rows * kPeerDr;
     }
     g.members.push_back(member);
   }

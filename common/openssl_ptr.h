@@ -11,7 +11,8 @@
 namespace mlaserve {
 
 // OpenSSL objects owned the C++ way, for the code that reads PEM files and PEM text (the
-// metrics port's credentials, the load generator's HTTPS scraper).
+// metrics port's credentials, the gRPC port's reloading credentials, the load generator's
+// HTTPS scraper).
 struct BioDeleter {
   void operator()(BIO* bio) const { BIO_free(bio); }
 };
@@ -21,9 +22,17 @@ struct X509Deleter {
 struct KeyDeleter {
   void operator()(EVP_PKEY* key) const { EVP_PKEY_free(key); }
 };
+struct X509StoreDeleter {
+  void operator()(X509_STORE* store) const { X509_STORE_free(store); }
+};
+struct X509ChainDeleter {  // frees the certificates too
+  void operator()(STACK_OF(X509) * chain) const { sk_X509_pop_free(chain, X509_free); }
+};
 using BioPtr = std::unique_ptr<BIO, BioDeleter>;
 using X509Ptr = std::unique_ptr<X509, X509Deleter>;
 using KeyPtr = std::unique_ptr<EVP_PKEY, KeyDeleter>;
+using X509StorePtr = std::unique_ptr<X509_STORE, X509StoreDeleter>;
+using X509ChainPtr = std::unique_ptr<STACK_OF(X509), X509ChainDeleter>;
 
 // A read-only BIO over `pem`, which must outlive it.
 inline BioPtr MemoryBio(const std::string& pem) {

@@ -56,5 +56,6 @@ add_custom_command(
   VERBATIM)
 
 add_library(mlaserve_etcd_proto ${etcd_sources})
+set_target_properties(mlaserve_etcd_proto PROPERTIES UNITY_BUILD OFF)  # as mlaserve_proto
 target_include_directories(mlaserve_etcd_proto SYSTEM PUBLIC ${etcd_generated_dir})
 target_link_libraries(mlaserve_etcd_proto PUBLIC protobuf::libprotobuf gRPC::grpc++)

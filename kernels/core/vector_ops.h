@@ -2,10 +2,14 @@
 #define MLASERVE_KERNELS_CORE_VECTOR_OPS_H_
 
 #include <cstdint>
+#include <limits>
 
 #include "kernels/core/bfloat16.h"
 
 namespace mlaserve {
+
+// The score of a key a row must not see, and the largest of no scores.
+inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Row operations of the vector unit. Each has one fixed evaluation order, shared by the
 // host kernels and the emulated AIV programs, so both produce identical bits.

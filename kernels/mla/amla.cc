@@ -19,7 +19,6 @@ namespace {
 
 constexpr float kLn2 = std::numbers::ln2_v<float>;
 constexpr float kMantissaScale = 8388608.0f;  // 2^23
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // round(-m / ln 2), kept in int32 range even for absurd inputs (float->int overflow is UB).
 int32_t ExponentOfMax(float m) {

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <vector>
 
 #include "kernels/core/block_scores.h"
@@ -12,9 +11,6 @@
 #include "kernels/core/vector_ops.h"
 
 namespace mlaserve {
-namespace {
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-}  // namespace
 
 float FlashBaseSoftmaxStep(float* row, int count, FlashBaseRowState& st) {
   const float m_new = std::max(st.m, RowMax(row, count));

@@ -2,14 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <vector>
+
+#include "kernels/core/vector_ops.h"
 
 namespace mlaserve {
 
 void CombineLseParts(int parts, const float* const* outs, const float* lses, int dv, float* out,
                      float* lse) {
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   float m = kNegInf;
   for (int i = 0; i < parts; ++i) m = std::max(m, lses[i]);
   if (m == kNegInf) {

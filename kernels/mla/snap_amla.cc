@@ -17,7 +17,6 @@
 namespace mlaserve {
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // Below this the whole accumulator underflows anyway; above it the delta leaves int32.
 constexpr int32_t kMinTotalShift = -255;
 

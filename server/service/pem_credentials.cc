@@ -33,13 +33,6 @@ absl::StatusOr<std::string> ReadFile(absl::string_view flag, const std::string& 
   return contents.str();
 }
 
-struct StoreDeleter {
-  void operator()(X509_STORE* store) const { X509_STORE_free(store); }
-};
-struct ChainDeleter {
-  void operator()(STACK_OF(X509) * chain) const { sk_X509_pop_free(chain, X509_free); }
-};
-
 // Every certificate of a PEM text, in file order.
 std::vector<X509Ptr> Certificates(const std::string& pem) {
   BioPtr bio = MemoryBio(pem);
@@ -56,9 +49,9 @@ std::vector<X509Ptr> Certificates(const std::string& pem) {
 struct PemCredentials::Loaded {
   std::string cert_pem, key_pem, ca_pem;  // what was parsed, to tell a renewal from no change
   X509Ptr leaf;
-  std::unique_ptr<STACK_OF(X509), ChainDeleter> chain;  // the intermediates after the leaf
+  X509ChainPtr chain;  // the intermediates after the leaf
   KeyPtr key;
-  std::unique_ptr<X509_STORE, StoreDeleter> client_ca;  // null unless mutual TLS
+  X509StorePtr client_ca;  // null unless mutual TLS
 };
 
 namespace {

@@ -526,7 +526,7 @@ TEST_F(ClusterClientTest, AMoveThatCannotHappenSaysWhyAndChangesNothing) {
 // address with its --state_dir (systemd's restart): calls for its sequences fail at once
 // while it is away, naming it, and answer as before once it is back.
 TEST_F(ClusterClientTest, ASequenceAnswersAgainWhenItsServerRestartsWithItsState) {
-  static testing::ScratchDir state("cluster-restart");
+  static ::mlaserve::testing::ScratchDir state("cluster-restart");
   const engine::ModelConfig model = TinyModel();
   const int width = model.dk_latent();
   service::ServerOptions with_state;

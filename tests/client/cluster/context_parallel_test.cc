@@ -80,18 +80,18 @@ v1::DecodeResult ServerAnswer(const PartQuery& part_query, const SequencePart& p
   return result;
 }
 
-struct Case {
+struct SplitCase {
   int64_t length;
   int sq;
   std::vector<int64_t> starts;  // the parts' first positions
 };
 
-class ContextParallelTest : public ::testing::TestWithParam<Case> {};
+class ContextParallelTest : public ::testing::TestWithParam<SplitCase> {};
 
 // Split, answer each part exactly, merge: the whole sequence's causal attention, to fp32
 // rounding, for single tokens and MTP tokens that straddle a part boundary.
 TEST_P(ContextParallelTest, MergedPartsEqualTheWholeSequencesAttention) {
-  const Case& c = GetParam();
+  const SplitCase& c = GetParam();
   std::mt19937 rng(std::random_device{}());
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> keys(c.length * kDim), values(c.length * kWidth),
@@ -134,11 +134,12 @@ TEST_P(ContextParallelTest, MergedPartsEqualTheWholeSequencesAttention) {
 
 INSTANTIATE_TEST_SUITE_P(
     Splits, ContextParallelTest,
-    ::testing::Values(Case{40, 1, {0}}, Case{40, 1, {0, 16, 32}}, Case{40, 1, {0, 39}},
-                      Case{40, 3, {0, 16, 38}},  // the three tokens straddle a boundary
-                      Case{40, 4, {0, 37, 39}},  // a part holds only MTP tokens
-                      Case{40, 2, {0, 10, 20, 30}}),
-    [](const ::testing::TestParamInfo<Case>& case_info) {
+    ::testing::Values(SplitCase{40, 1, {0}}, SplitCase{40, 1, {0, 16, 32}},
+                      SplitCase{40, 1, {0, 39}},
+                      SplitCase{40, 3, {0, 16, 38}},  // the three tokens straddle a boundary
+                      SplitCase{40, 4, {0, 37, 39}},  // a part holds only MTP tokens
+                      SplitCase{40, 2, {0, 10, 20, 30}}),
+    [](const ::testing::TestParamInfo<SplitCase>& case_info) {
       return absl::StrCat("L", case_info.param.length, "sq", case_info.param.sq, "parts",
                           case_info.param.starts.size(), "at", case_info.param.starts.back());
     });

@@ -6,12 +6,13 @@
 
 #include "gtest/gtest.h"
 #include "kernels/core/random_fill.h"
+#include "tests/testing/latent_dims.h"
 
 namespace mlaserve {
 namespace {
 
-constexpr int kDl = 512;
-constexpr int kDr = 64;
+using testing::kDl;
+using testing::kDr;
 
 struct Quantized {
   std::vector<Fp8E4m3> content = std::vector<Fp8E4m3>(kDl);

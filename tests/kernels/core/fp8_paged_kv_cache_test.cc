@@ -22,35 +22,38 @@ TEST(Fp8PageLayoutTest, SectionsSitWhereTheDocsSay) {
 }
 
 TEST(Fp8PagedKvCacheTest, SequenceKeysWidenAcrossShuffledPages) {
-  constexpr int kPageSize = 16, kDl = 64, kDr = 8, kPages = 5;
+  constexpr int kPageSize = 16, kNarrowDl = 64, kNarrowDr = 8, kPages = 5;
   Rng rng(std::random_device{}());
-  std::vector<Bf16> rows(static_cast<size_t>(kPages) * kPageSize * (kDl + kDr));
+  std::vector<Bf16> rows(static_cast<size_t>(kPages) * kPageSize * (kNarrowDl + kNarrowDr));
   FillNormal(rows, 2.0, rng);
-  auto view = TensorView<const Bf16, 3>::Create(rows, {kPages, kPageSize, kDl + kDr}, "rows");
+  auto view =
+      TensorView<const Bf16, 3>::Create(rows, {kPages, kPageSize, kNarrowDl + kNarrowDr}, "rows");
   ASSERT_TRUE(view.ok());
-  const std::vector<std::byte> bytes = QuantizePagedCache(PagedKvCache{*view}, kDl);
-  const Fp8PagedKvCache cache{bytes.data(), kPages, Fp8PageLayout{kPageSize, kDl, kDr}};
+  const std::vector<std::byte> bytes = QuantizePagedCache(PagedKvCache{*view}, kNarrowDl);
+  const Fp8PagedKvCache cache{bytes.data(), kPages, Fp8PageLayout{kPageSize, kNarrowDl, kNarrowDr}};
   ASSERT_EQ(bytes.size(), static_cast<size_t>(kPages * cache.layout.page_bytes()));
 
   const std::vector<int32_t> pages = {3, 0, 4, 1};  // token order
   const Fp8SequenceKeys keys{cache, pages, /*first_token=*/7, /*length=*/50};
-  std::vector<Bf16> widened(static_cast<size_t>(20) * (kDl + kDr));
+  std::vector<Bf16> widened(static_cast<size_t>(20) * (kNarrowDl + kNarrowDr));
   std::vector<float> scales(20);
-  keys.Widen(/*begin=*/5, /*count=*/20, widened.data(), kDl + kDr, scales.data());
+  keys.Widen(/*begin=*/5, /*count=*/20, widened.data(), kNarrowDl + kNarrowDr, scales.data());
   for (int t = 0; t < 20; ++t) {
     const int token = 7 + 5 + t;
     const int page = pages[token / kPageSize], row = token % kPageSize;
     const Bf16* source = view->row(page, row);
     float scale = 0;
-    std::vector<Fp8E4m3> content(kDl);
-    std::vector<Bf16> rope(kDr);
-    QuantizeLatentRow(source, kDl, kDr, Fp8LatentRow{content.data(), &scale, rope.data()});
+    std::vector<Fp8E4m3> content(kNarrowDl);
+    std::vector<Bf16> rope(kNarrowDr);
+    QuantizeLatentRow(source, kNarrowDl, kNarrowDr,
+                      Fp8LatentRow{content.data(), &scale, rope.data()});
     ASSERT_EQ(scales[t], scale) << t;
     ASSERT_EQ(cache.scale(page, row), scale) << t;
-    for (int c = 0; c < kDl; ++c) {
-      ASSERT_EQ(widened[t * (kDl + kDr) + c], content[c].ToBf16()) << t << "," << c;
+    for (int c = 0; c < kNarrowDl; ++c) {
+      ASSERT_EQ(widened[t * (kNarrowDl + kNarrowDr) + c], content[c].ToBf16()) << t << "," << c;
     }
-    for (int c = 0; c < kDr; ++c) ASSERT_EQ(widened[t * (kDl + kDr) + kDl + c], rope[c]);
+    for (int c = 0; c < kNarrowDr; ++c)
+      ASSERT_EQ(widened[t * (kNarrowDl + kNarrowDr) + kNarrowDl + c], rope[c]);
   }
 }
 

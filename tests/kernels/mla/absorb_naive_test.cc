@@ -24,12 +24,12 @@ constexpr testing::Tolerance kHeadSpaceOutTolerance{testing::FlashMlaOutToleranc
 // FlashMLA's 1e-6.)
 constexpr testing::Tolerance kHeadSpaceLseTolerance{1e-2, 8.01 / 65536, 0.0};
 
-struct Case {
+struct HeadSpaceShape {
   int heads;
   int sq;
 };
 
-class HeadSpaceFormsTest : public ::testing::TestWithParam<Case> {
+class HeadSpaceFormsTest : public ::testing::TestWithParam<HeadSpaceShape> {
  protected:
   testing::RandomHeadSpaceBatch MakeBatch() const {
     Rng rng(300 + GetParam().heads + GetParam().sq);
@@ -77,8 +77,9 @@ TEST_P(HeadSpaceFormsTest, NaiveAndAbsorbAgreeWithEachOther) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, HeadSpaceFormsTest,
-                         ::testing::Values(Case{1, 1}, Case{16, 2}, Case{64, 1}, Case{128, 2}),
-                         [](const ::testing::TestParamInfo<Case>& param_info) {
+                         ::testing::Values(HeadSpaceShape{1, 1}, HeadSpaceShape{16, 2},
+                                           HeadSpaceShape{64, 1}, HeadSpaceShape{128, 2}),
+                         [](const ::testing::TestParamInfo<HeadSpaceShape>& param_info) {
                            return absl::StrCat("h", param_info.param.heads, "_sq",
                                                param_info.param.sq);
                          });

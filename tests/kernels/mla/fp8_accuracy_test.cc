@@ -7,12 +7,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/testing/latent_dims.h"
 
 namespace mlaserve {
 namespace {
 
-constexpr int kDl = 512;
-constexpr int kDr = 64;
+using testing::kDl;
+using testing::kDr;
 constexpr int kWidth = kDl + kDr;
 
 struct Draw {

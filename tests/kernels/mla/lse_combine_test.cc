@@ -1,10 +1,10 @@
 #include "kernels/mla/lse_combine.h"
 
 #include <cmath>
-#include <limits>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/core/vector_ops.h"
 #include "kernels/mla/amla.h"
 #include "kernels/reference/golden_attention.h"
 #include "tests/testing/attention_checks.h"
@@ -13,7 +13,6 @@
 namespace mlaserve {
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kDv = 512;
 
 // Partial attention of every row over keys [begin, end) of one request, through AMLA.

@@ -11,13 +11,14 @@
 #include "kernels/core/fp8_paged_kv_cache.h"
 #include "kernels/mla/fp8_accuracy.h"
 #include "kernels/reference/golden_attention.h"
+#include "tests/testing/latent_dims.h"
 #include "tests/testing/random_batch.h"
 
 namespace mlaserve {
 namespace {
 
-constexpr int kDl = 512;
-constexpr int kDr = 64;
+using testing::kDl;
+using testing::kDr;
 const float kScale = 1.0f / std::sqrt(192.0f);  // DeepSeek-V3's 1/sqrt(qk_nope + qk_rope)
 
 // SnapMLA's public kernel tests' acceptance (FlagGems-vllm): against fp32/fp64 attention on

@@ -10,18 +10,11 @@
 #include "kernels/npu/programs/latent_decode_on_device.h"
 #include "kernels/reference/golden_attention.h"
 #include "tests/testing/attention_checks.h"
+#include "tests/testing/npu_device.h"
 #include "tests/testing/random_batch.h"
 
 namespace mlaserve::npu {
 namespace {
-
-std::unique_ptr<Device> MakeDevice(const char* profile = "ascend910-die", int threads = 2) {
-  auto p = LoadDeviceProfile(profile);
-  EXPECT_TRUE(p.ok()) << p.status();
-  auto d = Device::Create(*p, {.host_threads = threads});
-  EXPECT_TRUE(d.ok()) << d.status();
-  return std::move(*d);
-}
 
 // Counts elements whose bits differ and the largest difference in bf16 ulps after the
 // output cast.
@@ -44,17 +37,17 @@ BitwiseDiff Compare(const std::vector<float>& a, const std::vector<float>& b) {
   return d;
 }
 
-struct Case {
+struct DeviceBatchShape {
   int heads;
   int sq;
   int page_size;
 };
 
-class AmlaOnDeviceTest : public ::testing::TestWithParam<Case> {};
+class AmlaOnDeviceTest : public ::testing::TestWithParam<DeviceBatchShape> {};
 
 // Each rescale algorithm on the device against its host kernel, on the same kind of batch.
 void ExpectDeviceEqualsHost(
-    const Case& c, RescaleAlgorithm algorithm, uint64_t seed,
+    const DeviceBatchShape& c, RescaleAlgorithm algorithm, uint64_t seed,
     absl::StatusOr<AttentionOutput> (*host_kernel)(const LatentDecodeProblem&)) {
   Rng rng(seed + c.heads + c.sq * 7 + c.page_size);
   const auto batch =
@@ -65,7 +58,7 @@ void ExpectDeviceEqualsHost(
                                      .seqlens = {0, 1, c.page_size + 1, 511, 513, 1300}},
                                     rng);
   const LatentDecodeProblem problem = batch.Latent(512, 1.0f / std::sqrt(576.0f));
-  auto device = MakeDevice();
+  auto device = testing::MakeTestDevice();
   auto on_device = RunLatentDecodeOnDevice(*device, problem, {.algorithm = algorithm});
   auto host = host_kernel(problem);
   ASSERT_TRUE(on_device.ok()) << on_device.status();
@@ -96,7 +89,7 @@ TEST_P(AmlaOnDeviceTest, BaseOnDeviceEqualsHostBaseBitForBit) {
 // the same shape runs on workspaces and outputs still holding the first one's bytes. Its
 // answer must not depend on them.
 TEST(AmlaOnDeviceReuseTest, BatchesOnRecycledMemoryEqualTheHostBitForBit) {
-  auto device = MakeDevice();
+  auto device = testing::MakeTestDevice();
   for (uint64_t seed : {11, 12, 13}) {
     Rng rng(seed);
     const auto batch = testing::MakeRandomPagedBatch(
@@ -115,9 +108,11 @@ TEST(AmlaOnDeviceReuseTest, BatchesOnRecycledMemoryEqualTheHostBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AmlaOnDeviceTest,
-                         ::testing::Values(Case{1, 1, 64}, Case{16, 2, 128}, Case{128, 1, 128},
-                                           Case{128, 2, 64}, Case{64, 4, 128}),
-                         [](const ::testing::TestParamInfo<Case>& param_info) {
+                         ::testing::Values(DeviceBatchShape{1, 1, 64}, DeviceBatchShape{16, 2, 128},
+                                           DeviceBatchShape{128, 1, 128},
+                                           DeviceBatchShape{128, 2, 64},
+                                           DeviceBatchShape{64, 4, 128}),
+                         [](const ::testing::TestParamInfo<DeviceBatchShape>& param_info) {
                            return absl::StrCat("h", param_info.param.heads, "_sq",
                                                param_info.param.sq, "_page",
                                                param_info.param.page_size);

@@ -11,6 +11,7 @@
 #include "kernels/mla/batch_step_builder.h"
 #include "kernels/mla/host_batch_runner.h"
 #include "tests/testing/decode_batch_scenario.h"
+#include "tests/testing/npu_device.h"
 
 namespace mlaserve::npu {
 namespace {
@@ -37,14 +38,6 @@ std::string DeviceName(DeviceKind d) {
   return "?";
 }
 void PrintTo(DeviceKind d, std::ostream* os) { *os << DeviceName(d); }
-
-std::unique_ptr<Device> MakeDevice(int threads, const char* profile_name = "ascend910-die") {
-  auto profile = LoadDeviceProfile(profile_name);
-  EXPECT_TRUE(profile.ok()) << profile.status();
-  auto device = Device::Create(*profile, {.host_threads = threads});
-  EXPECT_TRUE(device.ok()) << device.status();
-  return std::move(*device);
-}
 
 // The bytes of every answer of a run.
 std::vector<std::vector<std::byte>> AnswerBytes(const BatchBuffers& buffers,
@@ -84,8 +77,9 @@ TEST_P(StepsOnDevicesTest, EveryDeviceEqualsTheHostRunnerBitForBit) {
     ASSERT_TRUE(buffers.ok()) << buffers.status();
     actual = AnswerBytes(**buffers, *built);
   } else {
-    auto device = MakeDevice(kind == DeviceKind::kNpuOneThread ? 1 : 2,
-                             kind == DeviceKind::kNpuFp8Cube ? "ascend910-fp8" : "ascend910-die");
+    auto device = testing::MakeTestDevice(
+        kind == DeviceKind::kNpuOneThread ? 1 : 2,
+        kind == DeviceKind::kNpuFp8Cube ? "ascend910-fp8" : "ascend910-die");
     auto launch = BatchLaunch::Create(*device, built->steps, {}, /*backed=*/true);
     ASSERT_TRUE(launch.ok()) << launch.status();
     auto report = (*launch)->Run(ExecutionMode::kExecute);
@@ -133,7 +127,7 @@ TEST(BatchLaunchTest, ModelsABatchWithoutMemoryAndRefusesToExecuteOne) {
   for (auto& pass : batch.passes) pass.keys = pass.values = nullptr;
   auto built = BuildBatchSteps(batch);
   ASSERT_TRUE(built.ok()) << built.status();
-  auto device = MakeDevice(1);
+  auto device = testing::MakeTestDevice(1);
   auto model = BatchLaunch::Create(*device, built->steps, {}, /*backed=*/false);
   ASSERT_TRUE(model.ok()) << model.status();
   auto report = (*model)->Run(ExecutionMode::kModelOnly);
@@ -164,7 +158,7 @@ TEST(BatchLaunchTest, Fp8BatchesEqualTheHostForEveryPreloadAndBf16Queries) {
       ASSERT_TRUE(expected.ok()) << expected.status();
       const auto want = AnswerBytes(**expected, *built);
       for (const int preload : {0, 1, 2}) {
-        auto device = MakeDevice(2);
+        auto device = testing::MakeTestDevice(2);
         auto launch = BatchLaunch::Create(*device, built->steps, {.preload = preload},
                                           /*backed=*/true);
         ASSERT_TRUE(launch.ok()) << launch.status();
@@ -187,7 +181,7 @@ TEST(BatchLaunchTest, RefusesFp8BatchesItHasNoKernelFor) {
   base.algorithm = RescaleAlgorithm::kBase;
   auto built = BuildBatchSteps(base);
   ASSERT_TRUE(built.ok()) << built.status();
-  auto device = MakeDevice(1);
+  auto device = testing::MakeTestDevice(1);
   auto launch = BatchLaunch::Create(*device, built->steps, {}, /*backed=*/true);
   EXPECT_EQ(launch.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(launch.status().message()), ::testing::HasSubstr("Base"));
@@ -196,7 +190,7 @@ TEST(BatchLaunchTest, RefusesFp8BatchesItHasNoKernelFor) {
   bf16_queries.fp8_quantize_queries = false;
   built = BuildBatchSteps(bf16_queries);
   ASSERT_TRUE(built.ok()) << built.status();
-  auto fp8_cube = MakeDevice(1, "ascend910-fp8");
+  auto fp8_cube = testing::MakeTestDevice(1, "ascend910-fp8");
   launch = BatchLaunch::Create(*fp8_cube, built->steps, {}, /*backed=*/true);
   EXPECT_EQ(launch.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(launch.status().message()), ::testing::HasSubstr("e4m3 queries"));
@@ -212,7 +206,7 @@ TEST(BatchLaunchTest, SplitKvShortensASmallBatchsModelledTime) {
   auto whole = BatchScenario::Make(spec, 4);
   spec.parallel_units = 24;
   auto split = BatchScenario::Make(spec, 4);
-  auto device = MakeDevice(1);
+  auto device = testing::MakeTestDevice(1);
   double modeled[2];
   int i = 0;
   for (const BatchScenario* s : {whole.get(), split.get()}) {

@@ -25,6 +25,7 @@
 #include "kernels/npu/programs/latent_decode_on_device.h"
 #include "kernels/npu/timing_model.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/npu_device.h"
 
 namespace mlaserve::npu {
 namespace {
@@ -49,16 +50,8 @@ class ScriptedKernel final : public DeviceKernel {
   std::function<absl::Status(Program&)> body_;
 };
 
-std::unique_ptr<Device> MakeDevice(int host_threads = 2, const char* profile = "ascend910-die") {
-  auto p = LoadDeviceProfile(profile);
-  EXPECT_TRUE(p.ok()) << p.status();
-  auto device = Device::Create(*p, {.host_threads = host_threads});
-  EXPECT_TRUE(device.ok()) << device.status();
-  return std::move(*device);
-}
-
 TEST(DeviceTest, LocalBufferBeyondCapacityIsAKernelErrorNamingTheBuffer) {
-  auto device = MakeDevice();
+  auto device = testing::MakeTestDevice();
   const int64_t ub = device->profile().ub_bytes;
   ScriptedKernel kernel(1, [ub](Program& program) -> absl::Status {
     CoreRecorder& aiv = program.Vector(0, 0);
@@ -73,7 +66,7 @@ TEST(DeviceTest, LocalBufferBeyondCapacityIsAKernelErrorNamingTheBuffer) {
 }
 
 TEST(DeviceTest, LocalSpacesExistOnlyOnTheirCoreKind) {
-  auto device = MakeDevice();
+  auto device = testing::MakeTestDevice();
   ScriptedKernel kernel(1, [](Program& program) {
     return program.Cube(0).Alloc(Space::kUb, 32, "cube UB").status();
   });
@@ -83,7 +76,7 @@ TEST(DeviceTest, LocalSpacesExistOnlyOnTheirCoreKind) {
 }
 
 TEST(DeviceTest, LocalAllocationsAreAlignedToTheProfile) {
-  auto device = MakeDevice();
+  auto device = testing::MakeTestDevice();
   const DeviceProfile& p = device->profile();
   ScriptedKernel kernel(1, [&p](Program& program) -> absl::Status {
     for (const auto& [space, alignment] :
@@ -102,7 +95,7 @@ TEST(DeviceTest, LocalAllocationsAreAlignedToTheProfile) {
 }
 
 TEST(DeviceTest, GmAccessOutsideItsBufferIsRefusedBeforeAnythingRuns) {
-  auto device = MakeDevice();
+  auto device = testing::MakeTestDevice();
   auto buffer = device->gm().Allocate(1000, true, "lse out");
   ASSERT_TRUE(buffer.ok());
   std::atomic<bool> ran{false};
@@ -131,7 +124,7 @@ TEST(DeviceTest, GmAccessOutsideItsBufferIsRefusedBeforeAnythingRuns) {
 }
 
 TEST(DeviceTest, AWaitWithoutItsSetIsReportedAsADeadlock) {
-  auto device = MakeDevice();
+  auto device = testing::MakeTestDevice();
   ScriptedKernel kernel(2, [](Program& program) {
     program.Vector(1, 1).CrossCoreWaitFlag(3);  // the AIC of block 1 never sets flag 3
     program.Cube(0).SetFlag(Pipe::kMte2, Pipe::kM, 0);
@@ -145,7 +138,7 @@ TEST(DeviceTest, AWaitWithoutItsSetIsReportedAsADeadlock) {
 }
 
 TEST(DeviceTest, ACycleOfCrossCoreWaitsIsReportedAsADeadlockNotAHang) {
-  auto device = MakeDevice();
+  auto device = testing::MakeTestDevice();
   // The AIC waits for the AIVs' flag 1 before setting flag 2; the AIVs wait for flag 2
   // before setting flag 1. Every wait has its set, yet nothing can ever issue.
   ScriptedKernel kernel(1, [](Program& program) {
@@ -165,7 +158,7 @@ TEST(DeviceTest, ACycleOfCrossCoreWaitsIsReportedAsADeadlockNotAHang) {
 }
 
 TEST(DeviceTest, ASetNobodyWaitsForIsAProtocolViolation) {
-  auto device = MakeDevice();
+  auto device = testing::MakeTestDevice();
   ScriptedKernel kernel(1, [](Program& program) {
     program.Cube(0).SetFlag(Pipe::kM, Pipe::kFix, 2);
     return absl::OkStatus();
@@ -176,7 +169,7 @@ TEST(DeviceTest, ASetNobodyWaitsForIsAProtocolViolation) {
 }
 
 TEST(DeviceTest, ASecondSetBeforeTheFirstIsConsumedIsAProtocolViolation) {
-  auto device = MakeDevice();
+  auto device = testing::MakeTestDevice();
   // M is busy with a long MMAD, so the first wait starts late, long after MTE2 (idle) has
   // fired both sets. The legal pattern has MTE2 wait for M to hand the buffer back first.
   auto kernel = [](bool legal) {
@@ -201,7 +194,7 @@ TEST(DeviceTest, ASecondSetBeforeTheFirstIsConsumedIsAProtocolViolation) {
 }
 
 TEST(DeviceTest, ASeventeenthOutstandingCrossCoreSetIsAProtocolViolation) {
-  auto device = MakeDevice();
+  auto device = testing::MakeTestDevice();
   // The AIC first waits for flag 1, which the AIVs set only after a long vector op; by then
   // they have set flag 2 `sets` times.
   auto kernel = [](int sets) {
@@ -226,7 +219,7 @@ TEST(DeviceTest, ASeventeenthOutstandingCrossCoreSetIsAProtocolViolation) {
 }
 
 TEST(DeviceTest, BadFlagIdsAndMissingPipesAreRecordingErrors) {
-  auto device = MakeDevice();
+  auto device = testing::MakeTestDevice();
   ScriptedKernel bad_event(1, [](Program& program) {
     program.Cube(0).SetFlag(Pipe::kM, Pipe::kFix, kMaxEventId + 1);
     return absl::OkStatus();
@@ -245,7 +238,7 @@ TEST(DeviceTest, BadFlagIdsAndMissingPipesAreRecordingErrors) {
 // threads at once: fp32 adds of small integers (exact in any order) and AMLA's int32
 // exponent adds must lose nothing.
 TEST(DeviceTest, AtomicAddsIntoSharedRowsAreExact) {
-  auto device = MakeDevice(/*host_threads=*/2);
+  auto device = testing::MakeTestDevice(/*host_threads=*/2);
   const int blocks = device->profile().cube_cores;
   constexpr int kRows = 64, kAdds = 8;
   auto sum = device->gm().Allocate(kRows * 4, true, "sum");
@@ -300,7 +293,7 @@ TEST(DeviceTest, ModelledTimeIsDeterministicForAProfileAndShape) {
   const LatentDecodeShape shape = PaperShape(24, 2, 2048);
   std::vector<int64_t> cycles;
   for (int threads : {1, 2, 1}) {
-    auto device = MakeDevice(threads);
+    auto device = testing::MakeTestDevice(threads);
     auto report = ModelLatentDecodeOnDevice(*device, shape);
     ASSERT_TRUE(report.ok()) << report.status();
     cycles.push_back(report->modeled_cycles);
@@ -327,7 +320,7 @@ TEST(DeviceTest, TheLaunchHeadGrowsWithTheCoresStartedByKernelType) {
   // Two dies start their blocks side by side: 48 blocks cost what 24 cost on one die.
   EXPECT_EQ(LaunchHeadCycles(*dual, 48, true, true), LaunchHeadCycles(p, 24, true, true));
   // And a real launch pays it: an AIV-only kernel of one vector op on each of 2 blocks.
-  auto device = MakeDevice();
+  auto device = testing::MakeTestDevice();
   ScriptedKernel kernel(2, [](Program& program) {
     for (int block = 0; block < 2; ++block) {
       for (int sub = 0; sub < 2; ++sub)
@@ -342,7 +335,7 @@ TEST(DeviceTest, TheLaunchHeadGrowsWithTheCoresStartedByKernelType) {
 }
 
 TEST(DeviceTest, ThePreloadPipelineModelsFasterThanNoPreloadWhenComputeBound) {
-  auto device = MakeDevice();
+  auto device = testing::MakeTestDevice();
   const LatentDecodeShape shape = PaperShape(48, 2, 4096);
   auto serial = ModelLatentDecodeOnDevice(*device, shape, {.preload = 0});
   auto pipelined = ModelLatentDecodeOnDevice(*device, shape, {.preload = 2});
@@ -352,7 +345,7 @@ TEST(DeviceTest, ThePreloadPipelineModelsFasterThanNoPreloadWhenComputeBound) {
 }
 
 TEST(DeviceTest, AmlaModelsFasterThanBaseFlashAttention) {
-  auto device = MakeDevice();
+  auto device = testing::MakeTestDevice();
   const LatentDecodeShape shape = PaperShape(48, 1, 4096);
   auto amla = ModelLatentDecodeOnDevice(*device, shape, {.algorithm = RescaleAlgorithm::kAmla});
   auto base = ModelLatentDecodeOnDevice(*device, shape, {.algorithm = RescaleAlgorithm::kBase});

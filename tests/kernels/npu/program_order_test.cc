@@ -78,17 +78,17 @@ const uint64_t kOrders = [] {
   return env != nullptr ? std::strtoull(env, nullptr, 10) : 6ull;
 }();
 
-struct Case {
+struct OrderCase {
   RescaleAlgorithm algorithm;
   int preload;
   int heads;
   int sq;
 };
 
-class ProgramOrderTest : public ::testing::TestWithParam<Case> {};
+class ProgramOrderTest : public ::testing::TestWithParam<OrderCase> {};
 
 TEST_P(ProgramOrderTest, EveryDependencyRespectingOrderGivesTheHostResult) {
-  const Case c = GetParam();
+  const OrderCase c = GetParam();
   Rng rng(900 + c.heads + c.sq);
   const auto batch = testing::MakeRandomPagedBatch(
       {.sq = c.sq, .heads = c.heads, .dk = 576, .page_size = 64, .seqlens = {0, 1, 65, 511, 1300}},
@@ -113,12 +113,12 @@ TEST_P(ProgramOrderTest, EveryDependencyRespectingOrderGivesTheHostResult) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Programs, ProgramOrderTest,
-                         ::testing::Values(Case{RescaleAlgorithm::kAmla, 2, 16, 2},
-                                           Case{RescaleAlgorithm::kAmla, 1, 128, 2},
-                                           Case{RescaleAlgorithm::kAmla, 0, 32, 1},
-                                           Case{RescaleAlgorithm::kBase, 2, 16, 2},
-                                           Case{RescaleAlgorithm::kBase, 1, 128, 1}),
-                         [](const ::testing::TestParamInfo<Case>& param_info) {
+                         ::testing::Values(OrderCase{RescaleAlgorithm::kAmla, 2, 16, 2},
+                                           OrderCase{RescaleAlgorithm::kAmla, 1, 128, 2},
+                                           OrderCase{RescaleAlgorithm::kAmla, 0, 32, 1},
+                                           OrderCase{RescaleAlgorithm::kBase, 2, 16, 2},
+                                           OrderCase{RescaleAlgorithm::kBase, 1, 128, 1}),
+                         [](const ::testing::TestParamInfo<OrderCase>& param_info) {
                            return absl::StrCat(param_info.param.algorithm == RescaleAlgorithm::kAmla
                                                    ? "amla"
                                                    : "base",

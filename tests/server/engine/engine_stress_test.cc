@@ -29,7 +29,7 @@ using ::mlaserve::engine::testing::SetThreshold;
 using ::mlaserve::engine::testing::SmallModel;
 
 constexpr int kClients = 4;
-constexpr int kLayers = 2;
+constexpr int kModelLayers = 2;
 constexpr auto kDuration = std::chrono::seconds(6);
 constexpr int kMaxOpsPerClient = 400;
 
@@ -40,7 +40,7 @@ class EngineStress {
  public:
   EngineStress() {
     EngineOptions options;
-    options.model = SmallModel(/*heads=*/8, kLayers);
+    options.model = SmallModel(/*heads=*/8, kModelLayers);
     options.weights.seed = 19;
     options.kv.budget_bytes = int64_t{96} << 20;
     options.kv.page_size = 16;
@@ -66,14 +66,14 @@ class EngineStress {
                            const LayerRows& parent_rows, int tokens, Rng& rng) {
     LayerRows rows = parent_rows;
     std::vector<Bf16> latent;
-    for (int l = 0; l < kLayers; ++l) {
+    for (int l = 0; l < kModelLayers; ++l) {
       std::vector<Bf16> mine(static_cast<size_t>(tokens) * model_.dk_latent());
       FillNormal(mine, 1.0, rng);
       rows[l].insert(rows[l].end(), mine.begin(), mine.end());
       latent.insert(latent.end(), mine.begin(), mine.end());
     }
     auto view = TensorView<const Bf16, 3>::Create(std::span<const Bf16>(latent),
-                                                  {kLayers, tokens, model_.dk_latent()});
+                                                  {kModelLayers, tokens, model_.dk_latent()});
     EXPECT_TRUE(view.ok());
     EXPECT_TRUE(engine_->RegisterPrefix(id, parent, *view).ok()) << id;
     return rows;
@@ -144,7 +144,7 @@ class Client {
     }
     LayerRows rows = prefix.empty() ? LayerRows{} : prefixes_.at(prefix);
     sequences_[id] = rows;
-    for (int l = 0; l < kLayers; ++l) AppendRows(id, l, 1 + static_cast<int>(rng_() % 40));
+    for (int l = 0; l < kModelLayers; ++l) AppendRows(id, l, 1 + static_cast<int>(rng_() % 40));
   }
 
   void Release() {
@@ -176,7 +176,7 @@ class Client {
     all.insert(all.end(), rows.begin(), rows.end());
   }
 
-  void Append() { AppendRows(Pick(), static_cast<int>(rng_() % kLayers), 1); }
+  void Append() { AppendRows(Pick(), static_cast<int>(rng_() % kModelLayers), 1); }
 
   void Decode() {
     const ModelConfig& m = s_.model();
@@ -185,7 +185,7 @@ class Client {
     std::vector<OwnedDecodeQuery> queries;
     std::vector<std::vector<Bf16>> expected_rows;
     const int n = 1 + static_cast<int>(rng_() % 4);
-    const int layer = static_cast<int>(rng_() % kLayers);
+    const int layer = static_cast<int>(rng_() % kModelLayers);
     const int sq = 1 + static_cast<int>(rng_() % 2);
     for (int i = 0; i < n; ++i) {
       OwnedDecodeQuery q;

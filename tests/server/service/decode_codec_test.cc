@@ -11,25 +11,15 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/server/service/mock_engine.h"
+#include "tests/server/service/wire_tensors.h"
 
 namespace mlaserve::service {
 namespace {
 
+using testing::Bf16Zeros;
 using ::testing::HasSubstr;
 using testing::SmallEngineInfo;
 using ::testing::StartsWith;
-
-v1::Tensor Bf16Zeros(std::vector<int64_t> shape) {
-  v1::Tensor tensor;
-  tensor.set_dtype(v1::DTYPE_BF16);
-  int64_t count = 1;
-  for (int64_t d : shape) {
-    tensor.add_shape(d);
-    count *= d;
-  }
-  tensor.set_data(std::string(static_cast<size_t>(count) * 2, '\0'));
-  return tensor;
-}
 
 class DecodeCodecTest : public ::testing::Test {
  protected:

@@ -4,10 +4,12 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/server/service/wire_tensors.h"
 
 namespace mlaserve::service {
 namespace {
 
+using testing::Bf16Zeros;
 using ::testing::StartsWith;
 
 engine::ModelConfig Model() {
@@ -17,18 +19,6 @@ engine::ModelConfig Model() {
   model.layers = 2;
   model.softmax_scale = 0.1f;
   return model;
-}
-
-v1::Tensor Bf16Zeros(std::vector<int64_t> shape) {
-  v1::Tensor tensor;
-  tensor.set_dtype(v1::DTYPE_BF16);
-  int64_t count = 1;
-  for (int64_t d : shape) {
-    tensor.add_shape(d);
-    count *= d;
-  }
-  tensor.set_data(std::string(static_cast<size_t>(count) * 2, '\0'));
-  return tensor;
 }
 
 TEST(KvRequestCodecTest, APrefixNeedsEveryLayerOfTheModel) {

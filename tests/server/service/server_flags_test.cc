@@ -30,7 +30,7 @@ class ServerFlagsTest : public ::testing::Test {
   }
 
   std::string WriteFile(const std::string& name, const std::string& contents) {
-    static const testing::ScratchDir dir("server_flags_test");
+    static const ::mlaserve::testing::ScratchDir dir("server_flags_test");
     const std::string path = dir.Path(name);
     std::ofstream(path) << contents;
     return path;

@@ -15,15 +15,15 @@
 namespace mlaserve::engine {
 namespace {
 
+using ::mlaserve::engine::testing::kPageSize;
+using ::mlaserve::engine::testing::kWidth;
 using ::mlaserve::engine::testing::Latent;
 using ::mlaserve::engine::testing::Rows;
 using ::mlaserve::engine::testing::TinyModel;
 using ::mlaserve::engine::testing::View2;
 using ::testing::ElementsAre;
 
-constexpr int kPageSize = 4;
-constexpr int kWidth = 20;  // TinyModel: dl 16 + dr 4
-constexpr int kLayers = 2;
+constexpr int kListingLayers = 2;
 
 // The first `limit` entries of everything.
 ListRange FirstPage(int limit) {
@@ -36,7 +36,7 @@ class KvStoreListingTest : public ::testing::Test {
  protected:
   void SetUp() override {
     absl::StatusOr<std::unique_ptr<KvStore>> store = KvStore::Create(
-        TinyModel(kLayers),
+        TinyModel(kListingLayers),
         KvStoreOptions{.budget_bytes = 512 * kPageSize * kWidth * 2, .page_size = kPageSize});
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = *std::move(store);
@@ -101,8 +101,8 @@ TEST_F(KvStoreListingTest, ANamespaceListsOnlyItsOwnIds) {
 }
 
 TEST_F(KvStoreListingTest, PrefixesAndTheSequencesOnThemWithTheirPages) {
-  const Latent root(1, kLayers, 0, 6, kWidth);   // 2 pages per layer
-  const Latent child(2, kLayers, 6, 4, kWidth);  // tokens 6..9: pages 2 of its own per layer
+  const Latent root(1, kListingLayers, 0, 6, kWidth);   // 2 pages per layer
+  const Latent child(2, kListingLayers, 6, 4, kWidth);  // tokens 6..9: pages 2 of its own per layer
   ASSERT_TRUE(store_->RegisterPrefix("system", "", root.View()).ok());
   ASSERT_TRUE(store_->RegisterPrefix("system/tools", "system", child.View()).ok());
   ASSERT_TRUE(store_->CreateSequence("on-root", "system").ok());
@@ -115,7 +115,7 @@ TEST_F(KvStoreListingTest, PrefixesAndTheSequencesOnThemWithTheirPages) {
   EXPECT_EQ(system.info.id, "system");
   EXPECT_EQ(system.info.end, 6);
   EXPECT_TRUE(system.info.referenced);
-  EXPECT_EQ(system.pages, 2 * kLayers);
+  EXPECT_EQ(system.pages, 2 * kListingLayers);
   EXPECT_EQ(prefixes.entries[1].info.id, "system/tools");
   EXPECT_EQ(prefixes.entries[1].info.parent_id, "system");
   EXPECT_EQ(prefixes.entries[1].info.end - prefixes.entries[1].info.begin, 4);
@@ -132,8 +132,8 @@ TEST_F(KvStoreListingTest, PrefixesAndTheSequencesOnThemWithTheirPages) {
   const SequenceListing& on_root = sequences.entries[2];
   EXPECT_EQ(on_root.info.prefix_id, "system");
   EXPECT_THAT(on_root.info.lengths, ElementsAre(6, 6));
-  EXPECT_EQ(on_root.pages, 2 * kLayers);
-  EXPECT_EQ(on_root.shared_pages, 2 * kLayers);  // the prefix's
+  EXPECT_EQ(on_root.pages, 2 * kListingLayers);
+  EXPECT_EQ(on_root.shared_pages, 2 * kListingLayers);  // the prefix's
 
   EXPECT_EQ(AllSequencePages("", 10, "system"), std::vector<std::string>{"on-root"});
   EXPECT_TRUE(AllSequencePages("", 10, "system/tools").empty());

@@ -20,14 +20,13 @@ namespace {
 
 using testing::Fp8Records;
 using ::testing::HasSubstr;
+using testing::kPageSize;
 using testing::Latent;
 using testing::ReadFp8Sequence;
 using testing::ReadSequence;
 using testing::Rows;
 using testing::TinyModel;
 using testing::View2;
-
-constexpr int kPageSize = 4;
 
 std::unique_ptr<KvStore> MakeStore(int64_t pages = 256) {
   const ModelConfig model = TinyModel();

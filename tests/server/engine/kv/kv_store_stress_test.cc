@@ -22,14 +22,14 @@
 namespace mlaserve::engine {
 namespace {
 
+using ::mlaserve::engine::testing::kPageSize;
 using ::mlaserve::engine::testing::Latent;
 using ::mlaserve::engine::testing::ReadSequence;
 using ::mlaserve::engine::testing::Rows;
 using ::mlaserve::engine::testing::TinyModel;
 using ::mlaserve::engine::testing::View2;
 
-constexpr int kLayers = 2;
-constexpr int kPageSize = 4;
+constexpr int kStressLayers = 2;
 constexpr int kWorkers = 4;
 constexpr int kOpsPerWorker = 20000;
 constexpr int kMaxSequencesPerWorker = 6;
@@ -38,18 +38,18 @@ constexpr int kMaxLength = 60;
 constexpr auto kTimeLimit = std::chrono::seconds(8);
 
 struct Prefixes {
-  Latent sys{1, kLayers, 0, 10, 20};    // root
-  Latent child{2, kLayers, 10, 7, 20};  // "sys/a" extends it
-  std::vector<Latent> dynamic;          // "dyn{k}", registered and released all the time
+  Latent sys{1, kStressLayers, 0, 10, 20};    // root
+  Latent child{2, kStressLayers, 10, 7, 20};  // "sys/a" extends it
+  std::vector<Latent> dynamic;                // "dyn{k}", registered and released all the time
   Prefixes() {
-    for (int k = 0; k < 4; ++k) dynamic.emplace_back(100 + k, kLayers, 0, 5 + k, 20);
+    for (int k = 0; k < 4; ++k) dynamic.emplace_back(100 + k, kStressLayers, 0, 5 + k, 20);
   }
 };
 
 class StressTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    model_ = TinyModel(kLayers);
+    model_ = TinyModel(kStressLayers);
     width_ = model_.dk_latent();
     store_ = *KvStore::Create(model_, KvStoreOptions{.budget_bytes = 80 * kPageSize * width_ * 2,
                                                      .page_size = kPageSize});
@@ -66,9 +66,9 @@ class StressTest : public ::testing::Test {
 
   // The rows a sequence created on `prefix` starts with, per layer.
   std::vector<std::vector<Bf16>> PrefixRows(const std::string& prefix) const {
-    std::vector<std::vector<Bf16>> rows(kLayers);
+    std::vector<std::vector<Bf16>> rows(kStressLayers);
     if (prefix.empty()) return rows;
-    for (int l = 0; l < kLayers; ++l) {
+    for (int l = 0; l < kStressLayers; ++l) {
       if (prefix == "sys" || prefix == "sys/a") rows[l] = prefixes_.sys.Layer(l);
       if (prefix == "sys/a") {
         const std::vector<Bf16> own = prefixes_.child.Layer(l);
@@ -130,7 +130,7 @@ void StressTest::Worker(int w) {
       expected[id] = PrefixRows(prefix);
     } else if (choice <= 4) {  // append
       const std::string id = pick();
-      const int layer = std::uniform_int_distribution<int>(0, kLayers - 1)(rng);
+      const int layer = std::uniform_int_distribution<int>(0, kStressLayers - 1)(rng);
       std::vector<Bf16>& rows = expected[id][layer];
       const int64_t position = static_cast<int64_t>(rows.size()) / width_;
       if (position >= kMaxLength) {
@@ -158,7 +158,7 @@ void StressTest::Worker(int w) {
       expected[id] = expected[source];
     } else if (choice <= 7) {  // snapshot and check
       const std::string id = pick();
-      const int layer = std::uniform_int_distribution<int>(0, kLayers - 1)(rng);
+      const int layer = std::uniform_int_distribution<int>(0, kStressLayers - 1)(rng);
       absl::StatusOr<KvSnapshot> snapshot = store_->Snapshot(id, layer);
       ASSERT_TRUE(snapshot.ok()) << snapshot.status();
       verify(*snapshot, expected[id][layer]);
@@ -183,7 +183,7 @@ void StressTest::Worker(int w) {
     }
   }
   for (const auto& [id, layers] : expected) {
-    for (int layer = 0; layer < kLayers; ++layer) {
+    for (int layer = 0; layer < kStressLayers; ++layer) {
       absl::StatusOr<KvSnapshot> snapshot = store_->Snapshot(id, layer);
       ASSERT_TRUE(snapshot.ok());
       verify(*snapshot, layers[layer]);
@@ -196,8 +196,8 @@ void StressTest::Worker(int w) {
 // ExpandHeadKv on the known rows.
 void StressTest::PrefixChurn() {
   std::mt19937 rng(99);
-  std::vector<std::vector<Bf16>> reference_k(kLayers), reference_v(kLayers);  // head 1
-  for (int layer = 0; layer < kLayers; ++layer) {
+  std::vector<std::vector<Bf16>> reference_k(kStressLayers), reference_v(kStressLayers);  // head 1
+  for (int layer = 0; layer < kStressLayers; ++layer) {
     const std::vector<Bf16> rows = prefixes_.sys.Layer(layer);
     std::vector<float> latent(rows.size());
     for (size_t i = 0; i < rows.size(); ++i) latent[i] = rows[i].ToFloat();
@@ -219,7 +219,7 @@ void StressTest::PrefixChurn() {
         ASSERT_TRUE(store_->ReleasePrefix(id).ok());
         break;
       case 2: {
-        const int layer = std::uniform_int_distribution<int>(0, kLayers - 1)(rng);
+        const int layer = std::uniform_int_distribution<int>(0, kStressLayers - 1)(rng);
         absl::StatusOr<ExpandedKv> expanded =
             store_->GetOrBuildExpanded(sys_key_, layer, *weights_);
         if (expanded.status().code() == absl::StatusCode::kResourceExhausted) break;

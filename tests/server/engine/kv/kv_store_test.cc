@@ -19,6 +19,8 @@ namespace {
 
 using ::mlaserve::engine::testing::Concat;
 using ::mlaserve::engine::testing::Fp8Records;
+using ::mlaserve::engine::testing::kPageSize;
+using ::mlaserve::engine::testing::kWidth;
 using ::mlaserve::engine::testing::Latent;
 using ::mlaserve::engine::testing::ReadFp8Sequence;
 using ::mlaserve::engine::testing::ReadSequence;
@@ -28,8 +30,6 @@ using ::mlaserve::engine::testing::View2;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-constexpr int kPageSize = 4;
-constexpr int kWidth = 20;                              // TinyModel: dl 16 + dr 4
 constexpr int64_t kPageBytes = kPageSize * kWidth * 2;  // 160
 
 class KvStoreTest : public ::testing::Test {

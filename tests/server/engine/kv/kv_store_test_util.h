@@ -17,6 +17,10 @@
 
 namespace mlaserve::engine::testing {
 
+// The kv tests' page, in tokens, and TinyModel's latent row width (dl 16 + dr 4).
+inline constexpr int kPageSize = 4;
+inline constexpr int kWidth = 20;
+
 // Small enough that a page is 160 bytes and every row can be checked.
 inline ModelConfig TinyModel(int layers = 3) {
   return ModelConfig{.name = "tiny",

@@ -31,7 +31,7 @@ ModelConfig SmallModel(int layers = 3) {
 }
 
 std::string TempPath(absl::string_view name) {
-  static const testing::ScratchDir dir("model_weights_test");
+  static const ::mlaserve::testing::ScratchDir dir("model_weights_test");
   return dir.Path(std::string(name));
 }
 

@@ -18,15 +18,15 @@ namespace {
 using ::testing::HasSubstr;
 using Tensors = std::vector<SafetensorsTensor>;
 
-std::string TempPath(absl::string_view name) {
-  static const testing::ScratchDir dir("safetensors_test");
+std::string ScratchFile(absl::string_view name) {
+  static const ::mlaserve::testing::ScratchDir dir("safetensors_test");
   return dir.Path(std::string(name));
 }
 
 // A file built byte by byte, for the malformed cases the writer refuses to produce.
 std::string WriteRaw(absl::string_view name, const std::string& header, size_t data_bytes,
                      uint64_t header_length) {
-  const std::string path = TempPath(name);
+  const std::string path = ScratchFile(name);
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(&header_length), sizeof(header_length));
   out << header << std::string(data_bytes, '\x01');
@@ -53,7 +53,7 @@ TEST(SafetensorsTest, RoundTripsTensorsOfSeveralDtypes) {
       {"b.f32", "F32", {4}, Bytes(f32)},
       {"c.scalar", "I32", {}, Bytes(scalar)},
   };
-  const std::string path = TempPath("round_trip");
+  const std::string path = ScratchFile("round_trip");
   ASSERT_TRUE(WriteSafetensors(path, tensors, {{"format", "pt"}}).ok());
 
   const absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Open(path);
@@ -73,7 +73,7 @@ TEST(SafetensorsTest, RoundTripsTensorsOfSeveralDtypes) {
 
 TEST(SafetensorsTest, WriterAlignsTheDataSectionToEightBytes) {
   const std::vector<uint8_t> one = {7};
-  const std::string path = TempPath("aligned");
+  const std::string path = ScratchFile("aligned");
   ASSERT_TRUE(WriteSafetensors(path, Tensors{{"x", "U8", {1}, Bytes(one)}}).ok());
   std::ifstream in(path, std::ios::binary);
   uint64_t header_length = 0;
@@ -82,11 +82,11 @@ TEST(SafetensorsTest, WriterAlignsTheDataSectionToEightBytes) {
 }
 
 TEST(SafetensorsTest, MissingFileIsNotFound) {
-  EXPECT_EQ(OpenStatus(TempPath("does_not_exist")).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(OpenStatus(ScratchFile("does_not_exist")).code(), absl::StatusCode::kNotFound);
 }
 
 TEST(SafetensorsTest, RejectsFileShorterThanTheHeaderLength) {
-  const std::string path = TempPath("tiny");
+  const std::string path = ScratchFile("tiny");
   std::ofstream(path, std::ios::binary) << "abcde";
   const absl::Status s = OpenStatus(path);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
@@ -189,7 +189,7 @@ TEST(SafetensorsTest, IgnoresMetadataAndToleratesUnknownDtypes) {
 
 TEST(SafetensorsTest, WriterRejectsInconsistentTensors) {
   const std::vector<uint16_t> two = {1, 2};
-  const std::string path = TempPath("writer_rejects");
+  const std::string path = ScratchFile("writer_rejects");
   EXPECT_THAT(WriteSafetensors(path, Tensors{{"x", "BF16", {3}, Bytes(two)}}).message(),
               HasSubstr("does not match"));
   EXPECT_THAT(WriteSafetensors(path, Tensors{{"x", "Q7", {2}, Bytes(two)}}).message(),
