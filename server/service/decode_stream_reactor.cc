@@ -12,7 +12,7 @@
 namespace mlaserve::service {
 namespace {
 
-constexpr char kDrainingMessage[] = "the server is shutting down; reconnect to another replica";
+constexpr char kStreamDrainingMessage[] = "the server is shutting down; reconnect to another replica";
 
 void SetStatus(const absl::Status& status, v1::RequestStatus* wire) {
   wire->set_code(static_cast<int>(status.code()));
@@ -103,7 +103,7 @@ void DecodeStreamReactor::Dispatch(std::unique_ptr<v1::DecodeStreamRequest> requ
     draining = draining_;
   }
   if (draining) {
-    SetStatus(absl::UnavailableError(kDrainingMessage), response->mutable_status());
+    SetStatus(absl::UnavailableError(kStreamDrainingMessage), response->mutable_status());
     metrics_.RecordRpc("DecodeStream.request", absl::StatusCode::kUnavailable,
                        absl::Now() - arrival);
     Answer(*response);
@@ -175,7 +175,7 @@ void DecodeStreamReactor::MaybeFinishLocked() {
   if (!ended_.ok()) {
     Finish(ToGrpcStatus(ended_));
   } else {
-    Finish(ToGrpcStatus(draining_ && !reads_done_ ? absl::UnavailableError(kDrainingMessage)
+    Finish(ToGrpcStatus(draining_ && !reads_done_ ? absl::UnavailableError(kStreamDrainingMessage)
                                                   : absl::OkStatus()));
   }
 }
