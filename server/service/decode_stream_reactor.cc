@@ -12,7 +12,8 @@
 namespace mlaserve::service {
 namespace {
 
-constexpr char kStreamDrainingMessage[] = "the server is shutting down; reconnect to another replica";
+constexpr char kStreamDrainingMessage[] =
+    "the server is shutting down; reconnect to another replica";
 
 void SetStatus(const absl::Status& status, v1::RequestStatus* wire) {
   wire->set_code(static_cast<int>(status.code()));
