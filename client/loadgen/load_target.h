@@ -2,6 +2,7 @@
 #define MLASERVE_CLIENT_LOADGEN_LOAD_TARGET_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -70,6 +71,27 @@ class LoadTarget {
                                 std::span<const Bf16> rows) = 0;
   virtual absl::StatusOr<std::vector<LoadAnswer>> Decode(const std::vector<LoadQuery>& queries) = 0;
 };
+
+// A prefix every target holds (their sequences are spread over them all): registered on each
+// in turn, stopping at the first failure.
+inline absl::Status RegisterPrefixOnEvery(std::span<const std::unique_ptr<LoadTarget>> targets,
+                                          const std::string& id, std::span<const Bf16> latent,
+                                          int tokens, std::optional<KvDtype> kv_dtype) {
+  for (const auto& target : targets) {
+    if (absl::Status status = target->RegisterPrefix(id, latent, tokens, kv_dtype); !status.ok()) {
+      return status;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Its release from every target, each tried; the first failure.
+inline absl::Status ReleasePrefixOnEvery(std::span<const std::unique_ptr<LoadTarget>> targets,
+                                         const std::string& id) {
+  absl::Status first = absl::OkStatus();
+  for (const auto& target : targets) first.Update(target->ReleasePrefix(id));
+  return first;
+}
 
 }  // namespace mlaserve::loadgen
 

@@ -48,24 +48,14 @@ int MultiTarget::TargetOf(const std::string& id) {
 absl::Status MultiTarget::RegisterPrefix(const std::string& id, std::span<const Bf16> latent,
                                          int tokens, std::optional<KvDtype> kv_dtype) {
   if (spread_ == Spread::kSequenceHash) {
-    for (auto& target : targets_) {
-      if (absl::Status status = target->RegisterPrefix(id, latent, tokens, kv_dtype);
-          !status.ok()) {
-        return status;
-      }
-    }
-    return absl::OkStatus();
+    return RegisterPrefixOnEvery(targets_, id, latent, tokens, kv_dtype);
   }
   return targets_[HashTarget(id, static_cast<int>(targets_.size()))]->RegisterPrefix(
       id, latent, tokens, kv_dtype);
 }
 
 absl::Status MultiTarget::ReleasePrefix(const std::string& id) {
-  if (spread_ == Spread::kSequenceHash) {
-    absl::Status first = absl::OkStatus();
-    for (auto& target : targets_) first.Update(target->ReleasePrefix(id));
-    return first;
-  }
+  if (spread_ == Spread::kSequenceHash) return ReleasePrefixOnEvery(targets_, id);
   return targets_[HashTarget(id, static_cast<int>(targets_.size()))]->ReleasePrefix(id);
 }
 

@@ -29,18 +29,11 @@ int RankTarget::RankOf(const std::string& sequence_id, int ranks) {
 
 absl::Status RankTarget::RegisterPrefix(const std::string& id, std::span<const Bf16> latent,
                                         int tokens, std::optional<KvDtype> kv_dtype) {
-  for (auto& rank : ranks_) {
-    if (absl::Status status = rank->RegisterPrefix(id, latent, tokens, kv_dtype); !status.ok()) {
-      return status;
-    }
-  }
-  return absl::OkStatus();
+  return RegisterPrefixOnEvery(ranks_, id, latent, tokens, kv_dtype);
 }
 
 absl::Status RankTarget::ReleasePrefix(const std::string& id) {
-  absl::Status first = absl::OkStatus();
-  for (auto& rank : ranks_) first.Update(rank->ReleasePrefix(id));
-  return first;
+  return ReleasePrefixOnEvery(ranks_, id);
 }
 
 absl::Status RankTarget::CreateSequence(const std::string& id, const std::string& prefix_id,

@@ -80,6 +80,28 @@ def same_bits(a, b):
     return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
+def same_answers(answers, before, which):
+    """answers, for queries `which`, bit for bit those `before` gave."""
+    return len(answers) == len(which) and all(
+        same_bits(a.out, before[i].out) and same_bits(a.lse, before[i].lse)
+        for a, i in zip(answers, which))
+
+
+def keep_decoding(client, queries, which, before, stop, load):
+    """Decodes queries `which` until `stop`, counting calls in load["decodes"]; the first
+    error, or an answer unlike `before`, goes to load["errors"] and ends the loop."""
+    while not stop.is_set():
+        try:
+            answers = client.decode([queries[i] for i in which], output_dtype="fp32")
+        except Exception as error:  # reported by the caller
+            load["errors"].append(f"decode: {type(error).__name__}: {error}")
+            return
+        if not same_answers(answers, before, which):
+            load["errors"].append("decode: an answer differs from before")
+            return
+        load["decodes"] += 1
+
+
 def check_placement_rule(check):
     """place_sequence on hand-made candidates: each step of the rule and its tie-breaks."""
     c = PlacementCandidate
@@ -181,9 +203,7 @@ def check_moves(cluster, address_of, instance_of, model, system, bf16, check, lo
     groups_before = cluster.prefixes()["sys"]
 
     def same_as_before(answers, which=range(len(queries))):
-        return len(answers) == len(which) and all(
-            np.array_equal(a.out, before[i].out) and np.array_equal(a.lse, before[i].lse)
-            for a, i in zip(answers, which))
+        return same_answers(answers, before, which)
 
     def expect_rpc_error(function, code, *words):
         try:
@@ -232,19 +252,9 @@ def check_moves(cluster, address_of, instance_of, model, system, bf16, check, lo
             load["waits"] += 1
         return follow(error)
 
-    def decode_during_moves():
-        while not stop.is_set():
-            try:
-                answers = cluster.decode([queries[i] for i in light], output_dtype="fp32")
-            except Exception as error:  # reported below
-                load["errors"].append(f"{type(error).__name__}: {error}")
-                return
-            if not same_as_before(answers, light):
-                load["errors"].append("an answer differs from before the move")
-            load["decodes"] += 1
-
     cluster._follow_move = counting_follow
-    loader = threading.Thread(target=decode_during_moves)
+    loader = threading.Thread(target=keep_decoding,
+                              args=(cluster, queries, light, before, stop, load))
     loader.start()
     try:
         for source_address, ids in sorted(by_source.items()):
@@ -400,9 +410,7 @@ def check_drain(etcd, ctl, start_server, others, bf16, check, log):
         before = drainer.decode(queries, output_dtype="fp32")
 
         def same_as_before(answers, which):
-            return len(answers) == len(which) and all(
-                same_bits(a.out, before[i].out) and same_bits(a.lse, before[i].lse)
-                for a, i in zip(answers, which))
+            return same_answers(answers, before, which)
 
         # During the drain: decodes of every sequence but dr-sys-0 (left alone, so only
         # _relocate can find it), and new sequences created (on the prefix or not).
@@ -410,17 +418,6 @@ def check_drain(etcd, ctl, start_server, others, bf16, check, log):
         busy = [i for i, q in enumerate(queries) if q.sequence_id != untouched]
         load = {"decodes": 0, "errors": [], "created": {}}
         stop = threading.Event()
-
-        def decode_during_drain():
-            while not stop.is_set():
-                try:
-                    answers = drainer.decode([queries[i] for i in busy], output_dtype="fp32")
-                except Exception as error:  # reported below
-                    load["errors"].append(f"decode: {type(error).__name__}: {error}")
-                    return
-                if not same_as_before(answers, busy):
-                    load["errors"].append("an answer during the drain differs from before")
-                load["decodes"] += 1
 
         def create_during_drain():
             n = 0
@@ -435,7 +432,8 @@ def check_drain(etcd, ctl, start_server, others, bf16, check, log):
                 n += 1
                 time.sleep(0.005)
 
-        threads = [threading.Thread(target=decode_during_drain),
+        threads = [threading.Thread(target=keep_decoding,
+                                    args=(drainer, queries, busy, before, stop, load)),
                    threading.Thread(target=create_during_drain)]
         for thread in threads:
             thread.start()
