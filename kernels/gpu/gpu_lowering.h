@@ -1,0 +1,63 @@
+#ifndef MLASERVE_KERNELS_GPU_GPU_LOWERING_H_
+#define MLASERVE_KERNELS_GPU_GPU_LOWERING_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/gpu/gpu_program.h"
+#include "kernels/mla/batch_steps.h"
+
+namespace mlaserve::gpu {
+
+// Host bytes that must reach device memory before the batch's first step reads it: the rows
+// appended or registered since the last batch (the device's copy of the page pool).
+struct UploadCopy {
+  const std::byte* src = nullptr;
+  DevicePtr dst = 0;
+  int64_t bytes = 0;
+};
+
+// Where a batch's input buffers (the KV pool, the weights, expanded K/V) are in device
+// memory. The device keeps them there across batches; an input it cannot place is an error,
+// never a copy: INTERNAL naming the buffer.
+using InputResolver = std::function<absl::StatusOr<DevicePtr>(const StepBuffer& buffer)>;
+
+// The device memory one batch needs, in one arena:
+//   [answers | scratch | uploaded bytes]
+// answers first, so that one copy brings them all back.
+struct BatchLayout {
+  int64_t arena_bytes = 0;
+  int64_t upload_offset = 0;  // from the arena's start
+  int64_t upload_bytes = 0;
+  int64_t download_bytes = 0;  // the answers: arena [0, download_bytes)
+  // Per StepBuffer: its offset in the arena (scratch and outputs), -1 for inputs.
+  std::vector<int64_t> buffer_offsets;
+};
+
+// A batch's steps (kernels/mla/batch_steps.h) as one GPU program (gpu_program.h):
+//   copy     the queries (StageCopy) and `copies`, packed into the upload, to their places
+//   fill     scratch and outputs whose `fill` asks for zeros or -inf
+//   then one launch per step: a projection as a grouped GEMM (64 x 64 tiles), an attention
+//   step as one launch per kind of keys it reads (64 query rows a block), a combine as one
+//   launch (8 rows a block).
+// Row groups in which no row sees a key are left out, as the host runner leaves them, so
+// their destinations keep the fill. Each step's semantics is batch_steps.h's; the GPU's
+// answers equal the host's within floating-point tolerance, not bit for bit.
+//
+// Layout() sizes the arena; Lower() writes the program for an arena at `arena` and the
+// upload bytes (layout.upload_bytes) into `upload`. INTERNAL for steps that fail
+// ValidateBatchSteps or inputs the resolver cannot place.
+absl::StatusOr<BatchLayout> LayOutBatch(const BatchSteps& steps,
+                                        std::span<const UploadCopy> copies = {});
+absl::StatusOr<Program> LowerBatch(const BatchSteps& steps, const BatchLayout& layout,
+                                   DevicePtr arena, const InputResolver& resolve,
+                                   std::span<std::byte> upload,
+                                   std::span<const UploadCopy> copies = {});
+
+}  // namespace mlaserve::gpu
+
+#endif  // MLASERVE_KERNELS_GPU_GPU_LOWERING_H_

@@ -1,0 +1,70 @@
+#ifndef MLASERVE_KERNELS_GPU_GPU_PROGRAM_H_
+#define MLASERVE_KERNELS_GPU_GPU_PROGRAM_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/gpu/gpu_jobs.h"
+
+namespace mlaserve::gpu {
+
+// What a GPU runs for one batch, one expansion or one flush of written pages: one
+// host-to-device copy of `upload_bytes` (job records, block tables, the queries, KV rows),
+// launches in order on one stream, then one device-to-host copy of `download_bytes` (the
+// answers). Launches read their records from the uploaded bytes; nothing else crosses the
+// bus. A runtime (gpu_runtime.h) executes it; the lowering (gpu_lowering.h) writes it.
+enum class LaunchKind {
+  kCopyRows,   // CopyRowsJob [count]
+  kFill,       // FillJob [count]
+  kGemm,       // GemmTile [count] over GemmJob records at `records`
+  kAttention,  // AttentionTile [count], all of `keys` kind, dk x dv
+  kCombine,    // CombineTile [count] over CombineJob records at `records`
+};
+
+const char* LaunchKindName(LaunchKind kind);
+
+struct Launch {
+  LaunchKind kind = LaunchKind::kCopyRows;
+  std::string name;        // the step it lowers ("latent", "absorb_q", ...), for errors
+  DevicePtr tiles = 0;     // the per-block records: count of them
+  int32_t count = 0;       // thread blocks (copy and fill: jobs)
+  DevicePtr records = 0;   // kGemm, kCombine: the job records the tiles index
+  bool aligned16 = false;  // kCopyRows: every address, stride and length a multiple of 16
+  // kAttention
+  KeysKind keys = KeysKind::kPagedBf16;
+  int32_t dk = 0;
+  int32_t dv = 0;
+  float softmax_scale = 0;
+};
+
+struct Program {
+  DevicePtr upload_to = 0;
+  int64_t upload_bytes = 0;
+  std::vector<Launch> launches;
+  DevicePtr download_from = 0;
+  int64_t download_bytes = 0;
+  // What the upload carries besides job records: the staged queries, and the caller's
+  // copies (KV rows written since the last program).
+  int64_t query_bytes = 0;
+  int64_t copied_bytes = 0;
+};
+
+// Where a program's bytes are on the host while it runs (pinned memory on a real GPU).
+struct ProgramIo {
+  std::span<const std::byte> upload;  // upload_bytes
+  std::span<std::byte> download;      // download_bytes
+};
+
+// What one run cost, from the device's own clock where it has one.
+struct ProgramTiming {
+  double upload_ms = 0;
+  double kernels_ms = 0;  // first launch to last, on the device
+  double download_ms = 0;
+};
+
+}  // namespace mlaserve::gpu
+
+#endif  // MLASERVE_KERNELS_GPU_GPU_PROGRAM_H_

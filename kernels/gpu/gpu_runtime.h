@@ -1,0 +1,76 @@
+#ifndef MLASERVE_KERNELS_GPU_GPU_RUNTIME_H_
+#define MLASERVE_KERNELS_GPU_GPU_RUNTIME_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/gpu/gpu_program.h"
+
+namespace mlaserve::gpu {
+
+// What a device says of itself, for GetServerInfo, /metrics, logs and bench headers.
+struct DeviceProperties {
+  std::string name;  // "NVIDIA H100 80GB HBM3"
+  int ordinal = 0;
+  int sm_count = 0;
+  int compute_major = 0;
+  int compute_minor = 0;
+  int64_t total_memory = 0;  // bytes
+  std::string driver;        // "580.159.04", or the runtime's version where the driver has none
+  // Peak rates the TyphoonMLA threshold balances (dense bf16 matrix FLOP/s, memory bytes/s).
+  double bf16_tflops = 0;
+  double hbm_tbps = 0;
+};
+
+struct MemoryInfo {
+  int64_t free = 0;
+  int64_t total = 0;
+};
+
+// Host memory a device copies to and from at full rate (pinned on a real GPU). Freed with
+// the last copy of the handle.
+struct HostBuffer {
+  std::byte* data = nullptr;
+  int64_t bytes = 0;
+  std::shared_ptr<void> owner;
+};
+
+// One GPU as the plain C++ parts see it: device memory, copies, and programs (gpu_program.h)
+// run to completion. Two implementations: CudaRuntime (kernels/cuda/, only where CUDA is
+// built) and FakeGpuRuntime (fake_gpu_runtime.h), which executes each launch with the host
+// kernels so that every lowering is tested on machines without a GPU.
+//
+// A runtime is used by one thread at a time. Once a fault has made the device untrustworthy
+// (a sticky CUDA error: an illegal address, an ECC error, a lost device), health() says so
+// and every later call fails with it: nothing computed after the fault is returned.
+class GpuRuntime {
+ public:
+  virtual ~GpuRuntime() = default;
+
+  virtual const DeviceProperties& properties() const = 0;
+  virtual absl::StatusOr<MemoryInfo> Memory() = 0;
+
+  // RESOURCE_EXHAUSTED when the device has no room; `what` names the allocation in errors.
+  virtual absl::StatusOr<DevicePtr> Allocate(int64_t bytes, absl::string_view what) = 0;
+  virtual void Free(DevicePtr ptr) = 0;
+  virtual absl::StatusOr<HostBuffer> AllocateHost(int64_t bytes) = 0;
+
+  // Synchronous copies (set-up: weights, snapshots of device memory in tests).
+  virtual absl::Status CopyToDevice(DevicePtr dst, const void* src, int64_t bytes) = 0;
+  virtual absl::Status CopyToHost(void* dst, DevicePtr src, int64_t bytes) = 0;
+
+  // Uploads io.upload to program.upload_to, runs the launches in order, downloads
+  // program.download_from into io.download, and returns once all of it is done.
+  virtual absl::StatusOr<ProgramTiming> Run(const Program& program, const ProgramIo& io) = 0;
+
+  // OK, or the fault that took the device out (UNAVAILABLE naming it); sticky.
+  virtual absl::Status health() const = 0;
+};
+
+}  // namespace mlaserve::gpu
+
+#endif  // MLASERVE_KERNELS_GPU_GPU_RUNTIME_H_

@@ -1,0 +1,123 @@
+#include "kernels/gpu/gpu_lowering.h"
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/gpu/fake_gpu_runtime.h"
+#include "kernels/gpu/gpu_batch_executor.h"
+#include "kernels/mla/batch_step_builder.h"
+#include "tests/testing/decode_batch_scenario.h"
+#include "tests/testing/gpu_batch_checks.h"
+
+namespace mlaserve::gpu {
+namespace {
+
+using mlaserve::testing::BatchScenario;
+using mlaserve::testing::NamedScenario;
+using ::testing::HasSubstr;
+
+class GpuLoweringTest : public ::testing::TestWithParam<NamedScenario> {};
+
+// Every standard batch through the GPU lowering, each launch executed by the fake GPU with
+// the host kernels, against the fp64 golden: what the CUDA kernels run on a GPU is these
+// launches with these records.
+TEST_P(GpuLoweringTest, EveryStandardBatchMatchesTheGoldenOnTheFakeGpu) {
+  FakeGpuRuntime runtime;
+  mlaserve::testing::ExpectGpuBatchMatchesGolden(runtime, GetParam(), std::random_device{}());
+}
+
+std::vector<NamedScenario> AllScenarios() {
+  std::vector<NamedScenario> all = mlaserve::testing::StandardBatchScenarios();
+  for (NamedScenario& s : mlaserve::testing::Fp8BatchScenarios()) all.push_back(std::move(s));
+  return all;
+}
+
+INSTANTIATE_TEST_SUITE_P(Batches, GpuLoweringTest, ::testing::ValuesIn(AllScenarios()),
+                         [](const auto& param_info) { return param_info.param.name; });
+
+BuiltBatch Built(const BatchScenario& s) {
+  auto built = BuildBatchSteps(s.batch());
+  EXPECT_TRUE(built.ok()) << built.status();
+  return *std::move(built);
+}
+
+// The device never copies a batch's KV: an input the device does not hold fails the batch,
+// naming the buffer, before anything runs.
+TEST(GpuLoweringErrorsTest, AnInputTheDeviceDoesNotHoldFailsNamingIt) {
+  auto s = BatchScenario::Make(mlaserve::testing::StandardBatchScenarios()[0].spec, 1);
+  const BuiltBatch built = Built(*s);
+  FakeGpuRuntime runtime;
+  GpuBatchExecutor executor(runtime);
+  auto run = executor.Run(built.steps, [](const StepBuffer&) -> absl::StatusOr<DevicePtr> {
+    return absl::NotFoundError("not resident");
+  });
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(run.status().message()), HasSubstr("KV pool"));
+  EXPECT_EQ(runtime.programs_run(), 0);
+}
+
+// A record naming memory outside what the device allocated is caught, not read: here the
+// pool's device copy is one page short.
+TEST(GpuLoweringErrorsTest, ARecordOutsideDeviceMemoryIsCaught) {
+  auto s = BatchScenario::Make(mlaserve::testing::StandardBatchScenarios()[0].spec, 2);
+  const BuiltBatch built = Built(*s);
+  FakeGpuRuntime runtime;
+  auto inputs = mlaserve::testing::ResidentInputs::Upload(runtime, built.steps);
+  ASSERT_TRUE(inputs.ok()) << inputs.status();
+  const InputResolver resident = inputs->resolver();
+  auto small_pool = runtime.Allocate(256, "one page");
+  ASSERT_TRUE(small_pool.ok());
+  GpuBatchExecutor executor(runtime);
+  auto run = executor.Run(built.steps, [&](const StepBuffer& b) -> absl::StatusOr<DevicePtr> {
+    if (b.name == "KV pool") return *small_pool;
+    return resident(b);
+  });
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(run.status().message()), HasSubstr("outside device memory"));
+}
+
+// What crosses the bus for a batch: the queries once, the caller's copies once, and the
+// records; the KV stays where it is, however long the sequences.
+TEST(GpuLoweringTest, UploadsQueriesAndCopiesOnly) {
+  const NamedScenario scenario = mlaserve::testing::StandardBatchScenarios()[0];
+  auto s = BatchScenario::Make(scenario.spec, 3);
+  const BuiltBatch built = Built(*s);
+  int64_t query_bytes = 0;
+  for (const StageCopy& c : built.steps.staging) query_bytes += int64_t{c.rows} * c.width * 2;
+
+  FakeGpuRuntime runtime;
+  auto inputs = mlaserve::testing::ResidentInputs::Upload(runtime, built.steps);
+  ASSERT_TRUE(inputs.ok());
+  // Two rows the caller wrote since the last batch, into a device buffer of their own.
+  auto target = runtime.Allocate(4096, "rows");
+  ASSERT_TRUE(target.ok());
+  std::vector<std::byte> rows(2 * 1152);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<std::byte>(i * 7);
+  const UploadCopy copy{rows.data(), *target + 512, static_cast<int64_t>(rows.size())};
+
+  GpuBatchExecutor executor(runtime);
+  const int64_t before = runtime.bytes_to_device();
+  auto run = executor.Run(built.steps, inputs->resolver(), std::span(&copy, 1));
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->query_bytes, query_bytes);
+  EXPECT_EQ(run->copied_bytes, static_cast<int64_t>(rows.size()));
+  EXPECT_EQ(runtime.bytes_to_device() - before, run->upload_bytes);
+  // Records: a few hundred bytes per row group, nothing near a sequence's KV.
+  int64_t kv_bytes = 0;
+  for (const StepBuffer& b : built.steps.buffers) {
+    if (b.kind == StepBuffer::Kind::kInput) kv_bytes += b.elements * ElementBytes(b.type);
+  }
+  EXPECT_LT(run->upload_bytes - run->query_bytes - run->copied_bytes, kv_bytes / 50);
+  std::vector<std::byte> landed(rows.size());
+  ASSERT_TRUE(
+      runtime.CopyToHost(landed.data(), *target + 512, static_cast<int64_t>(landed.size())).ok());
+  EXPECT_TRUE(landed == rows);
+}
+
+}  // namespace
+}  // namespace mlaserve::gpu

@@ -1,0 +1,75 @@
+#include "tests/testing/gpu_batch_checks.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/gpu/gpu_batch_executor.h"
+#include "kernels/mla/batch_step_builder.h"
+#include "kernels/mla/fp8_accuracy.h"
+#include "tests/testing/attention_checks.h"
+
+namespace mlaserve::testing {
+
+absl::StatusOr<ResidentInputs> ResidentInputs::Upload(gpu::GpuRuntime& runtime,
+                                                      const BatchSteps& steps) {
+  ResidentInputs inputs(runtime);
+  for (const StepBuffer& b : steps.buffers) {
+    if (b.kind != StepBuffer::Kind::kInput || inputs.placed_.contains(b.input)) continue;
+    const int64_t bytes = b.elements * ElementBytes(b.type);
+    absl::StatusOr<gpu::DevicePtr> at = runtime.Allocate(std::max<int64_t>(bytes, 1), b.name);
+    if (!at.ok()) return at.status();
+    inputs.placed_[b.input] = *at;
+    if (absl::Status s = runtime.CopyToDevice(*at, b.input, bytes); !s.ok()) return s;
+  }
+  return inputs;
+}
+
+ResidentInputs::~ResidentInputs() {
+  for (const auto& [host, device] : placed_) runtime_->Free(device);
+}
+
+gpu::InputResolver ResidentInputs::resolver() const {
+  return [this](const StepBuffer& b) -> absl::StatusOr<gpu::DevicePtr> {
+    auto it = placed_.find(b.input);
+    if (it == placed_.end()) return absl::NotFoundError("never uploaded");
+    return it->second;
+  };
+}
+
+void ExpectGpuBatchMatchesGolden(gpu::GpuRuntime& runtime, const NamedScenario& scenario,
+                                 uint64_t seed) {
+  SCOPED_TRACE(::testing::Message() << scenario.name << " seed " << seed);
+  auto s = BatchScenario::Make(scenario.spec, seed);
+  auto built = BuildBatchSteps(s->batch());
+  ASSERT_TRUE(built.ok()) << built.status();
+  absl::StatusOr<ResidentInputs> inputs = ResidentInputs::Upload(runtime, built->steps);
+  ASSERT_TRUE(inputs.ok()) << inputs.status();
+  gpu::GpuBatchExecutor executor(runtime);
+  auto run = executor.Run(built->steps, inputs->resolver());
+  ASSERT_TRUE(run.ok()) << run.status();
+  for (size_t g = 0; g < built->answers.size(); ++g) {
+    const bool fp8 = s->batch().groups[g].kv_dtype == KvDtype::kFp8;
+    for (size_t m = 0; m < built->answers[g].size(); ++m) {
+      SCOPED_TRACE(::testing::Message() << "group " << g << " member " << m);
+      const AnswerValues answer = ReadAnswer(*run->buffers, built->answers[g][m]);
+      const GoldenOutput golden = s->Golden(static_cast<int>(g), static_cast<int>(m));
+      // inf/-inf/NaN positions equal, as FlashMLA's check asks.
+      for (size_t i = 0; i < golden.lse.size(); ++i) {
+        EXPECT_EQ(std::isinf(answer.lse[i]), std::isinf(golden.lse[i])) << "lse " << i;
+        EXPECT_FALSE(std::isnan(answer.lse[i])) << "lse " << i;
+      }
+      if (!fp8) {
+        EXPECT_TRUE(AllClose(answer.out, golden.out, kGpuOutTolerance, true));
+        EXPECT_TRUE(AllClose(answer.lse, golden.lse, kGpuLseTolerance, false));
+        continue;
+      }
+      const AttentionErrors e = CompareWithGolden(answer.out, answer.lse, golden);
+      EXPECT_LE(e.rel_l2, 5e-2);
+      EXPECT_LE(e.cos_dist, 1e-3);
+      EXPECT_LE(e.lse_max_err, 2e-2);
+    }
+  }
+}
+
+}  // namespace mlaserve::testing

@@ -1,0 +1,46 @@
+#ifndef MLASERVE_TESTS_TESTING_GPU_BATCH_CHECKS_H_
+#define MLASERVE_TESTS_TESTING_GPU_BATCH_CHECKS_H_
+
+#include <cstdint>
+#include <map>
+
+#include "absl/status/statusor.h"
+#include "gtest/gtest.h"
+#include "kernels/gpu/gpu_lowering.h"
+#include "kernels/gpu/gpu_runtime.h"
+#include "kernels/mla/batch_steps.h"
+#include "tests/testing/attention_checks.h"
+#include "tests/testing/decode_batch_scenario.h"
+
+namespace mlaserve::testing {
+
+// A batch's input buffers (KV pool, weights, expanded K/V) copied to a GPU once, as a device
+// keeps them resident, and a resolver that finds them there.
+class ResidentInputs {
+ public:
+  static absl::StatusOr<ResidentInputs> Upload(gpu::GpuRuntime& runtime, const BatchSteps& steps);
+  ResidentInputs(ResidentInputs&&) = default;
+  ~ResidentInputs();
+
+  gpu::InputResolver resolver() const;
+
+ private:
+  explicit ResidentInputs(gpu::GpuRuntime& runtime) : runtime_(&runtime) {}
+  gpu::GpuRuntime* runtime_;
+  std::map<const void*, gpu::DevicePtr> placed_;  // by the buffer's host memory
+};
+
+// The answer tolerances every GPU is held to against the fp64 golden: FlashMLA's
+// (check_is_allclose) for bf16 groups, with the absolute bound scaled to the data and the
+// cosine bound of the absorb form's bf16 casts in head space; SnapMLA's bounds for FP8 groups.
+inline constexpr Tolerance kGpuOutTolerance{FlashMlaOutTolerance(1.0).abs_tol, 2.01 / 128, 2e-5};
+inline constexpr Tolerance kGpuLseTolerance{1e-2, 8.01 / 65536, 0.0};
+
+// Runs a scenario's batch on `runtime` through the GPU lowering (inputs resident, queries
+// uploaded) and checks every answer against the golden.
+void ExpectGpuBatchMatchesGolden(gpu::GpuRuntime& runtime, const NamedScenario& scenario,
+                                 uint64_t seed);
+
+}  // namespace mlaserve::testing
+
+#endif  // MLASERVE_TESTS_TESTING_GPU_BATCH_CHECKS_H_
