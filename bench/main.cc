@@ -14,6 +14,7 @@
 #include "bench/accuracy_command.h"
 #include "bench/capacity_command.h"
 #include "bench/fp8_command.h"
+#include "bench/gpu_kernel_command.h"
 #include "bench/kernel_command.h"
 #include "bench/peers_command.h"
 #include "bench/service_command.h"
@@ -36,6 +37,9 @@ ABSL_FLAG(
     "kernel: requests in the batch (default 4); typhoon: batch sizes (comma-separated, default "
     "16,32,64,128,256,512,1024)");
 ABSL_FLAG(int, heads, 128, "kernel: query heads");
+ABSL_FLAG(std::string, device, "",
+          "kernel: a GPU to run on instead of the emulated NPU (cuda:N, or fake-gpu); batch "
+          "defaults to 96, page size to 64, repeats to 20 there");
 ABSL_FLAG(std::vector<std::string>, sq, {"1"},
           "kernel: query tokens per request (comma-separated)");
 ABSL_FLAG(std::vector<std::string>, sk, {"4096"},
@@ -86,7 +90,8 @@ constexpr char kUsage[] =
     "mlaserve-bench <command> [flags]   (flags take - or _ between words)\n"
     "commands:\n"
     "  accuracy   AMLA paper accuracy sweep (Base vs AMLA vs fp64 golden)\n"
-    "  kernel     decode attention on the emulated NPU: modelled time, FU, host rate\n"
+    "  kernel     decode attention on the emulated NPU: modelled time, FU, host rate; with\n"
+    "             --device=cuda:N on a GPU: device time, TFLOP/s, GB/s\n"
     "  typhoon    TyphoonMLA hybrid vs absorb-only on a shared prefix, per batch size\n"
     "  service    the same load direct on the engine and through gRPC: throughput ratio, overhead\n"
     "  peers      mlaserve's host kernels beside PyTorch on the CPU (fp32, bf16), alternating\n"
@@ -118,6 +123,21 @@ absl::Status Run(const std::string& command) {
   if (command == "accuracy") {
     return mlaserve::bench::RunAccuracyCommand(
         {.seeds = absl::GetFlag(FLAGS_seeds), .json = absl::GetFlag(FLAGS_json)}, std::cout);
+  }
+  if (command == "kernel" && !absl::GetFlag(FLAGS_device).empty()) {
+    mlaserve::bench::GpuKernelCommandOptions o;
+    o.device = absl::GetFlag(FLAGS_device);
+    o.kernel = absl::GetFlag(FLAGS_kernel).front();
+    ASSIGN_OR_RETURN(std::vector<int> batch, ParseInts(absl::GetFlag(FLAGS_batch), "batch"));
+    if (batch.size() > 1) return absl::InvalidArgumentError("--batch: kernel takes one batch size");
+    if (!batch.empty()) o.batch = batch.front();
+    o.heads = absl::GetFlag(FLAGS_heads);
+    ASSIGN_OR_RETURN(o.sq, ParseInts(absl::GetFlag(FLAGS_sq), "sq"));
+    ASSIGN_OR_RETURN(o.sk, ParseInts(absl::GetFlag(FLAGS_sk), "sk"));
+    if (absl::GetFlag(FLAGS_page_size) != 128) o.page_size = absl::GetFlag(FLAGS_page_size);
+    if (absl::GetFlag(FLAGS_repeats) != 3) o.repeats = absl::GetFlag(FLAGS_repeats);
+    o.json = absl::GetFlag(FLAGS_json);
+    return mlaserve::bench::RunGpuKernelCommand(o, std::cout);
   }
   if (command == "kernel") {
     mlaserve::bench::KernelCommandOptions o;

@@ -1,13 +1,15 @@
 # Project-wide compile settings, applied only to mlaserve's own targets (generated protobuf
 # code and third-party headers are not held to them).
 add_library(mlaserve_compile_options INTERFACE)
+# C++ only: nvcc takes its own (kernels/CMakeLists.txt).
 target_compile_options(mlaserve_compile_options INTERFACE
-  -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wcast-align -Wimplicit-fallthrough)
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wcast-align
+  -Wimplicit-fallthrough>)
 if(MLASERVE_WERROR)
-  target_compile_options(mlaserve_compile_options INTERFACE -Werror)
+  target_compile_options(mlaserve_compile_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
 endif()
 if(MLASERVE_NATIVE)
-  target_compile_options(mlaserve_compile_options INTERFACE -march=native)
+  target_compile_options(mlaserve_compile_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
 endif()
 if(MLASERVE_SANITIZE)
   # A sanitizer finding fails the run: nothing recovers and goes on.

@@ -37,6 +37,34 @@ gpu::InputResolver ResidentInputs::resolver() const {
   };
 }
 
+std::vector<NamedScenario> GpuScenarios() {
+  std::vector<NamedScenario> all = StandardBatchScenarios();
+  for (NamedScenario& s : Fp8BatchScenarios()) all.push_back(std::move(s));
+  BatchScenarioSpec latent;
+  latent.heads = 128;
+  latent.data_scale = 0.1;
+  latent.groups = {{.head_space = false, .sq = 1, .own_tokens = {4096, 1537, 64, 1, 0}},
+                   {.head_space = false, .sq = 2, .own_tokens = {3000, 700}, .out_bf16 = true}};
+  all.push_back({"Model128HeadsLatent", latent});
+  latent.parallel_units = 132;
+  all.push_back({"Model128HeadsLatentSplit", latent});
+  BatchScenarioSpec hybrid;
+  hybrid.heads = 128;
+  hybrid.data_scale = 0.1;
+  hybrid.prefixes = {{.parent = -1, .tokens = 1024}};
+  hybrid.groups = {{.head_space = true,
+                    .sq = 1,
+                    .prefix = 0,
+                    .own_tokens = {128, 130, 5, 0},
+                    .hybrid = true,
+                    .out_bf16 = true}};
+  hybrid.parallel_units = 132;
+  all.push_back({"Model128HeadsHybrid", hybrid});
+  hybrid.groups[0].kv_dtype = KvDtype::kFp8;
+  all.push_back({"Model128HeadsHybridFp8", hybrid});
+  return all;
+}
+
 void ExpectGpuBatchMatchesGolden(gpu::GpuRuntime& runtime, const NamedScenario& scenario,
                                  uint64_t seed) {
   SCOPED_TRACE(::testing::Message() << scenario.name << " seed " << seed);

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <map>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
@@ -35,6 +36,11 @@ class ResidentInputs {
 // cosine bound of the absorb form's bf16 casts in head space; SnapMLA's bounds for FP8 groups.
 inline constexpr Tolerance kGpuOutTolerance{FlashMlaOutTolerance(1.0).abs_tol, 2.01 / 128, 2e-5};
 inline constexpr Tolerance kGpuLseTolerance{1e-2, 8.01 / 65536, 0.0};
+
+// The batches a GPU is held to: every standard and FP8 batch (few heads), and the served
+// model's shapes (128 heads, thousands of keys, MTP, split-KV over the SMs, a shared prefix
+// in naive form, bf16 and FP8), at FlashMLA's data scale.
+std::vector<NamedScenario> GpuScenarios();
 
 // Runs a scenario's batch on `runtime` through the GPU lowering (inputs resident, queries
 // uploaded) and checks every answer against the golden.

@@ -1,0 +1,152 @@
+#include "bench/gpu_kernel_command.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "bench/host_description.h"
+#include "common/status_macros.h"
+#include "kernels/core/fp8_paged_kv_cache.h"
+#include "kernels/core/random_fill.h"
+#include "kernels/gpu/gpu_batch_executor.h"
+#include "kernels/gpu/open_gpu.h"
+#include "kernels/mla/batch_step_builder.h"
+#include "nlohmann/json.hpp"
+
+namespace mlaserve::bench {
+namespace {
+
+constexpr int kLatentWidth = 512;
+constexpr int kRopeWidth = 64;
+constexpr int kKeyWidth = kLatentWidth + kRopeWidth;
+// Distinct random pages; the pool repeats them (filling gigabytes with fresh normals would
+// take the benchmark longer than its runs, and repeated values cost a GPU the same).
+constexpr int kDistinctPages = 256;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+absl::Status RunGpuKernelCommand(const GpuKernelCommandOptions& o, std::ostream& out) {
+  ASSIGN_OR_RETURN(std::unique_ptr<gpu::GpuRuntime> runtime, gpu::OpenGpu(o.device));
+  const gpu::DeviceProperties& props = runtime->properties();
+  const bool fp8 = o.kernel == "snap";
+  if (!fp8 && o.kernel != "amla") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kernel: '", o.kernel, "' has no GPU kernel (amla, snap)"));
+  }
+  const int max_sk = *std::max_element(o.sk.begin(), o.sk.end());
+  const int pages_per_seq = (max_sk + o.page_size - 1) / o.page_size;
+  const int64_t pool_pages = int64_t{o.batch} * pages_per_seq;
+  const int64_t bf16_page_bytes = int64_t{o.page_size} * kKeyWidth * 2;
+
+  // One pool in the cache's own format, on the device once, as the server keeps it.
+  Rng rng(7);
+  std::vector<Bf16> distinct(static_cast<size_t>(kDistinctPages) * o.page_size * kKeyWidth);
+  FillNormal(distinct, 0.1, rng);
+  Fp8PageLayout layout{o.page_size, kLatentWidth, kRopeWidth, 0};
+  std::vector<std::byte> distinct_bytes;
+  if (fp8) {
+    const PagedKvCache small{*TensorView<const Bf16, 3>::Create(
+        std::span<const Bf16>(distinct), {kDistinctPages, o.page_size, kKeyWidth})};
+    distinct_bytes = QuantizePagedCache(small, kLatentWidth);
+  } else {
+    distinct_bytes.resize(distinct.size() * 2);
+    std::memcpy(distinct_bytes.data(), distinct.data(), distinct_bytes.size());
+  }
+  const int64_t page_bytes = fp8 ? layout.stride() : bf16_page_bytes;
+  ASSIGN_OR_RETURN(const gpu::DevicePtr pool, runtime->Allocate(pool_pages * page_bytes, "pool"));
+  {
+    std::vector<std::byte> chunk(static_cast<size_t>(kDistinctPages * page_bytes));
+    std::memcpy(chunk.data(), distinct_bytes.data(), chunk.size());
+    for (int64_t p = 0; p < pool_pages; p += kDistinctPages) {
+      const int64_t n = std::min<int64_t>(kDistinctPages, pool_pages - p);
+      RETURN_IF_ERROR(runtime->CopyToDevice(pool + p * page_bytes, chunk.data(), n * page_bytes));
+    }
+  }
+
+  std::vector<int32_t> table(static_cast<size_t>(pool_pages));
+  std::iota(table.begin(), table.end(), 0);
+  out << absl::StrFormat("mlaserve-bench kernel on %s\n%s\n", gpu::DescribeGpu(props),
+                         HostDescription());
+  out << absl::StrFormat(
+      "decode attention, latent space (FlashMLA's problem): batch %d, %d heads, %d-token pages, "
+      "%s cache, split-KV over %d SMs; median of %d runs (CUDA events around the launches)\n",
+      o.batch, o.heads, o.page_size, fp8 ? "FP8 (SnapMLA)" : "bf16", props.sm_count, o.repeats);
+  out << absl::StrFormat("%4s %7s %10s %10s %9s %8s\n", "sq", "sk", "time us", "TFLOP/s", "GB/s",
+                         "launches");
+  nlohmann::json rows = nlohmann::json::array();
+  gpu::GpuBatchExecutor executor(*runtime);
+  for (int sq : o.sq) {
+    for (int sk : o.sk) {
+      std::vector<Bf16> q(static_cast<size_t>(o.batch) * sq * o.heads * kKeyWidth);
+      FillNormal(q, 1.0, rng);
+      DecodeBatch batch;
+      batch.dims = {o.heads, 128, kRopeWidth, kLatentWidth, 128, 1.0f / 13.856406f};  // 1/sqrt(192)
+      batch.parallel_units = props.sm_count;
+      DecodeBatch::Group group;
+      group.kv_dtype = fp8 ? KvDtype::kFp8 : KvDtype::kBf16;
+      group.head_space = false;
+      group.sq = sq;
+      group.out_bf16 = true;
+      for (int b = 0; b < o.batch; ++b) {
+        DecodeBatch::Member m;
+        m.pages = std::span<const int32_t>(table).subspan(static_cast<size_t>(b) * pages_per_seq,
+                                                          pages_per_seq);
+        m.length = sk;
+        m.q_latent = q.data() + static_cast<size_t>(b) * sq * o.heads * kKeyWidth;
+        group.members.push_back(m);
+      }
+      batch.groups.push_back(std::move(group));
+      // Host addresses only name the pool: the resolver hands the device's copy.
+      static const Bf16 kNamesThePool{};
+      batch.pool = &kNamesThePool;
+      batch.pool_pages = pool_pages;
+      batch.page_size = o.page_size;
+      batch.fp8_pool = {reinterpret_cast<const std::byte*>(&kNamesThePool), pool_pages, layout};
+      ASSIGN_OR_RETURN(BuiltBatch built, BuildBatchSteps(batch));
+      const gpu::InputResolver resolve = [&](const StepBuffer&) -> absl::StatusOr<gpu::DevicePtr> {
+        return pool;
+      };
+      std::vector<double> ms;
+      int launches = 0;
+      for (int r = 0; r < o.repeats + 2; ++r) {  // two warm-up runs
+        ASSIGN_OR_RETURN(gpu::GpuBatchExecutor::Result result, executor.Run(built.steps, resolve));
+        if (r >= 2) ms.push_back(result.timing.kernels_ms);
+        launches = result.launches;
+      }
+      const double t = Median(ms) * 1e-3;
+      const double flops =
+          2.0 * o.batch * sq * o.heads * static_cast<double>(sk) * (kKeyWidth + kLatentWidth);
+      const double bytes =
+          static_cast<double>(o.batch) * sk *
+          (fp8 ? Fp8PageLayout::BytesPerToken(kLatentWidth, kRopeWidth) : kKeyWidth * 2);
+      out << absl::StrFormat("%4d %7d %10.1f %10.1f %9.0f %8d\n", sq, sk, t * 1e6, flops / t / 1e12,
+                             bytes / t / 1e9, launches);
+      rows.push_back({{"sq", sq},
+                      {"sk", sk},
+                      {"us", t * 1e6},
+                      {"tflops", flops / t / 1e12},
+                      {"gbps", bytes / t / 1e9}});
+    }
+  }
+  runtime->Free(pool);
+  if (o.json) {
+    out << nlohmann::json{{"gpu", gpu::DescribeGpu(props)},
+                          {"host", HostDescription()},
+                          {"batch", o.batch},
+                          {"heads", o.heads},
+                          {"kernel", o.kernel},
+                          {"rows", rows}}
+               .dump()
+        << "\n";
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace mlaserve::bench

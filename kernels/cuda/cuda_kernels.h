@@ -1,0 +1,31 @@
+#ifndef MLASERVE_KERNELS_CUDA_CUDA_KERNELS_H_
+#define MLASERVE_KERNELS_CUDA_CUDA_KERNELS_H_
+
+// The CUDA kernels behind a program's launches (kernels/gpu/gpu_program.h), one entry point a
+// kind. Each enqueues on `stream` and returns the launch's own error (cudaErrorNotSupported
+// for an attention shape without a kernel); what happens on the device shows at the next
+// synchronisation.
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/gpu/gpu_program.h"
+
+namespace mlaserve::cuda {
+
+// Once per device before the first launch: the kernels' shared-memory limits.
+cudaError_t PrepareAttentionKernels();
+
+// Attention tiles over the latent cache (bf16, dk 576, dv 512), its FP8 form (SnapMLA's
+// layout, same widths) and expanded heads (dense, dk 192, dv 128).
+cudaError_t EnqueueAttention(const gpu::Launch& launch, cudaStream_t stream);
+cudaError_t EnqueueGemm(const gpu::Launch& launch, cudaStream_t stream);
+cudaError_t EnqueueCombine(const gpu::Launch& launch, cudaStream_t stream);
+cudaError_t EnqueueCopyRows(const gpu::Launch& launch, cudaStream_t stream);
+cudaError_t EnqueueFill(const gpu::Launch& launch, cudaStream_t stream);
+
+// A kernel that traps: the device then fails as after an Xid fault (the fault tests).
+cudaError_t EnqueueTrap(cudaStream_t stream);
+
+}  // namespace mlaserve::cuda
+
+#endif  // MLASERVE_KERNELS_CUDA_CUDA_KERNELS_H_

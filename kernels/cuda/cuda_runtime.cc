@@ -1,0 +1,256 @@
+#include "kernels/cuda/cuda_runtime.h"
+
+#include <cuda_runtime_api.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace mlaserve::cuda {
+namespace {
+
+// Dense bf16 matrix FLOPs per SM per clock: sm_80's tensor cores do 1,024 FMAs a clock, Hopper's
+// 2,048 (NVIDIA's A100 and H100 whitepapers).
+double Bf16FlopsPerSmClock(int major) { return major >= 9 ? 4096.0 : 2048.0; }
+
+// The kernel module's version ("580.159.04"): the first word of /proc's line that looks like
+// one (digits and dots); the driver API's version where /proc has none.
+std::string DriverVersion() {
+  std::ifstream in("/proc/driver/nvidia/version");
+  std::string line;
+  if (std::getline(in, line)) {
+    std::istringstream words(line);
+    std::string word;
+    while (words >> word) {
+      if (word.find('.') != std::string::npos &&
+          word.find_first_not_of("0123456789.") == std::string::npos) {
+        return word;
+      }
+    }
+  }
+  int version = 0;
+  cudaDriverGetVersion(&version);
+  return absl::StrCat("CUDA driver API ", version / 1000, ".", (version % 1000) / 10);
+}
+
+// Errors after which the context still works: the call failed, nothing ran.
+bool Recoverable(cudaError_t e) {
+  return e == cudaErrorMemoryAllocation || e == cudaErrorInvalidValue ||
+         e == cudaErrorInvalidConfiguration || e == cudaErrorNotSupported;
+}
+
+}  // namespace
+
+struct CudaRuntime::Handles {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t launched = nullptr;  // after the upload, before the first launch
+  cudaEvent_t computed = nullptr;  // after the last launch
+  cudaEvent_t started = nullptr;
+  cudaEvent_t finished = nullptr;
+};
+
+absl::StatusOr<std::unique_ptr<CudaRuntime>> CudaRuntime::Create(int ordinal) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || ordinal < 0 || ordinal >= count) {
+    cudaGetLastError();
+    return absl::NotFoundError(
+        absl::StrCat("cuda:", ordinal, ": ", count, " CUDA device(s) visible to this process"));
+  }
+  const auto fail = [&](cudaError_t e, const char* what) {
+    return absl::UnavailableError(
+        absl::StrCat("cuda:", ordinal, ": ", what, ": ", cudaGetErrorString(e)));
+  };
+  if (cudaError_t e = cudaSetDevice(ordinal); e != cudaSuccess) return fail(e, "cudaSetDevice");
+  auto handles = std::make_unique<Handles>();
+  if (cudaError_t e = cudaStreamCreateWithFlags(&handles->stream, cudaStreamNonBlocking);
+      e != cudaSuccess) {
+    return fail(e, "stream");
+  }
+  for (cudaEvent_t* event :
+       {&handles->launched, &handles->computed, &handles->started, &handles->finished}) {
+    if (cudaError_t e = cudaEventCreate(event); e != cudaSuccess) return fail(e, "event");
+  }
+  if (cudaError_t e = PrepareAttentionKernels(); e != cudaSuccess) {
+    return fail(e, "preparing the attention kernels");
+  }
+  std::unique_ptr<CudaRuntime> runtime(new CudaRuntime(ordinal, std::move(handles)));
+  cudaDeviceProp p{};
+  if (cudaError_t e = cudaGetDeviceProperties(&p, ordinal); e != cudaSuccess) {
+    return fail(e, "properties");
+  }
+  int clock_khz = 0, memory_khz = 0, bus_bits = 0;
+  cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, ordinal);
+  cudaDeviceGetAttribute(&memory_khz, cudaDevAttrMemoryClockRate, ordinal);
+  cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, ordinal);
+  gpu::DeviceProperties& d = runtime->properties_;
+  d.name = p.name;
+  d.ordinal = ordinal;
+  d.sm_count = p.multiProcessorCount;
+  d.compute_major = p.major;
+  d.compute_minor = p.minor;
+  d.total_memory = static_cast<int64_t>(p.totalGlobalMem);
+  d.driver = DriverVersion();
+  d.bf16_tflops = d.sm_count * (clock_khz * 1e3) * Bf16FlopsPerSmClock(p.major) / 1e12;
+  // Double data rate: two transfers a clock over the bus.
+  d.hbm_tbps = 2.0 * (memory_khz * 1e3) * (bus_bits / 8.0) / 1e12;
+  return runtime;
+}
+
+CudaRuntime::CudaRuntime(int ordinal, std::unique_ptr<Handles> handles)
+    : ordinal_(ordinal), handles_(std::move(handles)) {}
+
+CudaRuntime::~CudaRuntime() {
+  cudaSetDevice(ordinal_);
+  for (cudaEvent_t e :
+       {handles_->launched, handles_->computed, handles_->started, handles_->finished}) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
+  if (handles_->stream != nullptr) cudaStreamDestroy(handles_->stream);
+}
+
+absl::Status CudaRuntime::Check(int error, absl::string_view what) {
+  const auto e = static_cast<cudaError_t>(error);
+  if (e == cudaSuccess) return absl::OkStatus();
+  if (Recoverable(e)) {
+    cudaGetLastError();  // clear it: the context is fine
+    const std::string message =
+        absl::StrCat("cuda:", ordinal_, ": ", what, ": ", cudaGetErrorString(e));
+    if (e == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
+    if (e == cudaErrorNotSupported) return absl::UnimplementedError(message);
+    return absl::InternalError(message);
+  }
+  fault_ = absl::UnavailableError(absl::StrCat("cuda:", ordinal_, " failed (", what, ": ",
+                                               cudaGetErrorName(e), ", ", cudaGetErrorString(e),
+                                               "); the device is out of service"));
+  return fault_;
+}
+
+absl::StatusOr<gpu::MemoryInfo> CudaRuntime::Memory() {
+  RETURN_IF_ERROR(fault_);
+  cudaSetDevice(ordinal_);
+  size_t free = 0, total = 0;
+  RETURN_IF_ERROR(Check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo"));
+  return gpu::MemoryInfo{static_cast<int64_t>(free), static_cast<int64_t>(total)};
+}
+
+absl::StatusOr<gpu::DevicePtr> CudaRuntime::Allocate(int64_t bytes, absl::string_view what) {
+  RETURN_IF_ERROR(fault_);
+  cudaSetDevice(ordinal_);
+  void* p = nullptr;
+  if (absl::Status s = Check(cudaMalloc(&p, static_cast<size_t>(bytes)),
+                             absl::StrCat("allocating ", bytes, " bytes for ", what));
+      !s.ok()) {
+    return s;
+  }
+  return reinterpret_cast<uintptr_t>(p);
+}
+
+void CudaRuntime::Free(gpu::DevicePtr ptr) {
+  if (ptr == 0) return;
+  cudaSetDevice(ordinal_);
+  cudaFree(reinterpret_cast<void*>(static_cast<uintptr_t>(ptr)));
+}
+
+absl::StatusOr<gpu::HostBuffer> CudaRuntime::AllocateHost(int64_t bytes) {
+  RETURN_IF_ERROR(fault_);
+  void* p = nullptr;
+  RETURN_IF_ERROR(Check(
+      cudaHostAlloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1)), cudaHostAllocDefault),
+      absl::StrCat("pinning ", bytes, " host bytes")));
+  std::shared_ptr<void> owner(p, [](void* q) { cudaFreeHost(q); });
+  return gpu::HostBuffer{static_cast<std::byte*>(p), bytes, std::move(owner)};
+}
+
+absl::Status CudaRuntime::CopyToDevice(gpu::DevicePtr dst, const void* src, int64_t bytes) {
+  RETURN_IF_ERROR(fault_);
+  cudaSetDevice(ordinal_);
+  return Check(cudaMemcpy(reinterpret_cast<void*>(static_cast<uintptr_t>(dst)), src,
+                          static_cast<size_t>(bytes), cudaMemcpyHostToDevice),
+               "copy to device");
+}
+
+absl::Status CudaRuntime::CopyToHost(void* dst, gpu::DevicePtr src, int64_t bytes) {
+  RETURN_IF_ERROR(fault_);
+  cudaSetDevice(ordinal_);
+  return Check(cudaMemcpy(dst, reinterpret_cast<const void*>(static_cast<uintptr_t>(src)),
+                          static_cast<size_t>(bytes), cudaMemcpyDeviceToHost),
+               "copy to host");
+}
+
+absl::StatusOr<gpu::ProgramTiming> CudaRuntime::Run(const gpu::Program& program,
+                                                    const gpu::ProgramIo& io) {
+  RETURN_IF_ERROR(fault_);
+  cudaSetDevice(ordinal_);
+  Handles& h = *handles_;
+  RETURN_IF_ERROR(Check(cudaEventRecord(h.started, h.stream), "event"));
+  if (program.upload_bytes > 0) {
+    RETURN_IF_ERROR(
+        Check(cudaMemcpyAsync(reinterpret_cast<void*>(static_cast<uintptr_t>(program.upload_to)),
+                              io.upload.data(), static_cast<size_t>(program.upload_bytes),
+                              cudaMemcpyHostToDevice, h.stream),
+              "upload"));
+  }
+  RETURN_IF_ERROR(Check(cudaEventRecord(h.launched, h.stream), "event"));
+  for (const gpu::Launch& launch : program.launches) {
+    cudaError_t e = cudaSuccess;
+    switch (launch.kind) {
+      case gpu::LaunchKind::kCopyRows:
+        e = EnqueueCopyRows(launch, h.stream);
+        break;
+      case gpu::LaunchKind::kFill:
+        e = EnqueueFill(launch, h.stream);
+        break;
+      case gpu::LaunchKind::kGemm:
+        e = EnqueueGemm(launch, h.stream);
+        break;
+      case gpu::LaunchKind::kAttention:
+        e = EnqueueAttention(launch, h.stream);
+        break;
+      case gpu::LaunchKind::kCombine:
+        e = EnqueueCombine(launch, h.stream);
+        break;
+    }
+    if (e == cudaErrorNotSupported) {
+      return absl::UnimplementedError(absl::StrFormat(
+          "cuda:%d: no kernel for attention step '%s' (dk %d, dv %d, keys kind %d)", ordinal_,
+          launch.name, launch.dk, launch.dv, static_cast<int>(launch.keys)));
+    }
+    RETURN_IF_ERROR(
+        Check(e, absl::StrCat(gpu::LaunchKindName(launch.kind), " launch '", launch.name, "'")));
+  }
+  RETURN_IF_ERROR(Check(cudaEventRecord(h.computed, h.stream), "event"));
+  if (program.download_bytes > 0) {
+    RETURN_IF_ERROR(
+        Check(cudaMemcpyAsync(
+                  io.download.data(),
+                  reinterpret_cast<const void*>(static_cast<uintptr_t>(program.download_from)),
+                  static_cast<size_t>(program.download_bytes), cudaMemcpyDeviceToHost, h.stream),
+              "download"));
+  }
+  RETURN_IF_ERROR(Check(cudaEventRecord(h.finished, h.stream), "event"));
+  RETURN_IF_ERROR(Check(cudaStreamSynchronize(h.stream), "running the program"));
+  gpu::ProgramTiming timing;
+  float ms = 0;
+  cudaEventElapsedTime(&ms, h.started, h.launched);
+  timing.upload_ms = ms;
+  cudaEventElapsedTime(&ms, h.launched, h.computed);
+  timing.kernels_ms = ms;
+  cudaEventElapsedTime(&ms, h.computed, h.finished);
+  timing.download_ms = ms;
+  return timing;
+}
+
+absl::Status CudaRuntime::InjectTrap() {
+  RETURN_IF_ERROR(fault_);
+  cudaSetDevice(ordinal_);
+  RETURN_IF_ERROR(Check(EnqueueTrap(handles_->stream), "trap"));
+  return Check(cudaStreamSynchronize(handles_->stream), "running the trap kernel");
+}
+
+}  // namespace mlaserve::cuda

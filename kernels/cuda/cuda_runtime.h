@@ -1,0 +1,57 @@
+#ifndef MLASERVE_KERNELS_CUDA_CUDA_RUNTIME_H_
+#define MLASERVE_KERNELS_CUDA_CUDA_RUNTIME_H_
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/gpu/gpu_runtime.h"
+
+namespace mlaserve::cuda {
+
+// One CUDA GPU behind the GpuRuntime interface: device memory from cudaMalloc, pinned host
+// memory from cudaHostAlloc, and a program run on one stream of its own: the upload, the
+// launches (kernels/cuda/cuda_kernels.h), CUDA events around them, the download, then one
+// synchronisation.
+//
+// Errors: an allocation the device has no room for is RESOURCE_EXHAUSTED and changes nothing;
+// a launch that has no kernel is UNIMPLEMENTED. Any other CUDA error (an illegal address, a
+// trap, an ECC error, a lost device) makes the runtime unhealthy for good: the run fails with
+// UNAVAILABLE naming the error, and so does every later call, so that nothing computed after
+// a fault is ever returned.
+class CudaRuntime final : public gpu::GpuRuntime {
+ public:
+  // NOT_FOUND when there is no such device (or no driver).
+  static absl::StatusOr<std::unique_ptr<CudaRuntime>> Create(int ordinal);
+  ~CudaRuntime() override;
+
+  const gpu::DeviceProperties& properties() const override { return properties_; }
+  absl::StatusOr<gpu::MemoryInfo> Memory() override;
+  absl::StatusOr<gpu::DevicePtr> Allocate(int64_t bytes, absl::string_view what) override;
+  void Free(gpu::DevicePtr ptr) override;
+  absl::StatusOr<gpu::HostBuffer> AllocateHost(int64_t bytes) override;
+  absl::Status CopyToDevice(gpu::DevicePtr dst, const void* src, int64_t bytes) override;
+  absl::Status CopyToHost(void* dst, gpu::DevicePtr src, int64_t bytes) override;
+  absl::StatusOr<gpu::ProgramTiming> Run(const gpu::Program& program,
+                                         const gpu::ProgramIo& io) override;
+  absl::Status health() const override { return fault_; }
+
+  // Runs a kernel that traps, as a faulting GPU would: the fault tests' injection.
+  absl::Status InjectTrap();
+
+ private:
+  struct Handles;
+  CudaRuntime(int ordinal, std::unique_ptr<Handles> handles);
+  // OK for cudaSuccess; otherwise the status `what` failed with, marking the device faulty
+  // unless the error leaves it usable.
+  absl::Status Check(int error, absl::string_view what);
+
+  int ordinal_;
+  std::unique_ptr<Handles> handles_;
+  gpu::DeviceProperties properties_;
+  absl::Status fault_;
+};
+
+}  // namespace mlaserve::cuda
+
+#endif  // MLASERVE_KERNELS_CUDA_CUDA_RUNTIME_H_

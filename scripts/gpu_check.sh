@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# On a GPU machine, from the project's root: build with the CUDA device, run the GPU suite
+# (no test may skip: MLASERVE_REQUIRE_GPU=1), then the kernel benchmark. Logs go to $OUT (or
+# ./gpu-check/). Extra arguments are stages to run: build tests bench (default: all three).
+# On the machine the device tool lends: ../shared/gpu-machine/README.md (carry .gpu, whose
+# build.sh unpacks the Debian packages that machine lacks); elsewhere set BUILD="cmake ..."
+set -uo pipefail
+out=${OUT:-gpu-check}
+mkdir -p "$out"
+stages=${*:-build tests bench}
+export LD_LIBRARY_PATH=/opt/deb/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export MLASERVE_REQUIRE_GPU=1
+status=0
+for stage in $stages; do
+  case $stage in
+    build)
+      nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv \
+        | tee "$out/gpu.txt"
+      start=$(date +%s)
+      if [ -f .gpu/build.sh ]; then
+        bash .gpu/build.sh -DMLASERVE_CUDA=ON > "$out/build.log" 2>&1
+      else
+        cmake --preset gpu > "$out/build.log" 2>&1 && cmake --build build-gpu -j "$(nproc)" >> "$out/build.log" 2>&1
+      fi || { tail -40 "$out/build.log"; exit 1; }
+      echo "build: $(( $(date +%s) - start )) s"
+      ;;
+    tests)
+      # Each test in a process of its own (a fault test ends its process's CUDA context).
+      (cd build-gpu && ctest -L gpu -j 4 --timeout 300 --output-on-failure > "$out/gpu-tests.log" 2>&1)
+      rc=$?; status=$((status | rc))
+      tail -15 "$out/gpu-tests.log"
+      ;;
+    bench)
+      for kernel in amla snap; do
+        build-gpu/bin/mlaserve-bench kernel --device=cuda:0 --kernel "$kernel" --batch 96 \
+          --heads 128 --sq 1,2 --sk 1024,2048,3072,4096,6144,16384 --repeats 20 \
+          2>&1 | tee "$out/bench-kernel-$kernel.txt"
+      done
+      ;;
+    *) echo "unknown stage $stage" >&2; exit 2 ;;
+  esac
+done
+exit $status
