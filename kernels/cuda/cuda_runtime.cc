@@ -125,14 +125,20 @@ absl::Status CudaRuntime::Check(int error, absl::string_view what) {
     if (e == cudaErrorNotSupported) return absl::UnimplementedError(message);
     return absl::InternalError(message);
   }
+  std::lock_guard lock(fault_mu_);
   fault_ = absl::UnavailableError(absl::StrCat("cuda:", ordinal_, " failed (", what, ": ",
                                                cudaGetErrorName(e), ", ", cudaGetErrorString(e),
                                                "); the device is out of service"));
   return fault_;
 }
 
+absl::Status CudaRuntime::health() const {
+  std::lock_guard lock(fault_mu_);
+  return fault_;
+}
+
 absl::StatusOr<gpu::MemoryInfo> CudaRuntime::Memory() {
-  RETURN_IF_ERROR(fault_);
+  RETURN_IF_ERROR(health());
   cudaSetDevice(ordinal_);
   size_t free = 0, total = 0;
   RETURN_IF_ERROR(Check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo"));
@@ -140,7 +146,7 @@ absl::StatusOr<gpu::MemoryInfo> CudaRuntime::Memory() {
 }
 
 absl::StatusOr<gpu::DevicePtr> CudaRuntime::Allocate(int64_t bytes, absl::string_view what) {
-  RETURN_IF_ERROR(fault_);
+  RETURN_IF_ERROR(health());
   cudaSetDevice(ordinal_);
   void* p = nullptr;
   if (absl::Status s = Check(cudaMalloc(&p, static_cast<size_t>(bytes)),
@@ -158,7 +164,7 @@ void CudaRuntime::Free(gpu::DevicePtr ptr) {
 }
 
 absl::StatusOr<gpu::HostBuffer> CudaRuntime::AllocateHost(int64_t bytes) {
-  RETURN_IF_ERROR(fault_);
+  RETURN_IF_ERROR(health());
   void* p = nullptr;
   RETURN_IF_ERROR(Check(
       cudaHostAlloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1)), cudaHostAllocDefault),
@@ -168,7 +174,7 @@ absl::StatusOr<gpu::HostBuffer> CudaRuntime::AllocateHost(int64_t bytes) {
 }
 
 absl::Status CudaRuntime::CopyToDevice(gpu::DevicePtr dst, const void* src, int64_t bytes) {
-  RETURN_IF_ERROR(fault_);
+  RETURN_IF_ERROR(health());
   cudaSetDevice(ordinal_);
   return Check(cudaMemcpy(reinterpret_cast<void*>(static_cast<uintptr_t>(dst)), src,
                           static_cast<size_t>(bytes), cudaMemcpyHostToDevice),
@@ -176,7 +182,7 @@ absl::Status CudaRuntime::CopyToDevice(gpu::DevicePtr dst, const void* src, int6
 }
 
 absl::Status CudaRuntime::CopyToHost(void* dst, gpu::DevicePtr src, int64_t bytes) {
-  RETURN_IF_ERROR(fault_);
+  RETURN_IF_ERROR(health());
   cudaSetDevice(ordinal_);
   return Check(cudaMemcpy(dst, reinterpret_cast<const void*>(static_cast<uintptr_t>(src)),
                           static_cast<size_t>(bytes), cudaMemcpyDeviceToHost),
@@ -185,7 +191,7 @@ absl::Status CudaRuntime::CopyToHost(void* dst, gpu::DevicePtr src, int64_t byte
 
 absl::StatusOr<gpu::ProgramTiming> CudaRuntime::Run(const gpu::Program& program,
                                                     const gpu::ProgramIo& io) {
-  RETURN_IF_ERROR(fault_);
+  RETURN_IF_ERROR(health());
   cudaSetDevice(ordinal_);
   Handles& h = *handles_;
   RETURN_IF_ERROR(Check(cudaEventRecord(h.started, h.stream), "event"));
@@ -247,7 +253,7 @@ absl::StatusOr<gpu::ProgramTiming> CudaRuntime::Run(const gpu::Program& program,
 }
 
 absl::Status CudaRuntime::InjectTrap() {
-  RETURN_IF_ERROR(fault_);
+  RETURN_IF_ERROR(health());
   cudaSetDevice(ordinal_);
   RETURN_IF_ERROR(Check(EnqueueTrap(handles_->stream), "trap"));
   return Check(cudaStreamSynchronize(handles_->stream), "running the trap kernel");

@@ -2,6 +2,7 @@
 #define MLASERVE_KERNELS_CUDA_CUDA_RUNTIME_H_
 
 #include <memory>
+#include <mutex>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -34,7 +35,7 @@ class CudaRuntime final : public gpu::GpuRuntime {
   absl::Status CopyToHost(void* dst, gpu::DevicePtr src, int64_t bytes) override;
   absl::StatusOr<gpu::ProgramTiming> Run(const gpu::Program& program,
                                          const gpu::ProgramIo& io) override;
-  absl::Status health() const override { return fault_; }
+  absl::Status health() const override;
 
   // Runs a kernel that traps, as a faulting GPU would: the fault tests' injection.
   absl::Status InjectTrap();
@@ -49,7 +50,9 @@ class CudaRuntime final : public gpu::GpuRuntime {
   int ordinal_;
   std::unique_ptr<Handles> handles_;
   gpu::DeviceProperties properties_;
-  absl::Status fault_;
+  // Set once by the runtime's thread, read by any (health()).
+  mutable std::mutex fault_mu_;
+  absl::Status fault_;  // guarded by fault_mu_ for readers on other threads
 };
 
 }  // namespace mlaserve::cuda

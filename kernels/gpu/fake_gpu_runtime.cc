@@ -64,12 +64,12 @@ FakeGpuRuntime::~FakeGpuRuntime() {
 }
 
 absl::StatusOr<MemoryInfo> FakeGpuRuntime::Memory() {
-  RETURN_IF_ERROR(fault_);
+  RETURN_IF_ERROR(health());
   return MemoryInfo{capacity_ - allocated_, capacity_};
 }
 
 absl::StatusOr<DevicePtr> FakeGpuRuntime::Allocate(int64_t bytes, absl::string_view what) {
-  RETURN_IF_ERROR(fault_);
+  RETURN_IF_ERROR(health());
   if (bytes <= 0) return absl::InternalError(absl::StrCat("allocating ", bytes, " bytes"));
   const int64_t rounded =
       (bytes + kAllocationAlignment - 1) / kAllocationAlignment * kAllocationAlignment;
@@ -119,7 +119,7 @@ absl::StatusOr<std::byte*> FakeGpuRuntime::Span(DevicePtr ptr, int64_t bytes,
 }
 
 absl::Status FakeGpuRuntime::CopyToDevice(DevicePtr dst, const void* src, int64_t bytes) {
-  RETURN_IF_ERROR(fault_);
+  RETURN_IF_ERROR(health());
   ASSIGN_OR_RETURN(std::byte * to, Span(dst, bytes, "copy to device"));
   std::memcpy(to, src, static_cast<size_t>(bytes));
   bytes_to_device_ += bytes;
@@ -127,10 +127,15 @@ absl::Status FakeGpuRuntime::CopyToDevice(DevicePtr dst, const void* src, int64_
 }
 
 absl::Status FakeGpuRuntime::CopyToHost(void* dst, DevicePtr src, int64_t bytes) {
-  RETURN_IF_ERROR(fault_);
+  RETURN_IF_ERROR(health());
   ASSIGN_OR_RETURN(std::byte * from, Span(src, bytes, "copy to host"));
   std::memcpy(dst, from, static_cast<size_t>(bytes));
   return absl::OkStatus();
+}
+
+absl::Status FakeGpuRuntime::health() const {
+  std::lock_guard lock(fault_mu_);
+  return fault_;
 }
 
 void FakeGpuRuntime::InjectFault(std::string reason, int runs_before) {
@@ -139,8 +144,9 @@ void FakeGpuRuntime::InjectFault(std::string reason, int runs_before) {
 }
 
 absl::StatusOr<ProgramTiming> FakeGpuRuntime::Run(const Program& program, const ProgramIo& io) {
-  RETURN_IF_ERROR(fault_);
+  RETURN_IF_ERROR(health());
   if (runs_before_fault_ == 0) {
+    std::lock_guard lock(fault_mu_);
     fault_ = absl::UnavailableError(absl::StrCat("device fault: ", pending_fault_));
     return fault_;
   }

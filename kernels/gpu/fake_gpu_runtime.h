@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include "absl/strings/string_view.h"
 
@@ -40,7 +41,7 @@ class FakeGpuRuntime final : public GpuRuntime {
   absl::Status CopyToDevice(DevicePtr dst, const void* src, int64_t bytes) override;
   absl::Status CopyToHost(void* dst, DevicePtr src, int64_t bytes) override;
   absl::StatusOr<ProgramTiming> Run(const Program& program, const ProgramIo& io) override;
-  absl::Status health() const override { return fault_; }
+  absl::Status health() const override;
 
   // The device fails as a real one does after an Xid or ECC fault: the run in progress once
   // `runs_before` more programs have completed returns UNAVAILABLE with `reason`, and so does
@@ -65,7 +66,9 @@ class FakeGpuRuntime final : public GpuRuntime {
   int64_t capacity_;
   int64_t allocated_ = 0;
   std::map<DevicePtr, Allocation> allocations_;
-  absl::Status fault_;
+  // Set once by the runtime's thread, read by any (health()).
+  mutable std::mutex fault_mu_;
+  absl::Status fault_;  // guarded by fault_mu_ for readers on other threads
   std::string pending_fault_;
   int runs_before_fault_ = -1;
   int64_t bytes_to_device_ = 0;

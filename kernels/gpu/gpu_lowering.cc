@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/gpu/upload_writer.h"
 
 namespace mlaserve::gpu {
 namespace {
@@ -21,38 +22,6 @@ int64_t AlignUp(int64_t x, int64_t alignment) {
 }
 
 bool Aligned16(int64_t x) { return x % 16 == 0; }
-
-// The upload region as it is written: sizes only when counting (no memory), bytes too when
-// emitting. Addresses are device addresses of the region's copy in the arena.
-class UploadWriter {
- public:
-  UploadWriter(std::byte* host, DevicePtr device) : host_(host), device_(device) {}
-
-  int64_t size() const { return size_; }
-
-  // Room for `bytes` at `alignment`: its device address, and where to write it on the host
-  // (null when counting).
-  std::pair<DevicePtr, std::byte*> Reserve(int64_t bytes, int64_t alignment = 16) {
-    size_ = AlignUp(size_, alignment);
-    const int64_t at = size_;
-    size_ += bytes;
-    return {device_ + static_cast<DevicePtr>(at), host_ == nullptr ? nullptr : host_ + at};
-  }
-  DevicePtr Put(const void* data, int64_t bytes, int64_t alignment = 16) {
-    auto [device, host] = Reserve(bytes, alignment);
-    if (host != nullptr && bytes > 0) std::memcpy(host, data, static_cast<size_t>(bytes));
-    return device;
-  }
-  template <typename T>
-  DevicePtr PutArray(const std::vector<T>& items) {
-    return Put(items.data(), static_cast<int64_t>(items.size() * sizeof(T)));
-  }
-
- private:
-  std::byte* host_;
-  DevicePtr device_;
-  int64_t size_ = 0;
-};
 
 class Lowerer {
  public:

@@ -150,6 +150,9 @@ void BatchRun::Execute(AttentionDevice& device, int device_index) {
   if (run.ok()) {
     report.modeled_us = run->modeled_us;
     report.host_ms = host_ms;
+    report.device_us = run->device_us;
+    report.bytes_to_device = run->bytes_to_device;
+    report.kv_bytes_to_device = run->kv_bytes_to_device;
   }
   context_.counters.hybrid_groups.fetch_add(hybrid);
   context_.counters.absorb_groups.fetch_add(absorb);

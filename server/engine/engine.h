@@ -62,6 +62,10 @@ class Engine {
 
   virtual EngineStats Stats() const = 0;
 
+  // OK, or why the engine cannot serve: a device taken out of service by a fault
+  // (UNAVAILABLE naming it). Decodes then fail with it at once.
+  virtual absl::Status Health() const { return absl::OkStatus(); }
+
   // Stops accepting decodes (UNAVAILABLE) and waits for those in flight, at most until
   // `deadline`; DEADLINE_EXCEEDED if some were still running.
   virtual absl::Status Drain(absl::Time deadline) = 0;
@@ -78,6 +82,8 @@ struct WeightsSource {
   uint64_t seed = 0;             // generated from this seed when the path is empty
 };
 
+inline constexpr int64_t kDefaultHostKvBudget = int64_t{2} << 30;
+
 struct EngineOptions {
   ModelConfig model;
   WeightsSource weights;
@@ -85,6 +91,11 @@ struct EngineOptions {
   int devices = 2;
   // A device profile name or path (kernels/npu/profiles), or "host" for the CPU-direct device.
   std::string profile = "ascend910-die";
+  // A GPU instead ("cuda:N", or "fake-gpu" in tests: kernels/gpu/open_gpu.h): the pool is that
+  // one device, and the KV store lives in its memory. kv.budget_bytes 0 then means what the
+  // GPU's free memory allows (GpuAttentionDevice::PlanKvResidency); on the CPU devices 0 is
+  // kDefaultHostKvBudget.
+  std::string gpu;
   // Host threads that run each device's work (an emulated NPU's cores, the host device's jobs).
   int host_threads_per_device = 1;
   int preload = 2;  // the AMLA kernel's preload count on emulated devices (0, 1 or 2)

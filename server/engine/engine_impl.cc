@@ -7,7 +7,9 @@
 #include "common/status_macros.h"
 #include "kernels/core/cpu_features.h"
 #include "kernels/core/matmul.h"
+#include "kernels/gpu/open_gpu.h"
 #include "server/engine/decode_validation.h"
+#include "server/engine/devices/gpu_attention_device.h"
 #include "server/engine/devices/host_attention_device.h"
 #include "server/engine/devices/npu_attention_device.h"
 
@@ -23,6 +25,10 @@ absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
   if (options.preload < 0 || options.preload > 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("engine options: preload = ", options.preload, " is not 0, 1 or 2"));
+  }
+  if (devices.empty() && !options.gpu.empty()) {
+    ASSIGN_OR_RETURN(std::unique_ptr<gpu::GpuRuntime> runtime, gpu::OpenGpu(options.gpu));
+    devices.push_back(std::make_unique<GpuAttentionDevice>(std::move(runtime), options.gpu));
   }
   if (devices.empty()) {
     if (options.devices < 1)
@@ -67,7 +73,29 @@ absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
           ? ModelWeights::FromSeed(options.model, options.weights.seed)
           : ModelWeights::FromSafetensors(options.model, options.weights.safetensors_path);
   if (!weights.ok()) return weights.status();
+  // A device with memory of its own (a GPU: the pool is that one device) keeps the store there.
+  absl::StatusOr<KvResidency> residency =
+      devices.size() == 1 ? devices.front()->PlanKvResidency(weights->bytes())
+                          : absl::UnimplementedError("a pool of several devices");
+  if (residency.ok()) {
+    options.kv.page_writes = residency->page_writes;
+    options.kv.expansions = residency->expansions;
+    if (options.kv.budget_bytes == 0) {
+      if (residency->default_budget_bytes <= 0) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat(devices.front()->info().profile,
+                         ": no device memory left for a KV cache after the "
+                         "weights (",
+                         weights->bytes(), " bytes) and the reserve"));
+      }
+      options.kv.budget_bytes = residency->default_budget_bytes;
+    }
+  } else if (residency.status().code() != absl::StatusCode::kUnimplemented) {
+    return residency.status();
+  }
+  if (options.kv.budget_bytes == 0) options.kv.budget_bytes = kDefaultHostKvBudget;
   ASSIGN_OR_RETURN(auto store, KvStore::Create(options.model, options.kv));
+  for (const auto& device : devices) RETURN_IF_ERROR(device->Attach(*weights, *store));
   return std::unique_ptr<EngineImpl>(new EngineImpl(std::move(options), *std::move(weights),
                                                     std::move(store), rates, std::move(devices)));
 }
@@ -149,6 +177,10 @@ absl::StatusOr<SequenceInfo> EngineImpl::GetSequence(absl::string_view sequence_
 
 void EngineImpl::Decode(std::vector<DecodeQuery> queries, DecodeOptions options,
                         DecodeCallback done) {
+  if (absl::Status health = Health(); !health.ok()) {
+    std::move(done)(health);
+    return;
+  }
   if (absl::Status status = ValidateDecodeCall(queries, info_, *store_); !status.ok()) {
     std::move(done)(status);
     return;
@@ -192,7 +224,19 @@ EngineStats EngineImpl::Stats() const {
   stats.hybrid_groups = counters_.hybrid_groups.load();
   stats.absorb_groups = counters_.absorb_groups.load();
   stats.queued = batcher_->queued();
+  for (int d = 0; d < pool_->size(); ++d) {
+    if (std::optional<DeviceMemory> m = pool_->device(d).memory(); m.has_value()) {
+      stats.device_memory.emplace_back(d, *m);
+    }
+  }
   return stats;
+}
+
+absl::Status EngineImpl::Health() const {
+  for (int d = 0; d < pool_->size(); ++d) {
+    if (absl::Status s = pool_->device(d).health(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status EngineImpl::Drain(absl::Time deadline) {

@@ -6,6 +6,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
@@ -139,11 +140,26 @@ struct BatchReport {
   int absorb_groups = 0;
   double modeled_us = 0;
   double host_ms = 0;
+  // A GPU's: its own time for the batch's launches, and the bytes the batch sent it (all, and
+  // the KV rows among them).
+  double device_us = 0;
+  int64_t bytes_to_device = 0;
+  int64_t kv_bytes_to_device = 0;
   absl::Status status;
 };
 
+// A device's own memory (a GPU's), for /metrics and GetServerInfo.
+struct DeviceMemory {
+  int64_t total_bytes = 0;
+  int64_t free_bytes = 0;
+  int64_t weights_bytes = 0;
+  int64_t kv_pool_bytes = 0;
+  int64_t expansion_bytes = 0;
+  int64_t batch_bytes = 0;
+};
+
 struct DeviceInfo {
-  std::string profile;
+  std::string profile;  // the NPU profile's name, "host", or the GPU's name ("cuda:0")
   int host_threads = 0;
   // Cores one attention launch can keep busy (an NPU's AIC blocks, the host's threads):
   // attention steps with fewer row groups are split over them (split-KV).
@@ -151,6 +167,9 @@ struct DeviceInfo {
   double matrix_tflops = 0;  // peak, from the profile
   double hbm_tbps = 0;
   double fp8_matrix_tflops = 0;  // peak on e4m3 operands; 0 when the matrix unit has none
+  std::string kind = "npu";      // npu (emulated), host, gpu
+  std::string description = "";  // a GPU's model, SMs, memory and driver (open_gpu.h)
+  int64_t memory_bytes = 0;      // a GPU's memory
 };
 
 // The machine the devices compute on.
@@ -184,6 +203,8 @@ struct EngineStats {
   int64_t hybrid_groups = 0;
   int64_t absorb_groups = 0;
   int queued = 0;  // queries waiting right now
+  // Per pool device with memory of its own (a GPU), in pool order; empty otherwise.
+  std::vector<std::pair<int, DeviceMemory>> device_memory;
 };
 
 }  // namespace mlaserve::engine

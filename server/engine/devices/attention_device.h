@@ -1,7 +1,9 @@
 #ifndef MLASERVE_SERVER_ENGINE_DEVICES_ATTENTION_DEVICE_H_
 #define MLASERVE_SERVER_ENGINE_DEVICES_ATTENTION_DEVICE_H_
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "absl/status/statusor.h"
 #include "kernels/mla/batch_steps.h"
@@ -9,15 +11,35 @@
 
 namespace mlaserve::engine {
 
+class KvStore;
+class ModelWeights;
+class ExpansionBuilder;
+class PageWriteListener;
+
 struct DeviceRun {
   std::unique_ptr<BatchBuffers> buffers;  // the batch's memory after its last step
   double modeled_us = 0;                  // modelled device time of the batch (0 on the host)
+  // A device with a clock of its own (a GPU): its time from first launch to last, and what
+  // crossed the bus to it (all of it, and the KV rows written since the last batch).
+  double device_us = 0;
+  int64_t bytes_to_device = 0;
+  int64_t kv_bytes_to_device = 0;
+};
+
+// What a device with memory of its own needs the KV store to be created with: to be told of
+// every write into the page pool, to build the expansions where it keeps them, and the
+// budget its free memory allows (0: none).
+struct KvResidency {
+  std::shared_ptr<PageWriteListener> page_writes;
+  std::shared_ptr<ExpansionBuilder> expansions;
+  int64_t default_budget_bytes = 0;
 };
 
 // What the planner and the pool know of a device: it runs a batch's steps
 // (kernels/mla/batch_steps.h). The emulated NPU is one; the host (CPU-direct) is another; a
-// GPU could be a third. Every device computes a step exactly as the host runner does, so a
-// batch's answers do not depend on which device ran it.
+// GPU (gpu_attention_device.h) is the third. The emulated NPU computes a step exactly as the
+// host runner does, bit for bit; a GPU within floating-point tolerance (FlashMLA's) of the
+// fp64 golden: a batch's answers do not depend beyond that on which device ran it.
 class AttentionDevice {
  public:
   virtual ~AttentionDevice() = default;
@@ -25,6 +47,22 @@ class AttentionDevice {
   // Runs one batch; not called concurrently on one device. The buffers may hold device
   // memory: release them before the device goes.
   virtual absl::StatusOr<DeviceRun> Run(const BatchSteps& steps) = 0;
+
+  // OK, or the fault that took the device out of service (UNAVAILABLE): the engine stops
+  // sending it batches and the server stops serving.
+  virtual absl::Status health() const { return absl::OkStatus(); }
+
+  // Devices that read the host's memory in place (the host, the emulated NPU) need nothing of
+  // the store: UNIMPLEMENTED. A device with memory of its own says what it needs, given the
+  // weights' size; after the store exists, Attach binds them (uploads the weights, allocates
+  // its copy of the pool).
+  virtual absl::StatusOr<KvResidency> PlanKvResidency(int64_t /*weights_bytes*/) {
+    return absl::UnimplementedError("the device reads the host's memory");
+  }
+  virtual absl::Status Attach(const ModelWeights& /*weights*/, const KvStore& /*store*/) {
+    return absl::OkStatus();
+  }
+  virtual std::optional<DeviceMemory> memory() const { return std::nullopt; }
 };
 
 }  // namespace mlaserve::engine

@@ -35,6 +35,8 @@ class DevicePool {
 
   int size() const { return static_cast<int>(slots_.size()); }
   const DeviceInfo& info(int device) const { return slots_[device]->device->info(); }
+  // For the device's thread-safe queries (health, memory); Run stays its worker's.
+  const AttentionDevice& device(int device) const { return *slots_[device]->device; }
 
   // In one look (the batching decision wants both at the same instant): the devices with
   // nothing queued or running, and whether any has room for another batch.

@@ -6,6 +6,7 @@ namespace mlaserve::engine {
 
 HostAttentionDevice::HostAttentionDevice(int threads) : runner_(threads) {
   info_.profile = "host";
+  info_.kind = "host";
   info_.host_threads = runner_.threads();
   info_.parallel_units = runner_.threads();
 }

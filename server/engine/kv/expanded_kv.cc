@@ -30,16 +30,18 @@ ExpandedKvData ExpandedKvData::Expand(int32_t begin, int32_t end, int dr,
   data.tokens_ = end - begin;
   data.dqk_ = weights.dn() + dr;
   data.dv_ = weights.dv();
-  data.k_.resize(static_cast<size_t>(data.heads_) * data.tokens_ * data.dqk_);
-  data.v_.resize(static_cast<size_t>(data.heads_) * data.tokens_ * data.dv_);
+  data.host_k_.resize(static_cast<size_t>(data.heads_) * data.tokens_ * data.dqk_);
+  data.host_v_.resize(static_cast<size_t>(data.heads_) * data.tokens_ * data.dv_);
+  data.k_ = data.host_k_.data();
+  data.v_ = data.host_v_.data();
   for (int32_t chunk = begin; chunk < end; chunk += kExpandChunkTokens) {
     const int n = std::min(kExpandChunkTokens, end - chunk);
     const auto [latent, ld] = rows_of(chunk, n);
     const int64_t first = chunk - begin;
     for (int h = 0; h < data.heads_; ++h) {
       const int64_t head_row = static_cast<int64_t>(h) * data.tokens_ + first;
-      ExpandHeadKv(latent, ld, n, dr, weights, h, data.k_.data() + head_row * data.dqk_,
-                   data.v_.data() + head_row * data.dv_);
+      ExpandHeadKv(latent, ld, n, dr, weights, h, data.host_k_.data() + head_row * data.dqk_,
+                   data.host_v_.data() + head_row * data.dv_);
     }
   }
   return data;
@@ -79,9 +81,23 @@ ExpandedKvData ExpandedKvData::BuildFromFp8(const Fp8PagedKvCache& pool,
   });
 }
 
+std::unique_ptr<ExpandedKvData> ExpandedKvData::OnDevice(int heads, int tokens, int dqk, int dv,
+                                                         const Bf16* keys, const Bf16* values,
+                                                         std::shared_ptr<void> storage) {
+  auto data = std::make_unique<ExpandedKvData>();
+  data->heads_ = heads;
+  data->tokens_ = tokens;
+  data->dqk_ = dqk;
+  data->dv_ = dv;
+  data->k_ = keys;
+  data->v_ = values;
+  data->storage_ = std::move(storage);
+  return data;
+}
+
 HeadKv ExpandedKvData::Head(int head) const {
   const int64_t row = static_cast<int64_t>(head) * tokens_;
-  return HeadKv{k_.data() + row * dqk_, dqk_, v_.data() + row * dv_, dv_, tokens_};
+  return HeadKv{k_ + row * dqk_, dqk_, v_ + row * dv_, dv_, tokens_};
 }
 
 ExpandedKv::ExpandedKv(KvStore* store, PrefixKey prefix, int layer, int32_t begin,

@@ -2,6 +2,7 @@
 #define MLASERVE_SERVER_ENGINE_KV_EXPANDED_KV_H_
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -34,6 +35,12 @@ struct HeadKv {
 // 71 times the latent row it comes from.
 class ExpandedKvData {
  public:
+  ExpandedKvData() = default;
+  ExpandedKvData(ExpandedKvData&&) = default;  // the vectors' buffers, so k_ and v_, move along
+  ExpandedKvData& operator=(ExpandedKvData&&) = default;
+  ExpandedKvData(const ExpandedKvData&) = delete;
+  ExpandedKvData& operator=(const ExpandedKvData&) = delete;
+
   // Bytes of K and V for `tokens` tokens.
   static int64_t Bytes(int heads, int64_t tokens, int dqk, int dv);
 
@@ -46,13 +53,21 @@ class ExpandedKvData {
                                      int32_t begin, int32_t end, int dr,
                                      const UpProjection& weights);
 
+  // K/V held in a device's own memory (expansion_builder.h): `keys` and `values` are that
+  // device's addresses, laid out as keys() and values() say, never read on the host;
+  // `storage` frees them when the data goes.
+  static std::unique_ptr<ExpandedKvData> OnDevice(int heads, int tokens, int dqk, int dv,
+                                                  const Bf16* keys, const Bf16* values,
+                                                  std::shared_ptr<void> storage);
+
   int heads() const { return heads_; }
   int tokens() const { return tokens_; }
-  int64_t bytes() const { return static_cast<int64_t>((k_.size() + v_.size()) * sizeof(Bf16)); }
+  bool on_device() const { return storage_ != nullptr; }
+  int64_t bytes() const { return Bytes(heads_, tokens_, dqk_, dv_); }
   HeadKv Head(int head) const;
   // All heads at once, head-major: keys [heads][tokens][dqk], values [heads][tokens][dv].
-  std::span<const Bf16> keys() const { return k_; }
-  std::span<const Bf16> values() const { return v_; }
+  std::span<const Bf16> keys() const { return {k_, static_cast<size_t>(heads_) * tokens_ * dqk_}; }
+  std::span<const Bf16> values() const { return {v_, static_cast<size_t>(heads_) * tokens_ * dv_}; }
 
  private:
   // The expansion of tokens [begin, end), whose fp32 latent rows rows_of(first, n) gives in
@@ -65,8 +80,11 @@ class ExpandedKvData {
   int tokens_ = 0;
   int dqk_ = 0;
   int dv_ = 0;
-  std::vector<Bf16> k_;  // [heads][tokens][dqk]
-  std::vector<Bf16> v_;  // [heads][tokens][dv]
+  std::vector<Bf16> host_k_;  // [heads][tokens][dqk], when on the host
+  std::vector<Bf16> host_v_;  // [heads][tokens][dv]
+  const Bf16* k_ = nullptr;   // host_k_'s data, or a device's address
+  const Bf16* v_ = nullptr;
+  std::shared_ptr<void> storage_;  // a device's memory
 };
 
 // A pinned reference to a prefix's expanded K/V for one layer, from

@@ -45,8 +45,9 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const ModelConfig& mode
         absl::StrCat("kv store: budget_bytes = ", options.budget_bytes, " makes ", num_pages,
                      " pages, more than int32 page ids can name; use larger pages"));
   }
-  ASSIGN_OR_RETURN(PagePool pool, PagePool::Create(static_cast<int32_t>(num_pages),
-                                                   options.page_size, model.dl, model.dr));
+  ASSIGN_OR_RETURN(PagePool pool,
+                   PagePool::Create(static_cast<int32_t>(num_pages), options.page_size, model.dl,
+                                    model.dr, options.page_writes));
   return std::unique_ptr<KvStore>(new KvStore(model, options, std::move(pool)));
 }
 
@@ -55,6 +56,7 @@ KvStore::KvStore(const ModelConfig& model, const KvStoreOptions& options, PagePo
       budget_bytes_(options.budget_bytes),
       default_kv_dtype_(options.default_kv_dtype),
       pool_(std::move(pool)),
+      expansions_(options.expansions),
       pages_(pool_.num_pages()),
       namespace_budgets_(options.namespace_budget_bytes) {}
 

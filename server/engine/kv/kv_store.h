@@ -240,6 +240,7 @@ class KvStore {
   const KvDtype default_kv_dtype_;
   // Immutable mapping; which rows are written when is the protocol described above.
   const PagePool pool_;
+  const std::shared_ptr<ExpansionBuilder> expansions_;  // null: expansions on the host
 
   // Taken through TsanVisibleLock (tsan_visible_lock.h), never absl::MutexLock.
   mutable absl::Mutex mu_;

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "server/engine/kv/client_id.h"
+#include "server/engine/kv/expansion_builder.h"
 #include "server/engine/kv/kv_store_internal.h"
 #include "server/engine/kv/tsan_visible_lock.h"
 
@@ -119,15 +120,28 @@ absl::StatusOr<ExpandedKv> KvStore::GetOrBuildExpanded(PrefixKey prefix, int lay
   }
 
   // Rows of a live prefix never change, so the expansion reads them without the lock.
-  auto data = std::make_unique<ExpandedKvData>(
-      node->kv_dtype == KvDtype::kFp8
-          ? ExpandedKvData::BuildFromFp8(pool_.Fp8View(), pages, node->begin, node->end, model_.dr,
-                                         weights.Layer(layer))
-          : ExpandedKvData::Build(pool_.View(), pages, node->begin, node->end, model_.dr,
-                                  weights.Layer(layer)));
+  absl::StatusOr<std::unique_ptr<ExpandedKvData>> data;
+  if (expansions_ != nullptr) {
+    data =
+        expansions_->Build(pool_, {node->kv_dtype, pages, node->begin, node->end, layer}, weights);
+  } else {
+    data = std::make_unique<ExpandedKvData>(
+        node->kv_dtype == KvDtype::kFp8
+            ? ExpandedKvData::BuildFromFp8(pool_.Fp8View(), pages, node->begin, node->end,
+                                           model_.dr, weights.Layer(layer))
+            : ExpandedKvData::Build(pool_.View(), pages, node->begin, node->end, model_.dr,
+                                    weights.Layer(layer)));
+  }
 
   TsanVisibleLock lock(&mu_);
-  expanded_.Publish(*entry, std::move(data), tree_.Tick());
+  if (!data.ok()) {
+    // Nothing was kept: the entry and its bytes go, waiters find no entry and try themselves.
+    expanded_.Free(prefix, layer);
+    DropReference(node);
+    published_.SignalAll();
+    return data.status();
+  }
+  expanded_.Publish(*entry, *std::move(data), tree_.Tick());
   tree_.Touch(node);
   published_.SignalAll();
   return ExpandedKv(this, prefix, layer, node->begin, entry->data.get());

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,9 @@
 #include "server/engine/kv/prefix_key.h"
 
 namespace mlaserve::engine {
+
+class ExpansionBuilder;   // expansion_builder.h
+class PageWriteListener;  // page_write_log.h
 
 // The KV store's value types, for callers that configure it or read its state without
 // needing the store itself (kv_store.h).
@@ -28,6 +32,10 @@ struct KvStoreOptions {
   // sequences hold stay within its quota, inside the global budget. A namespace not listed
   // has none but the global budget.
   std::map<std::string, int64_t> namespace_budget_bytes = {};
+  // A device that keeps its own copy of the pool (a GPU) is told of every write into it.
+  std::shared_ptr<PageWriteListener> page_writes = nullptr;
+  // Where naive-form expansions are built and kept; null: on the host.
+  std::shared_ptr<ExpansionBuilder> expansions = nullptr;
 };
 
 struct KvStoreStats {

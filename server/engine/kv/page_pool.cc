@@ -10,7 +10,8 @@
 
 namespace mlaserve::engine {
 
-absl::StatusOr<PagePool> PagePool::Create(int32_t num_pages, int page_size, int dl, int dr) {
+absl::StatusOr<PagePool> PagePool::Create(int32_t num_pages, int page_size, int dl, int dr,
+                                          std::shared_ptr<PageWriteListener> writes) {
   const int row_width = dl + dr;
   if (num_pages <= 0 || page_size <= 0 || dl <= 0 || dl % 4 != 0 || dr < 0) {
     return absl::InvalidArgumentError(
@@ -35,7 +36,23 @@ absl::StatusOr<PagePool> PagePool::Create(int32_t num_pages, int page_size, int 
         absl::StrCat("page pool of ", num_pages, " pages: ", memory.status().message()));
   }
   pool.memory_ = *std::move(memory);
+  pool.writes_ = std::move(writes);
   return pool;
+}
+
+void PagePool::NoteWritten(KvDtype dtype, int32_t page, int64_t first_row, int64_t rows) const {
+  if (writes_ == nullptr || rows <= 0) return;
+  if (dtype == KvDtype::kBf16) {
+    const int64_t row_bytes = int64_t{row_width_} * static_cast<int64_t>(sizeof(Bf16));
+    writes_->Written(page, first_row * row_bytes, (first_row + rows) * row_bytes);
+    return;
+  }
+  const Fp8PageLayout& l = fp8_layout_;
+  const int last = static_cast<int>(first_row + rows);
+  const int first = static_cast<int>(first_row);
+  writes_->Written(page, l.content_offset(first), l.content_offset(last));
+  writes_->Written(page, l.scale_offset(first), l.scale_offset(last));
+  writes_->Written(page, l.rope_offset(first), l.rope_offset(last));
 }
 
 PagedKvCache PagePool::View() const {
@@ -58,6 +75,7 @@ void PagePool::WriteTokens(KvDtype dtype, std::span<const int32_t> pages, int64_
       const int64_t token = first_token + r;
       WriteFp8Token(fp8_layout_, Slot(pages[token / tokens]), static_cast<int>(token % tokens),
                     rows + r * row_stride);
+      NoteWritten(dtype, pages[token / tokens], token % tokens, 1);
     }
     return;
   }
@@ -74,6 +92,7 @@ void PagePool::WriteTokens(KvDtype dtype, std::span<const int32_t> pages, int64_
         std::memcpy(dst + r * row_width_, src + r * row_stride, row_width_ * sizeof(Bf16));
       }
     }
+    NoteWritten(dtype, pages[token / page_size_], row, run);
     done += run;
   }
 }
@@ -90,6 +109,7 @@ void PagePool::WriteFp8Records(std::span<const int32_t> pages, int64_t first_tok
     std::memcpy(page + l.content_offset(row), src, l.dl);
     std::memcpy(page + l.scale_offset(row), src + l.dl, sizeof(float));
     std::memcpy(page + l.rope_offset(row), src + l.dl + sizeof(float), l.dr * sizeof(Bf16));
+    NoteWritten(KvDtype::kFp8, pages[token / l.page_size], row, 1);
   }
 }
 
@@ -142,6 +162,7 @@ void PagePool::ReadRecords(KvDtype dtype, int32_t page, int n, std::byte* out) c
 void PagePool::WriteRecords(KvDtype dtype, int32_t page, int n, const std::byte* records) const {
   if (dtype == KvDtype::kBf16) {
     std::memcpy(Row(page, 0), records, static_cast<std::size_t>(n) * row_width_ * sizeof(Bf16));
+    NoteWritten(dtype, page, 0, n);
     return;
   }
   const int32_t pages[] = {page};
@@ -152,6 +173,7 @@ void PagePool::CopyRows(KvDtype dtype, int32_t from, int32_t to, int rows) const
   if (dtype == KvDtype::kBf16) {
     std::memcpy(Row(to, 0), Row(from, 0),
                 static_cast<std::size_t>(rows) * row_width_ * sizeof(Bf16));
+    NoteWritten(dtype, to, 0, rows);
     return;
   }
   const Fp8PageLayout& l = fp8_layout_;
@@ -160,6 +182,7 @@ void PagePool::CopyRows(KvDtype dtype, int32_t from, int32_t to, int rows) const
   std::memcpy(dst + l.content_offset(0), src + l.content_offset(0), int64_t{rows} * l.dl);
   std::memcpy(dst + l.scale_offset(0), src + l.scale_offset(0), rows * sizeof(float));
   std::memcpy(dst + l.rope_offset(0), src + l.rope_offset(0), int64_t{rows} * l.dr * sizeof(Bf16));
+  NoteWritten(dtype, to, 0, rows);
 }
 
 }  // namespace mlaserve::engine

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 
 #include "absl/status/statusor.h"
@@ -11,6 +12,7 @@
 #include "kernels/core/kv_dtype.h"
 #include "kernels/core/paged_kv_cache.h"
 #include "server/engine/kv/anonymous_mapping.h"
+#include "server/engine/kv/page_write_log.h"
 
 namespace mlaserve::engine {
 
@@ -32,7 +34,9 @@ class PagePool {
  public:
   // INVALID_ARGUMENT for non-positive sizes; RESOURCE_EXHAUSTED if the mapping fails.
   // row_width = dl + dr. INVALID_ARGUMENT also if an FP8 page would hold no token.
-  static absl::StatusOr<PagePool> Create(int32_t num_pages, int page_size, int dl, int dr);
+  // `writes`, if set, is told of every write into the pool (page_write_log.h).
+  static absl::StatusOr<PagePool> Create(int32_t num_pages, int page_size, int dl, int dr,
+                                         std::shared_ptr<PageWriteListener> writes = nullptr);
 
   PagePool(PagePool&&) = default;
   PagePool& operator=(PagePool&&) = default;
@@ -87,7 +91,11 @@ class PagePool {
     return static_cast<std::byte*>(memory_.data()) + static_cast<int64_t>(page) * page_bytes();
   }
 
+  // Tells the listener what tokens [first_row, first_row + rows) of a page of `dtype` occupy.
+  void NoteWritten(KvDtype dtype, int32_t page, int64_t first_row, int64_t rows) const;
+
   AnonymousMapping memory_;
+  std::shared_ptr<PageWriteListener> writes_;
   int32_t num_pages_ = 0;
   int page_size_ = 0;
   int row_width_ = 0;

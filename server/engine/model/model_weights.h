@@ -54,6 +54,10 @@ class ModelWeights {
   std::span<const Bf16> KvBProj(int layer) const;
 
   int64_t bytes() const { return static_cast<int64_t>(memory_.size()); }
+  // Every layer at once, [layers][heads][dn + dv][dl] bf16: what a device copies.
+  std::span<const std::byte> all_bytes() const {
+    return {static_cast<const std::byte*>(memory_.data()), memory_.size()};
+  }
 
  private:
   // Uninitialised (zero) storage for `config`'s weights.

@@ -257,6 +257,19 @@ class Scenario {
   std::map<std::string, std::map<int, std::vector<Bf16>>> rows_;         // sequences
 };
 
+// Every answer against the fp64 golden of its query (kOutTolerance, kLseTolerance).
+inline void ExpectMatchesGolden(Scenario& s, const std::vector<OwnedDecodeQuery>& queries,
+                                const std::vector<OwnedAnswer>& answers) {
+  ASSERT_EQ(queries.size(), answers.size());
+  for (size_t i = 0; i < queries.size(); ++i) {
+    const GoldenOutput golden = s.Golden(queries[i]);
+    EXPECT_TRUE(mlaserve::testing::AllClose(answers[i].out, golden.out, kOutTolerance, true))
+        << "query " << i << " (" << queries[i].sequence_id << ")";
+    EXPECT_TRUE(mlaserve::testing::AllClose(answers[i].lse, golden.lse, kLseTolerance, false))
+        << "query " << i << " (" << queries[i].sequence_id << ")";
+  }
+}
+
 }  // namespace mlaserve::engine::testing
 
 #endif  // MLASERVE_TESTS_SERVER_ENGINE_ENGINE_SCENARIO_H_

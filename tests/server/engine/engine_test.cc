@@ -24,6 +24,7 @@ namespace mlaserve::engine {
 namespace {
 
 using ::mlaserve::engine::testing::DecodeSync;
+using ::mlaserve::engine::testing::ExpectMatchesGolden;
 using ::mlaserve::engine::testing::OwnedAnswer;
 using ::mlaserve::engine::testing::Scenario;
 using ::mlaserve::engine::testing::SetThreshold;
@@ -103,18 +104,6 @@ void BuildMixedScenario(Scenario& s) {
   s.CreateSequence("b2", "P2", 600);
   s.CreateSequence("c1", "", 40);
   s.CreateSequence("c2", "", 513);
-}
-
-void ExpectMatchesGolden(Scenario& s, const std::vector<OwnedDecodeQuery>& queries,
-                         const std::vector<OwnedAnswer>& answers) {
-  ASSERT_EQ(queries.size(), answers.size());
-  for (size_t i = 0; i < queries.size(); ++i) {
-    const GoldenOutput golden = s.Golden(queries[i]);
-    EXPECT_TRUE(mlaserve::testing::AllClose(answers[i].out, golden.out, kOutTolerance, true))
-        << "query " << i << " (" << queries[i].sequence_id << ")";
-    EXPECT_TRUE(mlaserve::testing::AllClose(answers[i].lse, golden.lse, kLseTolerance, false))
-        << "query " << i << " (" << queries[i].sequence_id << ")";
-  }
 }
 
 TEST(EngineTest, MixedBatchMatchesGoldenWithGroupsAboveAndBelowTheThreshold) {
