@@ -2,8 +2,11 @@
 # Installs mlaserve-server as a systemd service (docs/deploy.md):
 #   PREFIX/bin/mlaserve-server, PREFIX/bin/mlaserve-health, PREFIX/bin/mlaserve-ctl,
 #   PREFIX/share/mlaserve/profiles/,
-#   PREFIX/share/doc/mlaserve/ (the unit, the example flags, deploy.md),
-#   /etc/systemd/system/mlaserve.service, and /etc/mlaserve/mlaserve.flags unless it exists.
+#   PREFIX/share/doc/mlaserve/ (the units, the example flags, deploy.md),
+#   /etc/systemd/system/mlaserve.service, the templates mlaserve@.service (several servers
+#   on one host) and mlaserve-gpu@.service (one server per NVIDIA GPU, instance = the GPU's
+#   number; enabled by hand, docs/deploy.md "On a GPU machine") beside it, and
+#   /etc/mlaserve/mlaserve.flags unless it exists (per-instance flag files are yours to write).
 # Safe to run again: it updates what it owns and never touches an existing flag file.
 #
 # Usage: deploy/install.sh [--no-build]
@@ -19,6 +22,7 @@ PREFIX=${PREFIX:-/usr/local}
 DESTDIR=${DESTDIR:-}
 BUILD_DIR=${BUILD_DIR:-$source_dir/build}
 build=1
+units="mlaserve.service mlaserve@.service mlaserve-gpu@.service"
 
 die() { echo "install.sh: $*" >&2; exit 1; }
 
@@ -63,17 +67,23 @@ else
   for binary in mlaserve-server mlaserve-ctl; do
     [ -x "$BUILD_DIR/bin/$binary" ] || die "$BUILD_DIR/bin/$binary is not built"
   done
+  # The units are made when the tree is configured: one configured by an older source lacks
+  # the newer ones.
+  for unit in $units; do
+    [ -f "$BUILD_DIR/deploy/$unit" ] ||
+      die "$BUILD_DIR/deploy/$unit is missing (configured by an older source?); run without --no-build"
+  done
   [ "$(configured_prefix)" = "$PREFIX" ] ||
     die "$BUILD_DIR is configured for prefix '$(configured_prefix)', not $PREFIX; run without --no-build"
 fi
 
 cmake --install "$BUILD_DIR" --prefix "$PREFIX"
 
-# The unit and the configuration go to /etc whatever the prefix: systemd reads units from
-# /etc/systemd/system, and the unit names /etc/mlaserve/mlaserve.flags.
+# The units and the configuration go to /etc whatever the prefix: systemd reads units from
+# /etc/systemd/system, and the units name /etc/mlaserve/mlaserve.flags.
 etc=$DESTDIR/etc
 install -d -m 0755 "$etc/systemd/system" "$etc/mlaserve"
-for unit in mlaserve.service mlaserve@.service; do
+for unit in $units; do
   install -m 0644 "$BUILD_DIR/deploy/$unit" "$etc/systemd/system/$unit"
   echo "-- Installing: $etc/systemd/system/$unit"
 done
@@ -88,6 +98,9 @@ fi
 if [ -z "$DESTDIR" ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
   systemctl daemon-reload
   echo "Installed. Start it with: systemctl enable --now mlaserve"
+  if [ -e /dev/nvidiactl ]; then
+    echo "NVIDIA GPUs here: one server per GPU N is mlaserve-gpu@N, with its flags in /etc/mlaserve/gpuN.flags (docs/deploy.md, \"On a GPU machine\")"
+  fi
   if systemctl is-active --quiet mlaserve; then
     echo "mlaserve is running the previous binary; switch with: systemctl restart mlaserve"
   fi

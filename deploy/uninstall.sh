@@ -1,6 +1,7 @@
 #!/bin/bash
-# Removes what deploy/install.sh installed, stopping and disabling the service first. The
-# configuration in /etc/mlaserve stays unless --purge is given.
+# Removes what deploy/install.sh installed, stopping and disabling the service and every
+# instance of its templates (mlaserve@NAME, mlaserve-gpu@N) first. The configuration in
+# /etc/mlaserve (the per-instance flag files too) stays unless --purge is given.
 #
 # Usage: deploy/uninstall.sh [--purge]
 #   PREFIX   the prefix it was installed to (default /usr/local)
@@ -24,8 +25,9 @@ if [ -z "$DESTDIR" ] && [ -d /run/systemd/system ] && command -v systemctl >/dev
   systemd_running=1
   # A stop is the usual graceful drain (SIGTERM).
   systemctl disable --now mlaserve 2>/dev/null || true
-  # And every instance of the template (mlaserve@NAME) that is loaded.
-  for instance in $(systemctl list-units --all --plain --no-legend 'mlaserve@*.service' | awk '{print $1}'); do
+  # And every instance of the templates (mlaserve@NAME, mlaserve-gpu@N) that is loaded.
+  for instance in $(systemctl list-units --all --plain --no-legend 'mlaserve@*.service' \
+                      'mlaserve-gpu@*.service' | awk '{print $1}'); do
     systemctl disable --now "$instance" 2>/dev/null || true
   done
 fi
@@ -46,7 +48,9 @@ remove "$root/bin/mlaserve-server" "$root/bin/mlaserve-health" "$root/bin/mlaser
 remove "$DESTDIR/etc/systemd/system/mlaserve.service" \
        "$DESTDIR/etc/systemd/system/multi-user.target.wants/mlaserve.service" \
        "$DESTDIR/etc/systemd/system/mlaserve@.service" \
-       "$DESTDIR"/etc/systemd/system/multi-user.target.wants/mlaserve@*.service
+       "$DESTDIR"/etc/systemd/system/multi-user.target.wants/mlaserve@*.service \
+       "$DESTDIR/etc/systemd/system/mlaserve-gpu@.service" \
+       "$DESTDIR"/etc/systemd/system/multi-user.target.wants/mlaserve-gpu@*.service
 if [ "$purge" = 1 ]; then
   remove "$DESTDIR/etc/mlaserve"
 elif [ -d "$DESTDIR/etc/mlaserve" ]; then

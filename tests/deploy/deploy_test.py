@@ -2,7 +2,11 @@
 """The deployment story without a running systemd (CI has none):
 
 1. the unit passes `systemd-analyze verify` and stays below an exposure score of
-   `systemd-analyze security --offline` (skipped without systemd-analyze);
+   `systemd-analyze security --offline` (skipped without systemd-analyze), and so do an
+   instance of the template mlaserve@.service and one of the GPU template
+   mlaserve-gpu@.service; the GPU unit differs from the unit only where it means to (the
+   NVIDIA device nodes of its one GPU under DevicePolicy=closed instead of PrivateDevices=yes,
+   its flag files, device and state directory), setting by setting: no GPU needed;
 2. deploy/install.sh into a scratch DESTDIR installs every file where the unit and the
    binary expect it, twice (idempotent) and without overwriting an edited flag file, and
    deploy/uninstall.sh removes it all but the configuration;
@@ -40,6 +44,25 @@ TEST_OVERRIDES = ["--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", "--lay
 # StateDirectory= and the LoadCredential= examples): a hardening setting dropped by mistake
 # raises it. The option takes tenths.
 MAX_EXPOSURE = 1.4
+# The GPU template's instance: 1.5, the 0.1 more being PrivateDevices=no (its DeviceAllow=
+# list of three NVIDIA nodes under DevicePolicy=closed scores as the unit's does).
+MAX_GPU_EXPOSURE = 1.5
+# What mlaserve-gpu@.service changes in mlaserve.service (deploy/CMakeLists.txt makes the one
+# from the other), as (section, key): its values in order; None: a value of its own that
+# names the instance. Every other setting, the hardening above all, must be the unit's.
+NVIDIA_DEVICE_ALLOW = ["/dev/nvidiactl rw", "/dev/nvidia-uvm rw", "/dev/nvidia%i rw"]
+GPU_UNIT_DIFFERENCES = {
+    ("Unit", "Description"): None,
+    ("Unit", "After"): ["network-online.target", "nvidia-persistenced.service"],
+    ("Unit", "AssertPathExists"): ["/etc/mlaserve/gpu%i.flags", "/dev/nvidiactl",
+                                   "/dev/nvidia-uvm", "/dev/nvidia%i"],
+    ("Service", "ExecStart"): ["{prefix}/bin/mlaserve-server --flagfile=/etc/mlaserve/mlaserve.flags "
+                               "--flagfile=/etc/mlaserve/gpu%i.flags --devices=cuda:0"],
+    ("Service", "StateDirectory"): ["mlaserve/gpu%i"],
+    ("Service", "PrivateDevices"): ["no"],
+    ("Service", "DevicePolicy"): ["closed"],
+    ("Service", "DeviceAllow"): NVIDIA_DEVICE_ALLOW,
+}
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_MDWE = 65
 PR_MDWE_REFUSE_EXEC_GAIN = 1
@@ -61,7 +84,10 @@ def run(command, **kwargs):
 
 # --- 1. The unit --------------------------------------------------------------------------
 
-def check_unit(unit_path, server, scratch, failures, name="mlaserve.service"):
+def check_unit(unit_path, server, scratch, failures, name="mlaserve.service",
+               max_exposure=MAX_EXPOSURE, device_acl=None):
+    """device_acl: the device access list systemd must compute for this instance (entries
+    as `systemd-analyze security` prints them), checked where it prints one."""
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         print("unit: systemd-analyze not found, verify and security skipped")
@@ -76,15 +102,82 @@ def check_unit(unit_path, server, scratch, failures, name="mlaserve.service"):
     with open(checked, "w") as f:
         f.write(text.replace(exec_start.group(1), server))
     verify = run([analyze, "verify", checked])
-    print(f"unit: systemd-analyze verify exit {verify.returncode} {verify.stdout.strip()}")
+    print(f"unit: {name} systemd-analyze verify exit {verify.returncode} {verify.stdout.strip()}")
     failures.check(verify.returncode == 0 and name not in verify.stdout,
                    f"systemd-analyze verify: {verify.stdout}")
-    security = run([analyze, "security", "--offline=true", f"--threshold={round(MAX_EXPOSURE * 10)}",
+    security = run([analyze, "security", "--offline=true", f"--threshold={round(max_exposure * 10)}",
                     checked])
     score = re.search(rf"Overall exposure level for {re.escape(name)}: (\S+)", security.stdout)
-    print(f"unit: exposure {score.group(1) if score else '?'} (at most {MAX_EXPOSURE})")
+    print(f"unit: {name} exposure {score.group(1) if score else '?'} (at most {max_exposure})")
     failures.check(security.returncode == 0,
-                   f"systemd-analyze security: exposure above {MAX_EXPOSURE}:\n{security.stdout}")
+                   f"systemd-analyze security {name}: exposure above {max_exposure}:\n{security.stdout}")
+    if device_acl is not None:
+        # systemd's own reading of DevicePolicy=/DeviceAllow= for the instance (%i resolved),
+        # plus the RTC read-only that ProtectClock=yes adds.
+        row = re.search(r"^.*DeviceAllow=.*$", security.stdout, re.M)
+        entries = set(re.findall(r"((?:/dev/|char-|block-)\S+):(r?w?m?)\b", row.group(0))) if row else set()
+        if not entries:
+            print(f"unit: {name}: this systemd-analyze prints no device list, not compared")
+        else:
+            listed = {f"{path}:{mode}" for path, mode in entries} - {"char-rtc:r"}
+            failures.check(listed == set(device_acl),
+                           f"{name}: systemd allows the devices {sorted(listed)}, not exactly "
+                           f"{sorted(device_acl)}:\n{row.group(0)}")
+            print(f"unit: {name} may open {' '.join(sorted(listed))} (and the pseudo-devices)")
+
+
+def unit_settings(text):
+    """{(section, key): [values in order]}: the settings systemd reads from a unit's text."""
+    settings, section, pending = {}, None, ""
+    for raw in text.splitlines():
+        line = pending + raw.strip()
+        pending = ""
+        if line.endswith("\\"):
+            pending = line[:-1] + " "
+            continue
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+            continue
+        key, _, value = line.partition("=")
+        settings.setdefault((section, key.strip()), []).append(value.strip())
+    return settings
+
+
+def check_gpu_unit(unit_text, gpu_text, prefix, known_flags, failures):
+    """The GPU template is the unit but for GPU_UNIT_DIFFERENCES, setting by setting."""
+    unit, gpu = unit_settings(unit_text), unit_settings(gpu_text)
+    intended = {key: None if values is None else [v.format(prefix=prefix) for v in values]
+                for key, values in GPU_UNIT_DIFFERENCES.items()}
+    for key in sorted(set(unit) | set(gpu), key=lambda k: (k[0] or "", k[1])):
+        where = f"[{key[0]}] {key[1]}="
+        if key not in intended:
+            failures.check(gpu.get(key) == unit.get(key),
+                           f"mlaserve-gpu@.service {where} is {gpu.get(key)}, mlaserve.service's is "
+                           f"{unit.get(key)}: not one of the intended differences (GPU_UNIT_DIFFERENCES)")
+        elif intended[key] is None:
+            failures.check(key in gpu and gpu[key] != unit.get(key) and "%i" in gpu[key][0],
+                           f"mlaserve-gpu@.service {where} should name the instance: {gpu.get(key)}")
+        else:
+            failures.check(gpu.get(key) == intended[key],
+                           f"mlaserve-gpu@.service {where} is {gpu.get(key)}, not {intended[key]}")
+            failures.check(unit.get(key) != intended[key],
+                           f"GPU_UNIT_DIFFERENCES lists {where} but the units do not differ there")
+    # The point of the unit, said on its own: every device closed but the NVIDIA nodes of one GPU.
+    failures.check(gpu.get(("Service", "PrivateDevices")) == ["no"] and
+                   gpu.get(("Service", "DevicePolicy")) == ["closed"],
+                   "mlaserve-gpu@.service must have PrivateDevices=no with DevicePolicy=closed")
+    allowed = gpu.get(("Service", "DeviceAllow"), [])
+    failures.check(sorted(allowed) == sorted(NVIDIA_DEVICE_ALLOW),
+                   f"mlaserve-gpu@.service allows the devices {allowed}, not exactly {NVIDIA_DEVICE_ALLOW}")
+    exec_start = " ".join(gpu.get(("Service", "ExecStart"), []))
+    named = set(re.findall(r"--([a-z_]+)=", exec_start)) - {"flagfile"}
+    failures.check(named and named <= known_flags,
+                   f"mlaserve-gpu@.service's ExecStart names unknown flags: {sorted(named - known_flags)}")
+    same = sum(1 for key in unit if key not in intended and gpu.get(key) == unit[key])
+    print(f"unit: mlaserve-gpu@.service = mlaserve.service in {same} settings, differs in the "
+          f"{len(intended)} intended: {' '.join(f'{k[1]}=' for k in intended)}")
 
 
 # --- 2. Install ---------------------------------------------------------------------------
@@ -112,6 +205,8 @@ def check_install(source_dir, build_dir, prefix, destdir, failures):
         "guide": f"{root}/share/doc/mlaserve/deploy.md",
         "unit": f"{destdir}/etc/systemd/system/mlaserve.service",
         "template unit": f"{destdir}/etc/systemd/system/mlaserve@.service",
+        "GPU unit": f"{destdir}/etc/systemd/system/mlaserve-gpu@.service",
+        "example GPU unit": f"{root}/share/doc/mlaserve/mlaserve-gpu@.service",
         "flags": f"{destdir}/etc/mlaserve/mlaserve.flags",
     }
     for name, path in expected.items():
@@ -139,6 +234,10 @@ def check_install(source_dir, build_dir, prefix, destdir, failures):
         "\nStateDirectory=mlaserve\n", "\nStateDirectory=mlaserve/%i\n")
     failures.check(template.split("\n", 2)[2] == derived,
                    "the template unit differs from the unit in more than the instance name")
+    with open(expected["GPU unit"]) as f:
+        gpu_unit = f.read()
+    with open(expected["example GPU unit"]) as f:
+        failures.check(f.read() == gpu_unit, "the GPU unit in /etc differs from the installed example")
     failures.check(oct(os.stat(expected["flags"]).st_mode & 0o777) == "0o644",
                    "the flag file must be readable by the service's dynamic user")
 
@@ -150,6 +249,7 @@ def check_install(source_dir, build_dir, prefix, destdir, failures):
     failures.check(len(known) > 10, f"could not read the flags from --helpfull:\n{helpfull}")
     failures.check(named and named <= known,
                    f"the example flag file names unknown flags: {sorted(named - known)}")
+    check_gpu_unit(unit, gpu_unit, prefix, known, failures)
 
     # Idempotent, and an edited configuration survives a reinstall.
     with open(expected["flags"], "a") as f:
@@ -485,6 +585,11 @@ def main():
             # The template, as the instance `mlaserve@a` that systemd would make of it.
             check_unit(installed["template unit"], installed["binary"], scratch, failures,
                        name="mlaserve@a.service")
+            # The GPU template as GPU 3's instance: its DeviceAllow= must resolve to GPU 3.
+            check_unit(installed["GPU unit"], installed["binary"], scratch, failures,
+                       name="mlaserve-gpu@3.service", max_exposure=MAX_GPU_EXPOSURE,
+                       device_acl=[entry.replace("%i", "3").replace(" ", ":")
+                                   for entry in NVIDIA_DEVICE_ALLOW])
             check_lifecycle(installed, unit_environment, scratch, failures)
             check_under_strace(installed, args.prefix, unit_environment, scratch, failures)
             check_uninstall(source_dir, args.prefix, destdir, installed, failures)
