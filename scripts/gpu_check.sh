@@ -7,7 +7,7 @@
 set -uo pipefail
 out=${OUT:-gpu-check}
 mkdir -p "$out"
-stages=${*:-build tests bench}
+stages=${*:-build tests bench service}
 export LD_LIBRARY_PATH=/opt/deb/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export MLASERVE_REQUIRE_GPU=1
 status=0
@@ -28,7 +28,24 @@ for stage in $stages; do
       # Each test in a process of its own (a fault test ends its process's CUDA context).
       (cd build-gpu && ctest -L gpu -j 4 --timeout 300 --output-on-failure > "$out/gpu-tests.log" 2>&1)
       rc=$?; status=$((status | rc))
-      tail -15 "$out/gpu-tests.log"
+      tail -4 "$out/gpu-tests.log"
+      # The engine and the server end to end on the GPU, through the C++ client.
+      MLASERVE_TEST_GPU=cuda:0 build-gpu/bin/integration_test --gtest_filter='*Gpu*' \
+        > "$out/gpu-service-tests.log" 2>&1
+      rc=$?; status=$((status | rc))
+      grep -E "^\[  (PASSED|FAILED) " "$out/gpu-service-tests.log"
+      ;;
+    service)
+      bash scripts/gpu_service_bench.sh 15
+      ;;
+    profile)
+      ncu --kernel-name regex:AttentionKernel --launch-count 1 --section SpeedOfLight \
+        --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+        --section SchedulerStats --section Occupancy \
+        build-gpu/bin/mlaserve-bench kernel --device=cuda:0 --batch 96 --heads 128 --sq 1 \
+        --sk 4096 --repeats 1 > "$out/ncu-attention.txt" 2>&1
+      grep -vE "^==PROF==|^mlaserve-bench|^host:|^decode attention|^ +sq|^ +[0-9]+ +[0-9]+ " \
+        "$out/ncu-attention.txt" | grep -E "[0-9]" | head -70
       ;;
     bench)
       for kernel in amla snap; do

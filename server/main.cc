@@ -87,12 +87,15 @@ int main(int argc, char** argv) {
   }
   const mlaserve::engine::EngineOptions& engine = config->engine;
   spdlog::info(
-      "starting: model {} ({} layers, {} heads, scale {:.7f}), {} x {} device(s), "
-      "KV budget {} MiB in {}-token pages, {} by default, max batch {}, max wait {} us; host {} "
+      "starting: model {} ({} layers, {} heads, scale {:.7f}), {}, "
+      "KV budget {} in {}-token pages, {} by default, max batch {}, max wait {} us; host {} "
       "({} cores, {}), matrix unit on {}",
       engine.model.name, engine.model.layers, engine.model.heads, engine.model.softmax_scale,
-      engine.devices, engine.profile, engine.kv.budget_bytes >> 20, engine.kv.page_size,
-      mlaserve::KvDtypeName(engine.kv.default_kv_dtype), engine.max_batch,
+      engine.gpu.empty() ? absl::StrCat(engine.devices, " x ", engine.profile, " device(s)")
+                         : engine.gpu,
+      engine.kv.budget_bytes > 0 ? absl::StrCat(engine.kv.budget_bytes >> 20, " MiB")
+                                 : std::string("auto"),
+      engine.kv.page_size, mlaserve::KvDtypeName(engine.kv.default_kv_dtype), engine.max_batch,
       absl::ToInt64Microseconds(engine.max_wait), mlaserve::HostCpu().model,
       mlaserve::HostCpu().logical_cores, mlaserve::HostCpu().MatrixIsa(),
       mlaserve::MatrixUnitBackend());
@@ -133,6 +136,15 @@ int main(int argc, char** argv) {
                    ? absl::StrCat("on port ", (*server)->metrics_port(), " at /metrics (",
                                   (*server)->metrics_mode(), ")")
                    : std::string("disabled"));
+
+  for (const mlaserve::engine::DeviceInfo& device : (*server)->engine().Info().devices) {
+    if (device.kind != "gpu") continue;
+    spdlog::info(
+        "device: {}; KV cache in its memory, budget {} MiB (matrix {:.0f} TFLOP/s, "
+        "memory {:.2f} TB/s: B_theta(1) {:.1f})",
+        device.description, (*server)->engine().Info().kv_budget_bytes >> 20, device.matrix_tflops,
+        device.hbm_tbps, (*server)->engine().Info().b_theta_by_sq.front());
+  }
 
   const mlaserve::service::Tenancy* tenancy = config->server.tenancy.get();
   switch (tenancy == nullptr ? mlaserve::service::Tenancy::Mode::kSingleTenant : tenancy->mode()) {
@@ -196,6 +208,11 @@ int main(int argc, char** argv) {
     spdlog::info("stopped: drained cleanly");
   } else {
     spdlog::warn("stopped: {}", std::string(drained.message()));
+  }
+  // A device fault is a failure: the unit's Restart=on-failure takes it.
+  if (const absl::Status fault = (*server)->fault(); !fault.ok()) {
+    spdlog::error("stopped after a device fault: {}", std::string(fault.message()));
+    return EXIT_FAILURE;
   }
   return EXIT_SUCCESS;
 }

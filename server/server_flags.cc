@@ -1,5 +1,7 @@
 #include "server/server_flags.h"
 
+#include "kernels/gpu/open_gpu.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,7 +37,9 @@ ABSL_FLAG(int, layers, 4, "Layers to serve (0: all of the preset's); a demo serv
 ABSL_FLAG(std::string, weights, "",
           "safetensors file with the layers' kv_b_proj (BF16/F32); empty: seeded weights");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the generated weights when --weights is empty");
-ABSL_FLAG(int, devices, 2, "Emulated devices in the pool");
+ABSL_FLAG(std::string, devices, "2",
+          "The device pool: N emulated NPUs (of --profile), host (the CPU directly), or cuda:N "
+          "(NVIDIA GPU N; the KV cache then lives in its memory)");
 ABSL_FLAG(std::string, profile, mlaserve::engine::EngineOptions().profile,
           "Device profile name, or \"host\" for the CPU-direct device");
 ABSL_FLAG(int, host_threads, 1, "Host threads per emulated device");
@@ -44,7 +48,9 @@ ABSL_FLAG(double, matrix_tflops, 0,
           "Override of the device matrix rate the TyphoonMLA threshold uses (0: profile)");
 ABSL_FLAG(double, hbm_tbps, 0,
           "Override of the device memory bandwidth the threshold uses (0: profile)");
-ABSL_FLAG(std::string, kv_budget, "2GiB", "KV cache memory budget, e.g. 512MiB, 2GiB");
+ABSL_FLAG(std::string, kv_budget, "auto",
+          "KV cache memory budget, e.g. 512MiB, 2GiB; auto: 2GiB on the CPU devices, on a GPU "
+          "3/4 of its free memory after the weights and a 2 GiB reserve");
 ABSL_FLAG(int, page_size, 128,
           "Tokens per bf16 KV page (an FP8 page holds more in the same bytes)");
 ABSL_FLAG(std::string, kv_dtype, "bf16",
@@ -250,17 +256,32 @@ absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv) {
   engine.model = *std::move(model);
   engine.weights.safetensors_path = absl::GetFlag(FLAGS_weights);
   engine.weights.seed = absl::GetFlag(FLAGS_seed);
-  absl::StatusOr<int64_t> budget = ParseByteSize(absl::GetFlag(FLAGS_kv_budget));
-  if (!budget.ok()) return BadFlag("kv_budget", budget.status().message());
-  engine.kv.budget_bytes = *budget;
+  if (absl::GetFlag(FLAGS_kv_budget) == "auto") {
+    engine.kv.budget_bytes = 0;  // the engine's: the device's default
+  } else {
+    absl::StatusOr<int64_t> budget = ParseByteSize(absl::GetFlag(FLAGS_kv_budget));
+    if (!budget.ok()) return BadFlag("kv_budget", budget.status().message());
+    engine.kv.budget_bytes = *budget;
+    RETURN_IF_ERROR(RequirePositive("kv_budget", engine.kv.budget_bytes));
+  }
   engine.kv.page_size = absl::GetFlag(FLAGS_page_size);
   const std::string kv_dtype = absl::GetFlag(FLAGS_kv_dtype);
   if (kv_dtype != "bf16" && kv_dtype != "fp8") {
     return BadFlag("kv_dtype", absl::StrCat("'", kv_dtype, "' is not bf16 or fp8"));
   }
   engine.kv.default_kv_dtype = kv_dtype == "fp8" ? KvDtype::kFp8 : KvDtype::kBf16;
-  engine.devices = absl::GetFlag(FLAGS_devices);
   engine.profile = absl::GetFlag(FLAGS_profile);
+  const std::string devices = absl::GetFlag(FLAGS_devices);
+  if (gpu::IsGpuName(devices)) {
+    engine.gpu = devices;
+  } else if (devices == "host") {
+    engine.profile = "host";
+    engine.devices = 1;
+  } else if (!absl::SimpleAtoi(devices, &engine.devices)) {
+    return BadFlag("devices", absl::StrCat("'", devices,
+                                           "' is not a number of emulated devices, host, or "
+                                           "cuda:N"));
+  }
   engine.host_threads_per_device = absl::GetFlag(FLAGS_host_threads);
   engine.preload = absl::GetFlag(FLAGS_preload);
   if (engine.preload < 0 || engine.preload > 2) {
@@ -272,7 +293,6 @@ absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv) {
   engine.max_queue = absl::GetFlag(FLAGS_max_queue);
   engine.matrix_tflops = absl::GetFlag(FLAGS_matrix_tflops);
   engine.hbm_tbps = absl::GetFlag(FLAGS_hbm_tbps);
-  RETURN_IF_ERROR(RequirePositive("kv_budget", engine.kv.budget_bytes));
   RETURN_IF_ERROR(RequirePositive("page_size", engine.kv.page_size));
   RETURN_IF_ERROR(RequirePositive("devices", engine.devices));
   RETURN_IF_ERROR(RequirePositive("host_threads", engine.host_threads_per_device));

@@ -31,6 +31,51 @@ prometheus::MetricFamily Family(std::string name, std::string help, prometheus::
   return family;
 }
 
+// The pool's devices: what each is (an info metric), whether it serves, and a GPU's memory by
+// use (the rest of its total is the driver's and other processes').
+void AddDeviceFamilies(const engine::Engine& engine, const engine::EngineStats& stats,
+                       std::vector<prometheus::MetricFamily>& families) {
+  using prometheus::MetricType;
+  prometheus::MetricFamily info{"mlaserve_device_info",
+                                "The pool's devices: kind, profile and, for a GPU, its model, "
+                                "SMs, memory and driver",
+                                MetricType::Gauge,
+                                {}};
+  const std::vector<engine::DeviceInfo>& devices = engine.Info().devices;
+  for (size_t d = 0; d < devices.size(); ++d) {
+    prometheus::ClientMetric metric;
+    metric.label = {{"device", std::to_string(d)},
+                    {"kind", devices[d].kind},
+                    {"profile", devices[d].profile},
+                    {"description", devices[d].description}};
+    metric.gauge.value = 1;
+    info.metric.push_back(std::move(metric));
+  }
+  families.push_back(std::move(info));
+  families.push_back(Family("mlaserve_devices_healthy",
+                            "1 while every device serves; 0 once a fault took one out",
+                            MetricType::Gauge, "", {{"", engine.Health().ok() ? 1.0 : 0.0}}));
+  if (stats.device_memory.empty()) return;
+  prometheus::MetricFamily memory{"mlaserve_device_memory_bytes",
+                                  "A GPU's memory: total, free, and mlaserve's by use",
+                                  MetricType::Gauge,
+                                  {}};
+  for (const auto& [device, m] : stats.device_memory) {
+    for (const auto& [kind, bytes] : {std::pair{"total", m.total_bytes},
+                                      {"free", m.free_bytes},
+                                      {"weights", m.weights_bytes},
+                                      {"kv_pool", m.kv_pool_bytes},
+                                      {"expanded", m.expansion_bytes},
+                                      {"batch", m.batch_bytes}}) {
+      prometheus::ClientMetric metric;
+      metric.label = {{"device", std::to_string(device)}, {"kind", kind}};
+      metric.gauge.value = static_cast<double>(bytes);
+      memory.metric.push_back(std::move(metric));
+    }
+  }
+  families.push_back(std::move(memory));
+}
+
 }  // namespace
 
 std::vector<prometheus::MetricFamily> EngineStatsCollector::Collect() const {
@@ -77,6 +122,7 @@ std::vector<prometheus::MetricFamily> EngineStatsCollector::Collect() const {
   metric.gauge.value = 1;
   info.metric.push_back(std::move(metric));
   families.push_back(std::move(info));
+  AddDeviceFamilies(engine_, stats, families);
   families.push_back(Family("mlaserve_decode_queued", "Decode queries waiting to be batched",
                             MetricType::Gauge, "", {{"", static_cast<double>(stats.queued)}}));
   if (tenancy_ != nullptr && tenancy_->mode() != Tenancy::Mode::kSingleTenant) {

@@ -71,11 +71,13 @@ absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factor
   std::unique_ptr<MlaServer> server(new MlaServer());
   server->metrics_ = std::make_unique<ServiceMetrics>();
   ServiceMetrics* metrics = server->metrics_.get();
-  engine_options.on_batch =
-      [metrics, chained = std::move(engine_options.on_batch)](const engine::BatchReport& report) {
-        metrics->RecordBatch(report);
-        if (chained) chained(report);
-      };
+  MlaServer* self = server.get();
+  engine_options.on_batch = [metrics, self, chained = std::move(engine_options.on_batch)](
+                                const engine::BatchReport& report) {
+    metrics->RecordBatch(report);
+    if (!report.status.ok()) self->CheckDevices();
+    if (chained) chained(report);
+  };
   ASSIGN_OR_RETURN(server->engine_, factory(std::move(engine_options)));
 
   // The saved state is in the store before anyone can call.
@@ -105,6 +107,7 @@ absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factor
   service_options.max_streams_per_client = options.max_streams_per_client;
   service_options.leave_cluster = options.leave_cluster;
   service_options.stop_server = options.stop_server;
+  server->stop_server_ = options.stop_server;
   server->service_ = std::make_unique<MlaServeService>(*server->engine_, *metrics, service_options);
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -139,6 +142,26 @@ absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factor
 
 MlaServer::~MlaServer() {
   if (!shut_down_ && server_ != nullptr) Shutdown(absl::ZeroDuration()).IgnoreError();
+}
+
+void MlaServer::CheckDevices() {
+  const absl::Status health = engine_->Health();
+  if (health.ok() || fault_reported_.exchange(true)) return;
+  {
+    std::lock_guard lock(fault_mu_);
+    fault_ = health;
+  }
+  // Nothing computed after the fault is trusted: stop serving, and stop the process (its unit
+  // restarts it, on a device that works again or not at all).
+  spdlog::error("device fault, serving stops and the server drains: {}",
+                std::string(health.message()));
+  SetServing(false);
+  if (stop_server_) stop_server_();
+}
+
+absl::Status MlaServer::fault() const {
+  std::lock_guard lock(fault_mu_);
+  return fault_;
 }
 
 void MlaServer::SetServing(bool serving) {

@@ -1,9 +1,11 @@
 #ifndef MLASERVE_SERVER_SERVICE_MLA_SERVER_H_
 #define MLASERVE_SERVER_SERVICE_MLA_SERVER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/functional/any_invocable.h"
@@ -113,6 +115,9 @@ class MlaServer {
   // SetServing(true) also starts the periodic KV state saves, if configured.
   void SetServing(bool serving);
 
+  // OK, or the device fault that stopped the server serving (and asked it to stop).
+  absl::Status fault() const;
+
   // This start's instance id and the KV state it restored (GetServerInfo.state).
   const v1::StateInfo& state() const { return state_; }
 
@@ -125,6 +130,9 @@ class MlaServer {
 
  private:
   MlaServer() = default;
+  // After a failed batch: if a device is out of service, health NOT_SERVING and the server
+  // stops (ServerOptions::stop_server), once.
+  void CheckDevices();
 
   // Destruction runs bottom-up: the endpoints go before the engine they read, the engine
   // (whose batch reports the metrics receive) before the metrics.
@@ -135,6 +143,10 @@ class MlaServer {
   v1::StateInfo state_;
   absl::Duration snapshot_interval_;
   bool periodic_saves_started_ = false;
+  std::function<void()> stop_server_;
+  std::atomic<bool> fault_reported_{false};
+  mutable std::mutex fault_mu_;
+  absl::Status fault_;  // guarded by fault_mu_
   std::unique_ptr<MlaServeService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<EngineStatsCollector> stats_collector_;

@@ -28,6 +28,9 @@ v1::GetServerInfoResponse MakeServerInfo(const engine::EngineInfo& info,
     device->set_host_threads(info.devices[i].host_threads);
     device->set_matrix_tflops(info.devices[i].matrix_tflops);
     device->set_hbm_tbps(info.devices[i].hbm_tbps);
+    device->set_kind(info.devices[i].kind);
+    device->set_description(info.devices[i].description);
+    device->set_memory_bytes(info.devices[i].memory_bytes);
   }
   for (std::size_t i = 0; i < info.b_theta_by_sq.size(); ++i) {
     v1::NaiveThreshold* threshold = response.add_naive_thresholds();

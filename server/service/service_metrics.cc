@@ -30,6 +30,19 @@ prometheus::Histogram::BucketBoundaries LatencyBuckets() {
           2.5e-2, 5e-2,   0.1,  0.25, 0.5,    1.0,  2.5,  5.0,    10.0};
 }
 
+// 1 KiB to 1 GiB by factors of 4: a step's query bytes up to a long prompt's registration.
+prometheus::Histogram::BucketBoundaries ByteBuckets() {
+  prometheus::Histogram::BucketBoundaries buckets;
+  for (double b = 1024; b <= double{1 << 30}; b *= 4) buckets.push_back(b);
+  return buckets;
+}
+
+prometheus::Histogram& ByteHistogram(prometheus::Registry& registry, const std::string& name,
+                                     const std::string& help) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(registry).Add({},
+                                                                                   ByteBuckets());
+}
+
 prometheus::Histogram::BucketBoundaries BatchSizeBuckets() {
   return {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
 }
@@ -194,6 +207,15 @@ ServiceMetrics::ServiceMetrics()
                                .Help("Modelled busy time per device; its rate is the modelled "
                                      "utilisation")
                                .Register(*registry_)),
+      device_kernel_seconds_(
+          LatencyHistogram(*registry_, "mlaserve_device_kernel_seconds",
+                           "A GPU's own time for a batch's launches (CUDA events), per batch")),
+      batch_bytes_to_device_(ByteHistogram(
+          *registry_, "mlaserve_batch_bytes_to_device",
+          "Bytes a GPU batch copied to the device: queries, written KV rows, job records")),
+      batch_kv_bytes_to_device_(ByteHistogram(
+          *registry_, "mlaserve_batch_kv_bytes_to_device",
+          "KV rows among them: those appended or registered since the previous batch")),
       heap_releases_(prometheus::BuildCounter()
                          .Name("mlaserve_heap_releases_total")
                          .Help("Times freed memory was handed back to the kernel (malloc_trim)")
@@ -254,6 +276,11 @@ void ServiceMetrics::RecordBatch(const engine::BatchReport& report) {
   hybrid_groups_.Increment(report.hybrid_groups);
   absorb_groups_.Increment(report.absorb_groups);
   device_modeled_busy_.Add({{"device", device}}).Increment(report.modeled_us * 1e-6);
+  if (report.status.ok() && report.device_us > 0) {
+    device_kernel_seconds_.Observe(report.device_us * 1e-6);
+    batch_bytes_to_device_.Observe(static_cast<double>(report.bytes_to_device));
+    batch_kv_bytes_to_device_.Observe(static_cast<double>(report.kv_bytes_to_device));
+  }
 }
 
 }  // namespace mlaserve::service

@@ -59,6 +59,10 @@ class ServiceMetrics {
   prometheus::Counter& hybrid_groups_;
   prometheus::Counter& absorb_groups_;
   prometheus::Family<prometheus::Counter>& device_modeled_busy_;
+  // A GPU's batches: its own time for the launches, and the bytes each sent it.
+  prometheus::Histogram& device_kernel_seconds_;
+  prometheus::Histogram& batch_bytes_to_device_;
+  prometheus::Histogram& batch_kv_bytes_to_device_;
   prometheus::Counter& heap_releases_;
   prometheus::Counter& heap_release_seconds_;
 };

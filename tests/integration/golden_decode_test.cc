@@ -1,6 +1,7 @@
 // End-to-end numerics: the real engine behind the real server, through the C++ client,
 // against the fp64 golden computed here from the same inputs (fresh random data each run).
 
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -192,6 +193,36 @@ TEST(GoldenDecodeTest, DeepSeekV3TwoLayers) {
   const std::vector<SequenceSpec> specs{{"p", 77, 1}, {"q", 20, 2}};
   DecodeAndCheck(server, "v3/head", 0, specs, engine::QuerySpace::kHead, 1, rng);
   DecodeAndCheck(server, "v3/latent", 0, specs, engine::QuerySpace::kLatent, 0, rng);
+}
+
+// The same through a GPU device: the fake GPU (host kernels) here; on a GPU machine
+// MLASERVE_TEST_GPU=cuda:0 runs these on the GPU (docs/testing.md, "On a GPU").
+std::string GpuUnderTest() {
+  const char* gpu = std::getenv("MLASERVE_TEST_GPU");
+  return gpu != nullptr && *gpu != '\0' ? gpu : "fake-gpu";
+}
+
+TEST(GoldenDecodeTest, AGpuDeviceAnswersBothSpacesAndTheHybridThroughTheWire) {
+  engine::EngineOptions options = SmallEngineOptions(TinyModel());
+  options.gpu = GpuUnderTest();
+  options.matrix_tflops = 1;  // B_theta < 1: the prefix group runs hybrid
+  options.hbm_tbps = 100;
+  IntegrationServer server(options);
+  auto info = server.client().GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_EQ(info->devices_size(), 1);
+  EXPECT_EQ(info->devices(0).kind(), "gpu");
+  EXPECT_EQ(info->devices(0).profile(), GpuUnderTest());
+  EXPECT_FALSE(info->devices(0).description().empty());
+  EXPECT_GT(info->devices(0).memory_bytes(), 0);
+  Rng rng(std::random_device{}());
+  DecodeAndCheck(server, "gpu/latent", 0, kMixedLengths, engine::QuerySpace::kLatent, 1, rng);
+  DecodeAndCheck(server, "gpu/head", 0, kMixedLengths, engine::QuerySpace::kHead, 0, rng);
+  const std::vector<SequenceSpec> specs{{"x", 5, 1}, {"y", 40, 1}, {"z", 1, 1}};
+  for (const v1::DecodePlan& plan :
+       DecodeAndCheck(server, "gpu/hybrid", 70, specs, engine::QuerySpace::kHead, 1, rng)) {
+    EXPECT_EQ(plan.formulation(), v1::FORMULATION_HYBRID);
+  }
 }
 
 }  // namespace

@@ -46,7 +46,10 @@ TEST_F(ServerFlagsTest, DefaultsServeASmallDeepSeekDemoOnLoopback) {
   EXPECT_EQ(config->engine.model.layers, 4);
   EXPECT_EQ(config->engine.model.heads, 128);
   EXPECT_FLOAT_EQ(config->engine.model.softmax_scale, 0.1352338f);
-  EXPECT_EQ(config->engine.kv.budget_bytes, int64_t{2} << 30);
+  EXPECT_EQ(config->engine.kv.budget_bytes, 0);  // auto: 2 GiB on the CPU devices
+  EXPECT_EQ(config->engine.devices, 2);
+  EXPECT_EQ(config->engine.profile, "ascend910-die");
+  EXPECT_EQ(config->engine.gpu, "");
   EXPECT_EQ(config->engine.kv.page_size, 128);
   EXPECT_EQ(config->server.max_message_bytes, int64_t{64} << 20);
   EXPECT_EQ(config->log_level, spdlog::level::info);
@@ -85,6 +88,26 @@ TEST_F(ServerFlagsTest, AFlagfileIsReadWithEitherSpellingAndCommandLineFlagsAfte
   EXPECT_EQ(config->engine.host_threads_per_device, 2);
   EXPECT_EQ(config->engine.kv.page_size, 64);
   EXPECT_EQ(config->engine.max_batch, 48);
+}
+
+// --devices names the pool: a number of emulated NPUs, the host, or one GPU.
+TEST_F(ServerFlagsTest, DevicesNameEmulatedNpusTheHostOrAGpu) {
+  auto config = Parse({"--devices=6", "--kv_budget=auto"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->engine.devices, 6);
+  EXPECT_EQ(config->engine.gpu, "");
+  EXPECT_EQ(config->engine.kv.budget_bytes, 0);
+  config = Parse({"--devices=host", "--host_threads=4"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->engine.profile, "host");
+  EXPECT_EQ(config->engine.devices, 1);
+  EXPECT_EQ(config->engine.host_threads_per_device, 4);
+  config = Parse({"--devices=cuda:1"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->engine.gpu, "cuda:1");
+  for (const char* bad : {"--devices=gpu", "--devices=-1", "--devices=0", "--devices="}) {
+    EXPECT_THAT(std::string(Parse({bad}).status().message()), StartsWith("--devices: ")) << bad;
+  }
 }
 
 TEST_F(ServerFlagsTest, BadValuesNameTheirFlag) {
