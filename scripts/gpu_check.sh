@@ -34,18 +34,30 @@ for stage in $stages; do
         > "$out/gpu-service-tests.log" 2>&1
       rc=$?; status=$((status | rc))
       grep -E "^\[  (PASSED|FAILED) " "$out/gpu-service-tests.log"
+      # The Python client and its FlashMLA drop-in against a server on the GPU (the machine's
+      # own python3, with torch).
+      PYTHONPATH=build-gpu/python python3 tests/integration/python_smoke_test.py \
+        --server build-gpu/bin/mlaserve-server --devices=cuda:0 \
+        --example client/python/examples/decode_example.py > "$out/gpu-python.log" 2>&1
+      rc=$?; status=$((status | rc))
+      tail -3 "$out/gpu-python.log"
       ;;
     service)
       bash scripts/gpu_service_bench.sh 15
       ;;
     profile)
+      stalls=""
+      for r in barrier long_scoreboard short_scoreboard wait mio_throttle math_pipe_throttle \
+               lg_throttle not_selected selected dispatch_stall no_instruction branch_resolving \
+               membar drain sleeping imc_miss tex_throttle; do
+        stalls="$stalls,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio"
+      done
       ncu --kernel-name regex:AttentionKernel --launch-count 1 --section SpeedOfLight \
-        --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-        --section SchedulerStats --section Occupancy \
+        --section WarpStateStats --section Occupancy --metrics "${stalls#,}" \
         build-gpu/bin/mlaserve-bench kernel --device=cuda:0 --batch 96 --heads 128 --sq 1 \
         --sk 4096 --repeats 1 > "$out/ncu-attention.txt" 2>&1
-      grep -vE "^==PROF==|^mlaserve-bench|^host:|^decode attention|^ +sq|^ +[0-9]+ +[0-9]+ " \
-        "$out/ncu-attention.txt" | grep -E "[0-9]" | head -70
+      grep -E "stalled|Duration|Throughput|Warp Cycles|Eligible|Occupancy" "$out/ncu-attention.txt" \
+        | head -40
       ;;
     bench)
       for kernel in amla snap; do

@@ -30,11 +30,16 @@ using gpu::KeysKind;
 
 constexpr int kRows = gpu::kAttentionTileRows;
 constexpr int kKeys = 64;  // keys per block
-constexpr int kThreads = 256;
 constexpr float kLn2 = 0.6931471805599453f;
 
-template <int kDk, int kDv, KeysKind kKind>
+template <int kDk, int kDv, KeysKind kKind, int kColumnWarps>
 struct Shape {
+  // 4 x kColumnWarps warps: warp (r, c) owns query rows [16 r, +16), keys [c kWarpKeys, +)
+  // of each block for the scores, output columns [c kWarpCols, +) for the values.
+  static constexpr int kColWarps = kColumnWarps;
+  static constexpr int kThreads = 4 * kColumnWarps * 32;
+  static constexpr int kWarpKeys = kKeys / kColumnWarps;
+  static constexpr int kScoreTiles = kWarpKeys / 8;  // n-tiles of the scores per warp
   static constexpr int kDvWidth = kDv;
   static constexpr bool kDense = kKind == KeysKind::kDense;
   static constexpr bool kFp8 = kKind == KeysKind::kPagedFp8;
@@ -55,10 +60,10 @@ struct Shape {
   static constexpr int kStageOffset = kQOffset + kRows * kDk * 2;
   static constexpr int kRawOffset = kStageOffset + kStages * kStageBytes;
   static constexpr int kPOffset = kRawOffset + kRawContentBytes + kRawRopeBytes;
-  static constexpr int kRedOffset = kPOffset + kRows * kKeys * 2;    // float [2][kRows]
-  static constexpr int kVisibleOffset = kRedOffset + 2 * kRows * 4;  // int32 [kRows]
-  static constexpr int kScaleOffset = kVisibleOffset + kRows * 4;    // float [kKeys]
-  static constexpr int kRawScaleOffset = kScaleOffset + kKeys * 4;   // float [kKeys]
+  static constexpr int kRedOffset = kPOffset + kRows * kKeys * 2;  // float [warps][kRows]
+  static constexpr int kVisibleOffset = kRedOffset + kColumnWarps * kRows * 4;  // int32
+  static constexpr int kScaleOffset = kVisibleOffset + kRows * 4;               // float [kKeys]
+  static constexpr int kRawScaleOffset = kScaleOffset + kKeys * 4;              // float [kKeys]
   static constexpr int kSharedBytes = kRawScaleOffset + kKeys * 4;
 
   static_assert(kDk % 64 == 0 && kDv % 64 == 0 && kDv <= kDk, "unsupported widths");
@@ -72,7 +77,7 @@ __device__ __forceinline__ const char* Bytes(gpu::DevicePtr p) {
 // Rows of the tile's queries, zeros past its last row.
 template <class S>
 __device__ void LoadQueries(const AttentionTile& t, uint32_t q_smem) {
-  for (int i = threadIdx.x; i < kRows * S::kQChunks; i += kThreads) {
+  for (int i = threadIdx.x; i < kRows * S::kQChunks; i += S::kThreads) {
     const int row = i / S::kQChunks;
     const int chunk = i % S::kQChunks;
     const bool valid = row < t.rows;
@@ -96,7 +101,7 @@ template <class S>
 __device__ void LoadKeys(const AttentionTile& t, int block, uint32_t k_smem, uint32_t v_smem) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  for (int r = warp; r < kKeys; r += kThreads / 32) {
+  for (int r = warp; r < kKeys; r += S::kThreads / 32) {
     const int token = block * kKeys + r;
     const bool valid = token < t.keys;
     const char* k_row = Bytes(t.base);
@@ -128,7 +133,7 @@ __device__ void LoadFp8Raw(const AttentionTile& t, int block, char* raw, float* 
   const int lane = threadIdx.x % 32;
   constexpr int kContentChunks = S::kDvWidth / 16;
   constexpr int kRopePieces = S::kDr * 2 / 8;  // 8-byte copies: the section may sit at 8 mod 16
-  for (int r = warp; r < kKeys; r += kThreads / 32) {
+  for (int r = warp; r < kKeys; r += S::kThreads / 32) {
     const int token = block * kKeys + r;
     const bool valid = token < t.keys;
     const char* page = Bytes(t.base);
@@ -163,7 +168,7 @@ __device__ void LoadFp8Raw(const AttentionTile& t, int block, char* raw, float* 
 template <class S>
 __device__ void WidenFp8(const char* raw, const float* raw_scales, uint32_t k_smem, float* scales) {
   constexpr int kUnits = kKeys * S::kDvWidth / 16;  // 16 content bytes -> two 16-byte bf16 chunks
-  for (int i = threadIdx.x; i < kUnits; i += kThreads) {
+  for (int i = threadIdx.x; i < kUnits; i += S::kThreads) {
     const int r = i / (S::kDvWidth / 16);
     const int u = i % (S::kDvWidth / 16);
     const uint4 codes = *reinterpret_cast<const uint4*>(raw + r * S::kDvWidth + u * 16);
@@ -187,7 +192,7 @@ __device__ void WidenFp8(const char* raw, const float* raw_scales, uint32_t k_sm
                  "r"(widened[5]), "r"(widened[6]), "r"(widened[7]));
   }
   constexpr int kRopeChunks = S::kDr * 2 / 16;
-  for (int i = threadIdx.x; i < kKeys * kRopeChunks; i += kThreads) {
+  for (int i = threadIdx.x; i < kKeys * kRopeChunks; i += S::kThreads) {
     const int r = i / kRopeChunks;
     const int c = i % kRopeChunks;
     const uint4 v =
@@ -199,19 +204,19 @@ __device__ void WidenFp8(const char* raw, const float* raw_scales, uint32_t k_sm
   if (threadIdx.x < kKeys) scales[threadIdx.x] = raw_scales[threadIdx.x];
 }
 
-template <int kDk, int kDv, KeysKind kKind>
-__global__ void __launch_bounds__(kThreads, 1)
+template <int kDk, int kDv, KeysKind kKind, int kColumnWarps>
+__global__ void __launch_bounds__(Shape<kDk, kDv, kKind, kColumnWarps>::kThreads, 1)
     AttentionKernel(const AttentionTile* __restrict__ tiles, float scale_log2) {
-  using S = Shape<kDk, kDv, kKind>;
-  constexpr int kWarpCols = S::kDvWidth / 2;  // output columns per warp
-  constexpr int kOutTiles = kWarpCols / 8;    // n-tiles of the output per warp
+  using S = Shape<kDk, kDv, kKind, kColumnWarps>;
+  constexpr int kWarpCols = S::kDvWidth / kColumnWarps;  // output columns per warp
+  constexpr int kOutTiles = kWarpCols / 8;               // n-tiles of the output per warp
   extern __shared__ __align__(128) unsigned char smem[];
 
   const AttentionTile t = tiles[blockIdx.x];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int wr = warp % 4;  // query rows [16 wr, 16 wr + 16)
-  const int wc = warp / 4;  // keys [32 wc, +32) of a block; output columns [wc kDv/2, +kDv/2)
+  const int wc = warp / 4;  // keys [wc kWarpKeys, +) of a block; columns [wc kWarpCols, +)
   const int g = lane / 4;
   const int c2 = (lane % 4) * 2;
   const int row0 = wr * 16 + g;
@@ -271,9 +276,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t v_smem = stage_v(stage);
 
     // Scores of the warp's 16 rows x 32 keys.
-    float s[4][4];
+    float s[S::kScoreTiles][4];
 #pragma unroll
-    for (int n = 0; n < 4; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    for (int n = 0; n < S::kScoreTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
     if (warp_has_rows) {
 #pragma unroll 4
       for (int kk = 0; kk < kDk / 16; ++kk) {
@@ -281,11 +286,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         LoadMatrixX4(
             a, SwizzledChunk<S::kQChunks>(q_smem, wr * 16 + (lane & 15), kk * 2 + (lane >> 4)));
 #pragma unroll
-        for (int np = 0; np < 2; ++np) {
+        for (int np = 0; np < S::kScoreTiles / 2; ++np) {
           uint32_t bb[4];
-          LoadMatrixX4(bb, SwizzledChunk<S::kKChunks>(
-                               k_smem, wc * 32 + np * 16 + ((lane >> 4) << 3) + (lane & 7),
-                               kk * 2 + ((lane >> 3) & 1)));
+          LoadMatrixX4(bb,
+                       SwizzledChunk<S::kKChunks>(
+                           k_smem, wc * S::kWarpKeys + np * 16 + ((lane >> 4) << 3) + (lane & 7),
+                           kk * 2 + ((lane >> 3) & 1)));
           MmaBf16(s[np * 2], a, bb[0], bb[1]);
           MmaBf16(s[np * 2 + 1], a, bb[2], bb[3]);
         }
@@ -293,10 +299,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     float block_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
+    for (int n = 0; n < S::kScoreTiles; ++n) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int key = wc * 32 + n * 8 + c2 + (j & 1);
+        const int key = wc * S::kWarpKeys + n * 8 + c2 + (j & 1);
         const int row = j < 2 ? row0 : row1;
         float v = s[n][j];
         if constexpr (S::kFp8) v *= scales[key];
@@ -317,7 +323,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int row = i == 0 ? row0 : row1;
-      const float m_new = fmaxf(m[i], fmaxf(red[row], red[kRows + row]));
+      float block = red[row];
+#pragma unroll
+      for (int w = 1; w < kColumnWarps; ++w) block = fmaxf(block, red[w * kRows + row]);
+      const float m_new = fmaxf(m[i], block);
       // A row that has seen no key yet keeps base 0: exp2(-inf - 0) = 0, never NaN.
       base[i] = m_new == -INFINITY ? 0.f : m_new;
       alpha[i] = exp2f(m[i] - base[i]);
@@ -325,8 +334,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     float row_sum[2] = {0.f, 0.f};
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
-      const int key = wc * 32 + n * 8 + c2;
+    for (int n = 0; n < S::kScoreTiles; ++n) {
+      const int key = wc * S::kWarpKeys + n * 8 + c2;
       float p[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -382,7 +391,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     red[wc * kRows + row1] = l[1];
   }
   __syncthreads();
-  const float total[2] = {red[row0] + red[kRows + row0], red[row1] + red[kRows + row1]};
+  float total[2] = {0.f, 0.f};
+#pragma unroll
+  for (int w = 0; w < kColumnWarps; ++w) {
+    total[0] += red[w * kRows + row0];
+    total[1] += red[w * kRows + row1];
+  }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int row = i == 0 ? row0 : row1;
@@ -410,44 +424,56 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-template <int kDk, int kDv, KeysKind kKind>
+template <int kDk, int kDv, KeysKind kKind, int kColumnWarps>
 cudaError_t Prepare() {
-  return cudaFuncSetAttribute(AttentionKernel<kDk, kDv, kKind>,
+  return cudaFuncSetAttribute(AttentionKernel<kDk, kDv, kKind, kColumnWarps>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              Shape<kDk, kDv, kKind>::kSharedBytes);
+                              Shape<kDk, kDv, kKind, kColumnWarps>::kSharedBytes);
 }
 
-template <int kDk, int kDv, KeysKind kKind>
+template <int kDk, int kDv, KeysKind kKind, int kColumnWarps>
 cudaError_t Enqueue(const gpu::Launch& launch, cudaStream_t stream) {
+  using S = Shape<kDk, kDv, kKind, kColumnWarps>;
   constexpr float kLog2e = 1.4426950408889634f;
-  AttentionKernel<kDk, kDv, kKind>
-      <<<launch.count, kThreads, Shape<kDk, kDv, kKind>::kSharedBytes, stream>>>(
+  AttentionKernel<kDk, kDv, kKind, kColumnWarps>
+      <<<launch.count, S::kThreads, S::kSharedBytes, stream>>>(
           reinterpret_cast<const AttentionTile*>(launch.tiles), launch.softmax_scale * kLog2e);
   return cudaGetLastError();
+}
+
+// Warps sharing a tile's rows. 2 (8 warps a block) and 4 (16) ran at the same speed on an
+// H100 (docs/performance.md 10.1: the kernel waits on shared memory, not on latency that
+// more warps would hide); 2 needs no register spills.
+constexpr int kColumnWarpsServed = 2;
+
+template <int kColumnWarps>
+cudaError_t EnqueueWith(const gpu::Launch& launch, cudaStream_t stream) {
+  if (launch.dk == 576 && launch.dv == 512 && launch.keys == KeysKind::kPagedBf16) {
+    return Enqueue<576, 512, KeysKind::kPagedBf16, kColumnWarps>(launch, stream);
+  }
+  if (launch.dk == 576 && launch.dv == 512 && launch.keys == KeysKind::kPagedFp8) {
+    return Enqueue<576, 512, KeysKind::kPagedFp8, kColumnWarps>(launch, stream);
+  }
+  if (launch.dk == 192 && launch.dv == 128 && launch.keys == KeysKind::kDense) {
+    return Enqueue<192, 128, KeysKind::kDense, kColumnWarps>(launch, stream);
+  }
+  return cudaErrorNotSupported;
 }
 
 }  // namespace
 
 cudaError_t PrepareAttentionKernels() {
+  constexpr int w = kColumnWarpsServed;
   for (cudaError_t e :
-       {Prepare<576, 512, KeysKind::kPagedBf16>(), Prepare<576, 512, KeysKind::kPagedFp8>(),
-        Prepare<192, 128, KeysKind::kDense>()}) {
+       {Prepare<576, 512, KeysKind::kPagedBf16, w>(), Prepare<576, 512, KeysKind::kPagedFp8, w>(),
+        Prepare<192, 128, KeysKind::kDense, w>()}) {
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
 }
 
 cudaError_t EnqueueAttention(const gpu::Launch& launch, cudaStream_t stream) {
-  if (launch.dk == 576 && launch.dv == 512 && launch.keys == KeysKind::kPagedBf16) {
-    return Enqueue<576, 512, KeysKind::kPagedBf16>(launch, stream);
-  }
-  if (launch.dk == 576 && launch.dv == 512 && launch.keys == KeysKind::kPagedFp8) {
-    return Enqueue<576, 512, KeysKind::kPagedFp8>(launch, stream);
-  }
-  if (launch.dk == 192 && launch.dv == 128 && launch.keys == KeysKind::kDense) {
-    return Enqueue<192, 128, KeysKind::kDense>(launch, stream);
-  }
-  return cudaErrorNotSupported;
+  return EnqueueWith<kColumnWarpsServed>(launch, stream);
 }
 
 }  // namespace mlaserve::cuda

@@ -245,6 +245,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--server", required=True)
     parser.add_argument("--example", required=True)
+    parser.add_argument("--devices", default="1",
+                        help="the server's --devices (cuda:0 runs the drop-in on a GPU)")
     args = parser.parse_args()
     port, metrics_port = free_port(), free_port()
     target = f"127.0.0.1:{port}"
@@ -252,7 +254,7 @@ def main():
     with tempfile.TemporaryFile(mode="w+") as log:
         server = subprocess.Popen(
             [args.server, f"--listen={target}", f"--metrics-listen=127.0.0.1:{metrics_port}",
-             "--layers=2", "--kv-budget=256MiB", "--devices=1", "--page-size=64"],
+             "--layers=2", "--kv-budget=256MiB", f"--devices={args.devices}", "--page-size=64"],
             stdout=log, stderr=subprocess.STDOUT)
         try:
             if not wait_serving(target, timeout=120):
