@@ -38,10 +38,15 @@ struct Member {
 
 class ClusterClientTest : public ::testing::Test {
  protected:
+  // The device each server runs: its default (an emulated NPU), or a GPU.
+  virtual std::string gpu() const { return ""; }
+
   void SetUp() override {
     for (int i = 0; i < 3; ++i) {
       Member member;
-      member.server = std::make_unique<IntegrationServer>(SmallEngineOptions(TinyModel()));
+      engine::EngineOptions engine_options = SmallEngineOptions(TinyModel());
+      engine_options.gpu = gpu();
+      member.server = std::make_unique<IntegrationServer>(engine_options);
       cluster::MembershipOptions options;
       options.cluster = kCluster;
       options.lease_ttl = absl::Seconds(3);
@@ -94,6 +99,58 @@ class ClusterClientTest : public ::testing::Test {
       if (sequence.sequence().sequence_id() == id) return true;
     }
     return false;
+  }
+
+  void MoveUnderLoad() {
+    std::unique_ptr<client::ClusterClient> cluster = Connect();
+    ASSERT_NE(cluster, nullptr);
+    const engine::ModelConfig model = TinyModel();
+    const int width = model.dk_latent();
+    ASSERT_TRUE(cluster->CreateSequence("busy").ok());
+    std::vector<Bf16> rows = RandomBf16(16 * static_cast<size_t>(width), 1.0, rng_);
+    ASSERT_TRUE(cluster->AppendKv("busy", 0, 0, Tensor2(rows, 16, width)).ok());
+    const std::string source = cluster->ServersOf("busy")->front();
+    std::atomic<int> steps{0};
+    std::atomic<bool> stop{false};
+    std::thread load([&] {
+      Rng rng(std::random_device{}());
+      while (!stop.load() && steps.load() < 400) {
+        const std::vector<Bf16> row = RandomBf16(static_cast<size_t>(width), 1.0, rng);
+        const std::vector<Bf16> q = RandomBf16(static_cast<size_t>(model.heads) * width, 1.0, rng);
+        v1::DecodeQuery query =
+            client::LatentQuery("busy", 0, 1, Tensor3(q, 1, model.heads, width));
+        client::AppendBeforeDecode(query, Tensor2(row, 1, width),
+                                   static_cast<int64_t>(rows.size() / width));
+        absl::StatusOr<std::vector<client::DecodeOutput>> answer = cluster->Decode({query});
+        ASSERT_TRUE(answer.ok()) << "step " << steps.load() << ": " << answer.status();
+        rows.insert(rows.end(), row.begin(), row.end());
+        const GoldenOutput golden = GoldenLatent(model, rows, q, 1);
+        ASSERT_TRUE(testing::AllClose((*answer)[0].out, golden.out, kLatentOutTolerance, true))
+            << "step " << steps.load();
+        ++steps;
+      }
+    });
+    while (steps.load() < 20) absl::SleepFor(absl::Milliseconds(5));
+    std::string destination;
+    for (const Member& m : members_) {
+      if (m.server->target() != source) destination = m.server->target();
+    }
+    v1::MigrateSequencesRequest move;
+    move.set_target(destination);  // every sequence: just this one
+    absl::StatusOr<v1::MigrateSequencesResponse> moved =
+        At(source).server->client().MigrateSequences(move, absl::Seconds(60));
+    const int at_move = steps.load();
+    while (steps.load() < at_move + 20 && !HasFatalFailure()) absl::SleepFor(absl::Milliseconds(5));
+    stop = true;
+    load.join();
+    ASSERT_TRUE(moved.ok()) << moved.status();
+    EXPECT_EQ(moved->sequences(), 1);
+    EXPECT_THAT(*cluster->ServersOf("busy"), ::testing::ElementsAre(destination));
+    absl::StatusOr<v1::Sequence> there = At(destination).server->client().GetSequence("busy");
+    ASSERT_TRUE(there.ok()) << there.status();
+    EXPECT_EQ(there->layer_lengths(0), static_cast<int64_t>(rows.size() / width));
+    std::cout << "moved under load after " << at_move << " steps, held "
+              << moved->held_seconds() * 1000 << " ms; " << steps.load() << " steps in all\n";
   }
 
   testing::EtcdProcess etcd_{MLASERVE_ETCD_BINARY};
@@ -433,58 +490,18 @@ TEST_F(ClusterClientTest, AMoveKeepsEveryAnswerBitForBitAndClientsFollowIt) {
   EXPECT_FALSE(Holds(destination_of["m0"], "m0"));
 }
 
-// Decodes that append a token each and check every answer against the golden run while
-// the sequence moves: none fails, none differs from the golden.
-TEST_F(ClusterClientTest, AMoveUnderLoadLosesNoRowAndFailsNoCall) {
-  std::unique_ptr<client::ClusterClient> cluster = Connect();
-  ASSERT_NE(cluster, nullptr);
-  const engine::ModelConfig model = TinyModel();
-  const int width = model.dk_latent();
-  ASSERT_TRUE(cluster->CreateSequence("busy").ok());
-  std::vector<Bf16> rows = RandomBf16(16 * static_cast<size_t>(width), 1.0, rng_);
-  ASSERT_TRUE(cluster->AppendKv("busy", 0, 0, Tensor2(rows, 16, width)).ok());
-  const std::string source = cluster->ServersOf("busy")->front();
-  std::atomic<int> steps{0};
-  std::atomic<bool> stop{false};
-  std::thread load([&] {
-    Rng rng(std::random_device{}());
-    while (!stop.load() && steps.load() < 400) {
-      const std::vector<Bf16> row = RandomBf16(static_cast<size_t>(width), 1.0, rng);
-      const std::vector<Bf16> q = RandomBf16(static_cast<size_t>(model.heads) * width, 1.0, rng);
-      v1::DecodeQuery query = client::LatentQuery("busy", 0, 1, Tensor3(q, 1, model.heads, width));
-      client::AppendBeforeDecode(query, Tensor2(row, 1, width),
-                                 static_cast<int64_t>(rows.size() / width));
-      absl::StatusOr<std::vector<client::DecodeOutput>> answer = cluster->Decode({query});
-      ASSERT_TRUE(answer.ok()) << "step " << steps.load() << ": " << answer.status();
-      rows.insert(rows.end(), row.begin(), row.end());
-      const GoldenOutput golden = GoldenLatent(model, rows, q, 1);
-      ASSERT_TRUE(testing::AllClose((*answer)[0].out, golden.out, kLatentOutTolerance, true))
-          << "step " << steps.load();
-      ++steps;
-    }
-  });
-  while (steps.load() < 20) absl::SleepFor(absl::Milliseconds(5));
-  std::string destination;
-  for (const Member& m : members_) {
-    if (m.server->target() != source) destination = m.server->target();
-  }
-  v1::MigrateSequencesRequest move;
-  move.set_target(destination);  // every sequence: just this one
-  absl::StatusOr<v1::MigrateSequencesResponse> moved =
-      At(source).server->client().MigrateSequences(move, absl::Seconds(60));
-  const int at_move = steps.load();
-  while (steps.load() < at_move + 20 && !HasFatalFailure()) absl::SleepFor(absl::Milliseconds(5));
-  stop = true;
-  load.join();
-  ASSERT_TRUE(moved.ok()) << moved.status();
-  EXPECT_EQ(moved->sequences(), 1);
-  EXPECT_THAT(*cluster->ServersOf("busy"), ::testing::ElementsAre(destination));
-  absl::StatusOr<v1::Sequence> there = At(destination).server->client().GetSequence("busy");
-  ASSERT_TRUE(there.ok()) << there.status();
-  EXPECT_EQ(there->layer_lengths(0), static_cast<int64_t>(rows.size() / width));
-  std::cout << "moved under load after " << at_move << " steps, held "
-            << moved->held_seconds() * 1000 << " ms; " << steps.load() << " steps in all\n";
-}
+TEST_F(ClusterClientTest, AMoveUnderLoadLosesNoRowAndFailsNoCall) { MoveUnderLoad(); }
+
+// Servers whose KV cache lives in a GPU's memory: the moved rows reach the destination's
+// device copy, every step's appended row reaches the device that answers it (each answer
+// against the golden). The fake GPU here; MLASERVE_TEST_GPU=cuda:0 puts the three servers on
+// one GPU.
+class ClusterOnGpusTest : public ClusterClientTest {
+ protected:
+  std::string gpu() const override { return TestGpu(); }
+};
+
+TEST_F(ClusterOnGpusTest, AMoveUnderLoadLosesNoRowAndFailsNoCall) { MoveUnderLoad(); }
 
 TEST_F(ClusterClientTest, AMoveThatCannotHappenSaysWhyAndChangesNothing) {
   std::unique_ptr<client::ClusterClient> cluster = Connect();

@@ -1,7 +1,6 @@
 // End-to-end numerics: the real engine behind the real server, through the C++ client,
 // against the fp64 golden computed here from the same inputs (fresh random data each run).
 
-#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -195,16 +194,10 @@ TEST(GoldenDecodeTest, DeepSeekV3TwoLayers) {
   DecodeAndCheck(server, "v3/latent", 0, specs, engine::QuerySpace::kLatent, 0, rng);
 }
 
-// The same through a GPU device: the fake GPU (host kernels) here; on a GPU machine
-// MLASERVE_TEST_GPU=cuda:0 runs these on the GPU (docs/testing.md, "On a GPU").
-std::string GpuUnderTest() {
-  const char* gpu = std::getenv("MLASERVE_TEST_GPU");
-  return gpu != nullptr && *gpu != '\0' ? gpu : "fake-gpu";
-}
-
+// The same through a GPU device (TestGpu: the fake one unless MLASERVE_TEST_GPU names one).
 TEST(GoldenDecodeTest, AGpuDeviceAnswersBothSpacesAndTheHybridThroughTheWire) {
   engine::EngineOptions options = SmallEngineOptions(TinyModel());
-  options.gpu = GpuUnderTest();
+  options.gpu = TestGpu();
   options.matrix_tflops = 1;  // B_theta < 1: the prefix group runs hybrid
   options.hbm_tbps = 100;
   IntegrationServer server(options);
@@ -212,7 +205,7 @@ TEST(GoldenDecodeTest, AGpuDeviceAnswersBothSpacesAndTheHybridThroughTheWire) {
   ASSERT_TRUE(info.ok()) << info.status();
   ASSERT_EQ(info->devices_size(), 1);
   EXPECT_EQ(info->devices(0).kind(), "gpu");
-  EXPECT_EQ(info->devices(0).profile(), GpuUnderTest());
+  EXPECT_EQ(info->devices(0).profile(), TestGpu());
   EXPECT_FALSE(info->devices(0).description().empty());
   EXPECT_GT(info->devices(0).memory_bytes(), 0);
   Rng rng(std::random_device{}());

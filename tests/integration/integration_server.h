@@ -2,6 +2,7 @@
 #define MLASERVE_TESTS_INTEGRATION_INTEGRATION_SERVER_H_
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,13 @@
 namespace mlaserve::integration {
 
 inline constexpr uint64_t kWeightsSeed = 20240611;
+
+// The GPU the GPU cases run on: the fake GPU (host memory, host kernels), unless
+// MLASERVE_TEST_GPU names another (cuda:0 on a GPU machine: docs/testing.md, "On a GPU").
+inline std::string TestGpu() {
+  const char* gpu = std::getenv("MLASERVE_TEST_GPU");
+  return gpu != nullptr && *gpu != '\0' ? gpu : "fake-gpu";
+}
 
 // A small custom model, fast on two cores: DeepSeek's head dims, 16 heads, 2 layers.
 engine::ModelConfig TinyModel();

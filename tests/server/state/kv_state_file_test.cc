@@ -163,6 +163,33 @@ TEST_F(KvStateFileTest, RestartedEngineAnswersBitForBitAsBefore) {
   }
 }
 
+// A server whose cache lives in a GPU's memory restarts from the same file (here the fake
+// GPU, host memory and host kernels): the restored pages reach the device with the first
+// batch, and every answer is the golden's (and the host engine's, to the GPU's tolerance).
+TEST_F(KvStateFileTest, AnEngineOnAGpuRestartsFromTheFile) {
+  const std::vector<OwnedAnswer> before = Answers(scenario_->engine());
+  Save();
+  EngineOptions options = Options();
+  options.gpu = "fake-gpu";
+  auto on_gpu = EngineImpl::Create(options);
+  ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
+  ASSERT_TRUE(LoadKvStateFile(path_, **on_gpu).ok());
+  const std::vector<OwnedAnswer> after = Answers(**on_gpu);
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < after.size(); ++i) {
+    SCOPED_TRACE(queries_[i].sequence_id);
+    // The FP8 sequence's arithmetic differs by design (the GPU keeps its queries bf16): its
+    // bounds are SnapMLA's, held in the engine's and the kernels' tests.
+    if (queries_[i].sequence_id == "f8") continue;
+    EXPECT_TRUE(
+        mlaserve::testing::AllCloseF(after[i].out, before[i].out, engine::testing::kOutTolerance));
+    if (queries_[i].sequence_id == "a-fork") continue;
+    const GoldenOutput golden = scenario_->Golden(queries_[i]);
+    EXPECT_TRUE(mlaserve::testing::AllClose(after[i].out, golden.out,
+                                            engine::testing::kOutTolerance, true));
+  }
+}
+
 // A tenant's ids carry its namespace (0xff, name, 0xff), which is not UTF-8: the file keeps
 // them as bytes, so tenants come back with their state.
 TEST_F(KvStateFileTest, TenantsIdsComeBackInTheirNamespaces) {

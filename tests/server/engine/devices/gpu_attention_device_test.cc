@@ -180,6 +180,33 @@ TEST(GpuDeviceTest, AFaultFailsTheBatchAndEveryLaterCall) {
   EXPECT_EQ(gpu.runtime->programs_run(), runs);
 }
 
+// An expansion the store lets go (its prefix released and freed) gives its device memory
+// back before the device's next program.
+TEST(GpuDeviceTest, AFreedExpansionGivesItsDeviceMemoryBack) {
+  GpuEngine gpu;
+  EngineOptions options = Options();
+  SetThreshold(options, 1.0);
+  Scenario s(gpu.Make(options));
+  s.RegisterPrefix("P", "", 300);
+  s.CreateSequence("a", "P", 5);
+  s.CreateSequence("b", "P", 9);
+  s.CreateSequence("other", "", 20);
+  auto answers = DecodeSync(s.engine(), {s.HeadQuery("a", 1, 1), s.HeadQuery("b", 1, 1)});
+  ASSERT_TRUE(answers.ok()) << answers.status();
+  ASSERT_EQ((*answers)[0].plan.formulation, Formulation::kHybrid);
+  const int64_t expansion = s.engine().Stats().device_memory.front().second.expansion_bytes;
+  EXPECT_EQ(expansion, 8 * 300 * (192 + 128) * 2);
+  const int64_t held = gpu.runtime->allocated_bytes();
+
+  ASSERT_TRUE(s.engine().ReleaseSequence("a").ok());
+  ASSERT_TRUE(s.engine().ReleaseSequence("b").ok());
+  ASSERT_TRUE(s.engine().ReleasePrefix("P").ok());
+  EXPECT_EQ(s.engine().Stats().kv.expanded_bytes, 0);
+  ASSERT_TRUE(DecodeSync(s.engine(), {s.HeadQuery("other", 1, 1)}).ok());
+  EXPECT_EQ(s.engine().Stats().device_memory.front().second.expansion_bytes, 0);
+  EXPECT_LE(gpu.runtime->allocated_bytes(), held - expansion);
+}
+
 // With no budget named, the KV cache takes the share of the device's free memory that the
 // device allows; a device with no room left refuses to start.
 TEST(GpuDeviceTest, TheBudgetDefaultsToTheDevicesFreeMemory) {
