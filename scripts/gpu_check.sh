@@ -42,6 +42,15 @@ for stage in $stages; do
       rc=$?; status=$((status | rc))
       tail -3 "$out/gpu-python.log"
       ;;
+    compare)
+      # The bf16 latent kernel on the warpgroup MMA (default on Hopper) beside mma.sync.
+      for kind in mma wgmma; do
+        echo "attention kernel: $kind"
+        MLASERVE_CUDA_ATTENTION=$kind build-gpu/bin/mlaserve-bench kernel --device=cuda:0 \
+          --batch 96 --heads 128 --sq 1,2 --sk 1024,2048,3072,4096,6144,16384 --repeats 20 \
+          2>&1 | tail -13 | tee "$out/compare-$kind.txt"
+      done
+      ;;
     service)
       bash scripts/gpu_service_bench.sh 15
       ;;
@@ -52,7 +61,7 @@ for stage in $stages; do
                membar drain sleeping imc_miss tex_throttle; do
         stalls="$stalls,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio"
       done
-      ncu --kernel-name regex:AttentionKernel --launch-count 1 --section SpeedOfLight \
+      ncu --kernel-name regex:Attention --launch-count 1 --section SpeedOfLight \
         --section WarpStateStats --section Occupancy --metrics "${stalls#,}" \
         build-gpu/bin/mlaserve-bench kernel --device=cuda:0 --batch 96 --heads 128 --sq 1 \
         --sk 4096 --repeats 1 > "$out/ncu-attention.txt" 2>&1

@@ -21,6 +21,7 @@
 
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/mma_primitives.cuh"
+#include "kernels/cuda/paged_rows.cuh"
 
 namespace mlaserve::cuda {
 namespace {
@@ -36,7 +37,6 @@ template <int kDk, int kDv, KeysKind kKind, int kColumnWarps>
 struct Shape {
   // 4 x kColumnWarps warps: warp (r, c) owns query rows [16 r, +16), keys [c kWarpKeys, +)
   // of each block for the scores, output columns [c kWarpCols, +) for the values.
-  static constexpr int kColWarps = kColumnWarps;
   static constexpr int kThreads = 4 * kColumnWarps * 32;
   static constexpr int kWarpKeys = kKeys / kColumnWarps;
   static constexpr int kScoreTiles = kWarpKeys / 8;  // n-tiles of the scores per warp
@@ -64,7 +64,8 @@ struct Shape {
   static constexpr int kVisibleOffset = kRedOffset + kColumnWarps * kRows * 4;  // int32
   static constexpr int kScaleOffset = kVisibleOffset + kRows * 4;               // float [kKeys]
   static constexpr int kRawScaleOffset = kScaleOffset + kKeys * 4;              // float [kKeys]
-  static constexpr int kSharedBytes = kRawScaleOffset + kKeys * 4;
+  static constexpr int kTableOffset = kRawScaleOffset + kKeys * 4;  // int32 [table pages]
+  static constexpr int kSharedBytes = kTableOffset + (kDense ? 0 : kSharedTablePages * 4);
 
   static_assert(kDk % 64 == 0 && kDv % 64 == 0 && kDv <= kDk, "unsupported widths");
   static_assert(kSharedBytes <= 227 * 1024, "more shared memory than a Hopper SM has");
@@ -87,18 +88,11 @@ __device__ void LoadQueries(const AttentionTile& t, uint32_t q_smem) {
   }
 }
 
-// Where key `token` of the tile starts in a paged cache.
-__device__ __forceinline__ const char* PagedRow(const AttentionTile& t, int token) {
-  const int position = t.first_token + token;
-  const int page = reinterpret_cast<const int32_t*>(t.pages)[position / t.page_size];
-  return Bytes(t.base) + static_cast<int64_t>(page) * t.page_stride +
-         static_cast<int64_t>(position % t.page_size) * t.row_stride;
-}
-
 // Keys [block * kKeys, +kKeys) into a stage (bf16 caches); rows past the tile's keys become
 // zeros, so that no value a row must not see (a NaN in an unused slot) reaches an MMA.
 template <class S>
-__device__ void LoadKeys(const AttentionTile& t, int block, uint32_t k_smem, uint32_t v_smem) {
+__device__ void LoadKeys(const AttentionTile& t, const int32_t* table, int block, uint32_t k_smem,
+                         uint32_t v_smem) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   for (int r = warp; r < kKeys; r += S::kThreads / 32) {
@@ -111,7 +105,8 @@ __device__ void LoadKeys(const AttentionTile& t, int block, uint32_t k_smem, uin
         k_row += static_cast<int64_t>(token) * t.ldk * 2;
         v_row += static_cast<int64_t>(token) * t.ldv * 2;
       } else {
-        k_row = PagedRow(t, token);
+        int in_page = 0;
+        k_row = PageOf(t, table, token, &in_page) + static_cast<int64_t>(in_page) * t.row_stride;
       }
     }
     for (int c = lane; c < S::kKChunks; c += 32) {
@@ -128,7 +123,8 @@ __device__ void LoadKeys(const AttentionTile& t, int block, uint32_t k_smem, uin
 // The FP8 cache's raw bytes of a block (kernels/core/fp8_paged_kv_cache.h: content, scales
 // and rope in sections of the page).
 template <class S>
-__device__ void LoadFp8Raw(const AttentionTile& t, int block, char* raw, float* raw_scales) {
+__device__ void LoadFp8Raw(const AttentionTile& t, const int32_t* table, int block, char* raw,
+                           float* raw_scales) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   constexpr int kContentChunks = S::kDvWidth / 16;
@@ -138,13 +134,7 @@ __device__ void LoadFp8Raw(const AttentionTile& t, int block, char* raw, float* 
     const bool valid = token < t.keys;
     const char* page = Bytes(t.base);
     int row = 0;
-    if (valid) {
-      const int position = t.first_token + token;
-      page +=
-          static_cast<int64_t>(reinterpret_cast<const int32_t*>(t.pages)[position / t.page_size]) *
-          t.page_stride;
-      row = position % t.page_size;
-    }
+    if (valid) page = PageOf(t, table, token, &row);
     const char* content = page + static_cast<int64_t>(row) * S::kDvWidth;
     for (int c = lane; c < kContentChunks; c += 32) {
       CopyAsync16(SharedAddress(raw + r * S::kDvWidth + c * 16), content + c * 16, valid);
@@ -229,6 +219,7 @@ __global__ void __launch_bounds__(Shape<kDk, kDv, kKind, kColumnWarps>::kThreads
   int* visible = reinterpret_cast<int*>(smem + S::kVisibleOffset);
   float* scales = reinterpret_cast<float*>(smem + S::kScaleOffset);
   float* raw_scales = reinterpret_cast<float*>(smem + S::kRawScaleOffset);
+  int32_t* table = reinterpret_cast<int32_t*>(smem + S::kTableOffset);
   char* raw = reinterpret_cast<char*>(smem + S::kRawOffset);
   const auto stage_k = [&](int s) {
     return SharedAddress(smem + S::kStageOffset + s * S::kStageBytes);
@@ -242,13 +233,17 @@ __global__ void __launch_bounds__(Shape<kDk, kDv, kKind, kColumnWarps>::kThreads
     visible[threadIdx.x] =
         threadIdx.x < t.rows ? reinterpret_cast<const int32_t*>(t.visible)[threadIdx.x] : 0;
   }
+  if constexpr (!S::kDense) {
+    StagePageTable(t, table, S::kThreads);
+    __syncthreads();  // the block table
+  }
   const int blocks = (t.keys + kKeys - 1) / kKeys;
   LoadQueries<S>(t, q_smem);
   if (blocks > 0) {
     if constexpr (S::kFp8) {
-      LoadFp8Raw<S>(t, 0, raw, raw_scales);
+      LoadFp8Raw<S>(t, table, 0, raw, raw_scales);
     } else {
-      LoadKeys<S>(t, 0, stage_k(0), stage_v(0));
+      LoadKeys<S>(t, table, 0, stage_k(0), stage_v(0));
     }
   }
   CopyAsyncCommit();
@@ -266,10 +261,10 @@ __global__ void __launch_bounds__(Shape<kDk, kDv, kKind, kColumnWarps>::kThreads
     if constexpr (S::kFp8) {
       WidenFp8<S>(raw, raw_scales, stage_k(0), scales);
       __syncthreads();  // widened; the raw buffer is free
-      if (b + 1 < blocks) LoadFp8Raw<S>(t, b + 1, raw, raw_scales);
+      if (b + 1 < blocks) LoadFp8Raw<S>(t, table, b + 1, raw, raw_scales);
       stage = 0;
     } else {
-      if (b + 1 < blocks) LoadKeys<S>(t, b + 1, stage_k((b + 1) % 2), stage_v((b + 1) % 2));
+      if (b + 1 < blocks) LoadKeys<S>(t, table, b + 1, stage_k((b + 1) % 2), stage_v((b + 1) % 2));
     }
     CopyAsyncCommit();
     const uint32_t k_smem = stage_k(stage);

@@ -16,8 +16,14 @@ namespace mlaserve::cuda {
 cudaError_t PrepareAttentionKernels();
 
 // Attention tiles over the latent cache (bf16, dk 576, dv 512), its FP8 form (SnapMLA's
-// layout, same widths) and expanded heads (dense, dk 192, dv 128).
+// layout, same widths) and expanded heads (dense, dk 192, dv 128), on mma.sync (sm_80 on).
 cudaError_t EnqueueAttention(const gpu::Launch& launch, cudaStream_t stream);
+
+// The bf16 latent cache's tiles on Hopper's warpgroup MMA (attention_wgmma_kernel.cu), where
+// the build has sm_90a code and the device is a Hopper part (WgmmaAttentionRuns).
+cudaError_t PrepareWgmmaAttentionKernel();
+bool WgmmaAttentionRuns(int compute_major, int compute_minor);
+cudaError_t EnqueueWgmmaAttention(const gpu::Launch& launch, cudaStream_t stream);
 cudaError_t EnqueueGemm(const gpu::Launch& launch, cudaStream_t stream);
 cudaError_t EnqueueCombine(const gpu::Launch& launch, cudaStream_t stream);
 cudaError_t EnqueueCopyRows(const gpu::Launch& launch, cudaStream_t stream);

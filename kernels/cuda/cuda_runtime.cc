@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -99,6 +100,14 @@ absl::StatusOr<std::unique_ptr<CudaRuntime>> CudaRuntime::Create(int ordinal) {
   d.bf16_tflops = d.sm_count * (clock_khz * 1e3) * Bf16FlopsPerSmClock(p.major) / 1e12;
   // Double data rate: two transfers a clock over the bus.
   d.hbm_tbps = 2.0 * (memory_khz * 1e3) * (bus_bits / 8.0) / 1e12;
+  const char* choice = std::getenv("MLASERVE_CUDA_ATTENTION");
+  runtime->wgmma_attention_ = WgmmaAttentionRuns(p.major, p.minor) &&
+                              !(choice != nullptr && std::string(choice) == "mma");
+  if (runtime->wgmma_attention_) {
+    if (cudaError_t e = PrepareWgmmaAttentionKernel(); e != cudaSuccess) {
+      return fail(e, "preparing the warpgroup attention kernel");
+    }
+  }
   return runtime;
 }
 
@@ -216,7 +225,10 @@ absl::StatusOr<gpu::ProgramTiming> CudaRuntime::Run(const gpu::Program& program,
         e = EnqueueGemm(launch, h.stream);
         break;
       case gpu::LaunchKind::kAttention:
-        e = EnqueueAttention(launch, h.stream);
+        e = wgmma_attention_ && launch.keys == gpu::KeysKind::kPagedBf16 && launch.dk == 576 &&
+                    launch.dv == 512
+                ? EnqueueWgmmaAttention(launch, h.stream)
+                : EnqueueAttention(launch, h.stream);
         break;
       case gpu::LaunchKind::kCombine:
         e = EnqueueCombine(launch, h.stream);

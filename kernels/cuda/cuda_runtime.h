@@ -48,6 +48,9 @@ class CudaRuntime final : public gpu::GpuRuntime {
   absl::Status Check(int error, absl::string_view what);
 
   int ordinal_;
+  // The bf16 latent cache's attention on the warpgroup MMA kernel (Hopper), unless
+  // MLASERVE_CUDA_ATTENTION=mma asks for the mma.sync one (to compare the two).
+  bool wgmma_attention_ = false;
   std::unique_ptr<Handles> handles_;
   gpu::DeviceProperties properties_;
   // Set once by the runtime's thread, read by any (health()).

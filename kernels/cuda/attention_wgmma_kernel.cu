@@ -1,0 +1,286 @@
+// The latent-cache attention tile on Hopper's warpgroup MMA (sm_90a), the bf16 cache's kernel
+// there: a thread block of two warpgroups per AttentionTile (up to 64 query rows), online
+// softmax over blocks of 64 keys.
+//
+//   scores   each warpgroup multiplies all 64 query rows by its 32 keys of the block
+//            (wgmma m64n32k16 x 36: Q and K read from shared memory by the tensor cores);
+//   softmax  row maxima exchanged through shared memory, probabilities written there as the
+//            next product's A operand (bf16);
+//   values   each warpgroup accumulates its 256 of the 512 output columns over the block's
+//            keys (wgmma m64n256k16 x 4), reading V as the same shared-memory tile as K, in
+//            its transposed (MN-major) form.
+//
+// Shared memory holds every operand as tiles of 64 bf16 a 128-byte row with the 128-byte
+// swizzle the tensor cores read (wgmma.cuh): Q and each key block as 9 such tiles of 64 rows.
+// Keys come in by cp.async, one block ahead. Same contract and numerics as the mma.sync
+// kernel (attention_kernel.cu): FlashAttention-2 rescaling in registers, natural-log LSE.
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/mma_primitives.cuh"
+#include "kernels/cuda/paged_rows.cuh"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace mlaserve::cuda {
+namespace {
+
+using gpu::AttentionTile;
+
+constexpr int kRows = gpu::kAttentionTileRows;  // 64
+constexpr int kKeys = 64;                       // a block
+constexpr int kThreads = 256;                   // two warpgroups
+constexpr int kDk = 576;
+constexpr int kDv = 512;
+constexpr int kChunks = kDk / 64;                   // 128-byte tiles across a row
+constexpr int kTileBytes = 64 * 128;                // one 64-row tile
+constexpr int kMatrixBytes = kChunks * kTileBytes;  // Q, or a key block: 73,728
+constexpr int kQOffset = 0;
+constexpr int kStageOffset = kMatrixBytes;
+constexpr int kPOffset = kStageOffset + 2 * kMatrixBytes;
+constexpr int kRedOffset = kPOffset + kTileBytes;  // float [2][kRows]
+constexpr int kVisibleOffset = kRedOffset + 2 * kRows * 4;
+constexpr int kTableOffset = kVisibleOffset + kRows * 4;  // int32 [kSharedTablePages]
+constexpr int kSharedUsed = kTableOffset + kSharedTablePages * 4;
+// The swizzle's atoms need 1,024-byte alignment; the dynamic base is rounded up to it.
+constexpr int kSharedBytes = kSharedUsed + 1024;
+constexpr float kLn2 = 0.6931471805599453f;
+static_assert(kSharedBytes <= 227 * 1024, "more shared memory than a Hopper SM has");
+
+__device__ __forceinline__ const char* Bytes(gpu::DevicePtr p) {
+  return reinterpret_cast<const char*>(p);
+}
+
+// The byte of element (row, 8-element unit `unit` of the row) in a matrix of kChunks tiles.
+__device__ __forceinline__ uint32_t TileUnit(uint32_t base, int row, int unit) {
+  const int chunk = unit >> 3;
+  return base +
+         static_cast<uint32_t>(chunk * kTileBytes + row * 128 + (((unit & 7) ^ (row & 7)) << 4));
+}
+
+__device__ void LoadQueries(const AttentionTile& t, uint32_t q) {
+  for (int i = threadIdx.x; i < kRows * kChunks * 8; i += kThreads) {
+    const int row = i / (kChunks * 8);
+    const int unit = i % (kChunks * 8);
+    const bool valid = row < t.rows;
+    const char* src = Bytes(t.q) + (valid ? (static_cast<int64_t>(row) * kDk + unit * 8) * 2 : 0);
+    CopyAsync16(TileUnit(q, row, unit), src, valid);
+  }
+}
+
+// Keys [block * kKeys, +kKeys) of the bf16 paged cache; rows past the tile's keys are zeros.
+__device__ void LoadKeys(const AttentionTile& t, const int32_t* table, int block, uint32_t k) {
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  for (int r = warp; r < kKeys; r += kThreads / 32) {
+    const int token = block * kKeys + r;
+    const bool valid = token < t.keys;
+    const char* row = Bytes(t.base);
+    if (valid) {
+      int in_page = 0;
+      row = PageOf(t, table, token, &in_page) + static_cast<int64_t>(in_page) * t.row_stride;
+    }
+    for (int unit = lane; unit < kChunks * 8; unit += 32) {
+      CopyAsync16(TileUnit(k, r, unit), row + unit * 16, valid);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    AttentionWgmmaKernel(const AttentionTile* __restrict__ tiles, float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char raw_smem[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(raw_smem) + 1023) & ~static_cast<uintptr_t>(1023));
+  const AttentionTile t = tiles[blockIdx.x];
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int group = warp / 4;  // keys [32 group, +32) of a block; columns [256 group, +256)
+  const int row0 = (warp % 4) * 16 + lane / 4;
+  const int row1 = row0 + 8;
+  const int c2 = (lane % 4) * 2;
+
+  const uint32_t q_smem = SharedAddress(smem + kQOffset);
+  const uint32_t p_smem = SharedAddress(smem + kPOffset);
+  float* red = reinterpret_cast<float*>(smem + kRedOffset);
+  int* visible = reinterpret_cast<int*>(smem + kVisibleOffset);
+  int32_t* table = reinterpret_cast<int32_t*>(smem + kTableOffset);
+  const auto stage = [&](int s) { return SharedAddress(smem + kStageOffset + s * kMatrixBytes); };
+
+  if (threadIdx.x < kRows) {
+    visible[threadIdx.x] =
+        threadIdx.x < t.rows ? reinterpret_cast<const int32_t*>(t.visible)[threadIdx.x] : 0;
+  }
+  StagePageTable(t, table, kThreads);
+  const int blocks = (t.keys + kKeys - 1) / kKeys;
+  LoadQueries(t, q_smem);
+  __syncthreads();  // the block table
+  if (blocks > 0) LoadKeys(t, table, 0, stage(0));
+  CopyAsyncCommit();
+
+  float o[kDv / 2 / 2];  // 64 rows x 256 columns over 128 threads
+#pragma unroll
+  for (int i = 0; i < kDv / 4; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.f, 0.f};
+
+  for (int b = 0; b < blocks; ++b) {
+    CopyAsyncWait<0>();
+    FenceSharedForAsyncProxy();
+    __syncthreads();  // block b (and Q) landed and visible to the tensor cores; b - 1 done with
+    if (b + 1 < blocks) LoadKeys(t, table, b + 1, stage((b + 1) % 2));
+    CopyAsyncCommit();
+    const uint32_t k_smem = stage(b % 2);
+
+    // Scores: 64 rows x this group's 32 keys.
+    float s[16];
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kDk / 16; ++kk) {
+      const uint32_t offset = (kk >> 2) * kTileBytes + (kk & 3) * 32;
+      const uint64_t a = SharedDescriptor(q_smem + offset, 16, 1024);
+      const uint64_t bk = SharedDescriptor(k_smem + offset + group * 32 * 128, 16, 1024);
+      WgmmaM64N32(s, a, bk, kk > 0 ? 1 : 0);
+    }
+    WgmmaCommit();
+    WgmmaWait<0>();
+    Settle(s);
+
+    float block_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int key = group * 32 + i * 8 + c2 + (j & 1);
+        const int row = j < 2 ? row0 : row1;
+        float v = s[i * 4 + j] * scale_log2;
+        if (b * kKeys + key >= visible[row]) v = -INFINITY;
+        s[i * 4 + j] = v;
+        block_max[j >> 1] = fmaxf(block_max[j >> 1], v);
+      }
+    }
+    block_max[0] = QuadMax(block_max[0]);
+    block_max[1] = QuadMax(block_max[1]);
+    if ((lane & 3) == 0) {
+      red[group * kRows + row0] = block_max[0];
+      red[group * kRows + row1] = block_max[1];
+    }
+    __syncthreads();  // both groups' maxima
+    float base[2], alpha[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = i == 0 ? row0 : row1;
+      const float m_new = fmaxf(m[i], fmaxf(red[row], red[kRows + row]));
+      base[i] = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: exp2(-inf) = 0
+      alpha[i] = exp2f(m[i] - base[i]);
+      m[i] = m_new;
+    }
+    float row_sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float p[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        p[j] = exp2f(s[i * 4 + j] - base[j >> 1]);
+        row_sum[j >> 1] += p[j];
+      }
+      const int key = group * 32 + i * 8 + c2;
+      const uint32_t at0 = TileUnit(p_smem, row0, key >> 3) + (key & 7) * 2;
+      const uint32_t at1 = TileUnit(p_smem, row1, key >> 3) + (key & 7) * 2;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at0), "r"(PackBf16(p[0], p[1])));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at1), "r"(PackBf16(p[2], p[3])));
+    }
+    l[0] = l[0] * alpha[0] + row_sum[0];
+    l[1] = l[1] * alpha[1] + row_sum[1];
+#pragma unroll
+    for (int i = 0; i < kDv / 16; ++i) {
+      o[i * 4 + 0] *= alpha[0];
+      o[i * 4 + 1] *= alpha[0];
+      o[i * 4 + 2] *= alpha[1];
+      o[i * 4 + 3] *= alpha[1];
+    }
+    FenceSharedForAsyncProxy();
+    __syncthreads();  // the block's probabilities are in shared memory for both groups
+
+    // Values: this group's 256 columns over the block's 64 keys; V is K's first 512 columns.
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      const uint64_t a = SharedDescriptor(p_smem + kk * 32, 16, 1024);
+      const uint64_t v =
+          SharedDescriptor(k_smem + group * 4 * kTileBytes + kk * 16 * 128, kTileBytes, 1024);
+      WgmmaM64N256Tb(o, a, v, 1);
+    }
+    WgmmaCommit();
+    WgmmaWait<0>();
+    Settle(o);
+  }
+
+  l[0] = QuadSum(l[0]);
+  l[1] = QuadSum(l[1]);
+  __syncthreads();  // every group is past its last read of the maxima
+  if ((lane & 3) == 0) {
+    red[group * kRows + row0] = l[0];
+    red[group * kRows + row1] = l[1];
+  }
+  __syncthreads();
+  const float total[2] = {red[row0] + red[kRows + row0], red[row1] + red[kRows + row1]};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = h == 0 ? row0 : row1;
+    if (row >= t.rows) continue;
+    const float inv = total[h] > 0.f ? 1.f / total[h] : 0.f;
+#pragma unroll
+    for (int i = 0; i < kDv / 16; ++i) {
+      const int col = group * (kDv / 2) + i * 8 + c2;
+      const float v0 = o[i * 4 + h * 2] * inv;
+      const float v1 = o[i * 4 + h * 2 + 1] * inv;
+      if (t.out_bf16) {
+        __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(t.out) + row * t.out_stride + col;
+        out[0] = __float2bfloat16_rn(v0);
+        out[1] = __float2bfloat16_rn(v1);
+      } else {
+        float* out = reinterpret_cast<float*>(t.out) + row * t.out_stride + col;
+        out[0] = v0;
+        out[1] = v1;
+      }
+    }
+    if (group == 0 && (lane & 3) == 0) {
+      reinterpret_cast<float*>(t.lse)[row * t.lse_stride] =
+          total[h] > 0.f ? (m[h] + log2f(total[h])) * kLn2 : -INFINITY;
+    }
+  }
+#else
+  (void)tiles;
+  (void)scale_log2;
+  __trap();  // built without sm_90a: EnqueueAttention never picks this kernel there
+#endif
+}
+
+}  // namespace
+
+bool WgmmaAttentionRuns(int compute_major, int compute_minor) {
+  cudaFuncAttributes attributes{};
+  if (cudaFuncGetAttributes(&attributes, AttentionWgmmaKernel) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  // sm_90a machine code (not an sm_80 build of the trapping stub) on a 9.0 device.
+  return compute_major == 9 && compute_minor == 0 && attributes.binaryVersion == 90;
+}
+
+cudaError_t PrepareWgmmaAttentionKernel() {
+  return cudaFuncSetAttribute(AttentionWgmmaKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              kSharedBytes);
+}
+
+cudaError_t EnqueueWgmmaAttention(const gpu::Launch& launch, cudaStream_t stream) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  AttentionWgmmaKernel<<<launch.count, kThreads, kSharedBytes, stream>>>(
+      reinterpret_cast<const AttentionTile*>(launch.tiles), launch.softmax_scale * kLog2e);
+  return cudaGetLastError();
+}
+
+}  // namespace mlaserve::cuda
