@@ -38,8 +38,8 @@ ABSL_FLAG(
     "16,32,64,128,256,512,1024)");
 ABSL_FLAG(int, heads, 128, "kernel: query heads");
 ABSL_FLAG(std::string, device, "",
-          "kernel: a GPU to run on instead of the emulated NPU (cuda:N, or fake-gpu); batch "
-          "defaults to 96, page size to 64, repeats to 20 there");
+          "kernel, typhoon: a GPU to run on instead of the emulated NPU (cuda:N, or fake-gpu); "
+          "kernel's batch defaults to 96 and page size to 64 there, repeats to 20 for both");
 ABSL_FLAG(std::vector<std::string>, sq, {"1"},
           "kernel: query tokens per request (comma-separated)");
 ABSL_FLAG(std::vector<std::string>, sk, {"4096"},
@@ -183,6 +183,11 @@ absl::Status Run(const std::string& command) {
     o.host_threads = absl::GetFlag(FLAGS_host_threads);
     o.model_only = absl::GetFlag(FLAGS_model_only);
     o.json = absl::GetFlag(FLAGS_json);
+    o.device = absl::GetFlag(FLAGS_device);
+    if (!o.device.empty()) {
+      if (absl::GetFlag(FLAGS_repeats) != 3) o.repeats = absl::GetFlag(FLAGS_repeats);
+      return mlaserve::bench::RunGpuTyphoonCommand(o, std::cout);
+    }
     return mlaserve::bench::RunTyphoonCommand(o, std::cout);
   }
   if (command == "service") {

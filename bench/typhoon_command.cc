@@ -1,5 +1,7 @@
 #include "bench/typhoon_command.h"
 
+#include "bench/typhoon_batch.h"
+
 #include "bench/host_description.h"
 
 #include <algorithm>
@@ -23,109 +25,6 @@ namespace mlaserve::bench {
 namespace {
 
 using engine::ModelConfig;
-
-// Where the batch's pages are: the prefix's whole pages first (shared by every query), then
-// each query's own pages in query order, the first of which starts with its copy of the
-// prefix's partial last page. Query m's pages do not depend on the batch size, so one layout
-// for the largest batch serves every smaller one.
-struct PageLayout {
-  int page_size = 0;
-  int shared_pages = 0;  // whole pages of the prefix
-  int own_pages = 0;     // per query
-  int members = 0;
-
-  PageLayout(int page, int shared, int suffix, int queries)
-      : page_size(page),
-        shared_pages(shared / page),
-        own_pages((shared + suffix + page - 1) / page - shared / page),
-        members(queries) {}
-  int64_t pages() const { return shared_pages + int64_t{own_pages} * members; }
-  std::vector<int32_t> PagesOf(int member) const {
-    std::vector<int32_t> pages(shared_pages + own_pages);
-    for (int i = 0; i < shared_pages; ++i) pages[i] = i;
-    for (int i = 0; i < own_pages; ++i)
-      pages[shared_pages + i] = shared_pages + member * own_pages + i;
-    return pages;
-  }
-};
-
-// Random inputs of the largest batch, for executed runs.
-struct HostData {
-  std::vector<Bf16> pool;  // [pages][page_size][dk]
-  std::vector<Bf16> q_nope, q_pe;
-  std::optional<engine::ModelWeights> weights;
-  std::optional<engine::ExpandedKvData> level;  // the prefix's expanded K/V
-};
-
-absl::StatusOr<HostData> MakeHostData(const ModelConfig& m, const PageLayout& layout, int shared,
-                                      int sq) {
-  HostData d;
-  Rng rng(2026);
-  const int dk = m.dk_latent();
-  d.pool.resize(static_cast<size_t>(layout.pages()) * layout.page_size * dk);
-  FillNormal(d.pool, 1.0, rng);
-  const int tail = shared % layout.page_size;  // prefix rows every query copies
-  const int64_t page_elems = int64_t{layout.page_size} * dk;
-  for (int member = 1; member < layout.members; ++member) {
-    std::copy_n(d.pool.begin() + layout.PagesOf(0)[layout.shared_pages] * page_elems,
-                int64_t{tail} * dk,
-                d.pool.begin() + layout.PagesOf(member)[layout.shared_pages] * page_elems);
-  }
-  const int64_t rows = int64_t{layout.members} * sq * m.heads;
-  d.q_nope.resize(rows * m.dn);
-  d.q_pe.resize(rows * m.dr);
-  FillNormal(d.q_nope, 1.0, rng);
-  FillNormal(d.q_pe, 1.0, rng);
-  ASSIGN_OR_RETURN(engine::ModelWeights weights, engine::ModelWeights::FromSeed(m, 7));
-  d.weights.emplace(std::move(weights));
-  ASSIGN_OR_RETURN(auto pages, (TensorView<const Bf16, 3>::Create(
-                                   d.pool, {layout.pages(), layout.page_size, dk}, "pool")));
-  const std::vector<int32_t> member0 = layout.PagesOf(0);
-  d.level.emplace(engine::ExpandedKvData::Build(PagedKvCache{pages}, member0, 0, shared, m.dr,
-                                                d.weights->Layer(0)));
-  return d;
-}
-
-// The batch in the kernels' terms: one head-space group of `batch` queries on a prefix of
-// o.shared tokens, each with o.suffix of its own; hybrid runs the prefix as one naive pass.
-// Without host data every pointer is null (a model-only launch).
-DecodeBatch MakeBatch(const TyphoonCommandOptions& o, const ModelConfig& m, int sq, int batch,
-                      bool hybrid, const PageLayout& layout,
-                      const std::vector<std::vector<int32_t>>& pages, const HostData* host,
-                      int parallel_units) {
-  DecodeBatch b;
-  b.dims = m.dims();
-  b.pool = host != nullptr ? host->pool.data() : nullptr;
-  b.pool_pages = layout.pages();
-  b.page_size = layout.page_size;
-  b.parallel_units = parallel_units;
-  DecodeBatch::Group g;
-  g.head_space = true;
-  g.sq = sq;
-  g.kv_b = host != nullptr ? host->weights->KvBProj(0).data() : nullptr;
-  const int64_t rows = int64_t{sq} * m.heads;
-  for (int member = 0; member < batch; ++member) {
-    DecodeBatch::Member x;
-    x.pages = pages[member];
-    x.length = o.shared + o.suffix;
-    if (host != nullptr) {
-      x.q_nope = host->q_nope.data() + member * rows * m.dn;
-      x.q_pe = host->q_pe.data() + member * rows * m.dr;
-    }
-    g.members.push_back(x);
-  }
-  if (hybrid) {
-    g.absorb_from = o.shared;
-    g.naive_passes = {0};
-    b.passes.push_back({host != nullptr ? host->level->keys().data() : nullptr,
-                        host != nullptr ? host->level->values().data() : nullptr,
-                        0,
-                        o.shared,
-                        {0}});
-  }
-  b.groups.push_back(std::move(g));
-  return b;
-}
 
 struct Timed {
   npu::BatchLaunchReport report;

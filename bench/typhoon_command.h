@@ -23,6 +23,8 @@ struct TyphoonCommandOptions {
   int host_threads = 2;
   bool model_only = false;
   bool json = false;
+  std::string device;  // a GPU (cuda:N, fake-gpu) instead of the emulated NPU
+  int repeats = 20;    // on a GPU: timed runs of each batch, the median reported
 };
 
 // `mlaserve-bench typhoon`: one group of B head-space queries on a shared prefix, run as
@@ -31,6 +33,10 @@ struct TyphoonCommandOptions {
 // emulated device. Prints B_theta, the planner's choice, the modelled (and, executed, host)
 // times of both and their ratio, and how far the two answers are apart.
 absl::Status RunTyphoonCommand(const TyphoonCommandOptions& options, std::ostream& out);
+
+// The same batches on a GPU (bench/gpu_typhoon_command.cc): the device's own time for each
+// (CUDA events, the median of `repeats` runs), the inputs resident as the server keeps them.
+absl::Status RunGpuTyphoonCommand(const TyphoonCommandOptions& options, std::ostream& out);
 
 }  // namespace mlaserve::bench
 

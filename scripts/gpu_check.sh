@@ -54,6 +54,14 @@ for stage in $stages; do
     service)
       bash scripts/gpu_service_bench.sh 15
       ;;
+    typhoon)
+      # make demo's batch shape (the device time a served batch should match), then the
+      # TyphoonMLA paper's, absorb-only beside hybrid on the GPU.
+      build-gpu/bin/mlaserve-bench typhoon --device=cuda:0 --shared 1024 --suffix 128 \
+        --batch 72,144,176,216 --sq 1 --repeats 20 2>&1 | tee "$out/typhoon-demo.txt" | tail -5
+      build-gpu/bin/mlaserve-bench typhoon --device=cuda:0 --shared 4096 --suffix 512 \
+        --batch 16,64,128,256,512 --sq 1,2 --repeats 10 2>&1 | tee "$out/typhoon-paper.txt" | tail -11
+      ;;
     profile)
       stalls=""
       for r in barrier long_scoreboard short_scoreboard wait mio_throttle math_pipe_throttle \

@@ -71,19 +71,41 @@ __device__ void LoadQueries(const AttentionTile& t, uint32_t q) {
 }
 
 // Keys [block * kKeys, +kKeys) of the bf16 paged cache; rows past the tile's keys are zeros.
+// A warp's rows are 8 apart: their page and row in it follow from the first one's by
+// adding, with no division per row.
 __device__ void LoadKeys(const AttentionTile& t, const int32_t* table, int block, uint32_t k) {
+  constexpr int kWarps = kThreads / 32;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  for (int r = warp; r < kKeys; r += kThreads / 32) {
+  const int first = t.first_token + block * kKeys + warp;
+  int index = first / t.page_size;
+  int in_page = first - index * t.page_size;
+#pragma unroll 1
+  for (int r = warp; r < kKeys; r += kWarps) {
     const int token = block * kKeys + r;
     const bool valid = token < t.keys;
     const char* row = Bytes(t.base);
     if (valid) {
-      int in_page = 0;
-      row = PageOf(t, table, token, &in_page) + static_cast<int64_t>(in_page) * t.row_stride;
+      const int page = index < kSharedTablePages ? table[index]
+                                                 : reinterpret_cast<const int32_t*>(t.pages)[index];
+      row +=
+          static_cast<int64_t>(page) * t.page_stride + static_cast<int64_t>(in_page) * t.row_stride;
     }
-    for (int unit = lane; unit < kChunks * 8; unit += 32) {
-      CopyAsync16(TileUnit(k, r, unit), row + unit * 16, valid);
+    const uint32_t dst = k + static_cast<uint32_t>(r * 128);
+    const int swizzle = r & 7;
+#pragma unroll
+    for (int i = 0; i < (kChunks * 8 + 31) / 32; ++i) {
+      const int unit = lane + i * 32;
+      if (unit < kChunks * 8) {
+        const uint32_t at =
+            dst + static_cast<uint32_t>((unit >> 3) * kTileBytes + (((unit & 7) ^ swizzle) << 4));
+        CopyAsync16(at, row + unit * 16, valid);
+      }
+    }
+    in_page += kWarps;
+    while (in_page >= t.page_size) {
+      in_page -= t.page_size;
+      ++index;
     }
   }
 }
@@ -130,11 +152,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     CopyAsyncWait<0>();
     FenceSharedForAsyncProxy();
     __syncthreads();  // block b (and Q) landed and visible to the tensor cores; b - 1 done with
-    if (b + 1 < blocks) LoadKeys(t, table, b + 1, stage((b + 1) % 2));
-    CopyAsyncCommit();
     const uint32_t k_smem = stage(b % 2);
 
-    // Scores: 64 rows x this group's 32 keys.
+    // Scores: 64 rows x this group's 32 keys, on the tensor cores while this thread issues the
+    // next block's loads.
     float s[16];
     WgmmaFence();
 #pragma unroll
@@ -145,6 +166,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       WgmmaM64N32(s, a, bk, kk > 0 ? 1 : 0);
     }
     WgmmaCommit();
+    if (b + 1 < blocks) LoadKeys(t, table, b + 1, stage((b + 1) % 2));
+    CopyAsyncCommit();
     WgmmaWait<0>();
     Settle(s);
 
@@ -194,12 +217,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     l[0] = l[0] * alpha[0] + row_sum[0];
     l[1] = l[1] * alpha[1] + row_sum[1];
+    // Once a row's maximum settles (most blocks after the first few), alpha is exactly 1:
+    // a warp whose rows all kept theirs skips the 128 multiplies.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-    for (int i = 0; i < kDv / 16; ++i) {
-      o[i * 4 + 0] *= alpha[0];
-      o[i * 4 + 1] *= alpha[0];
-      o[i * 4 + 2] *= alpha[1];
-      o[i * 4 + 3] *= alpha[1];
+      for (int i = 0; i < kDv / 16; ++i) {
+        o[i * 4 + 0] *= alpha[0];
+        o[i * 4 + 1] *= alpha[0];
+        o[i * 4 + 2] *= alpha[1];
+        o[i * 4 + 3] *= alpha[1];
+      }
     }
     FenceSharedForAsyncProxy();
     __syncthreads();  // the block's probabilities are in shared memory for both groups

@@ -108,6 +108,8 @@ struct AttentionTile {
   int64_t fp8_rope_offset = 0;
 };
 inline constexpr int kAttentionTileRows = 64;
+// Keys the attention kernels step by: split-KV parts are made of whole such blocks.
+inline constexpr int kAttentionBlockKeys = 64;
 
 // Partial results of the same rows over disjoint keys, merged by LSE (CombineLseParts): part
 // p is `parts`[p] = {out [rows][dv] fp32 dense, lse [rows] fp32}.

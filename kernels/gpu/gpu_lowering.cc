@@ -23,6 +23,10 @@ int64_t AlignUp(int64_t x, int64_t alignment) {
 
 bool Aligned16(int64_t x) { return x % 16 == 0; }
 
+// What one thread block of a fill or a copy takes: 64 KiB.
+constexpr int64_t kFillJobWords = int64_t{16} << 10;
+constexpr int64_t kCopyJobBytes = int64_t{64} << 10;
+
 class Lowerer {
  public:
   // Counting (`resolve` null: no address is real) or emitting.
@@ -90,8 +94,15 @@ class Lowerer {
     for (const UploadCopy& c : copies_) {
       const DevicePtr src = upload_.Put(c.src, c.bytes);
       copied_bytes_ += c.bytes;
-      jobs.push_back(CopyRowsJob{src, c.dst, c.bytes, c.bytes, 1, static_cast<int32_t>(c.bytes)});
-      aligned = aligned && Aligned16(static_cast<int64_t>(c.dst)) && Aligned16(c.bytes);
+      // Pieces of at most kCopyJobBytes, one thread block each (a registration brings pages).
+      for (int64_t at = 0; at < c.bytes; at += kCopyJobBytes) {
+        const int64_t n = std::min(kCopyJobBytes, c.bytes - at);
+        jobs.push_back(CopyRowsJob{src + static_cast<DevicePtr>(at),
+                                   c.dst + static_cast<DevicePtr>(at), n, n, 1,
+                                   static_cast<int32_t>(n)});
+      }
+      aligned = aligned && Aligned16(static_cast<int64_t>(c.dst)) && Aligned16(c.bytes) &&
+                Aligned16(std::min(kCopyJobBytes, c.bytes));
     }
     for (const StageCopy& s : steps_.staging) {
       const int64_t row_bytes = int64_t{s.width} * 2;
@@ -127,9 +138,14 @@ class Lowerer {
             absl::StrCat("buffer '", b.name, "': a -inf fill needs fp32 elements"));
       }
       const int64_t bytes = b.elements * ElementBytes(b.type);
-      if (bytes == 0) continue;
-      jobs.push_back(FillJob{base_[i], (bytes + 3) / 4,
-                             b.fill == StepBuffer::Fill::kZero ? kFillZero : kFillNegInfinity});
+      const uint32_t pattern = b.fill == StepBuffer::Fill::kZero ? kFillZero : kFillNegInfinity;
+      // A job is a thread block: a large buffer is spread over many (split-KV's partial
+      // outputs reach megabytes).
+      const int64_t words = (bytes + 3) / 4;
+      for (int64_t w = 0; w < words; w += kFillJobWords) {
+        jobs.push_back(FillJob{base_[i] + static_cast<DevicePtr>(w * 4),
+                               std::min(kFillJobWords, words - w), pattern});
+      }
     }
     if (jobs.empty()) return absl::OkStatus();
     Launch launch{.kind = LaunchKind::kFill, .name = "fill"};

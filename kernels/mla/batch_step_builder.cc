@@ -343,14 +343,25 @@ class Builder {
     return specs;
   }
 
+  // The keys a split part's length is a multiple of.
+  int SplitBlockTokens() const {
+    return b_.split_block_tokens > 0 ? b_.split_block_tokens : kKvBlockTokens;
+  }
+
   // One attention step; row groups of a sparse step are split (split-KV), their parts written
   // to scratch and their merges added to `merges`.
   void AddAttention(const char* name, int dk, int dv, std::vector<RowGroupSpec> specs,
                     std::vector<CombineJob>& merges) {
     if (specs.empty()) return;
+    // A unit takes `unit_rows` rows at a time (a GPU thread block's 64): a row group of more
+    // keeps that many units busy, and counts that many times in the balance.
     std::vector<int> group_blocks;
     for (const RowGroupSpec& s : specs) {
-      if (s.length > 0) group_blocks.push_back(static_cast<int>(CeilDiv(s.length, kKvBlockTokens)));
+      if (s.length <= 0) continue;
+      const int64_t units = b_.unit_rows > 0 ? CeilDiv(s.group.rows, b_.unit_rows) : 1;
+      for (int64_t u = 0; u < units; ++u) {
+        group_blocks.push_back(static_cast<int>(CeilDiv(s.length, SplitBlockTokens())));
+      }
     }
     const int part_blocks = SplitPartBlocks(group_blocks, b_.parallel_units);
     AttentionStep step{name, b_.algorithm, b_.fp8_quantize_queries, dk, dv, d_.softmax_scale, {}};
@@ -358,7 +369,8 @@ class Builder {
     int split_out = -1, split_lse = -1;
     int64_t split_rows = 0;
     for (RowGroupSpec& spec : specs) {
-      const int blocks = static_cast<int>(CeilDiv(spec.length, kKvBlockTokens));
+      const int split_tokens = SplitBlockTokens();
+      const int blocks = static_cast<int>(CeilDiv(spec.length, split_tokens));
       const int parts = static_cast<int>(CeilDiv(blocks, std::max(part_blocks, 1)));
       if (parts <= 1) {
         step.groups.push_back(std::move(spec.group));
@@ -380,8 +392,8 @@ class Builder {
       merge.out_bf16 = whole.out_bf16;
       merge.lse = whole.lse;
       merge.lse_stride = whole.lse_stride;
-      for (int32_t k0 = 0; k0 < spec.length; k0 += blocks_per_part * kKvBlockTokens) {
-        const int32_t k1 = std::min(spec.length, k0 + blocks_per_part * kKvBlockTokens);
+      for (int32_t k0 = 0; k0 < spec.length; k0 += blocks_per_part * split_tokens) {
+        const int32_t k1 = std::min(spec.length, k0 + blocks_per_part * split_tokens);
         AttentionRowGroup part;
         part.q = whole.q;
         part.rows = whole.rows;

@@ -97,6 +97,13 @@ struct DecodeBatch {
   // threads). An attention step with fewer row groups splits their keys (split-KV) so each
   // core gets about the same number of KV blocks; the parts are merged by LSE.
   int parallel_units = 1;
+  // Query rows one unit takes at a time (a GPU thread block's 64 rows), so that a row group
+  // of more rows counts as that many in the balance; 0: a row group is one unit's (an NPU's
+  // AIC block takes 256).
+  int unit_rows = 0;
+  // Split parts are multiples of this many keys: the block a unit's kernel steps by (a GPU's
+  // 64); 0: kKvBlockTokens (512, the AMLA kernels' block).
+  int split_block_tokens = 0;
 };
 
 }  // namespace mlaserve

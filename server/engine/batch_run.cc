@@ -127,9 +127,8 @@ void BatchRun::Execute(AttentionDevice& device, int device_index) {
   // Prepare: the passes' expansions (matrix work, here rather than on the batcher's thread),
   // then the plan as the kernels' steps.
   context_.planner.PrepareExpansions(*plan_, context_.store, context_.weights);
-  absl::StatusOr<BuiltBatch> built =
-      BuildBatchSteps(ToDecodeBatch(*plan_, context_.weights, key_.softmax_scale, key_.heads,
-                                    key_.first_head, context_.parallel_units));
+  absl::StatusOr<BuiltBatch> built = BuildBatchSteps(ToDecodeBatch(
+      *plan_, context_.weights, key_.softmax_scale, key_.heads, key_.first_head, context_.device));
   const auto prepared = std::chrono::steady_clock::now();
 
   // Run.

@@ -31,7 +31,7 @@ struct BatchContext {
   KvStore& store;
   const ModelWeights& weights;
   const Planner& planner;
-  int parallel_units = 1;  // the pool's devices' (split-KV)
+  const DeviceInfo& device;  // the pool's (its first device's): how steps are split
   const std::function<void(const BatchReport&)>& on_batch;
   BatchCounters& counters;
   // Told once per call when its callback has run (the engine's drain counts them).

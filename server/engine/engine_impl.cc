@@ -110,7 +110,7 @@ EngineImpl::EngineImpl(EngineOptions options, ModelWeights weights, std::unique_
       context_{*store_,
                weights_,
                planner_,
-               devices.front()->info().parallel_units,
+               devices.front()->info(),
                options_.on_batch,
                counters_,
                [this] { CallAnswered(); }} {

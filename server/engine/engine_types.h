@@ -170,6 +170,8 @@ struct DeviceInfo {
   std::string kind = "npu";      // npu (emulated), host, gpu
   std::string description = "";  // a GPU's model, SMs, memory and driver (open_gpu.h)
   int64_t memory_bytes = 0;      // a GPU's memory
+  int unit_rows = 0;  // query rows a unit takes at a time (DecodeBatch::unit_rows); 0: a group
+  int split_block_tokens = 0;  // split parts' key multiple (DecodeBatch); 0: the kernels' 512
 };
 
 // The machine the devices compute on.

@@ -22,6 +22,8 @@ GpuAttentionDevice::GpuAttentionDevice(std::shared_ptr<gpu::GpuRuntime> runtime,
   info_.host_threads = 0;
   // One attention tile a thread block, one block an SM at a time.
   info_.parallel_units = p.sm_count;
+  info_.unit_rows = gpu::kAttentionTileRows;
+  info_.split_block_tokens = gpu::kAttentionBlockKeys;
   info_.matrix_tflops = p.bf16_tflops;
   info_.hbm_tbps = p.hbm_tbps;
   info_.memory_bytes = p.total_memory;

@@ -5,13 +5,15 @@
 namespace mlaserve::engine {
 
 DecodeBatch ToDecodeBatch(const BatchPlan& plan, const ModelWeights& weights, float softmax_scale,
-                          int heads, int first_head, int parallel_units) {
+                          int heads, int first_head, const DeviceInfo& device) {
   const ModelConfig& m = weights.config();
   DecodeBatch batch;
   batch.dims = m.dims();
   batch.dims.softmax_scale = softmax_scale;
   batch.dims.heads = heads;
-  batch.parallel_units = parallel_units;
+  batch.parallel_units = device.parallel_units;
+  batch.unit_rows = device.unit_rows;
+  batch.split_block_tokens = device.split_block_tokens;
   if (!plan.snapshots.empty()) {
     const PagedKvCache& pool =
         plan.snapshots.front().cache();  // every snapshot views the same pool

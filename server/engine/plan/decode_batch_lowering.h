@@ -2,6 +2,7 @@
 #define MLASERVE_SERVER_ENGINE_PLAN_DECODE_BATCH_LOWERING_H_
 
 #include "kernels/mla/decode_batch.h"
+#include "server/engine/engine_types.h"
 #include "server/engine/model/model_weights.h"
 #include "server/engine/plan/batch_plan.h"
 
@@ -14,8 +15,10 @@ namespace mlaserve::engine {
 // queries and the weights live. The batch's calls share `softmax_scale` and their heads:
 // `heads` of them from `first_head` (head space: a range of the model's, whose W_UK/W_UV and
 // expanded K/V it reads; latent space: any count from 0).
+// `device` says how its attention steps are split (DecodeBatch::parallel_units, unit_rows,
+// split_block_tokens).
 DecodeBatch ToDecodeBatch(const BatchPlan& plan, const ModelWeights& weights, float softmax_scale,
-                          int heads, int first_head, int parallel_units);
+                          int heads, int first_head, const DeviceInfo& device);
 
 }  // namespace mlaserve::engine
 

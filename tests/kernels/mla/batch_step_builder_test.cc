@@ -145,6 +145,28 @@ TEST(BatchStepBuilderTest, SparseStepsSplitTheirKeysAndMergeThemBack) {
   EXPECT_EQ(merge.jobs[1].parts.size(), 4u);
 }
 
+// A unit that takes fewer rows than a row group holds (a GPU's 64-row thread block against a
+// 128-head query's 128 rows) is kept busy by each group that many times over: the balance
+// counts it so, and splits less.
+TEST(BatchStepBuilderTest, UnitsOfFewerRowsCountARowGroupSeveralTimes) {
+  BatchScenarioSpec spec;
+  spec.heads = 128;
+  spec.parallel_units = 12;
+  spec.groups = {
+      {.head_space = false, .sq = 1, .own_tokens = {5120, 5120, 5120, 5120, 5120, 5120}}};
+  auto s = BatchScenario::Make(spec, 8);
+  auto whole = BuildBatchSteps(s->batch());
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  // 6 groups of 10 blocks of 512 keys on 12 units: two parts each (a wave of 5 + 1, not 10).
+  EXPECT_EQ(Attention(whole->steps, "latent").groups.size(), 12u);
+  DecodeBatch tiled = s->batch();
+  tiled.unit_rows = 64;
+  auto built = BuildBatchSteps(tiled);
+  ASSERT_TRUE(built.ok()) << built.status();
+  // Each group already keeps two units busy: 12 units in one wave of 11, no split.
+  EXPECT_EQ(Attention(built->steps, "latent").groups.size(), 6u);
+}
+
 TEST(BatchStepBuilderTest, RejectsPassesThatDoNotTileThePrefix) {
   BatchScenarioSpec spec;
   spec.prefixes = {{-1, 100}, {0, 50}};
