@@ -91,6 +91,8 @@ absl::Status RunGpuKernelCommand(const GpuKernelCommandOptions& o, std::ostream&
       batch.parallel_units = props.sm_count;
       batch.unit_rows = gpu::kAttentionTileRows;
       batch.split_block_tokens = gpu::kAttentionBlockKeys;
+      batch.balance_waves = true;
+      batch.split_part_overhead_blocks = gpu::kAttentionPartOverheadBlocks;
       DecodeBatch::Group group;
       group.kv_dtype = fp8 ? KvDtype::kFp8 : KvDtype::kBf16;
       group.head_space = false;

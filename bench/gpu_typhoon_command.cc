@@ -59,6 +59,8 @@ absl::StatusOr<GpuTimed> TimeOnGpu(gpu::GpuBatchExecutor& executor, DecodeBatch 
                                    const DeviceCopies& inputs, int repeats) {
   batch.unit_rows = gpu::kAttentionTileRows;
   batch.split_block_tokens = gpu::kAttentionBlockKeys;
+  batch.balance_waves = true;
+  batch.split_part_overhead_blocks = gpu::kAttentionPartOverheadBlocks;
   ASSIGN_OR_RETURN(BuiltBatch built, BuildBatchSteps(batch));
   std::vector<double> us;
   GpuTimed t;

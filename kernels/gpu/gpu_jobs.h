@@ -110,6 +110,10 @@ struct AttentionTile {
 inline constexpr int kAttentionTileRows = 64;
 // Keys the attention kernels step by: split-KV parts are made of whole such blocks.
 inline constexpr int kAttentionBlockKeys = 64;
+// What a split-KV part costs beyond its keys, in such blocks: its queries' load, the first
+// block's wait, its partial output written and merged (about 8 on an H100, from the kernel
+// benchmark's split and unsplit times: docs/performance.md 10.1).
+inline constexpr int kAttentionPartOverheadBlocks = 8;
 
 // Partial results of the same rows over disjoint keys, merged by LSE (CombineLseParts): part
 // p is `parts`[p] = {out [rows][dv] fp32 dense, lse [rows] fp32}.
@@ -134,6 +138,7 @@ struct CombineTile {
   int32_t row0 = 0;
 };
 inline constexpr int kCombineTileRows = 8;
+inline constexpr int kCombineMaxDv = 512;  // the widest row a combine takes (MLA's latent)
 
 }  // namespace mlaserve::gpu
 

@@ -58,7 +58,7 @@ class Lowerer {
       } else if (const auto* a = std::get_if<AttentionStep>(&step)) {
         EmitAttention(*a);
       } else {
-        EmitCombine(std::get<CombineStep>(step));
+        RETURN_IF_ERROR(EmitCombine(std::get<CombineStep>(step)));
       }
     }
     return absl::OkStatus();
@@ -108,7 +108,10 @@ class Lowerer {
       const int64_t row_bytes = int64_t{s.width} * 2;
       auto [src, host] = upload_.Reserve(s.rows * row_bytes);
       query_bytes_ += s.rows * row_bytes;
-      if (host != nullptr) {
+      if (host != nullptr && s.src_stride == s.width) {
+        // A query's rows are one array on the wire: one copy, not one per head.
+        std::memcpy(host, s.src, static_cast<size_t>(s.rows * row_bytes));
+      } else if (host != nullptr) {
         for (int r = 0; r < s.rows; ++r) {
           std::memcpy(host + r * row_bytes, s.src + r * s.src_stride,
                       static_cast<size_t>(row_bytes));
@@ -255,10 +258,14 @@ class Lowerer {
     }
   }
 
-  void EmitCombine(const CombineStep& step) {
+  absl::Status EmitCombine(const CombineStep& step) {
     std::vector<CombineJob> jobs;
     std::vector<CombineTile> tiles;
     for (const mlaserve::CombineJob& j : step.jobs) {
+      if (j.dv > kCombineMaxDv) {
+        return absl::InternalError(absl::StrCat("combine '", step.name, "': rows of ", j.dv,
+                                                " values, more than ", kCombineMaxDv));
+      }
       std::vector<CombinePart> parts;
       for (const auto& p : j.parts) parts.push_back(CombinePart{Address(p.out), Address(p.lse)});
       CombineJob job;
@@ -275,12 +282,13 @@ class Lowerer {
       jobs.push_back(job);
       for (int32_t r = 0; r < j.rows; r += kCombineTileRows) tiles.push_back(CombineTile{index, r});
     }
-    if (tiles.empty()) return;
+    if (tiles.empty()) return absl::OkStatus();
     Launch launch{.kind = LaunchKind::kCombine, .name = step.name};
     launch.records = upload_.PutArray(jobs);
     launch.tiles = upload_.PutArray(tiles);
     launch.count = static_cast<int32_t>(tiles.size());
     AddLaunch(std::move(launch));
+    return absl::OkStatus();
   }
 
   const BatchSteps& steps_;

@@ -363,7 +363,9 @@ class Builder {
         group_blocks.push_back(static_cast<int>(CeilDiv(s.length, SplitBlockTokens())));
       }
     }
-    const int part_blocks = SplitPartBlocks(group_blocks, b_.parallel_units);
+    const int part_blocks =
+        SplitPartBlocks(group_blocks, b_.parallel_units, b_.balance_waves,
+                        b_.split_part_overhead_blocks > 0 ? b_.split_part_overhead_blocks : 1);
     AttentionStep step{name, b_.algorithm, b_.fp8_quantize_queries, dk, dv, d_.softmax_scale, {}};
     const std::string tag = absl::StrCat(name, " split");
     int split_out = -1, split_lse = -1;
@@ -509,14 +511,19 @@ class Builder {
 
 }  // namespace
 
-int SplitPartBlocks(std::span<const int> group_blocks, int parallel_units) {
+int SplitPartBlocks(std::span<const int> group_blocks, int parallel_units, bool balance_waves,
+                    int part_overhead_blocks) {
   const int longest =
       group_blocks.empty() ? 1 : *std::max_element(group_blocks.begin(), group_blocks.end());
   const int64_t groups = static_cast<int64_t>(group_blocks.size());
-  if (parallel_units <= 1 || groups == 0 || groups >= parallel_units) return longest;
-  constexpr int64_t kPartOverheadBlocks = 1;  // fill and drain of one more pipeline
+  if (parallel_units <= 1 || groups == 0 || (groups >= parallel_units && !balance_waves)) {
+    return longest;
+  }
+  const int64_t kPartOverheadBlocks = std::max(part_overhead_blocks, 0);
   int best = longest;
-  int64_t best_cost = longest;  // one wave, no split
+  // Unsplit: one wave when the groups fit, else as many as they take.
+  int64_t best_cost = CeilDiv(groups, parallel_units) *
+                      (longest + (groups > parallel_units ? kPartOverheadBlocks : 0));
   for (int part = longest - 1; part >= 1; --part) {
     int64_t items = 0;
     for (int blocks : group_blocks) items += CeilDiv(blocks, part);

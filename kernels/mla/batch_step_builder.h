@@ -51,7 +51,12 @@ absl::StatusOr<BuiltBatch> BuildBatchSteps(const DecodeBatch& batch);
 // row groups of `group_blocks` blocks on `parallel_units` cores: a group of b blocks becomes
 // ceil(b / result) parts. The choice minimises the modelled makespan, waves x (part length +
 // one block for a part's pipeline fill and drain); the longest group's length means no split.
-int SplitPartBlocks(std::span<const int> group_blocks, int parallel_units);
+// With at least as many groups as cores nothing is split, unless `balance_waves`: a GPU runs
+// its thread blocks in waves, and 192 tiles on 132 SMs finish sooner as 384 half as long.
+// `part_overhead_blocks` is what a part costs beyond its keys, in blocks (its pipeline's fill
+// and drain; on a GPU also its queries' load, its partial output and its merge).
+int SplitPartBlocks(std::span<const int> group_blocks, int parallel_units,
+                    bool balance_waves = false, int part_overhead_blocks = 1);
 
 }  // namespace mlaserve
 

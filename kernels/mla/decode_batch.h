@@ -104,6 +104,11 @@ struct DecodeBatch {
   // Split parts are multiples of this many keys: the block a unit's kernel steps by (a GPU's
   // 64); 0: kKvBlockTokens (512, the AMLA kernels' block).
   int split_block_tokens = 0;
+  // Split even when the row groups already fill the units, if the parts end sooner
+  // (SplitPartBlocks): a GPU's thread blocks run in waves.
+  bool balance_waves = false;
+  // What a split part costs beyond its keys, in split blocks (SplitPartBlocks); 0: one.
+  int split_part_overhead_blocks = 0;
 };
 
 }  // namespace mlaserve

@@ -1,5 +1,6 @@
 #include "server/engine/devices/gpu_attention_device.h"
 
+#include <chrono>
 #include <utility>
 #include <vector>
 
@@ -24,6 +25,8 @@ GpuAttentionDevice::GpuAttentionDevice(std::shared_ptr<gpu::GpuRuntime> runtime,
   info_.parallel_units = p.sm_count;
   info_.unit_rows = gpu::kAttentionTileRows;
   info_.split_block_tokens = gpu::kAttentionBlockKeys;
+  info_.balance_waves = true;
+  info_.split_part_overhead_blocks = gpu::kAttentionPartOverheadBlocks;
   info_.matrix_tflops = p.bf16_tflops;
   info_.hbm_tbps = p.hbm_tbps;
   info_.memory_bytes = p.total_memory;
@@ -54,8 +57,15 @@ absl::StatusOr<DeviceRun> GpuAttentionDevice::Run(const BatchSteps& steps) {
     residency_->Unflush(copies);
     return result.status();
   }
-  if (absl::StatusOr<gpu::MemoryInfo> memory = runtime_->Memory(); memory.ok()) {
-    free_bytes_ = memory->free;
+  // The driver's free-memory query costs tens of microseconds: once a second is enough for
+  // /metrics, and whenever the arena grew.
+  const auto now = std::chrono::steady_clock::now();
+  if (executor_.arena_bytes() != arena_bytes_.load() ||
+      now - memory_read_ > std::chrono::seconds(1)) {
+    if (absl::StatusOr<gpu::MemoryInfo> memory = runtime_->Memory(); memory.ok()) {
+      free_bytes_ = memory->free;
+    }
+    memory_read_ = now;
   }
   arena_bytes_ = executor_.arena_bytes();
   DeviceRun run;

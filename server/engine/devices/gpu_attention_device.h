@@ -2,6 +2,7 @@
 #define MLASERVE_SERVER_ENGINE_DEVICES_GPU_ATTENTION_DEVICE_H_
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -48,6 +49,7 @@ class GpuAttentionDevice final : public AttentionDevice {
   DeviceInfo info_;
   std::atomic<int64_t> free_bytes_{0};   // the device's free memory after the last batch
   std::atomic<int64_t> arena_bytes_{0};  // the batch arena's size after the last batch
+  std::chrono::steady_clock::time_point memory_read_;  // the device thread's
 };
 
 }  // namespace mlaserve::engine

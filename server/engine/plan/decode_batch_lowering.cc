@@ -14,6 +14,8 @@ DecodeBatch ToDecodeBatch(const BatchPlan& plan, const ModelWeights& weights, fl
   batch.parallel_units = device.parallel_units;
   batch.unit_rows = device.unit_rows;
   batch.split_block_tokens = device.split_block_tokens;
+  batch.balance_waves = device.balance_waves;
+  batch.split_part_overhead_blocks = device.split_part_overhead_blocks;
   if (!plan.snapshots.empty()) {
     const PagedKvCache& pool =
         plan.snapshots.front().cache();  // every snapshot views the same pool

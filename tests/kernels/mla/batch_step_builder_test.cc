@@ -62,6 +62,16 @@ TEST(SplitPartBlocksTest, FillsTheCoresInTheFewestWavesAndSplitsOnlyWhenCoresIdl
   EXPECT_EQ(SplitPartBlocks(std::vector<int>{}, 48), 1);  // nothing to split
 }
 
+// A GPU's thread blocks run in waves: 192 tiles on 132 SMs take two waves, the second not half
+// full; halves make three full waves of half the length (3 x 129 < 2 x 257).
+TEST(SplitPartBlocksTest, BalancingWavesSplitsGroupsThatAlreadyFillTheUnits) {
+  EXPECT_EQ(SplitPartBlocks(std::vector<int>(192, 256), 132), 256);  // by default: no split
+  EXPECT_EQ(SplitPartBlocks(std::vector<int>(192, 256), 132, true), 128);
+  EXPECT_EQ(SplitPartBlocks(std::vector<int>(192, 16), 132, true), 8);  // 3 x 9 < 2 x 17
+  // Two full waves already: nothing gained.
+  EXPECT_EQ(SplitPartBlocks(std::vector<int>(264, 256), 132, true), 256);
+}
+
 TEST(BatchStepBuilderTest, AbsorbOnlyHeadSpaceIsProjectAttendProject) {
   BatchScenarioSpec spec;
   spec.groups = {{.head_space = true, .sq = 1, .prefix = -1, .own_tokens = {10, 20}}};
