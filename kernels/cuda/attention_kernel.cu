@@ -22,6 +22,7 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/mma_primitives.cuh"
 #include "kernels/cuda/paged_rows.cuh"
+#include "kernels/cuda/tile_rows.cuh"
 
 namespace mlaserve::cuda {
 namespace {
@@ -31,7 +32,6 @@ using gpu::KeysKind;
 
 constexpr int kRows = gpu::kAttentionTileRows;
 constexpr int kKeys = 64;  // keys per block
-constexpr float kLn2 = 0.6931471805599453f;
 
 template <int kDk, int kDv, KeysKind kKind, int kColumnWarps>
 struct Shape {
@@ -251,8 +251,7 @@ __global__ void __launch_bounds__(Shape<kDk, kDv, kKind, kColumnWarps>::kThreads
   float o[kOutTiles][4];
 #pragma unroll
   for (int n = 0; n < kOutTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY};
-  float l[2] = {0.f, 0.f};
+  TileRows<kColumnWarps> rows(wr * 16 + g, wc, lane);
 
   for (int b = 0; b < blocks; ++b) {
     CopyAsyncWait<0>();
@@ -307,26 +306,8 @@ __global__ void __launch_bounds__(Shape<kDk, kDv, kKind, kColumnWarps>::kThreads
         block_max[j >> 1] = fmaxf(block_max[j >> 1], v);
       }
     }
-    block_max[0] = QuadMax(block_max[0]);
-    block_max[1] = QuadMax(block_max[1]);
-    if ((lane & 3) == 0) {
-      red[wc * kRows + row0] = block_max[0];
-      red[wc * kRows + row1] = block_max[1];
-    }
-    __syncthreads();  // both halves' maxima
     float base[2], alpha[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int row = i == 0 ? row0 : row1;
-      float block = red[row];
-#pragma unroll
-      for (int w = 1; w < kColumnWarps; ++w) block = fmaxf(block, red[w * kRows + row]);
-      const float m_new = fmaxf(m[i], block);
-      // A row that has seen no key yet keeps base 0: exp2(-inf - 0) = 0, never NaN.
-      base[i] = m_new == -INFINITY ? 0.f : m_new;
-      alpha[i] = exp2f(m[i] - base[i]);
-      m[i] = m_new;
-    }
+    rows.Advance(block_max[0], block_max[1], red, base, alpha);
     float row_sum[2] = {0.f, 0.f};
 #pragma unroll
     for (int n = 0; n < S::kScoreTiles; ++n) {
@@ -349,8 +330,7 @@ __global__ void __launch_bounds__(Shape<kDk, kDv, kKind, kColumnWarps>::kThreads
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at0), "r"(PackBf16(p[0], p[1])));
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at1), "r"(PackBf16(p[2], p[3])));
     }
-    l[0] = l[0] * alpha[0] + row_sum[0];
-    l[1] = l[1] * alpha[1] + row_sum[1];
+    rows.Accumulate(row_sum[0], row_sum[1], alpha);
 #pragma unroll
     for (int n = 0; n < kOutTiles; ++n) {
       o[n][0] *= alpha[0];
@@ -378,45 +358,10 @@ __global__ void __launch_bounds__(Shape<kDk, kDv, kKind, kColumnWarps>::kThreads
     }
   }
 
-  // Each thread summed its own columns: the quad, then the two warps of its rows.
-  l[0] = QuadSum(l[0]);
-  l[1] = QuadSum(l[1]);
-  if ((lane & 3) == 0) {
-    red[wc * kRows + row0] = l[0];
-    red[wc * kRows + row1] = l[1];
-  }
-  __syncthreads();
-  float total[2] = {0.f, 0.f};
-#pragma unroll
-  for (int w = 0; w < kColumnWarps; ++w) {
-    total[0] += red[w * kRows + row0];
-    total[1] += red[w * kRows + row1];
-  }
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int row = i == 0 ? row0 : row1;
-    if (row >= t.rows) continue;
-    const float inv = total[i] > 0.f ? 1.f / total[i] : 0.f;
-#pragma unroll
-    for (int n = 0; n < kOutTiles; ++n) {
-      const int col = wc * kWarpCols + n * 8 + c2;
-      const float v0 = o[n][i * 2] * inv;
-      const float v1 = o[n][i * 2 + 1] * inv;
-      if (t.out_bf16) {
-        __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(t.out) + row * t.out_stride + col;
-        out[0] = __float2bfloat16_rn(v0);
-        out[1] = __float2bfloat16_rn(v1);
-      } else {
-        float* out = reinterpret_cast<float*>(t.out) + row * t.out_stride + col;
-        out[0] = v0;
-        out[1] = v1;
-      }
-    }
-    if (wc == 0 && (lane & 3) == 0) {
-      reinterpret_cast<float*>(t.lse)[row * t.lse_stride] =
-          total[i] > 0.f ? (m[i] + log2f(total[i])) * kLn2 : -INFINITY;
-    }
-  }
+  float total[2];
+  rows.Totals(red, total);
+  rows.template Store<kOutTiles>(t, total, wc * kWarpCols,
+                                 [&](int i, int h, int e) { return o[i][h * 2 + e]; });
 }
 
 template <int kDk, int kDv, KeysKind kKind, int kColumnWarps>

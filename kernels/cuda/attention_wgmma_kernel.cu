@@ -22,6 +22,7 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/mma_primitives.cuh"
 #include "kernels/cuda/paged_rows.cuh"
+#include "kernels/cuda/tile_rows.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace mlaserve::cuda {
@@ -46,7 +47,6 @@ constexpr int kTableOffset = kVisibleOffset + kRows * 4;  // int32 [kSharedTable
 constexpr int kSharedUsed = kTableOffset + kSharedTablePages * 4;
 // The swizzle's atoms need 1,024-byte alignment; the dynamic base is rounded up to it.
 constexpr int kSharedBytes = kSharedUsed + 1024;
-constexpr float kLn2 = 0.6931471805599453f;
 static_assert(kSharedBytes <= 227 * 1024, "more shared memory than a Hopper SM has");
 
 __device__ __forceinline__ const char* Bytes(gpu::DevicePtr p) {
@@ -145,8 +145,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float o[kDv / 2 / 2];  // 64 rows x 256 columns over 128 threads
 #pragma unroll
   for (int i = 0; i < kDv / 4; ++i) o[i] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY};
-  float l[2] = {0.f, 0.f};
+  TileRows<2> rows(row0, group, lane);
 
   for (int b = 0; b < blocks; ++b) {
     CopyAsyncWait<0>();
@@ -184,22 +183,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         block_max[j >> 1] = fmaxf(block_max[j >> 1], v);
       }
     }
-    block_max[0] = QuadMax(block_max[0]);
-    block_max[1] = QuadMax(block_max[1]);
-    if ((lane & 3) == 0) {
-      red[group * kRows + row0] = block_max[0];
-      red[group * kRows + row1] = block_max[1];
-    }
-    __syncthreads();  // both groups' maxima
     float base[2], alpha[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int row = i == 0 ? row0 : row1;
-      const float m_new = fmaxf(m[i], fmaxf(red[row], red[kRows + row]));
-      base[i] = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: exp2(-inf) = 0
-      alpha[i] = exp2f(m[i] - base[i]);
-      m[i] = m_new;
-    }
+    rows.Advance(block_max[0], block_max[1], red, base, alpha);
     float row_sum[2] = {0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -215,8 +200,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at0), "r"(PackBf16(p[0], p[1])));
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at1), "r"(PackBf16(p[2], p[3])));
     }
-    l[0] = l[0] * alpha[0] + row_sum[0];
-    l[1] = l[1] * alpha[1] + row_sum[1];
+    rows.Accumulate(row_sum[0], row_sum[1], alpha);
     // Once a row's maximum settles (most blocks after the first few), alpha is exactly 1:
     // a warp whose rows all kept theirs skips the 128 multiplies.
     if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
@@ -245,40 +229,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     Settle(o);
   }
 
-  l[0] = QuadSum(l[0]);
-  l[1] = QuadSum(l[1]);
-  __syncthreads();  // every group is past its last read of the maxima
-  if ((lane & 3) == 0) {
-    red[group * kRows + row0] = l[0];
-    red[group * kRows + row1] = l[1];
-  }
-  __syncthreads();
-  const float total[2] = {red[row0] + red[kRows + row0], red[row1] + red[kRows + row1]};
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = h == 0 ? row0 : row1;
-    if (row >= t.rows) continue;
-    const float inv = total[h] > 0.f ? 1.f / total[h] : 0.f;
-#pragma unroll
-    for (int i = 0; i < kDv / 16; ++i) {
-      const int col = group * (kDv / 2) + i * 8 + c2;
-      const float v0 = o[i * 4 + h * 2] * inv;
-      const float v1 = o[i * 4 + h * 2 + 1] * inv;
-      if (t.out_bf16) {
-        __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(t.out) + row * t.out_stride + col;
-        out[0] = __float2bfloat16_rn(v0);
-        out[1] = __float2bfloat16_rn(v1);
-      } else {
-        float* out = reinterpret_cast<float*>(t.out) + row * t.out_stride + col;
-        out[0] = v0;
-        out[1] = v1;
-      }
-    }
-    if (group == 0 && (lane & 3) == 0) {
-      reinterpret_cast<float*>(t.lse)[row * t.lse_stride] =
-          total[h] > 0.f ? (m[h] + log2f(total[h])) * kLn2 : -INFINITY;
-    }
-  }
+  float total[2];
+  rows.Totals(red, total);
+  rows.Store<kDv / 16>(t, total, group * (kDv / 2),
+                       [&](int i, int h, int e) { return o[i * 4 + h * 2 + e]; });
 #else
   (void)tiles;
   (void)scale_log2;
