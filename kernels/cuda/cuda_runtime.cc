@@ -101,8 +101,8 @@ absl::StatusOr<std::unique_ptr<CudaRuntime>> CudaRuntime::Create(int ordinal) {
   // Double data rate: two transfers a clock over the bus.
   d.hbm_tbps = 2.0 * (memory_khz * 1e3) * (bus_bits / 8.0) / 1e12;
   const char* choice = std::getenv("MLASERVE_CUDA_ATTENTION");
-  runtime->wgmma_attention_ = WgmmaAttentionRuns(p.major, p.minor) &&
-                              !(choice != nullptr && std::string(choice) == "mma");
+  runtime->wgmma_attention_ =
+      WgmmaAttentionRuns(p.major, p.minor) && !(choice != nullptr && std::string(choice) == "mma");
   if (runtime->wgmma_attention_) {
     if (cudaError_t e = PrepareWgmmaAttentionKernel(); e != cudaSuccess) {
       return fail(e, "preparing the warpgroup attention kernel");
