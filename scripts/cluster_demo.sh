@@ -25,11 +25,15 @@ etcd_port=$(free_port) peer_port=$(free_port)
 pids+=($!)
 cluster=(--etcd_endpoints="127.0.0.1:$etcd_port" --cluster=demo)
 
+# Three servers share this machine's CPUs instead of each sizing its pool to all of them.
+per_server=$(( $(nproc) / 3 ))
+[ "$per_server" -ge 1 ] || per_server=1
 ports=()
 for name in a b c; do
   port=$(free_port)
   ports+=("$port")
   build/bin/mlaserve-server --listen="127.0.0.1:$port" --metrics_listen=127.0.0.1:0 --layers=2 \
+    --devices="$per_server" --host_threads=1 \
     "${cluster[@]}" --etcd_lease_ttl_s=5 >"$dir/$name.log" 2>&1 &
   pids+=($!)
 done

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job: mlaserve-server on its default emulated device pool (two Ascend-910 dies),
+# The main job: mlaserve-server on its default emulated device pool (an Ascend-910 die for each
+# CPU it may use, --devices=auto),
 # driven by mlaserve-loadgen the way a serving framework drives it, then a short sweep of
 # continuous traffic (its JSON, CSV and plots written to build/demo/), then a clean shutdown.
 # Prints the server's start-up and shutdown lines, the load test's report and the sweep's rows.
@@ -54,11 +55,12 @@ fi
 echo "== server"
 sed 's/^/  /' "$log"
 
-# Two framework ranks, each decoding 72 sequences that share a 1024-token system prompt:
-# 72 >= B_theta = 65, so the shared prefix runs TyphoonMLA's hybrid.
+# Framework ranks, as many as the server's pool serves (--workers=auto: one per device), each
+# decoding 72 sequences that share a 1024-token system prompt: 72 >= B_theta = 65, so the
+# shared prefix runs TyphoonMLA's hybrid.
 echo
 echo "== load test"
-build/bin/mlaserve-loadgen --target="127.0.0.1:$port" --workers=2 --sequences=72 \
+build/bin/mlaserve-loadgen --target="127.0.0.1:$port" --sequences=72 \
   --prefix-tokens=1024 --context-tokens=128 --duration-s=20 "${loadgen_flags[@]}"
 
 # The same server under traffic that arrives and retires (a closed population per rank, own
@@ -67,7 +69,7 @@ build/bin/mlaserve-loadgen --target="127.0.0.1:$port" --workers=2 --sequences=72
 echo
 echo "== sweep"
 mkdir -p build/demo
-build/bin/mlaserve-loadgen --target="127.0.0.1:$port" --sweep=sequences:16,40,72 --workers=2 \
+build/bin/mlaserve-loadgen --target="127.0.0.1:$port" --sweep=sequences:16,40,72 \
   --system-prompts=1024 --context-dist=lognormal:128,0.5 --steps-dist=uniform:4,16 \
   --duration-s=8 --warmup-s=3 --quiet --out=build/demo/sweep
 /usr/bin/python3 client/loadgen/plot_sweep.py build/demo/sweep.json | sed 's/^/  wrote      /'

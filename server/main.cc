@@ -99,6 +99,13 @@ int main(int argc, char** argv) {
       absl::ToInt64Microseconds(engine.max_wait), mlaserve::HostCpu().model,
       mlaserve::HostCpu().logical_cores, mlaserve::HostCpu().MatrixIsa(),
       mlaserve::MatrixUnitBackend());
+  if (engine.gpu.empty() && !engine.sizing.rule.empty()) {
+    const auto level = engine.sizing.oversubscribed ? spdlog::level::warn : spdlog::level::info;
+    spdlog::log(level, "pool: {} device(s) x {} host thread(s){}; {}", engine.devices,
+                engine.host_threads_per_device,
+                engine.sizing.oversubscribed ? ", more threads than usable CPUs" : "",
+                engine.sizing.rule);
+  }
 
   // TLS files towards etcd are read before anything starts, so that a bad one stops the
   // start naming its flag.

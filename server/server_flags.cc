@@ -11,7 +11,9 @@
 #include <iterator>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <system_error>
+#include <thread>
 #include <utility>
 
 #include "absl/flags/flag.h"
@@ -27,6 +29,7 @@
 #include "common/command_line.h"
 #include "common/status_macros.h"
 #include "kernels/core/matmul.h"
+#include "server/engine/devices/pool_sizing.h"
 #include "server/engine/model/model_config.h"
 
 // The defaults serve a small demo model on loopback: `mlaserve-server` alone starts in
@@ -37,12 +40,15 @@ ABSL_FLAG(int, layers, 4, "Layers to serve (0: all of the preset's); a demo serv
 ABSL_FLAG(std::string, weights, "",
           "safetensors file with the layers' kv_b_proj (BF16/F32); empty: seeded weights");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the generated weights when --weights is empty");
-ABSL_FLAG(std::string, devices, "2",
-          "The device pool: N emulated NPUs (of --profile), host (the CPU directly), or cuda:N "
-          "(NVIDIA GPU N; the KV cache then lives in its memory)");
+ABSL_FLAG(std::string, devices, "auto",
+          "The device pool: auto (emulated NPUs of --profile, as many as the host's usable CPUs "
+          "serve best), N emulated NPUs, host (the CPU directly), or cuda:N (NVIDIA GPU N; the "
+          "KV cache then lives in its memory; a GPU is used only when named)");
 ABSL_FLAG(std::string, profile, mlaserve::engine::EngineOptions().profile,
           "Device profile name, or \"host\" for the CPU-direct device");
-ABSL_FLAG(int, host_threads, 1, "Host threads per emulated device");
+ABSL_FLAG(std::string, host_threads, "auto",
+          "Host threads per device: N, or auto (the usable CPUs shared out over the devices; "
+          "1 each when --devices is auto too)");
 ABSL_FLAG(int, preload, 2, "Preload count of the emulated devices' AMLA pipeline: 0, 1 or 2");
 ABSL_FLAG(double, matrix_tflops, 0,
           "Override of the device matrix rate the TyphoonMLA threshold uses (0: profile)");
@@ -174,6 +180,51 @@ absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
 
 namespace {
 
+// A --devices or --host_threads count: a positive number, or nullopt for auto.
+absl::StatusOr<std::optional<int>> PoolCount(absl::string_view flag, const std::string& text,
+                                             absl::string_view other_values) {
+  if (text == "auto") return std::nullopt;
+  int count = 0;
+  if (!absl::SimpleAtoi(text, &count)) {
+    return BadFlag(flag, absl::StrCat("'", text, "' is not ", other_values));
+  }
+  RETURN_IF_ERROR(RequirePositive(flag, count));
+  return count;
+}
+
+// --devices and --host_threads: a GPU as named, or a CPU pool sized from `host` where a flag
+// says auto (devices/pool_sizing.h).
+absl::Status ParsePool(const HostResources& host, engine::EngineOptions& engine) {
+  const std::string devices = absl::GetFlag(FLAGS_devices);
+  engine::PoolRequest request;
+  ASSIGN_OR_RETURN(
+      request.host_threads,
+      PoolCount("host_threads", absl::GetFlag(FLAGS_host_threads), "a number or auto"));
+  if (gpu::IsGpuName(devices)) {
+    engine.gpu = devices;
+    engine.devices = 1;
+    engine.host_threads_per_device = request.host_threads.value_or(1);
+    return absl::OkStatus();
+  }
+  if (devices == "host") {
+    engine.profile = "host";
+    request.host_device = true;
+  } else {
+    ASSIGN_OR_RETURN(
+        request.devices,
+        PoolCount("devices", devices, "auto, a number of emulated devices, host, or cuda:N"));
+  }
+  const engine::PoolSizing sizing = engine::SizePool(request, host);
+  engine.devices = sizing.devices;
+  engine.host_threads_per_device = sizing.host_threads;
+  engine.sizing = {.usable_cpus = sizing.usable_cpus,
+                   .cpu_quota = host.cpu_quota,
+                   .numa_nodes = static_cast<int>(host.numa_nodes.size()),
+                   .rule = sizing.rule,
+                   .oversubscribed = sizing.oversubscribed};
+  return absl::OkStatus();
+}
+
 // Seconds flags of the connection limits: `value` seconds in [minimum, one day].
 absl::StatusOr<absl::Duration> SecondsFlag(absl::string_view flag, int value, int minimum) {
   constexpr int kDay = 86400;
@@ -231,6 +282,20 @@ absl::Status ParseConnectionFlags(service::ServerOptions& server) {
 }  // namespace
 
 absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv) {
+  absl::StatusOr<HostResources> host = ReadHostResources();
+  if (!host.ok()) {
+    // A host whose files cannot be read still serves, on what the C++ runtime sees.
+    HostResources seen;
+    seen.online_cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    for (int cpu = 0; cpu < seen.online_cpus; ++cpu) seen.allowed_cpus.push_back(cpu);
+    seen.numa_nodes = {seen.allowed_cpus};
+    host = seen;
+  }
+  return ParseServerCommandLine(argc, argv, *host);
+}
+
+absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv,
+                                                    const HostResources& host) {
   ASSIGN_OR_RETURN(const std::vector<std::string> positional,
                    ParseFlags(argc, argv, MatrixPathDescription));
   if (!positional.empty()) {
@@ -271,18 +336,7 @@ absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv) {
   }
   engine.kv.default_kv_dtype = kv_dtype == "fp8" ? KvDtype::kFp8 : KvDtype::kBf16;
   engine.profile = absl::GetFlag(FLAGS_profile);
-  const std::string devices = absl::GetFlag(FLAGS_devices);
-  if (gpu::IsGpuName(devices)) {
-    engine.gpu = devices;
-  } else if (devices == "host") {
-    engine.profile = "host";
-    engine.devices = 1;
-  } else if (!absl::SimpleAtoi(devices, &engine.devices)) {
-    return BadFlag("devices", absl::StrCat("'", devices,
-                                           "' is not a number of emulated devices, host, or "
-                                           "cuda:N"));
-  }
-  engine.host_threads_per_device = absl::GetFlag(FLAGS_host_threads);
+  RETURN_IF_ERROR(ParsePool(host, engine));
   engine.preload = absl::GetFlag(FLAGS_preload);
   if (engine.preload < 0 || engine.preload > 2) {
     return BadFlag("preload", absl::StrCat(engine.preload, " is not 0, 1 or 2"));
@@ -294,8 +348,6 @@ absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv) {
   engine.matrix_tflops = absl::GetFlag(FLAGS_matrix_tflops);
   engine.hbm_tbps = absl::GetFlag(FLAGS_hbm_tbps);
   RETURN_IF_ERROR(RequirePositive("page_size", engine.kv.page_size));
-  RETURN_IF_ERROR(RequirePositive("devices", engine.devices));
-  RETURN_IF_ERROR(RequirePositive("host_threads", engine.host_threads_per_device));
   RETURN_IF_ERROR(RequirePositive("max_batch", engine.max_batch));
   RETURN_IF_ERROR(RequirePositive("max_sq", engine.max_sq));
   RETURN_IF_ERROR(RequirePositive("max_queue", engine.max_queue));

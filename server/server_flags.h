@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/host_resources.h"
 #include "server/cluster/cluster_membership.h"
 #include "server/engine/engine.h"
 #include "server/service/mla_server.h"
@@ -37,7 +38,12 @@ struct ServerConfig {
 // take dashes or underscores (`--max-batch` = `--max_batch`), also inside --flagfile files.
 // INVALID_ARGUMENT naming the flag for a bad value; unknown flags end the process with
 // abseil's usage message, as --help does.
+// --devices=auto and --host_threads=auto size the pool from this host's usable CPUs
+// (ReadHostResources; engine/devices/pool_sizing.h).
 absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv);
+// The same, sizing the pool for `host` instead of the machine it runs on.
+absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv,
+                                                    const HostResources& host);
 
 // "2GiB", "512MiB", "1.5GiB", "64KiB", "1GB" (decimal), "4096" (bytes). Case-insensitive.
 absl::StatusOr<int64_t> ParseByteSize(absl::string_view text);

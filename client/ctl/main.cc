@@ -146,6 +146,7 @@ int Info(MlaServeClient& client, bool json) {
   const v1::HostInfo& h = info->host();
   std::cout << absl::StrFormat("host        %s, %d cores, %s, matrix unit %s\n", h.cpu_model(),
                                h.logical_cores(), h.isa(), h.matrix_unit());
+  if (!h.pool_sizing().empty()) std::cout << "pool        " << h.pool_sizing() << "\n";
   const v1::StateInfo& s = info->state();
   std::cout << absl::StrFormat(
       "state       dir %s, snapshots every %g s; restored %d prefixes and %d sequences%s\n",

@@ -25,6 +25,7 @@
 #include "client/cluster/cluster_client.h"
 #include "client/loadgen/continuous.h"
 #include "client/loadgen/continuous_report.h"
+#include "client/loadgen/default_ranks.h"
 #include "client/loadgen/grpc_load_target.h"
 #include "client/loadgen/load_report.h"
 #include "client/loadgen/multi_target.h"
@@ -62,7 +63,10 @@ ABSL_FLAG(bool, client_per_rank, false,
 ABSL_FLAG(int64_t, context_part_tokens, 0,
           "with --etcd-endpoints: positions per server of a context-parallel sequence (0: one "
           "server each)");
-ABSL_FLAG(int, workers, 2, "concurrent callers (serving-framework ranks), one call in flight each");
+ABSL_FLAG(std::string, workers, "auto",
+          "concurrent callers (serving-framework ranks), one call in flight each: N, or auto "
+          "(as many as the server's pool serves best: one per emulated device, 8 per GPU, at "
+          "least 2; learnt from GetServerInfo)");
 ABSL_FLAG(int, sequences, 72, "sequences per worker, all decoded in every call");
 ABSL_FLAG(int, prefix_tokens, 1024,
           "tokens of the system prompt every sequence starts on (0: none)");
@@ -144,6 +148,14 @@ bool Specified(absl::string_view flag) {
   return f != nullptr && f->CurrentValue() != f->DefaultValue();
 }
 
+// --workers: a number of ranks, or 0 for auto; -1 where it is neither.
+int WorkersFlag() {
+  const std::string text = absl::GetFlag(FLAGS_workers);
+  if (text == "auto") return 0;
+  int workers = 0;
+  return absl::SimpleAtoi(text, &workers) && workers >= 1 ? workers : -1;
+}
+
 // Validates the soak's flags (naming the flag), runs it and prints the report. The exit
 // status: 0 passed, 1 failed (wrong answer, unexpected error, drift), 2 bad flags.
 int RunSoakMode(mlaserve::client::MlaServeClient& client, const std::string& target,
@@ -152,7 +164,7 @@ int RunSoakMode(mlaserve::client::MlaServeClient& client, const std::string& tar
   SoakOptions o;
   // The workload flags keep their meaning; where unset, the soak's own defaults apply (the
   // closed-loop load's 72 sequences on 1024 prefix tokens would make every golden check slow).
-  o.workers = absl::GetFlag(FLAGS_workers);
+  o.workers = WorkersFlag() == 0 ? mlaserve::loadgen::kMinRanks : WorkersFlag();
   o.sequences = Specified("sequences") ? absl::GetFlag(FLAGS_sequences) : 8;
   o.prefix_tokens = Specified("prefix_tokens") ? absl::GetFlag(FLAGS_prefix_tokens) : 256;
   o.max_prompt = Specified("context_tokens") ? absl::GetFlag(FLAGS_context_tokens) : 64;
@@ -183,7 +195,7 @@ int RunSoakMode(mlaserve::client::MlaServeClient& client, const std::string& tar
     return bad("kv_dtype",
                "the soak holds its sequences in the bf16 cache, whose bounds it checks");
   }
-  if (o.workers < 1) return bad("workers", "must be at least 1");
+  if (o.workers < 1) return bad("workers", "must be at least 1, or auto");
   if (o.sequences < 1) return bad("sequences", "must be at least 1");
   if (o.prefix_tokens < 0) return bad("prefix_tokens", "must be 0 (no prefix) or more");
   if (o.max_prompt < 1)
@@ -273,6 +285,7 @@ struct Destination {
   std::unique_ptr<mlaserve::loadgen::LoadTarget> target;
   nlohmann::json servers;  // GetServerInfo's facts, and the servers' addresses
   std::string name;        // for the report's heading
+  int default_ranks = 0;   // --workers=auto's ranks for these servers (default_ranks.h)
 };
 
 // The cluster of --etcd-endpoints through the cluster client (docs/cluster.md).
@@ -301,6 +314,12 @@ absl::StatusOr<Destination> ClusterDestination(const mlaserve::client::ClientOpt
   for (const mlaserve::cluster::MemberRecord& member : (*client)->membership().Members()) {
     addresses.push_back(member.address);
   }
+  // The members are taken to be alike: the one the client asked, times their number.
+  absl::StatusOr<mlaserve::v1::GetServerInfoResponse> info = (*client)->GetServerInfo();
+  if (!info.ok()) return info.status();
+  destination.default_ranks =
+      mlaserve::loadgen::DefaultRanks(*info) * std::max<int>(1, static_cast<int>(addresses.size()));
+  if (workers == 0) workers = destination.default_ranks;
   destination.servers["cluster"] = absl::GetFlag(FLAGS_cluster);
   destination.servers["etcd"] = absl::GetFlag(FLAGS_etcd_endpoints);
   destination.servers["targets"] = addresses;
@@ -342,6 +361,11 @@ absl::StatusOr<Destination> TargetDestination(
   }
   Destination destination;
   destination.servers = ServerJson(*clients.front());
+  for (const auto& client : clients) {
+    absl::StatusOr<mlaserve::v1::GetServerInfoResponse> info = client->GetServerInfo();
+    if (!info.ok()) return info.status();
+    destination.default_ranks += mlaserve::loadgen::DefaultRanks(*info);
+  }
   if (clients.size() > 1) {
     destination.servers["targets"] = names;
     destination.servers["servers"] = static_cast<int>(clients.size());
@@ -532,7 +556,12 @@ int main(int argc, char** argv) {
   }
   using mlaserve::loadgen::WorkloadOptions;
   WorkloadOptions o;
-  o.workers = absl::GetFlag(FLAGS_workers);
+  o.workers = WorkersFlag();
+  if (o.workers < 0) {
+    std::cerr << "--workers: '" << absl::GetFlag(FLAGS_workers)
+              << "' is not a number of ranks (at least 1) or auto\n";
+    return 2;
+  }
   o.sequences = absl::GetFlag(FLAGS_sequences);
   o.prefix_tokens = absl::GetFlag(FLAGS_prefix_tokens);
   o.context_tokens = absl::GetFlag(FLAGS_context_tokens);
@@ -613,6 +642,7 @@ int main(int argc, char** argv) {
     std::cerr << "mlaserve-loadgen: " << destination.status() << "\n";
     return absl::IsInvalidArgument(destination.status()) ? 2 : 1;
   }
+  if (o.workers == 0) o.workers = destination->default_ranks;
   if (absl::GetFlag(FLAGS_continuous) || !absl::GetFlag(FLAGS_sweep).empty() ||
       absl::GetFlag(FLAGS_arrival_rate) > 0) {
     return RunContinuousMode(o, *std::move(destination), CommandLine(argc, argv));

@@ -98,6 +98,8 @@ struct EngineOptions {
   std::string gpu;
   // Host threads that run each device's work (an emulated NPU's cores, the host device's jobs).
   int host_threads_per_device = 1;
+  // How the server chose `devices` and `host_threads_per_device`, reported in Info().host.
+  PoolSizingInfo sizing;
   int preload = 2;  // the AMLA kernel's preload count on emulated devices (0, 1 or 2)
   int max_batch = 256;
   // The longest a query waits for others while every device is busy (batching/batch_policy.h:

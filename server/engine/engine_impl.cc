@@ -116,7 +116,7 @@ EngineImpl::EngineImpl(EngineOptions options, ModelWeights weights, std::unique_
                [this] { CallAnswered(); }} {
   info_.model = options_.model;
   info_.host = HostInfo{HostCpu().model, HostCpu().logical_cores, HostCpu().MatrixIsa(),
-                        MatrixUnitBackend()};
+                        MatrixUnitBackend(), options_.sizing};
   info_.page_size = store_->page_size();
   info_.fp8_page_tokens = store_->Stats().page_tokens_fp8;
   info_.default_kv_dtype = store_->default_kv_dtype();

@@ -176,12 +176,22 @@ struct DeviceInfo {
   int split_part_overhead_blocks = 0;  // DecodeBatch's
 };
 
+// How the server sized its CPU pool from the host (devices/pool_sizing.h), as reported.
+struct PoolSizingInfo {
+  int usable_cpus = 0;   // 0: the pool was not sized from a host (an engine made in code)
+  double cpu_quota = 0;  // the cgroup's limit in CPUs; 0: none
+  int numa_nodes = 0;
+  std::string rule;             // what chose the pool, in words
+  bool oversubscribed = false;  // more host threads than usable CPUs, as asked
+};
+
 // The machine the devices compute on.
 struct HostInfo {
   std::string cpu_model;
   int logical_cores = 0;
   std::string isa;          // CpuFeatures::MatrixIsa()
   std::string matrix_unit;  // MatrixUnitBackend()
+  PoolSizingInfo sizing;
 };
 
 struct EngineInfo {

@@ -122,6 +122,13 @@ std::vector<prometheus::MetricFamily> EngineStatsCollector::Collect() const {
   metric.gauge.value = 1;
   info.metric.push_back(std::move(metric));
   families.push_back(std::move(info));
+  if (host.sizing.usable_cpus > 0) {
+    families.push_back(Family("mlaserve_host_usable_cpus",
+                              "CPUs the server may keep busy (affinity cut to the cgroup quota), "
+                              "from which the device pool was sized",
+                              MetricType::Gauge, "",
+                              {{"", static_cast<double>(host.sizing.usable_cpus)}}));
+  }
   AddDeviceFamilies(engine_, stats, families);
   families.push_back(Family("mlaserve_decode_queued", "Decode queries waiting to be batched",
                             MetricType::Gauge, "", {{"", static_cast<double>(stats.queued)}}));

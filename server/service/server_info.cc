@@ -61,6 +61,10 @@ v1::GetServerInfoResponse MakeServerInfo(const engine::EngineInfo& info,
   host->set_logical_cores(info.host.logical_cores);
   host->set_isa(info.host.isa);
   host->set_matrix_unit(info.host.matrix_unit);
+  host->set_usable_cpus(info.host.sizing.usable_cpus);
+  host->set_cpu_quota(info.host.sizing.cpu_quota);
+  host->set_numa_nodes(info.host.sizing.numa_nodes);
+  host->set_pool_sizing(info.host.sizing.rule);
   return response;
 }
 

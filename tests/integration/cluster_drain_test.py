@@ -42,6 +42,8 @@ def main():
             port = free_port()
             server = Server(binary("mlaserve-server"), [
                 f"--listen=127.0.0.1:{port}", "--metrics_listen=127.0.0.1:0", "--layers=2",
+                # The three share this machine's CPUs rather than each sizing to all of them.
+                f"--devices={max(1, len(os.sched_getaffinity(0)) // 3)}", "--host_threads=1",
                 f"--etcd_endpoints={etcd.endpoint()}", f"--cluster={CLUSTER}",
                 "--etcd_lease_ttl_s=3"])
             server.address = f"127.0.0.1:{port}"

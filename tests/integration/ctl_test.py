@@ -2,7 +2,9 @@
 """mlaserve-ctl against the server binary: info, health, prefixes, sequences and stats as
 tables and as JSON, checked against what the test put in the server through the Python
 client; paging through more entries than one call returns; exit status 0 on success and 2
-with a message that says what is wrong on errors (a bad command or flag, no server).
+with a message that says what is wrong on errors (a bad command or flag, no server). Then a
+server left to size its own pool (no --devices) under an affinity mask of one CPU: info
+reports one usable CPU and a pool of one device, chosen by the auto rule.
 
     /usr/bin/python3 tests/integration/ctl_test.py --server build/bin/mlaserve-server \
         --ctl build/bin/mlaserve-ctl   (PYTHONPATH=build/python)
@@ -10,6 +12,7 @@ with a message that says what is wrong on errors (a bad command or flag, no serv
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -116,11 +119,39 @@ def main():
         failures.append(f"{type(e).__name__}: {e}")
     finally:
         server.stop()
+    check_auto_pool(args, failures)
     for failure in failures:
         print("FAIL:", failure, file=sys.stderr)
     if not failures:
         print("ctl_test: OK")
     return 1 if failures else 0
+
+
+def check_auto_pool(args, failures):
+    """--devices=auto under `taskset -c <one CPU>`: the server sees one usable CPU."""
+    cpu = min(os.sched_getaffinity(0))
+    target = f"127.0.0.1:{free_port()}"
+    server = Server("taskset", ["-c", str(cpu), args.server, f"--listen={target}",
+                                "--metrics_listen=", "--layers=1", "--kv_budget=64MiB"])
+    try:
+        if not server.ready(60):
+            raise RuntimeError("the one-CPU server did not become ready: " + "".join(server.log))
+        run = subprocess.run([args.ctl, f"--target={target}", "--json", "info"],
+                             capture_output=True, text=True, timeout=60)
+        info = json.loads(run.stdout)
+        host = info["host"]
+        if host.get("usable_cpus") != 1 or len(info["devices"]) != 1:
+            failures.append(f"one CPU: usable_cpus {host.get('usable_cpus')}, "
+                            f"{len(info['devices'])} devices")
+        if not host.get("pool_sizing", "").startswith("auto: "):
+            failures.append(f"one CPU: pool_sizing {host.get('pool_sizing')!r}")
+        if not any("pool: 1 device(s) x 1 host thread(s)" in line for line in server.log):
+            failures.append("one CPU: no start-up line names the pool: " + "".join(server.log))
+    except (RuntimeError, OSError, subprocess.TimeoutExpired, json.JSONDecodeError,
+            KeyError) as e:
+        failures.append(f"one CPU: {type(e).__name__}: {e}")
+    finally:
+        server.stop()
 
 
 if __name__ == "__main__":

@@ -16,16 +16,28 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::StartsWith;
 
-// Flags are process-wide: every parse starts from and restores the defaults.
+// A host of `cpus` CPUs on one NUMA node, with a cgroup limit of `quota` CPUs (0: none).
+HostResources Host(int cpus, double quota = 0) {
+  HostResources host;
+  host.online_cpus = cpus;
+  for (int cpu = 0; cpu < cpus; ++cpu) host.allowed_cpus.push_back(cpu);
+  host.numa_nodes = {host.allowed_cpus};
+  host.cpu_quota = quota;
+  return host;
+}
+
+// Flags are process-wide: every parse starts from and restores the defaults. The pool is
+// sized for a 16-CPU host unless a test names another.
 class ServerFlagsTest : public ::testing::Test {
  protected:
-  absl::StatusOr<ServerConfig> Parse(std::vector<std::string> args) {
+  absl::StatusOr<ServerConfig> Parse(std::vector<std::string> args,
+                                     const HostResources& host = Host(16)) {
     const absl::FlagSaver saver;
     args.insert(args.begin(), "mlaserve-server");
     std::vector<char*> argv;
     for (std::string& arg : args) argv.push_back(arg.data());
     absl::StatusOr<ServerConfig> config =
-        ParseServerCommandLine(static_cast<int>(argv.size()), argv.data());
+        ParseServerCommandLine(static_cast<int>(argv.size()), argv.data(), host);
     return config;
   }
 
@@ -47,7 +59,8 @@ TEST_F(ServerFlagsTest, DefaultsServeASmallDeepSeekDemoOnLoopback) {
   EXPECT_EQ(config->engine.model.heads, 128);
   EXPECT_FLOAT_EQ(config->engine.model.softmax_scale, 0.1352338f);
   EXPECT_EQ(config->engine.kv.budget_bytes, 0);  // auto: 2 GiB on the CPU devices
-  EXPECT_EQ(config->engine.devices, 2);
+  EXPECT_EQ(config->engine.devices, 16);         // auto: a device per usable CPU
+  EXPECT_EQ(config->engine.host_threads_per_device, 1);
   EXPECT_EQ(config->engine.profile, "ascend910-die");
   EXPECT_EQ(config->engine.gpu, "");
   EXPECT_EQ(config->engine.kv.page_size, 128);
@@ -95,6 +108,7 @@ TEST_F(ServerFlagsTest, DevicesNameEmulatedNpusTheHostOrAGpu) {
   auto config = Parse({"--devices=6", "--kv_budget=auto"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->engine.devices, 6);
+  EXPECT_EQ(config->engine.host_threads_per_device, 2);  // 16 CPUs shared out
   EXPECT_EQ(config->engine.gpu, "");
   EXPECT_EQ(config->engine.kv.budget_bytes, 0);
   config = Parse({"--devices=host", "--host_threads=4"});
@@ -108,6 +122,34 @@ TEST_F(ServerFlagsTest, DevicesNameEmulatedNpusTheHostOrAGpu) {
   for (const char* bad : {"--devices=gpu", "--devices=-1", "--devices=0", "--devices="}) {
     EXPECT_THAT(std::string(Parse({bad}).status().message()), StartsWith("--devices: ")) << bad;
   }
+  for (const char* bad : {"--host_threads=0", "--host_threads=many", "--host_threads="}) {
+    EXPECT_THAT(std::string(Parse({bad}).status().message()), StartsWith("--host_threads: "))
+        << bad;
+  }
+}
+
+// --devices=auto (the default) sizes the pool from the host's usable CPUs, its cgroup quota
+// included, and the engine reports how (GetServerInfo, the start-up line).
+TEST_F(ServerFlagsTest, TheDefaultPoolIsSizedFromTheHostAndSaysHow) {
+  auto config = Parse({}, Host(8, /*quota=*/3.5));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->engine.devices, 3);
+  EXPECT_EQ(config->engine.host_threads_per_device, 1);
+  EXPECT_EQ(config->engine.sizing.usable_cpus, 3);
+  EXPECT_DOUBLE_EQ(config->engine.sizing.cpu_quota, 3.5);
+  EXPECT_EQ(config->engine.sizing.numa_nodes, 1);
+  EXPECT_THAT(config->engine.sizing.rule, StartsWith("auto: "));
+  EXPECT_FALSE(config->engine.sizing.oversubscribed);
+
+  config = Parse({"--host_threads=4"}, Host(8));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->engine.devices, 2);
+  EXPECT_EQ(config->engine.host_threads_per_device, 4);
+
+  config = Parse({"--devices=4", "--host_threads=4"}, Host(8));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->engine.sizing.oversubscribed);  // as asked, and said so at start
+  EXPECT_THAT(config->engine.sizing.rule, StartsWith("as given: "));
 }
 
 TEST_F(ServerFlagsTest, BadValuesNameTheirFlag) {
