@@ -214,6 +214,20 @@ def check_fp8(target, heads, model_scale, rng, failures):
                           mlaserve.latent_query("py-fp8/client", 0, q)], output_dtype="fp32")
     if not np.array_equal(a.out, b.out) or not np.array_equal(a.lse, b.lse):
         failures.append("rows quantised in Python differ from rows quantised by the server")
+    # A retry resends what it sent: the same rows are harmless, other rows are refused
+    # ALREADY_EXISTS naming the token, and the answers stay those of the stored rows.
+    client.append_kv("py-fp8/server", 0, 30, rows[30:])
+    other = rows[30:].copy()
+    other[2, 0] ^= 0x8000  # token 32's first value, sign flipped
+    try:
+        client.append_kv("py-fp8/server", 0, 30, other)
+        failures.append("a retry with other rows was taken")
+    except grpc.RpcError as error:
+        if error.code() != grpc.StatusCode.ALREADY_EXISTS or "token 32" not in error.details():
+            failures.append(f"a retry with other rows: {error.code()} {error.details()}")
+    again = client.decode([mlaserve.latent_query("py-fp8/server", 0, q)], output_dtype="fp32")[0]
+    if not np.array_equal(a.out, again.out) or not np.array_equal(a.lse, again.lse):
+        failures.append("a refused retry changed the stored rows")
     for sequence_id in ("py-fp8/server", "py-fp8/client"):
         client.release_sequence(sequence_id)
 

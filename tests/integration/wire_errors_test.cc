@@ -184,6 +184,38 @@ TEST_F(WireErrorsTest, ADecodeWithAnAppendIsIdempotentThroughItsPosition) {
   EXPECT_EQ((*first)[0].lse, (*retry)[0].lse);
 }
 
+// A retry must resend what it sent: rows that differ from the stored ones are refused naming
+// the token, whether an AppendKv chunk or a Decode's appended row carries them, and the
+// answers afterwards are those of the stored rows; a chunk straddling the end appends the rest.
+TEST_F(WireErrorsTest, ARetryWithOtherRowsIsAlreadyExistsAndChangesNothing) {
+  v1::DecodeQuery query = Latent("s");
+  auto before = client().Decode({query}, v1::DTYPE_FP32);
+  ASSERT_TRUE(before.ok()) << before.status();
+
+  std::vector<Bf16> other(rows_.begin() + 4 * kWidth, rows_.begin() + 6 * kWidth);
+  other[kWidth + 3] = Bf16::FromBits(other[kWidth + 3].bits ^ 0x8000);  // token 5, sign flipped
+  const absl::Status chunk = client().AppendKv("s", 0, 4, Tensor2(other, 2, kWidth));
+  EXPECT_EQ(chunk.code(), absl::StatusCode::kAlreadyExists) << chunk;
+  EXPECT_THAT(std::string(chunk.message()), HasSubstr("layer 0 already holds token 5"));
+
+  v1::DecodeQuery with_row = Latent("s");
+  const std::vector<Bf16> row5(other.begin() + kWidth, other.end());
+  client::AppendBeforeDecode(with_row, Tensor2(row5, 1, kWidth), 5);
+  const auto decode = client().Decode({with_row}, v1::DTYPE_FP32);
+  EXPECT_EQ(decode.status().code(), absl::StatusCode::kAlreadyExists) << decode.status();
+  EXPECT_THAT(Lengths("s"), ElementsAre(10, 0));
+  auto after = client().Decode({query}, v1::DTYPE_FP32);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ((*before)[0].out, (*after)[0].out);
+  EXPECT_EQ((*before)[0].lse, (*after)[0].lse);
+
+  std::vector<Bf16> straddle(rows_.begin() + 8 * kWidth, rows_.end());
+  const std::vector<Bf16> fresh = RandomBf16(3 * kWidth, 1.0, rng_);
+  straddle.insert(straddle.end(), fresh.begin(), fresh.end());
+  EXPECT_TRUE(client().AppendKv("s", 0, 8, Tensor2(straddle, 5, kWidth)).ok());
+  EXPECT_THAT(Lengths("s"), ElementsAre(13, 0));
+}
+
 TEST(WireErrorsBudgetTest, AppendingPastTheBudgetIsResourceExhaustedAndChangesNothing) {
   engine::EngineOptions options = SmallEngineOptions(TinyModel());
   options.kv.page_size = 16;

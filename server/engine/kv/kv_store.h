@@ -10,6 +10,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -122,10 +123,12 @@ class KvStore {
   absl::Status ForkSequence(absl::string_view source_id, absl::string_view new_id);
 
   // Appends `rows` ([n][dl + dr], rows contiguous, n >= 1) to layer `layer` at token
-  // `start_position`. start_position == length appends; a range already appended entirely
-  // (start_position + n <= length) is a retry and succeeds without effect; anything else is
-  // FAILED_PRECONDITION naming the expected position. RESOURCE_EXHAUSTED if the pages do not
-  // fit.
+  // `start_position`. start_position == length appends. Rows over tokens already stored
+  // (start_position < length) are compared with them: equal, they are a retry and change
+  // nothing, and any rows past the length are appended (a retry may straddle the end); any
+  // other row makes the whole append ALREADY_EXISTS naming the first token that differs, and
+  // nothing changes. A start past the length is FAILED_PRECONDITION naming the expected
+  // position. RESOURCE_EXHAUSTED if the pages do not fit.
   // Into an FP8 sequence the rows are quantised.
   absl::Status Append(absl::string_view sequence_id, int layer, int64_t start_position,
                       TensorView<const Bf16, 2> rows);
@@ -203,9 +206,16 @@ class KvStore {
   // Phases of the operations that copy rows outside the lock.
   // nullopt: the rows are already there (a retry).
   // `fp8_records`: the append brings FP8 records (the sequence must be FP8).
+  // `first_difference(dtype, pages, token, row0, n)`: which of the append's rows [row0,
+  // row0 + n), stored from `token` on in `pages` of a `dtype` sequence, holds other bytes
+  // than the append brings (its index among the append's rows), or nullopt; called under the
+  // lock, only for a retry.
+  using StoredRowsCheck = absl::FunctionRef<std::optional<int64_t>(
+      KvDtype dtype, std::span<const int32_t> pages, int64_t token, int64_t row0, int64_t n)>;
   absl::StatusOr<std::optional<AppendReservation>> ReserveAppend(absl::string_view sequence_id,
                                                                  int layer, int64_t start_position,
-                                                                 int64_t rows, bool fp8_records)
+                                                                 int64_t rows, bool fp8_records,
+                                                                 StoredRowsCheck first_difference)
       ABSL_LOCKS_EXCLUDED(mu_);
   void PublishAppend(const AppendReservation& reservation) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<RegisterReservation> ReserveRegister(absl::string_view prefix_id,

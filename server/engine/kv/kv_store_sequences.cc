@@ -28,6 +28,9 @@ struct KvStore::AppendReservation {
   int layer = 0;
   int64_t first_token = 0;
   int64_t rows = 0;
+  // The append's leading rows already stored (a retry straddling the end): its rows
+  // [skip, skip + rows) are the ones written, from first_token on.
+  int64_t skip = 0;
   // The pages the rows land in: the current last page (or its copy) if it has room, then
   // the new ones. Token first_token sits at row first_token % page_size of targets[0].
   std::vector<int32_t> targets;
@@ -154,17 +157,24 @@ absl::Status KvStore::Append(absl::string_view sequence_id, int layer, int64_t s
   }
   if (rows.stride(1) != 1) return absl::InvalidArgumentError("rows must be contiguous");
 
-  ASSIGN_OR_RETURN(std::optional<AppendReservation> reservation,
-                   ReserveAppend(sequence_id, layer, start_position, rows.dim(0),
-                                 /*fp8_records=*/false));
+  ASSIGN_OR_RETURN(
+      std::optional<AppendReservation> reservation,
+      ReserveAppend(sequence_id, layer, start_position, rows.dim(0), /*fp8_records=*/false,
+                    [&](KvDtype dtype, std::span<const int32_t> pages, int64_t token, int64_t row0,
+                        int64_t n) -> std::optional<int64_t> {
+                      const std::optional<int64_t> r = pool_.FirstDifferingRow(
+                          dtype, pages, token, rows.row(row0), rows.stride(0), n);
+                      if (!r) return std::nullopt;
+                      return row0 + *r;
+                    }));
   if (!reservation.has_value()) return absl::OkStatus();
   const KvDtype dtype = reservation->kv_dtype;
   if (reservation->cow_source >= 0) {
     pool_.CopyRows(dtype, reservation->cow_source, reservation->targets[0], reservation->cow_rows);
   }
   pool_.WriteTokens(dtype, reservation->targets,
-                    reservation->first_token % pool_.page_tokens(dtype), rows.data(),
-                    rows.stride(0), rows.dim(0));
+                    reservation->first_token % pool_.page_tokens(dtype),
+                    rows.row(reservation->skip), rows.stride(0), reservation->rows);
   PublishAppend(*reservation);
   return absl::OkStatus();
 }
@@ -208,21 +218,28 @@ absl::Status KvStore::AppendFp8(absl::string_view sequence_id, int layer, int64_
     }
   }
   ASSIGN_OR_RETURN(std::optional<AppendReservation> reservation,
-                   ReserveAppend(sequence_id, layer, start_position, n, /*fp8_records=*/true));
+                   ReserveAppend(sequence_id, layer, start_position, n, /*fp8_records=*/true,
+                                 [&](KvDtype, std::span<const int32_t> pages, int64_t token,
+                                     int64_t row0, int64_t count) -> std::optional<int64_t> {
+                                   const std::optional<int64_t> r = pool_.FirstDifferingFp8Record(
+                                       pages, token, records.data() + row0 * record, count);
+                                   if (!r) return std::nullopt;
+                                   return row0 + *r;
+                                 }));
   if (!reservation.has_value()) return absl::OkStatus();
   if (reservation->cow_source >= 0) {
     pool_.CopyRows(KvDtype::kFp8, reservation->cow_source, reservation->targets[0],
                    reservation->cow_rows);
   }
   pool_.WriteFp8Records(reservation->targets, reservation->first_token % layout.page_size,
-                        records.data(), n);
+                        records.data() + reservation->skip * record, reservation->rows);
   PublishAppend(*reservation);
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::optional<KvStore::AppendReservation>> KvStore::ReserveAppend(
     absl::string_view sequence_id, int layer, int64_t start_position, int64_t rows,
-    bool fp8_records) {
+    bool fp8_records, StoredRowsCheck first_difference) {
   TsanVisibleLock lock(&mu_);
   Sequence* sequence = nullptr;
   for (;;) {
@@ -242,16 +259,31 @@ absl::StatusOr<std::optional<KvStore::AppendReservation>> KvStore::ReserveAppend
                     &mu_);  // a retry racing its original: decide once that one has landed
   }
   Sequence::Layer& l = sequence->layers[layer];
-  if (start_position < l.length && start_position + rows <= l.length) return std::nullopt;
-  if (start_position != l.length) {
+  if (start_position > l.length) {
     return absl::FailedPreconditionError(
         absl::StrCat("sequence ", QuoteId(sequence_id), " layer ", layer, " holds ", l.length,
                      " tokens: an append must start at position ", l.length,
                      " (or retry an earlier range), not ", start_position));
   }
-  if (l.length + rows > kMaxTokens) {
+  // Rows over tokens already stored: a retry only if they are the rows stored (a client told
+  // OK for other rows would decode against values it never sent).
+  const int64_t stored = std::min<int64_t>(rows, l.length - start_position);
+  if (stored > 0) {
+    const std::optional<int64_t> differs =
+        first_difference(sequence->kv_dtype, l.pages, start_position, 0, stored);
+    if (differs.has_value()) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("sequence ", QuoteId(sequence_id), " layer ", layer, " already holds token ",
+                       start_position + *differs, " with other values than rows[", *differs,
+                       "]: a retry must resend the rows it sent (tokens ", start_position, " to ",
+                       l.length - 1, " are stored); nothing was appended"));
+    }
+    if (stored == rows) return std::nullopt;
+  }
+  const int64_t fresh = rows - stored;
+  if (l.length + fresh > kMaxTokens) {
     return absl::InvalidArgumentError(absl::StrCat("sequence ", QuoteId(sequence_id), " layer ",
-                                                   layer, " would hold ", l.length + rows,
+                                                   layer, " would hold ", l.length + fresh,
                                                    " tokens, past 2^31 - 1"));
   }
   const int page_size = pool_.page_tokens(sequence->kv_dtype);
@@ -259,10 +291,10 @@ absl::StatusOr<std::optional<KvStore::AppendReservation>> KvStore::ReserveAppend
   // A partly filled last page that another list holds must be copied before it is written.
   const bool copy_last = cow_rows != 0 && pages_.owners(l.pages.back()) > 1;
   const int64_t new_pages =
-      CeilDiv(l.length + rows, page_size) - CeilDiv(l.length, page_size) + (copy_last ? 1 : 0);
+      CeilDiv(l.length + fresh, page_size) - CeilDiv(l.length, page_size) + (copy_last ? 1 : 0);
   const int32_t account = AccountOf(sequence_id);
   RETURN_IF_ERROR(Reserve(new_pages * pool_.page_bytes(),
-                          absl::StrCat("appending ", rows, " tokens to sequence ",
+                          absl::StrCat("appending ", fresh, " tokens to sequence ",
                                        QuoteId(sequence_id), " layer ", layer),
                           account));
 
@@ -271,7 +303,8 @@ absl::StatusOr<std::optional<KvStore::AppendReservation>> KvStore::ReserveAppend
   r.kv_dtype = sequence->kv_dtype;
   r.layer = layer;
   r.first_token = l.length;
-  r.rows = rows;
+  r.rows = fresh;
+  r.skip = stored;
   if (copy_last) {
     r.cow_source = l.pages.back();
     r.cow_rows = cow_rows;

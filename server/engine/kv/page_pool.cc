@@ -113,34 +113,53 @@ void PagePool::WriteFp8Records(std::span<const int32_t> pages, int64_t first_tok
   }
 }
 
-bool PagePool::HoldsRows(KvDtype dtype, std::span<const int32_t> pages, int64_t first_token,
-                         const Bf16* rows, int64_t row_stride, int64_t n) const {
+std::optional<int64_t> PagePool::FirstDifferingRow(KvDtype dtype, std::span<const int32_t> pages,
+                                                   int64_t first_token, const Bf16* rows,
+                                                   int64_t row_stride, int64_t n) const {
   if (dtype == KvDtype::kBf16) {
     for (int64_t r = 0; r < n; ++r) {
       const int64_t token = first_token + r;
       const Bf16* stored = Row(pages[token / page_size_], static_cast<int>(token % page_size_));
-      if (std::memcmp(stored, rows + r * row_stride, row_width_ * sizeof(Bf16)) != 0) return false;
+      if (std::memcmp(stored, rows + r * row_stride, row_width_ * sizeof(Bf16)) != 0) return r;
     }
-    return true;
+    return std::nullopt;
   }
-  // Compare the bytes the rows would become.
+  // Compare the record each row would become.
   const Fp8PageLayout& l = fp8_layout_;
+  const int64_t record = Fp8PageLayout::BytesPerToken(l.dl, l.dr);
   std::vector<std::byte> scratch(static_cast<size_t>(l.page_bytes()));
+  std::vector<std::byte> quantised(static_cast<size_t>(record));
+  for (int64_t r = 0; r < n; ++r) {
+    const int row = static_cast<int>((first_token + r) % l.page_size);
+    WriteFp8Token(l, scratch.data(), row, rows + r * row_stride);
+    std::memcpy(quantised.data(), scratch.data() + l.content_offset(row), l.dl);
+    std::memcpy(quantised.data() + l.dl, scratch.data() + l.scale_offset(row), sizeof(float));
+    std::memcpy(quantised.data() + l.dl + sizeof(float), scratch.data() + l.rope_offset(row),
+                l.dr * sizeof(Bf16));
+    if (FirstDifferingFp8Record(pages, first_token + r, quantised.data(), 1)) return r;
+  }
+  return std::nullopt;
+}
+
+std::optional<int64_t> PagePool::FirstDifferingFp8Record(std::span<const int32_t> pages,
+                                                         int64_t first_token,
+                                                         const std::byte* records,
+                                                         int64_t n) const {
+  const Fp8PageLayout& l = fp8_layout_;
+  const int64_t record = Fp8PageLayout::BytesPerToken(l.dl, l.dr);
   for (int64_t r = 0; r < n; ++r) {
     const int64_t token = first_token + r;
     const std::byte* page = Slot(pages[token / l.page_size]);
     const int row = static_cast<int>(token % l.page_size);
-    WriteFp8Token(l, scratch.data(), row, rows + r * row_stride);
-    if (std::memcmp(page + l.content_offset(row), scratch.data() + l.content_offset(row), l.dl) !=
-            0 ||
-        std::memcmp(page + l.scale_offset(row), scratch.data() + l.scale_offset(row),
-                    sizeof(float)) != 0 ||
-        std::memcmp(page + l.rope_offset(row), scratch.data() + l.rope_offset(row),
-                    l.dr * sizeof(Bf16)) != 0) {
-      return false;
+    const std::byte* src = records + r * record;
+    if (std::memcmp(page + l.content_offset(row), src, l.dl) != 0 ||
+        std::memcmp(page + l.scale_offset(row), src + l.dl, sizeof(float)) != 0 ||
+        std::memcmp(page + l.rope_offset(row), src + l.dl + sizeof(float), l.dr * sizeof(Bf16)) !=
+            0) {
+      return r;
     }
   }
-  return true;
+  return std::nullopt;
 }
 
 void PagePool::ReadRecords(KvDtype dtype, int32_t page, int n, std::byte* out) const {

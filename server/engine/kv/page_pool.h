@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 
 #include "absl/status/statusor.h"
@@ -73,7 +74,18 @@ class PagePool {
                        const std::byte* records, int64_t n) const;
   // Whether tokens [first_token, first_token + n) hold exactly what writing `rows` would.
   bool HoldsRows(KvDtype dtype, std::span<const int32_t> pages, int64_t first_token,
-                 const Bf16* rows, int64_t row_stride, int64_t n) const;
+                 const Bf16* rows, int64_t row_stride, int64_t n) const {
+    return !FirstDifferingRow(dtype, pages, first_token, rows, row_stride, n).has_value();
+  }
+  // The first r in [0, n) whose token first_token + r holds other bytes than writing rows[r]
+  // would (an FP8 page compares the record the row quantises to); nullopt if none.
+  std::optional<int64_t> FirstDifferingRow(KvDtype dtype, std::span<const int32_t> pages,
+                                           int64_t first_token, const Bf16* rows,
+                                           int64_t row_stride, int64_t n) const;
+  // The same for n records already in the FP8 form (WriteFp8Records' layout).
+  std::optional<int64_t> FirstDifferingFp8Record(std::span<const int32_t> pages,
+                                                 int64_t first_token, const std::byte* records,
+                                                 int64_t n) const;
 
   // Tokens [0, n) of page `page` as records (kv_state.h: a bf16 row, or the FP8 record
   // WriteFp8Records takes) into `out`, and back. Reads only those tokens' bytes, so a single
