@@ -2,8 +2,10 @@
 
 #include <utility>
 
+#include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "kernels/npu/programs/batch_launch.h"
+#include "spdlog/spdlog.h"
 
 namespace mlaserve::engine {
 
@@ -37,6 +39,17 @@ absl::StatusOr<DeviceRun> NpuAttentionDevice::Run(const BatchSteps& steps) {
   ASSIGN_OR_RETURN(std::unique_ptr<npu::BatchLaunch> launch,
                    npu::BatchLaunch::Create(*device_, steps, options_, /*backed=*/true));
   ASSIGN_OR_RETURN(npu::BatchLaunchReport report, launch->Run(npu::ExecutionMode::kExecute));
+  if (spdlog::should_log(spdlog::level::debug)) {
+    // Where the batch's host time went, launch by launch: the emulator's own bookkeeping
+    // (recording, the timing model) beside the payloads it executed.
+    std::string launches;
+    for (const npu::LaunchReport& l : report.launches) {
+      absl::StrAppendFormat(&launches, " %s(%d instructions: record %.2f, model %.2f, run %.2f ms)",
+                            l.kernel, l.instructions, l.host_record_ms, l.host_model_ms,
+                            l.host_ms.value_or(0));
+    }
+    spdlog::debug("{}: batch modelled {:.1f} us;{}", info_.profile, report.modeled_us, launches);
+  }
   DeviceRun run;
   run.modeled_us = report.modeled_us;
   run.buffers = std::move(launch);
