@@ -9,8 +9,9 @@ namespace mlaserve::bench {
 
 absl::StatusOr<loadgen::TargetModel> EngineLoadTarget::Model() {
   const engine::EngineInfo& info = engine_.Info();
-  return loadgen::TargetModel{info.model.name, info.model.layers, info.model.heads, info.model.dn,
-                              info.model.dr,   info.model.dl,     info.max_batch};
+  return loadgen::TargetModel{info.model.name, info.model.layers,    info.model.heads,
+                              info.model.dn,   info.model.dr,        info.model.dl,
+                              info.max_batch,  info.default_kv_dtype};
 }
 
 absl::Status EngineLoadTarget::RegisterPrefix(const std::string& id, std::span<const Bf16> latent,

@@ -81,6 +81,46 @@ absl::Status Expand(const std::vector<std::string>& args, size_t first, int dept
   return absl::OkStatus();
 }
 
+// Every flag of a normalized command line names a flag the program defines and carries a value
+// its type parses, checked before abseil's parser sees it (which would end the process with
+// status 1, where the binaries document 2 for a bad flag). A value is the part after `=`,
+// or, for a flag that is not a bool, the next argument, as abseil reads it.
+absl::Status CheckFlagArguments(const std::vector<std::string>& args) {
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") break;
+    if (!IsFlag(arg)) continue;
+    absl::string_view body = absl::StripPrefix(absl::StripPrefix(arg, "-"), "-");
+    const size_t equals = body.find('=');
+    const absl::string_view name = body.substr(0, equals);
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && equals == absl::string_view::npos && absl::StartsWith(name, "no")) {
+      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>()) continue;  // --noname
+    }
+    if (flag == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown flag --", name, " (--help lists the flags)"));
+    }
+    std::string value;
+    if (equals != absl::string_view::npos) {
+      value = std::string(body.substr(equals + 1));
+    } else if (flag->IsOfType<bool>()) {
+      continue;  // --name alone is true
+    } else if (i + 1 < args.size()) {
+      value = args[++i];
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, ": missing a value"));
+    }
+    // Parsed into the flag here; abseil's parser then sets the same value again.
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, ": ", error));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::string>> NormalizeFlagArguments(std::vector<std::string> args) {
@@ -135,6 +175,7 @@ absl::StatusOr<std::vector<std::string>> ParseFlags(
       std::exit(EXIT_SUCCESS);
     }
   }
+  RETURN_IF_ERROR(CheckFlagArguments(args));
   std::vector<char*> normalized;
   for (std::string& arg : args) normalized.push_back(arg.data());
   const std::vector<char*> parsed =

@@ -16,8 +16,9 @@ namespace mlaserve {
 // as they are. NOT_FOUND for a flagfile that cannot be read.
 absl::StatusOr<std::vector<std::string>> NormalizeFlagArguments(std::vector<std::string> args);
 
-// NormalizeFlagArguments, then abseil's ParseCommandLine (which ends the process with status
-// 1 and a message on an unknown flag). `--help` prints the program's usage message
+// NormalizeFlagArguments, then abseil's ParseCommandLine. An unknown flag, a flag without its
+// value or a value its type does not parse is INVALID_ARGUMENT naming the flag (the
+// binaries exit 2 for it, the server 1). `--help` prints the program's usage message
 // (absl::SetProgramUsageMessage) and every flag it defines, with its default and meaning,
 // to stdout and exits 0; `--version` prints the program's name, mlaserve's version and, when
 // given, `build_description()` (the matrix path, say), and exits 0. Returns the positional

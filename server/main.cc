@@ -87,10 +87,11 @@ int main(int argc, char** argv) {
   }
   const mlaserve::engine::EngineOptions& engine = config->engine;
   spdlog::info(
-      "starting: model {} ({} layers, {} heads, scale {:.7f}), {}, "
+      "starting: model {} ({} layer{}, {} heads, scale {:.7f}), {}, "
       "KV budget {} in {}-token pages, {} by default, max batch {}, max wait {} us; host {} "
       "({} cores, {}), matrix unit on {}",
-      engine.model.name, engine.model.layers, engine.model.heads, engine.model.softmax_scale,
+      engine.model.name, engine.model.layers, engine.model.layers == 1 ? "" : "s",
+      engine.model.heads, engine.model.softmax_scale,
       engine.gpu.empty() ? absl::StrCat(engine.devices, " x ", engine.profile, " device(s)")
                          : engine.gpu,
       engine.kv.budget_bytes > 0 ? absl::StrCat(engine.kv.budget_bytes >> 20, " MiB")

@@ -18,7 +18,10 @@ absl::StatusOr<std::unique_ptr<GrpcLoadTarget>> GrpcLoadTarget::Create(
   if (!info.ok()) return info.status();
   const v1::ModelInfo& m = info->model();
   TargetModel model{
-      m.name(), m.layers(), m.heads(), m.dn(), m.dr(), m.dl(), info->limits().max_batch()};
+      m.name(),    m.layers(), m.heads(), m.dn(), m.dr(), m.dl(), info->limits().max_batch(),
+      std::nullopt};
+  if (info->default_kv_dtype() == v1::KV_DTYPE_FP8) model.default_kv_dtype = KvDtype::kFp8;
+  if (info->default_kv_dtype() == v1::KV_DTYPE_BF16) model.default_kv_dtype = KvDtype::kBf16;
   return std::unique_ptr<GrpcLoadTarget>(new GrpcLoadTarget(std::move(client), std::move(model)));
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace mlaserve::loadgen {
@@ -77,28 +78,42 @@ LoadSummary Summarize(const LoadResult& r) {
 
 nlohmann::json ToJson(const LoadResult& r, const LoadSummary& s) {
   const WorkloadOptions& o = r.options;
-  return {{"model", r.model.name},
-          {"workers", o.workers},
-          {"sequences", o.sequences},
-          {"prefix_tokens", o.prefix_tokens},
-          {"context_tokens", o.context_tokens},
-          {"sq", o.sq},
-          {"space", o.head_space ? "head" : "latent"},
-          {"wall_s", s.wall_s},
-          {"calls", s.calls},
-          {"warmup_calls", s.warmup_calls},
-          {"failed_calls", s.failed_calls},
-          {"errors", s.errors},
-          {"calls_per_s", s.calls_per_s},
-          {"queries_per_s", s.queries_per_s},
-          {"tokens_per_s", s.tokens_per_s},
-          {"latency_ms", ToJson(s.latency_ms)},
-          {"queue_us", ToJson(s.queue_us)},
-          {"device_host_ms", ToJson(s.device_host_ms)},
-          {"overhead_us", ToJson(s.overhead_us)},
-          {"mean_batch_size", s.mean_batch_size},
-          {"mean_device_modeled_us", s.mean_device_modeled_us},
-          {"hybrid_fraction", s.hybrid_fraction}};
+  return {
+      {"model", r.model.name},
+      {"workers", o.workers},
+      {"sequences", o.sequences},
+      {"prefix_tokens", o.prefix_tokens},
+      {"context_tokens", o.context_tokens},
+      {"sq", o.sq},
+      {"space", o.head_space ? "head" : "latent"},
+      {"kv_dtype", o.kv_dtype.has_value()                 ? KvDtypeName(*o.kv_dtype)
+                   : r.model.default_kv_dtype.has_value() ? KvDtypeName(*r.model.default_kv_dtype)
+                                                          : "server default"},
+      {"wall_s", s.wall_s},
+      {"calls", s.calls},
+      {"warmup_calls", s.warmup_calls},
+      {"failed_calls", s.failed_calls},
+      {"errors", s.errors},
+      {"calls_per_s", s.calls_per_s},
+      {"queries_per_s", s.queries_per_s},
+      {"tokens_per_s", s.tokens_per_s},
+      {"latency_ms", ToJson(s.latency_ms)},
+      {"queue_us", ToJson(s.queue_us)},
+      {"device_host_ms", ToJson(s.device_host_ms)},
+      {"overhead_us", ToJson(s.overhead_us)},
+      {"mean_batch_size", s.mean_batch_size},
+      {"mean_device_modeled_us", s.mean_device_modeled_us},
+      {"hybrid_fraction", s.hybrid_fraction}};
+}
+
+// The format the run's KV was held in: the one asked for, else the server's default, named
+// where the server says which it is.
+std::string KvFormatPhrase(std::optional<KvDtype> asked, std::optional<KvDtype> server_default) {
+  if (asked.has_value()) return KvDtypeName(*asked);
+  if (server_default.has_value()) {
+    return absl::StrCat(KvDtypeName(*server_default), " (the server's default)");
+  }
+  return "in the server's default format";
 }
 
 void PrintReport(const LoadResult& r, const LoadSummary& s, const std::string& target,
@@ -109,8 +124,7 @@ void PrintReport(const LoadResult& r, const LoadSummary& s, const std::string& t
       "  workload   %s, %d workers x %d sequences, system prompt %d + own %d tokens, sq %d, "
       "%s-space q, KV %s, %.1f s\n",
       r.model.name, o.workers, o.sequences, o.prefix_tokens, o.context_tokens, o.sq,
-      o.head_space ? "head" : "latent",
-      o.kv_dtype.has_value() ? KvDtypeName(*o.kv_dtype) : "in the server's default format",
+      o.head_space ? "head" : "latent", KvFormatPhrase(o.kv_dtype, r.model.default_kv_dtype),
       s.wall_s);
   out << absl::StrFormat("  calls      %d ok, %d failed (after %d warm-up calls)",
                          s.calls - s.failed_calls, s.failed_calls, s.warmup_calls);

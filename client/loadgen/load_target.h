@@ -24,6 +24,9 @@ struct TargetModel {
   int dr = 0;
   int dl = 0;
   int max_batch = 0;
+  // The format a sequence created without one is held in (GetServerInfo's default_kv_dtype);
+  // unset where the server does not say.
+  std::optional<KvDtype> default_kv_dtype;
   int dk() const { return dl + dr; }
 };
 

@@ -5,7 +5,10 @@
 // drift. See docs/loadgen.md.
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -103,8 +106,10 @@ ABSL_FLAG(int, soak_check_every, 10,
           "soak: check every answer of every N-th decode call of each worker");
 ABSL_FLAG(double, soak_sample_s, 5, "soak: seconds between reads of the server's /metrics");
 ABSL_FLAG(double, soak_warmup_s, 60, "soak: seconds at the start left out of the resource drift");
-ABSL_FLAG(double, soak_max_rss_drift, 0.05,
-          "soak: largest RSS drift (last window mean - first window mean) / first that passes");
+ABSL_FLAG(std::string, soak_max_rss_drift, "auto",
+          "soak: largest RSS drift outside the KV pool (last window mean - first window mean) "
+          "/ first that passes; auto: 0.05 for a run measuring 300 s or more after a warm-up of "
+          "60 s or more (the defaults), 0.15 for a shorter one");
 ABSL_FLAG(int, soak_min_life, 4, "soak: fewest decode steps a sequence lives");
 ABSL_FLAG(int, soak_max_life, 64, "soak: most decode steps a sequence lives");
 ABSL_FLAG(double, soak_prefix_fraction, 0.7,
@@ -175,7 +180,6 @@ int RunSoakMode(mlaserve::client::MlaServeClient& client, const std::string& tar
   o.check_every = absl::GetFlag(FLAGS_soak_check_every);
   o.sample_s = absl::GetFlag(FLAGS_soak_sample_s);
   o.warmup_s = absl::GetFlag(FLAGS_soak_warmup_s);
-  o.max_rss_drift = absl::GetFlag(FLAGS_soak_max_rss_drift);
   o.min_life = absl::GetFlag(FLAGS_soak_min_life);
   o.max_life = absl::GetFlag(FLAGS_soak_max_life);
   o.prefix_fraction = absl::GetFlag(FLAGS_soak_prefix_fraction);
@@ -207,6 +211,12 @@ int RunSoakMode(mlaserve::client::MlaServeClient& client, const std::string& tar
   if (!(o.warmup_s >= 0)) return bad("soak_warmup_s", "must be 0 or more");
   if (!(o.warmup_s < absl::ToDoubleSeconds(o.duration))) {
     return bad("soak_warmup_s", "must be shorter than --duration-s");
+  }
+  if (const std::string limit = absl::GetFlag(FLAGS_soak_max_rss_drift); limit == "auto") {
+    o.max_rss_drift =
+        mlaserve::loadgen::DefaultMaxRssDrift(absl::ToDoubleSeconds(o.duration), o.warmup_s);
+  } else if (!absl::SimpleAtod(limit, &o.max_rss_drift)) {
+    return bad("soak_max_rss_drift", "must be a fraction (0.05 is 5 %) or auto");
   }
   if (!(o.max_rss_drift >= 0)) return bad("soak_max_rss_drift", "must be 0 or more");
   if (o.min_life < 1) return bad("soak_min_life", "must be at least 1");
@@ -385,6 +395,27 @@ std::string CommandLine(int argc, char** argv) {
   return absl::StrJoin(words, " ");
 }
 
+// --out=PATH writes PATH.json and PATH.csv: PATH's folder is created if missing, and both
+// files must be writable there (INVALID_ARGUMENT naming --out otherwise).
+absl::Status PrepareOutput(const std::string& out) {
+  const std::filesystem::path folder = std::filesystem::path(out).parent_path();
+  std::error_code error;
+  if (!folder.empty()) std::filesystem::create_directories(folder, error);
+  if (error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--out: cannot create the folder ", folder.string(), ": ", error.message()));
+  }
+  const std::string where = folder.empty() ? "." : folder.string();
+  for (const std::string& file : {out + ".json", out + ".csv"}) {
+    const bool exists = std::filesystem::exists(file, error);
+    if (access(exists ? file.c_str() : where.c_str(), W_OK) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--out: cannot write ", file, ": ", std::strerror(errno)));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Continuous traffic, one run or a sweep (docs/loadgen.md). Exit status: 0 when every call
 // succeeded, 1 otherwise or when the run fails, 2 for bad flags.
 int RunContinuousMode(const mlaserve::loadgen::WorkloadOptions& base, Destination destination,
@@ -453,6 +484,11 @@ int RunContinuousMode(const mlaserve::loadgen::WorkloadOptions& base, Destinatio
     sweep = *std::move(parsed);
   }
   const std::string out = absl::GetFlag(FLAGS_out);
+  // A long sweep's results must not be lost at its end: the folder is made now, and a place
+  // that cannot be written is refused before the first point runs.
+  if (!out.empty()) {
+    if (absl::Status writable = PrepareOutput(out); !writable.ok()) return bad(writable);
+  }
 
   mlaserve::loadgen::SweepContext context_info{command, ClientMachine(), destination.servers};
   mlaserve::loadgen::LoadTarget* const load_target = destination.target.get();

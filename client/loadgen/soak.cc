@@ -499,4 +499,10 @@ absl::StatusOr<SoakResult> RunSoak(client::MlaServeClient& client, const SoakOpt
   return result;
 }
 
+double DefaultMaxRssDrift(double duration_s, double warmup_s) {
+  return warmup_s >= kLongRunWarmupS && duration_s - warmup_s >= kLongRunMeasuredS
+             ? kLongRunMaxRssDrift
+             : kShortRunMaxRssDrift;
+}
+
 }  // namespace mlaserve::loadgen

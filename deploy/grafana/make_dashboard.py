@@ -35,9 +35,9 @@ PANELS = [
     ("Queue wait", "s", quantiles("mlaserve_decode_queue_seconds"),
      "Time a decode query waited to be batched."),
     ("Device time per batch", "s",
-     [(e, "host " + l) for e, l in quantiles("mlaserve_decode_device_host_seconds")] +
-     [(e, "modelled " + l) for e, l in quantiles("mlaserve_decode_device_modeled_seconds")],
-     "Host wall time of the emulation and modelled Ascend time of the batch that ran a query."),
+     [(e, "host " + l) for e, l in quantiles("mlaserve_batch_device_host_seconds")] +
+     [(e, "modelled " + l) for e, l in quantiles("mlaserve_batch_device_modeled_seconds")],
+     "Host wall time of a device batch's work and its modelled device time, once per batch."),
     ("Batch size", "short",
      quantiles("mlaserve_batch_queries") +
      [(f"sum(rate(mlaserve_batch_queries_sum{{{SEL}}}[{RATE}])) / "

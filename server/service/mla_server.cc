@@ -79,6 +79,7 @@ absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factor
     if (chained) chained(report);
   };
   ASSIGN_OR_RETURN(server->engine_, factory(std::move(engine_options)));
+  metrics->AddDevices(static_cast<int>(server->engine_->Info().devices.size()));
 
   // The saved state is in the store before anyone can call.
   server->state_.set_instance_id(NewInstanceId());

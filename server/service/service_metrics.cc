@@ -192,6 +192,12 @@ ServiceMetrics::ServiceMetrics()
                          .Help("Queries per device batch")
                          .Register(*registry_)
                          .Add({}, BatchSizeBuckets())),
+      batch_device_host_seconds_(
+          LatencyHistogram(*registry_, "mlaserve_batch_device_host_seconds",
+                           "Host wall time of a device batch's work, once per batch")),
+      batch_device_modeled_seconds_(
+          LatencyHistogram(*registry_, "mlaserve_batch_device_modeled_seconds",
+                           "Modelled device time of a device batch, once per batch")),
       batches_(prometheus::BuildCounter()
                    .Name("mlaserve_batches_total")
                    .Help("Device batches by device and outcome")
@@ -273,6 +279,10 @@ void ServiceMetrics::RecordBatch(const engine::BatchReport& report) {
   const std::string device = absl::StrCat(report.device);
   batches_.Add({{"device", device}, {"outcome", report.status.ok() ? "ok" : "error"}}).Increment();
   batch_queries_.Observe(report.queries);
+  if (report.status.ok()) {
+    batch_device_host_seconds_.Observe(report.host_ms * 1e-3);
+    batch_device_modeled_seconds_.Observe(report.modeled_us * 1e-6);
+  }
   hybrid_groups_.Increment(report.hybrid_groups);
   absorb_groups_.Increment(report.absorb_groups);
   device_modeled_busy_.Add({{"device", device}}).Increment(report.modeled_us * 1e-6);
@@ -280,6 +290,16 @@ void ServiceMetrics::RecordBatch(const engine::BatchReport& report) {
     device_kernel_seconds_.Observe(report.device_us * 1e-6);
     batch_bytes_to_device_.Observe(static_cast<double>(report.bytes_to_device));
     batch_kv_bytes_to_device_.Observe(static_cast<double>(report.kv_bytes_to_device));
+  }
+}
+
+void ServiceMetrics::AddDevices(int count) {
+  for (int d = 0; d < count; ++d) {
+    const std::string device = absl::StrCat(d);
+    for (const char* outcome : {"ok", "error"}) {
+      batches_.Add({{"device", device}, {"outcome", outcome}});
+    }
+    device_modeled_busy_.Add({{"device", device}});
   }
 }
 

@@ -42,6 +42,9 @@ class ServiceMetrics {
   void RecordDecodeAnswer(const engine::PlanInfo& plan, engine::QuerySpace space);
   // One device batch (EngineOptions::on_batch).
   void RecordBatch(const engine::BatchReport& report);
+  // Makes the per-device series of devices 0..count-1 exist at zero, so a dashboard or a
+  // rate() sees every device from the first scrape, not from its first batch.
+  void AddDevices(int count);
   // One return of freed memory to the kernel (HeapReleaser) and the time it took.
   void RecordHeapRelease(absl::Duration took);
 
@@ -54,6 +57,9 @@ class ServiceMetrics {
   prometheus::Histogram& device_modeled_seconds_;
   prometheus::Histogram& device_host_seconds_;
   prometheus::Histogram& batch_queries_;
+  // Once per batch (the decode_ ones above count a batch once per query it holds).
+  prometheus::Histogram& batch_device_host_seconds_;
+  prometheus::Histogram& batch_device_modeled_seconds_;
   prometheus::Family<prometheus::Counter>& batches_;
   prometheus::Family<prometheus::Counter>& groups_;
   prometheus::Counter& hybrid_groups_;

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """A sweep end to end: the server binary (one kimi-k2 layer, one emulated device) under
-`mlaserve-loadgen --sweep=sequences:2,4 --out PREFIX` (two short points), then
+`mlaserve-loadgen --sweep=sequences:2,4 --out PREFIX` (two short points, PREFIX in a folder
+the sweep has to make; an --out that cannot be written refused before the first point), then
 client/loadgen/plot_sweep.py on the JSON it wrote. Checks the exit statuses, the JSON's
 schema fields (command, client machine, server with GetServerInfo, sweep, knee, one point
 per value with every report field), the CSV (one row per value, exactly the columns
@@ -195,7 +196,18 @@ def main():
         try:
             if not server.ready(60):
                 raise RuntimeError("server not ready in 60 s:\n" + "".join(server.log[-20:]))
-            prefix = os.path.join(scratch, "sweep")
+            # A folder that does not exist yet: the sweep makes it.
+            prefix = os.path.join(scratch, "results", "today", "sweep")
+            # One that cannot be: refused at once, exit 2, before any point runs.
+            blocked = os.path.join(scratch, "a-file")
+            open(blocked, "w").close()
+            refused = subprocess.run(
+                [args.loadgen, f"--target={target}", "--sweep=sequences:2", "--workers=1",
+                 "--duration-s=30", f"--out={os.path.join(blocked, 'sweep')}"],
+                capture_output=True, text=True, timeout=20, env=env)
+            if refused.returncode != 2 or "--out" not in refused.stderr:
+                failures.append(f"--out under a file: exit {refused.returncode}, "
+                                f"{refused.stderr.strip()!r}")
             sweep = subprocess.run(
                 [args.loadgen, f"--target={target}",
                  f"--sweep=sequences:{','.join(map(str, VALUES))}", "--workers=1",

@@ -88,7 +88,7 @@ class FakeTarget final : public LoadTarget {
     return std::vector<LoadAnswer>(queries.size(), a);
   }
 
-  TargetModel model_{"fake", kLayers, 2, 4, 2, 6, kMaxBatch};
+  TargetModel model_{"fake", kLayers, 2, 4, 2, 6, kMaxBatch, std::nullopt};
   absl::StatusCode decode_error = absl::StatusCode::kOk;  // set: every Decode fails so
   std::mutex mu_;
   std::vector<std::string> breaches_;
