@@ -90,22 +90,31 @@ void HostExecutor::Run(const Program& program, GlobalMemory& gm) {
   std::unique_lock<std::mutex> lock(mu_);
   program_ = &program;
   gm_ = &gm;
-  pending_ = program.in_degree();
-  remaining_ = static_cast<int64_t>(program.instructions().size());
-  std::vector<uint32_t> roots;
-  for (uint32_t i = 0; i < pending_.size(); ++i) {
-    if (pending_[i] == 0) roots.push_back(i);
+  const std::vector<uint32_t>& in_degree = program.in_degree();
+  if (pending_size_ < in_degree.size()) {
+    pending_ = std::make_unique<std::atomic<uint32_t>[]>(in_degree.size());
+    pending_size_ = in_degree.size();
   }
+  for (size_t i = 0; i < in_degree.size(); ++i) {
+    pending_[i].store(in_degree[i], std::memory_order_relaxed);
+  }
+  remaining_.store(static_cast<int64_t>(in_degree.size()), std::memory_order_relaxed);
+  std::vector<uint32_t> roots;
+  for (uint32_t i = 0; i < in_degree.size(); ++i) {
+    if (in_degree[i] == 0) roots.push_back(i);
+  }
+  std::vector<uint32_t> stack;
   for (uint32_t i : roots) {  // collected first: completing one releases others
     if (program.payload(program.instructions()[i]) == nullptr) {
-      const int64_t next = Complete(i);
+      bool all_done = false;
+      const int64_t next = Complete(i, stack, ready_, all_done);
       if (next >= 0) ready_.push_back(static_cast<uint32_t>(next));
     } else {
       ready_.push_back(i);
     }
   }
   work_.notify_all();
-  done_.wait(lock, [this] { return remaining_ == 0; });
+  done_.wait(lock, [this] { return remaining_.load(std::memory_order_acquire) == 0; });
   program_ = nullptr;
   lock.unlock();
   MLASERVE_TSAN_BOOKKEEPING_END();
@@ -141,37 +150,38 @@ void HostExecutor::Execute(const Program& program, uint32_t id) {
   }
 }
 
-int64_t HostExecutor::Complete(uint32_t id) {
+int64_t HostExecutor::Complete(uint32_t id, std::vector<uint32_t>& stack,
+                               std::vector<uint32_t>& spawned, bool& all_done) {
   const auto& offsets = program_->edge_offsets();
   const auto& edges = program_->edges();
   const std::vector<uint8_t>& has_payload = program_->has_payload();
   int64_t next = -1;
-  bool queued = false;
-  stack_.push_back(id);
-  while (!stack_.empty()) {
-    const uint32_t finished = stack_.back();
-    stack_.pop_back();
-    --remaining_;
+  int64_t finished_count = 0;
+  stack.push_back(id);
+  while (!stack.empty()) {
+    const uint32_t finished = stack.back();
+    stack.pop_back();
+    ++finished_count;
     for (uint32_t e = offsets[finished]; e < offsets[finished + 1]; ++e) {
       const uint32_t to = edges[e].to;
-      if (--pending_[to] != 0) continue;
+      if (pending_[to].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
       if (!has_payload[to]) {
-        stack_.push_back(to);
+        stack.push_back(to);
       } else if (next < 0) {
         next = to;
       } else {
-        ready_.push_back(to);
-        queued = true;
+        spawned.push_back(to);
       }
     }
   }
-  if (queued) work_.notify_all();
-  if (remaining_ == 0) done_.notify_all();
+  all_done = remaining_.fetch_sub(finished_count, std::memory_order_acq_rel) == finished_count;
   return next;
 }
 
 void HostExecutor::WorkerLoop() {
   MLASERVE_TSAN_BOOKKEEPING_BEGIN();
+  std::vector<uint32_t> stack;
+  std::vector<uint32_t> spawned;
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     work_.wait(lock, [this] { return stopping_ || !ready_.empty(); });
@@ -183,14 +193,28 @@ void HostExecutor::WorkerLoop() {
     int64_t id = ready_.back();
     ready_.pop_back();
     const Program& program = *program_;
+    lock.unlock();
+    bool all_done = false;
     while (id >= 0) {  // keep going down a chain without a queue round trip
-      lock.unlock();
       MLASERVE_TSAN_BOOKKEEPING_END();
       Execute(program, static_cast<uint32_t>(id));
       MLASERVE_TSAN_BOOKKEEPING_BEGIN();
-      lock.lock();
-      id = Complete(static_cast<uint32_t>(id));
+      id = Complete(static_cast<uint32_t>(id), stack, spawned, all_done);
+      if (!spawned.empty()) {
+        {
+          std::lock_guard<std::mutex> guard(mu_);
+          ready_.insert(ready_.end(), spawned.begin(), spawned.end());
+        }
+        if (spawned.size() == 1) {
+          work_.notify_one();
+        } else {
+          work_.notify_all();
+        }
+        spawned.clear();
+      }
     }
+    lock.lock();
+    if (all_done) done_.notify_all();  // under mu_: Run cannot miss it
   }
 }
 

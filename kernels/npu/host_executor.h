@@ -1,8 +1,10 @@
 #ifndef MLASERVE_KERNELS_NPU_HOST_EXECUTOR_H_
 #define MLASERVE_KERNELS_NPU_HOST_EXECUTOR_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -35,9 +37,14 @@ class HostExecutor {
   void Execute(const Program& program, uint32_t id);
   // Marks `id` done and releases its successors. Successors without host work (flags, waits)
   // are completed on the spot; the first one with work is returned for the caller to run
-  // next, the others are queued. Returns -1 when there is nothing to continue with.
-  // Requires mu_.
-  int64_t Complete(uint32_t id);
+  // next, the others are appended to `spawned` for the caller to queue. Returns -1 when there
+  // is nothing to continue with; sets `all_done` when this completed the program's last
+  // instruction. Takes no lock: a chain of instructions (most of a program: each pipe's
+  // stream) runs from one worker without touching mu_, which one batch's 10,000s of
+  // sub-microsecond instructions otherwise queue on (measured: 8 threads ran a 72-query
+  // batch only 2.1x faster than one).
+  int64_t Complete(uint32_t id, std::vector<uint32_t>& stack, std::vector<uint32_t>& spawned,
+                   bool& all_done);
 
   std::mutex mu_;
   std::condition_variable work_;  // ready_ gained an entry, or stopping_
@@ -49,8 +56,13 @@ class HostExecutor {
   std::vector<uint32_t> ready_;
   const Program* program_ = nullptr;
   GlobalMemory* gm_ = nullptr;
-  std::vector<uint32_t> pending_;  // unfinished predecessors per instruction
-  std::vector<uint32_t> stack_;    // scratch for Complete
+  bool stopping_ = false;
+  // Set by Run before any instruction is queued, then counted down by the workers without a
+  // lock: the decrement that reaches zero owns the instruction (acquire-release, so it sees
+  // everything its predecessors wrote).
+  std::unique_ptr<std::atomic<uint32_t>[]> pending_;  // unfinished predecessors per instruction
+  size_t pending_size_ = 0;
+  std::atomic<int64_t> remaining_{0};  // instructions not yet completed
 #if defined(__SANITIZE_THREAD__)
   // ThreadSanitizer's view: one sync object per instruction, released by every instruction
   // with host work that enables it (see host_executor.cc).
@@ -59,9 +71,6 @@ class HostExecutor {
   char tsan_all_done_ = 0;
   char tsan_launch_ = 0;
 #endif
-  std::vector<char> sync_;  // per instruction: ThreadSanitizer's view of its inputs
-  int64_t remaining_ = 0;
-  bool stopping_ = false;
 
   std::vector<std::thread> workers_;
 };
