@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
                                 "integration"))
 from etcd_harness import Etcd, wait_for  # noqa: E402
 from harness import Server, free_port  # noqa: E402
+from machine import cpu_line  # noqa: E402  (beside this script)
 
 CLUSTER = "scaling"
 
@@ -109,27 +110,6 @@ def start_server(args, etcd, scratch, index):
     if not server.ready(120):
         raise RuntimeError("server did not start:\n" + "".join(server.log[-20:]))
     return {"server": server, "address": f"127.0.0.1:{port}", "metrics": f"127.0.0.1:{metrics}"}
-
-
-def cpu_line():
-    model = "unknown"
-    with open("/proc/cpuinfo") as info:
-        for line in info:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    flags = open("/proc/cpuinfo").read()
-    isa = [name for name, flag in (("AMX", " amx_tile"), ("AVX-512 BF16", " avx512_bf16"),
-                                   ("AVX-512", " avx512f"), ("AVX2", " avx2")) if flag in flags]
-    return f"{model}, {os.cpu_count()} logical cores, {' + '.join(isa[:2]) or 'no AVX2'}"
-
-
-TITLES = {
-    "prompt": "make demo's workload: 2 ranks x 72 sequences on a 1024-token prompt, "
-              "128 own tokens, 16-64 steps",
-    "kv": "KV-bound: 2 ranks x 24 sequences, no shared prompt, 4096 own tokens, "
-          "16-64 steps",
-}
 
 
 def print_table(rows, duration_s):

@@ -26,21 +26,9 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
                                 "integration"))
 from harness import Server, free_port  # noqa: E402
+from machine import cpu_line  # noqa: E402  (beside this script)
 
 DEMO = ["--sequences=72", "--prefix-tokens=1024", "--context-tokens=128"]
-
-
-def cpu_line():
-    model = "unknown CPU"
-    with open("/proc/cpuinfo") as info:
-        for line in info:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    flags = open("/proc/cpuinfo").read()
-    isa = [name for name, flag in (("AMX", " amx_tile"), ("AVX-512 BF16", " avx512_bf16"),
-                                   ("AVX-512", " avx512f"), ("AVX2", " avx2")) if flag in flags]
-    return f"{model}, {len(os.sched_getaffinity(0))} usable CPUs, {' + '.join(isa[:2]) or '?'}"
 
 
 def run_load(args, pool_flags, load_flags):
@@ -67,12 +55,16 @@ def run_load(args, pool_flags, load_flags):
 
 def pool_stage(args, cpus):
     configs = [("no flags (auto)", [], [])]
-    devices = cpus
-    while devices >= 1:
+    hand = [int(d) for d in args.hand_pools.split(",")] if args.hand_pools else []
+    if not hand:
+        devices = cpus
+        while devices >= 1:
+            hand.append(devices)
+            devices //= 2
+    for devices in hand:
         configs.append((f"{devices} x {cpus // devices} by hand",
                         [f"--devices={devices}", f"--host_threads={cpus // devices}"],
                         [f"--workers={devices}"]))
-        devices //= 2
     best = {name: None for name, _, _ in configs}
     pools = {}
     for _ in range(args.rounds):
@@ -109,6 +101,8 @@ def main():
     parser.add_argument("--duration-s", type=float, default=10, help="measured seconds a run")
     parser.add_argument("--rounds", type=int, default=2, help="pool stage: rounds (best counts)")
     parser.add_argument("--stages", default="pool,threads", help="pool and/or threads")
+    parser.add_argument("--hand-pools", default="",
+                        help="pool: device counts of the hand-sized pools (default: C, C/2, .., 1)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     args = parser.parse_args()
     cpus = len(os.sched_getaffinity(0))

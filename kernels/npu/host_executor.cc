@@ -80,7 +80,7 @@ HostExecutor::~HostExecutor() {
   for (std::thread& t : workers_) t.join();
 }
 
-void HostExecutor::Run(const Program& program, GlobalMemory& gm) {
+void HostExecutor::Start(const Program& program, GlobalMemory& gm) {
 #if defined(__SANITIZE_THREAD__)
   tsan_sync_.assign(program.instructions().size(), 0);
   tsan_successors_ = WorkSuccessors(program);
@@ -113,7 +113,14 @@ void HostExecutor::Run(const Program& program, GlobalMemory& gm) {
       ready_.push_back(i);
     }
   }
+  lock.unlock();
   work_.notify_all();
+  MLASERVE_TSAN_BOOKKEEPING_END();
+}
+
+void HostExecutor::Wait() {
+  MLASERVE_TSAN_BOOKKEEPING_BEGIN();
+  std::unique_lock<std::mutex> lock(mu_);
   done_.wait(lock, [this] { return remaining_.load(std::memory_order_acquire) == 0; });
   program_ = nullptr;
   lock.unlock();

@@ -28,8 +28,17 @@ class HostExecutor {
   HostExecutor(const HostExecutor&) = delete;
   HostExecutor& operator=(const HostExecutor&) = delete;
 
-  // Blocks until every instruction of `program` has run. One Run at a time.
-  void Run(const Program& program, GlobalMemory& gm);
+  // Blocks until every instruction of `program` has run. One Run at a time. The program's
+  // dependencies must be acyclic (Device::Launch checks): a cycle never finishes.
+  void Run(const Program& program, GlobalMemory& gm) {
+    Start(program, gm);
+    Wait();
+  }
+  // Run in two halves, so that the caller's thread, idle while the workers run the program,
+  // can do other work meanwhile (the device models the launch's timing there). `program` and
+  // `gm` must stay alive until Wait returns; every Start needs its Wait.
+  void Start(const Program& program, GlobalMemory& gm);
+  void Wait();
   int threads() const { return static_cast<int>(workers_.size()); }
 
  private:

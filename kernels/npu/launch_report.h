@@ -27,9 +27,11 @@ struct LaunchReport {
   int64_t gm_write_bytes = 0;
   // Host wall time of the launch's phases. The emulator's own bookkeeping is split out so
   // a caller can see where host time goes besides the arithmetic:
-  double host_record_ms = 0;      // recording, finalizing and checking the GM accesses
-  double host_model_ms = 0;       // the timing model (SimulateLaunch)
-  std::optional<double> host_ms;  // executing the payloads; absent for model-only launches
+  double host_record_ms = 0;  // recording, finalizing and checking the GM accesses
+  double host_model_ms = 0;   // the timing model (SimulateLaunch)
+  // Executing the payloads (the timing model runs beside them, on the launching thread);
+  // absent for model-only launches.
+  std::optional<double> host_ms;
   // Every MMAD shape the cube issued and how often: what a fair host SGEMM baseline runs.
   std::map<std::tuple<int, int, int>, int64_t> mmad_shapes;
 };
