@@ -482,10 +482,12 @@ class ExitCases:
 
     def loadgen_failed_call(self):
         _, tiny, _ = self.servers.get("tiny")
-        # Four sequences outgrow the 1 MiB budget within a few dozen steps.
+        # The 1 MiB budget holds 7 pages: the prefix's and four sequences' own 127 tokens take
+        # 5, and their second steps want 4 more, so calls fail from the second step on, however
+        # slow the machine (under ASan, beside the soak).
         done = run([self.tool("mlaserve-loadgen"), f"--target={tiny}", "--workers=1",
-                    "--sequences=4", "--prefix-tokens=128", "--context-tokens=100",
-                    "--duration-s=3", "--warmup-s=0", "--quiet"])
+                    "--sequences=4", "--prefix-tokens=128", "--context-tokens=127",
+                    "--duration-s=5", "--warmup-s=0", "--quiet"])
         if "RESOURCE_EXHAUSTED" not in done.stdout:
             raise RuntimeError("the load on a 1 MiB budget had no failed call: " + done.stdout)
         return {"failed_call": [("calls refused RESOURCE_EXHAUSTED", done.returncode)]}
