@@ -25,20 +25,16 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
-#include "client/cluster/cluster_client.h"
 #include "client/loadgen/continuous.h"
 #include "client/loadgen/continuous_report.h"
 #include "client/loadgen/default_ranks.h"
-#include "client/loadgen/grpc_load_target.h"
+#include "client/loadgen/destination.h"
 #include "client/loadgen/load_report.h"
-#include "client/loadgen/multi_target.h"
-#include "client/loadgen/rank_target.h"
 #include "client/loadgen/soak.h"
 #include "client/loadgen/soak_report.h"
 #include "client/loadgen/workload.h"
 #include "client/mlaserve_client.h"
 #include "common/command_line.h"
-#include "google/protobuf/util/json_util.h"
 #include "kernels/core/cpu_features.h"
 #include "kernels/core/matmul.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -254,140 +250,17 @@ nlohmann::json ClientMachine() {
           {"hostname", host}};
 }
 
-nlohmann::json ServerJson(mlaserve::client::ServingClient& client) {
-  absl::StatusOr<mlaserve::v1::GetServerInfoResponse> info = client.GetServerInfo();
-  if (!info.ok()) return {{"error", std::string(info.status().message())}};
-  std::string text;
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  if (!google::protobuf::util::MessageToJsonString(*info, &text, options).ok()) return nullptr;
-  // The facts a plot or a table names, flat, then GetServerInfo's whole answer.
-  return {{"model", info->model().name()},
-          {"layers", info->model().layers()},
-          {"heads", info->model().heads()},
-          {"devices", info->devices_size()},
-          {"device", info->devices_size() > 0 ? info->devices(0).profile() : ""},
-          {"version", info->server_version()},
-          {"cpu", info->host().cpu_model()},
-          {"matrix_unit", info->host().matrix_unit()},
-          {"info", nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false)}};
-}
-
-// One LoadTarget for every server of --target: the server itself, or, for a list, a
-// MultiTarget over them (docs/loadgen.md, "Several servers").
-absl::StatusOr<std::unique_ptr<mlaserve::loadgen::LoadTarget>> LoadTargetFor(
-    std::vector<std::unique_ptr<mlaserve::client::MlaServeClient>> clients,
-    const std::vector<std::string>& names, mlaserve::loadgen::MultiTarget::Spread spread) {
-  std::vector<std::unique_ptr<mlaserve::loadgen::LoadTarget>> targets;
-  for (auto& client : clients) {
-    auto target = mlaserve::loadgen::GrpcLoadTarget::Create(std::move(client));
-    if (!target.ok()) return target.status();
-    targets.push_back(*std::move(target));
-  }
-  if (targets.size() == 1) return std::move(targets[0]);
-  auto multi = mlaserve::loadgen::MultiTarget::Create(std::move(targets), names, spread);
-  if (!multi.ok()) return multi.status();
-  return std::unique_ptr<mlaserve::loadgen::LoadTarget>(*std::move(multi));
-}
-
-// Where the load goes, and what the reports say of it.
-struct Destination {
-  std::unique_ptr<mlaserve::loadgen::LoadTarget> target;
-  nlohmann::json servers;  // GetServerInfo's facts, and the servers' addresses
-  std::string name;        // for the report's heading
-  int default_ranks = 0;   // --workers=auto's ranks for these servers (default_ranks.h)
-};
-
-// The cluster of --etcd-endpoints through the cluster client (docs/cluster.md).
-absl::StatusOr<Destination> ClusterDestination(const mlaserve::client::ClientOptions& options,
-                                               int workers) {
-  mlaserve::client::ClusterOptions cluster;
-  cluster.etcd_endpoints = absl::StrSplit(absl::GetFlag(FLAGS_etcd_endpoints), ',');
-  cluster.cluster = absl::GetFlag(FLAGS_cluster);
-  cluster.server_options = options;
-  cluster.spread_group = absl::GetFlag(FLAGS_spread_group);
-  cluster.context_part_tokens = absl::GetFlag(FLAGS_context_part_tokens);
-  if (!absl::GetFlag(FLAGS_etcd_ca).empty() || !absl::GetFlag(FLAGS_etcd_cert).empty()) {
-    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-        mlaserve::cluster::EtcdChannelCredentials(absl::GetFlag(FLAGS_etcd_ca),
-                                                  absl::GetFlag(FLAGS_etcd_cert),
-                                                  absl::GetFlag(FLAGS_etcd_key));
-    if (!credentials.ok()) return credentials.status();
-    cluster.etcd_credentials = *std::move(credentials);
-  }
-  absl::StatusOr<std::unique_ptr<mlaserve::client::ClusterClient>> client =
-      mlaserve::client::ClusterClient::Connect(cluster);
-  if (!client.ok()) return client.status();
-  Destination destination;
-  destination.servers = ServerJson(**client);
-  std::vector<std::string> addresses;
-  for (const mlaserve::cluster::MemberRecord& member : (*client)->membership().Members()) {
-    addresses.push_back(member.address);
-  }
-  // The members are taken to be alike: the one the client asked, times their number.
-  absl::StatusOr<mlaserve::v1::GetServerInfoResponse> info = (*client)->GetServerInfo();
-  if (!info.ok()) return info.status();
-  destination.default_ranks =
-      mlaserve::loadgen::DefaultRanks(*info) * std::max<int>(1, static_cast<int>(addresses.size()));
-  if (workers == 0) workers = destination.default_ranks;
-  destination.servers["cluster"] = absl::GetFlag(FLAGS_cluster);
-  destination.servers["etcd"] = absl::GetFlag(FLAGS_etcd_endpoints);
-  destination.servers["targets"] = addresses;
-  destination.servers["servers"] = static_cast<int>(addresses.size());
-  destination.name =
-      absl::StrCat("cluster '", absl::GetFlag(FLAGS_cluster), "' (", addresses.size(),
-                   " servers: ", absl::StrJoin(addresses, ","), ")");
-  absl::StatusOr<std::unique_ptr<mlaserve::loadgen::GrpcLoadTarget>> target =
-      mlaserve::loadgen::GrpcLoadTarget::Create(*std::move(client));
-  if (!target.ok()) return target.status();
-  if (!absl::GetFlag(FLAGS_client_per_rank) || workers <= 1) {
-    destination.target = *std::move(target);
-    return destination;
-  }
-  std::vector<std::unique_ptr<mlaserve::loadgen::LoadTarget>> ranks;
-  ranks.push_back(*std::move(target));
-  for (int rank = 1; rank < workers; ++rank) {
-    absl::StatusOr<std::unique_ptr<mlaserve::client::ClusterClient>> own =
-        mlaserve::client::ClusterClient::Connect(cluster);
-    if (!own.ok()) return own.status();
-    absl::StatusOr<std::unique_ptr<mlaserve::loadgen::GrpcLoadTarget>> rank_target =
-        mlaserve::loadgen::GrpcLoadTarget::Create(*std::move(own));
-    if (!rank_target.ok()) return rank_target.status();
-    ranks.push_back(*std::move(rank_target));
-  }
-  destination.name += absl::StrCat(", one client per rank");
-  destination.target = std::make_unique<mlaserve::loadgen::RankTarget>(std::move(ranks));
-  return destination;
-}
-
-// The servers of --target.
-absl::StatusOr<Destination> TargetDestination(
-    std::vector<std::unique_ptr<mlaserve::client::MlaServeClient>> clients,
-    const std::vector<std::string>& names, const std::string& target) {
-  const std::string spread = absl::GetFlag(FLAGS_spread);
-  if (spread != "prefix" && spread != "sequence") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--spread: '", spread, "' is neither prefix nor sequence"));
-  }
-  Destination destination;
-  destination.servers = ServerJson(*clients.front());
-  for (const auto& client : clients) {
-    absl::StatusOr<mlaserve::v1::GetServerInfoResponse> info = client->GetServerInfo();
-    if (!info.ok()) return info.status();
-    destination.default_ranks += mlaserve::loadgen::DefaultRanks(*info);
-  }
-  if (clients.size() > 1) {
-    destination.servers["targets"] = names;
-    destination.servers["servers"] = static_cast<int>(clients.size());
-  }
-  destination.name = target;
-  absl::StatusOr<std::unique_ptr<mlaserve::loadgen::LoadTarget>> load_target =
-      LoadTargetFor(std::move(clients), names,
-                    spread == "sequence" ? mlaserve::loadgen::MultiTarget::Spread::kSequenceHash
-                                         : mlaserve::loadgen::MultiTarget::Spread::kPrefixHash);
-  if (!load_target.ok()) return load_target.status();
-  destination.target = *std::move(load_target);
-  return destination;
+mlaserve::loadgen::ClusterFlags ClusterFlags() {
+  mlaserve::loadgen::ClusterFlags f;
+  f.etcd_endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
+  f.cluster = absl::GetFlag(FLAGS_cluster);
+  f.etcd_ca = absl::GetFlag(FLAGS_etcd_ca);
+  f.etcd_cert = absl::GetFlag(FLAGS_etcd_cert);
+  f.etcd_key = absl::GetFlag(FLAGS_etcd_key);
+  f.spread_group = absl::GetFlag(FLAGS_spread_group);
+  f.context_part_tokens = absl::GetFlag(FLAGS_context_part_tokens);
+  f.client_per_rank = absl::GetFlag(FLAGS_client_per_rank);
+  return f;
 }
 
 std::string CommandLine(int argc, char** argv) {
@@ -418,8 +291,8 @@ absl::Status PrepareOutput(const std::string& out) {
 
 // Continuous traffic, one run or a sweep (docs/loadgen.md). Exit status: 0 when every call
 // succeeded, 1 otherwise or when the run fails, 2 for bad flags.
-int RunContinuousMode(const mlaserve::loadgen::WorkloadOptions& base, Destination destination,
-                      const std::string& command) {
+int RunContinuousMode(const mlaserve::loadgen::WorkloadOptions& base,
+                      mlaserve::loadgen::Destination destination, const std::string& command) {
   const std::string& target = destination.name;
   using mlaserve::loadgen::ContinuousOptions;
   auto bad = [](const absl::Status& status) {
@@ -671,9 +544,10 @@ int main(int argc, char** argv) {
   }
   const mlaserve::client::ClientTls tls = client_options.tls;
   if (absl::GetFlag(FLAGS_soak)) return RunSoakMode(*clients.front(), target, tls);
-  absl::StatusOr<Destination> destination =
-      cluster ? ClusterDestination(client_options, o.workers)
-              : TargetDestination(std::move(clients), names, target);
+  absl::StatusOr<mlaserve::loadgen::Destination> destination =
+      cluster ? mlaserve::loadgen::ClusterDestination(client_options, ClusterFlags(), o.workers)
+              : mlaserve::loadgen::TargetDestination(std::move(clients), names, target,
+                                                     absl::GetFlag(FLAGS_spread));
   if (!destination.ok()) {
     std::cerr << "mlaserve-loadgen: " << destination.status() << "\n";
     return absl::IsInvalidArgument(destination.status()) ? 2 : 1;

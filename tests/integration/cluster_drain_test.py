@@ -84,10 +84,12 @@ def main():
 
         out, err = loadgen.communicate(timeout=120)
         if loadgen.returncode != 0:
-            summary = ""
-            summary = out[:1500]
+            try:  # the failed calls by code, which the report's head would cut off
+                summary = json.dumps([p.get("errors_by_code") for p in json.loads(out)["points"]])
+            except (ValueError, KeyError):
+                summary = out[-1500:]
             raise AssertionError(f"loadgen failed ({loadgen.returncode}): {err[-2000:]} "
-                                 f"{summary[:3000]}")
+                                 f"errors by code: {summary}")
         point = json.loads(out)["points"][0]
         assert point["errors"] == 0, point["errors_by_code"]
         assert point["tokens"] > 0, point
