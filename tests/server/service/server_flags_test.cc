@@ -8,6 +8,7 @@
 #include "common/command_line.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/fake_host.h"
 #include "tests/testing/scratch_dir.h"
 
 namespace mlaserve {
@@ -16,15 +17,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::StartsWith;
 
-// A host of `cpus` CPUs on one NUMA node, with a cgroup limit of `quota` CPUs (0: none).
-HostResources Host(int cpus, double quota = 0) {
-  HostResources host;
-  host.online_cpus = cpus;
-  for (int cpu = 0; cpu < cpus; ++cpu) host.allowed_cpus.push_back(cpu);
-  host.numa_nodes = {host.allowed_cpus};
-  host.cpu_quota = quota;
-  return host;
-}
+HostResources Host(int cpus, double quota = 0) { return mlaserve::testing::FakeHost(cpus, quota); }
 
 // Flags are process-wide: every parse starts from and restores the defaults. The pool is
 // sized for a 16-CPU host unless a test names another.

@@ -4,6 +4,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/fake_host.h"
 
 namespace mlaserve::engine {
 namespace {
@@ -11,14 +12,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-HostResources Host(int cpus, double quota = 0) {
-  HostResources host;
-  host.online_cpus = cpus;
-  for (int cpu = 0; cpu < cpus; ++cpu) host.allowed_cpus.push_back(cpu);
-  host.numa_nodes = {host.allowed_cpus};
-  host.cpu_quota = quota;
-  return host;
-}
+HostResources Host(int cpus, double quota = 0) { return mlaserve::testing::FakeHost(cpus, quota); }
 
 constexpr std::nullopt_t kAuto = std::nullopt;
 
