@@ -42,43 +42,6 @@ absl::Status CheckGmAccesses(const Program& program, const GlobalMemory& gm) {
   return absl::OkStatus();
 }
 
-// The executor runs a program's instructions as their dependencies allow, so a cycle among
-// them (a wait on a flag set only after it) would never finish: found before anything runs,
-// by counting what a topological order reaches. The timing model finds the same cycles, but
-// it runs beside the payloads.
-absl::Status CheckNoDeadlock(const Program& program, std::vector<uint32_t>& pending,
-                             std::vector<uint32_t>& ready) {
-  const std::vector<Instruction>& ins = program.instructions();
-  const auto& offsets = program.edge_offsets();
-  const auto& edges = program.edges();
-  pending = program.in_degree();
-  ready.clear();
-  for (uint32_t i = 0; i < pending.size(); ++i) {
-    if (pending[i] == 0) ready.push_back(i);
-  }
-  size_t reached = 0;
-  while (!ready.empty()) {
-    const uint32_t x = ready.back();
-    ready.pop_back();
-    ++reached;
-    for (uint32_t e = offsets[x]; e < offsets[x + 1]; ++e) {
-      if (--pending[edges[e].to] == 0) ready.push_back(edges[e].to);
-    }
-  }
-  if (reached == ins.size()) return absl::OkStatus();
-  for (uint32_t i = 0; i < ins.size(); ++i) {
-    if (pending[i] != 0 &&
-        (ins[i].kind == OpKind::kWaitFlag || ins[i].kind == OpKind::kCrossCoreWait)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "deadlock: ", ins.size() - reached, " instructions can never issue; e.g. ",
-          program.Describe(i),
-          " waits on a flag that is only set after it (a cycle in the flag protocol)"));
-    }
-  }
-  return absl::FailedPreconditionError(
-      absl::StrCat("deadlock: ", ins.size() - reached, " instructions can never issue"));
-}
-
 double MillisecondsSince(std::chrono::steady_clock::time_point start) {
   const auto elapsed = std::chrono::steady_clock::now() - start;
   return std::chrono::duration<double, std::milli>(elapsed).count();
@@ -95,10 +58,10 @@ absl::StatusOr<LaunchReport> Device::Launch(const DeviceKernel& kernel, Executio
   RETURN_IF_ERROR(kernel.Record(program));
   RETURN_IF_ERROR(program.Finalize());
   RETURN_IF_ERROR(CheckGmAccesses(program, gm_));
-  RETURN_IF_ERROR(CheckNoDeadlock(program, order_pending_, order_ready_));
   report.host_record_ms = MillisecondsSince(start);
   // The payloads run on the executor's threads while this one, idle otherwise, models the
-  // launch's timing: both only read the program, and the model never reads memory. A program
+  // launch's timing: both only read the program (Finalize refused any cycle, on which the
+  // executor would wait forever), and the model never reads memory. A program
   // the model refuses (a flag set twice before its wait, say) has then run all the same; its
   // launch still fails.
   const auto run_start = std::chrono::steady_clock::now();

@@ -3,7 +3,6 @@
 
 #include <memory>
 #include <mutex>
-#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/npu/device_kernel.h"
@@ -50,8 +49,6 @@ class Device {
   LocalMemoryStorage local_;        // guarded by launch_mu_
   TimingScratch timing_scratch_;    // guarded by launch_mu_
   ProgramBuffers program_buffers_;  // guarded by launch_mu_
-  std::vector<uint32_t> order_pending_;  // guarded by launch_mu_: the deadlock check's scratch
-  std::vector<uint32_t> order_ready_;    // guarded by launch_mu_
   HostExecutor executor_;
 };
 

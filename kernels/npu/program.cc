@@ -487,7 +487,41 @@ absl::Status Program::Finalize() {
     b_.edges[b_.fill[e.from]++] = Edge{e.to, e.after_completion};
   }
   b_.raw_edges.clear();
-  return absl::OkStatus();
+  return CheckAcyclic();
+}
+
+// Every instruction must be reachable in a dependency order: a cycle (a wait on a flag set
+// only after it) is a deadlock on the device, and would leave the host executor waiting
+// forever. Counted as a topological order (Kahn), in Finalize's scratch.
+absl::Status Program::CheckAcyclic() {
+  std::vector<uint32_t>& pending = b_.fill;
+  std::vector<uint32_t>& ready = b_.order;
+  pending = b_.in_degree;
+  ready.clear();
+  for (uint32_t i = 0; i < pending.size(); ++i) {
+    if (pending[i] == 0) ready.push_back(i);
+  }
+  size_t reached = 0;
+  while (!ready.empty()) {
+    const uint32_t x = ready.back();
+    ready.pop_back();
+    ++reached;
+    for (uint32_t e = b_.edge_offsets[x]; e < b_.edge_offsets[x + 1]; ++e) {
+      if (--pending[b_.edges[e].to] == 0) ready.push_back(b_.edges[e].to);
+    }
+  }
+  const size_t n = b_.instructions.size();
+  if (reached == n) return absl::OkStatus();
+  for (uint32_t i = 0; i < n; ++i) {
+    const OpKind kind = b_.instructions[i].kind;
+    if (pending[i] != 0 && (kind == OpKind::kWaitFlag || kind == OpKind::kCrossCoreWait)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "deadlock: ", n - reached, " instructions can never issue; e.g. ", Describe(i),
+          " waits on a flag that is only set after it (a cycle in the flag protocol)"));
+    }
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("deadlock: ", n - reached, " instructions can never issue"));
 }
 
 }  // namespace mlaserve::npu

@@ -263,7 +263,8 @@ class ProgramBuffers {
   FlagTable intra, cross;
   std::vector<uint32_t> edge_offsets;
   std::vector<ProgramEdge> edges;
-  std::vector<uint32_t> fill;  // Finalize's scratch
+  std::vector<uint32_t> fill;   // Finalize's scratch
+  std::vector<uint32_t> order;  // Finalize's scratch (the cycle check's ready list)
   std::vector<uint32_t> in_degree;
   FlagPairs flag_pairs, cross_pairs;
 };
@@ -292,9 +293,9 @@ class Program {
   // The first recording error (bad pipe, bad flag id, ...), or OK.
   const absl::Status& status() const { return status_; }
 
-  // Pairs every wait with its set and builds the dependency graph. Unpaired waits are
-  // reported as the deadlock they would be on the device; leftover sets as the protocol
-  // violation they are.
+  // Pairs every wait with its set and builds the dependency graph. Unpaired waits, and waits
+  // in a cycle, are reported as the deadlock they would be on the device; leftover sets as
+  // the protocol violation they are.
   absl::Status Finalize();
 
   // The finished graph (valid after Finalize).
@@ -320,6 +321,7 @@ class Program {
   std::map<std::tuple<int, int, int>, int64_t> mmad_shapes() const;
 
  private:
+  absl::Status CheckAcyclic();  // Finalize's last step
   friend class CoreRecorder;
   void Fail(absl::Status status);
   void AddEdge(uint32_t from, uint32_t to, bool after_completion) {

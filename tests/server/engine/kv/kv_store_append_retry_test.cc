@@ -26,8 +26,11 @@ using ::mlaserve::engine::testing::TinyModel;
 using ::mlaserve::engine::testing::View2;
 using ::testing::HasSubstr;
 
-constexpr int kDl = 16;  // TinyModel's
-constexpr int kDr = 4;
+// FP8 records of TinyModel's rows.
+std::vector<std::byte> Records(const std::vector<Bf16>& rows) {
+  const ModelConfig m = TinyModel();
+  return Fp8Records(rows, m.dl, m.dr);
+}
 
 class AppendRetryTest : public ::testing::Test {
  protected:
@@ -128,10 +131,10 @@ TEST_F(AppendRetryTest, AnFp8SequenceComparesItsRecords) {
             absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(ReadFp8("f", 0), before);
   ASSERT_TRUE(store_->Append("f", 0, 3, View2(Slice(rows, 3, 6), kWidth)).ok());  // straddles
-  EXPECT_EQ(ReadFp8("f", 0), Fp8Records(rows, kDl, kDr));
+  EXPECT_EQ(ReadFp8("f", 0), Records(rows));
 
   // Records: the same ones are a retry, one byte off is refused, a straddle appends the rest.
-  const std::vector<std::byte> records = Fp8Records(Rows(8, 0, 7, kWidth), kDl, kDr);
+  const std::vector<std::byte> records = Records(Rows(8, 0, 7, kWidth));
   const int64_t record = static_cast<int64_t>(records.size()) / 7;
   ASSERT_TRUE(store_->AppendFp8("f", 1, 0, std::span(records).first(4 * record), 4).ok());
   EXPECT_TRUE(store_->AppendFp8("f", 1, 0, std::span(records).first(4 * record), 4).ok());
