@@ -43,8 +43,9 @@ for stage in $stages; do
       tail -3 "$out/gpu-python.log"
       ;;
     compare)
-      # The bf16 latent kernel on the warpgroup MMA (default on Hopper) beside mma.sync.
-      for kind in mma wgmma; do
+      # The bf16 latent kernel: the seesaw schedule (default on Hopper over whole key blocks)
+      # beside the plain warpgroup-MMA kernel and mma.sync (MLASERVE_CUDA_ATTENTION).
+      for kind in seesaw wgmma mma; do
         echo "attention kernel: $kind"
         MLASERVE_CUDA_ATTENTION=$kind build-gpu/bin/mlaserve-bench kernel --device=cuda:0 \
           --batch 96 --heads 128 --sq 1,2 --sk 1024,2048,3072,4096,6144,16384 --repeats 20 \

@@ -24,6 +24,13 @@ cudaError_t EnqueueAttention(const gpu::Launch& launch, cudaStream_t stream);
 cudaError_t PrepareWgmmaAttentionKernel();
 bool WgmmaAttentionRuns(int compute_major, int compute_minor);
 cudaError_t EnqueueWgmmaAttention(const gpu::Launch& launch, cudaStream_t stream);
+// The bf16 latent cache's tiles over whole key blocks of one pool (Launch::key_pool_rows > 0)
+// on Hopper: blocks fetched by the bulk tensor copy, two warpgroups taking turns
+// (attention_seesaw_kernel.cu). Prepare finds the driver's tensor-map encoder (kept by the
+// caller, passed to each Enqueue); cudaErrorNotSupported where the driver lacks it.
+cudaError_t PrepareSeesawAttentionKernel(void** encode_tensor_map);
+cudaError_t EnqueueSeesawAttention(const gpu::Launch& launch, void* encode_tensor_map,
+                                   cudaStream_t stream);
 cudaError_t EnqueueGemm(const gpu::Launch& launch, cudaStream_t stream);
 cudaError_t EnqueueCombine(const gpu::Launch& launch, cudaStream_t stream);
 cudaError_t EnqueueCopyRows(const gpu::Launch& launch, cudaStream_t stream);

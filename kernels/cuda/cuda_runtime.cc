@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -56,7 +57,16 @@ struct CudaRuntime::Handles {
   cudaEvent_t finished = nullptr;
 };
 
-absl::StatusOr<std::unique_ptr<CudaRuntime>> CudaRuntime::Create(int ordinal) {
+AttentionKernels AttentionKernelsFromEnvironment() {
+  const char* choice = std::getenv("MLASERVE_CUDA_ATTENTION");
+  const std::string name = choice == nullptr ? "" : choice;
+  if (name == "wgmma") return AttentionKernels::kWgmma;
+  if (name == "mma") return AttentionKernels::kMma;
+  return AttentionKernels::kBest;
+}
+
+absl::StatusOr<std::unique_ptr<CudaRuntime>> CudaRuntime::Create(int ordinal,
+                                                                 AttentionKernels kernels) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || ordinal < 0 || ordinal >= count) {
     cudaGetLastError();
@@ -100,14 +110,33 @@ absl::StatusOr<std::unique_ptr<CudaRuntime>> CudaRuntime::Create(int ordinal) {
   d.bf16_tflops = d.sm_count * (clock_khz * 1e3) * Bf16FlopsPerSmClock(p.major) / 1e12;
   // Double data rate: two transfers a clock over the bus.
   d.hbm_tbps = 2.0 * (memory_khz * 1e3) * (bus_bits / 8.0) / 1e12;
-  const char* choice = std::getenv("MLASERVE_CUDA_ATTENTION");
   runtime->wgmma_attention_ =
-      WgmmaAttentionRuns(p.major, p.minor) && !(choice != nullptr && std::string(choice) == "mma");
+      WgmmaAttentionRuns(p.major, p.minor) && kernels != AttentionKernels::kMma;
   if (runtime->wgmma_attention_) {
     if (cudaError_t e = PrepareWgmmaAttentionKernel(); e != cudaSuccess) {
       return fail(e, "preparing the warpgroup attention kernel");
     }
+    // A driver without the tensor-map encoder keeps the plain warpgroup kernel.
+    if (kernels == AttentionKernels::kBest) {
+      void* encode = nullptr;
+      if (cudaError_t e = PrepareSeesawAttentionKernel(&encode); e == cudaSuccess) {
+        runtime->encode_tensor_map_ = encode;
+      } else if (e != cudaErrorNotSupported) {
+        return fail(e, "preparing the seesaw attention kernel");
+      }
+      cudaGetLastError();
+    }
   }
+  // The kernels' attained rates as fractions of the bf16 peak, measured on an H100 SXM
+  // (docs/performance.md 10.4: mlaserve-bench typhoon --device=cuda:0 --shared 4096 --suffix 512
+  // --batch 512): the seesaw latent kernel 412 of 1,070 TFLOP/s, the naive pass's mma.sync
+  // kernel over expanded heads 101; the plain warpgroup latent kernel about 280, mma.sync's 170
+  // (mlaserve-bench kernel, sq 1 and 2 at 16K keys).
+  const double absorb_share = runtime->encode_tensor_map_ != nullptr ? 0.385
+                              : runtime->wgmma_attention_            ? 0.26
+                                                                     : 0.16;
+  d.absorb_tflops = d.bf16_tflops * absorb_share;
+  d.naive_tflops = d.bf16_tflops * 0.094;
   return runtime;
 }
 
@@ -224,12 +253,24 @@ absl::StatusOr<gpu::ProgramTiming> CudaRuntime::Run(const gpu::Program& program,
       case gpu::LaunchKind::kGemm:
         e = EnqueueGemm(launch, h.stream);
         break;
-      case gpu::LaunchKind::kAttention:
-        e = wgmma_attention_ && launch.keys == gpu::KeysKind::kPagedBf16 && launch.dk == 576 &&
-                    launch.dv == 512
-                ? EnqueueWgmmaAttention(launch, h.stream)
-                : EnqueueAttention(launch, h.stream);
+      case gpu::LaunchKind::kAttention: {
+        const bool latent_bf16 =
+            launch.keys == gpu::KeysKind::kPagedBf16 && launch.dk == 576 && launch.dv == 512;
+        // Tensor-map coordinates are 32-bit.
+        const bool whole_blocks =
+            launch.key_pool_rows > 0 && launch.key_pool_rows <= std::numeric_limits<int32_t>::max();
+        if (latent_bf16 && whole_blocks && encode_tensor_map_ != nullptr) {
+          e = EnqueueSeesawAttention(launch, encode_tensor_map_, h.stream);
+          ++attention_launches_.seesaw;
+        } else if (latent_bf16 && wgmma_attention_) {
+          e = EnqueueWgmmaAttention(launch, h.stream);
+          ++attention_launches_.wgmma;
+        } else {
+          e = EnqueueAttention(launch, h.stream);
+          ++attention_launches_.mma;
+        }
         break;
+      }
       case gpu::LaunchKind::kCombine:
         e = EnqueueCombine(launch, h.stream);
         break;

@@ -20,10 +20,25 @@ namespace mlaserve::cuda {
 // trap, an ECC error, a lost device) makes the runtime unhealthy for good: the run fails with
 // UNAVAILABLE naming the error, and so does every later call, so that nothing computed after
 // a fault is ever returned.
+// Which kernels the bf16 latent cache's attention may use. kBest: on Hopper the seesaw kernel
+// for launches over whole key blocks (Launch::key_pool_rows) and the warpgroup-MMA kernel for
+// the rest; elsewhere mma.sync. kWgmma and kMma hold it to those (to compare them).
+enum class AttentionKernels { kBest, kWgmma, kMma };
+// MLASERVE_CUDA_ATTENTION=wgmma or =mma, else kBest.
+AttentionKernels AttentionKernelsFromEnvironment();
+
+// Attention launches run so far, by kernel.
+struct AttentionLaunchCounts {
+  int64_t seesaw = 0;
+  int64_t wgmma = 0;
+  int64_t mma = 0;
+};
+
 class CudaRuntime final : public gpu::GpuRuntime {
  public:
   // NOT_FOUND when there is no such device (or no driver).
-  static absl::StatusOr<std::unique_ptr<CudaRuntime>> Create(int ordinal);
+  static absl::StatusOr<std::unique_ptr<CudaRuntime>> Create(
+      int ordinal, AttentionKernels kernels = AttentionKernelsFromEnvironment());
   ~CudaRuntime() override;
 
   const gpu::DeviceProperties& properties() const override { return properties_; }
@@ -40,6 +55,9 @@ class CudaRuntime final : public gpu::GpuRuntime {
   // Runs a kernel that traps, as a faulting GPU would: the fault tests' injection.
   absl::Status InjectTrap();
 
+  // Read between runs (Run updates it).
+  const AttentionLaunchCounts& attention_launches() const { return attention_launches_; }
+
  private:
   struct Handles;
   CudaRuntime(int ordinal, std::unique_ptr<Handles> handles);
@@ -48,9 +66,12 @@ class CudaRuntime final : public gpu::GpuRuntime {
   absl::Status Check(int error, absl::string_view what);
 
   int ordinal_;
-  // The bf16 latent cache's attention on the warpgroup MMA kernel (Hopper), unless
-  // MLASERVE_CUDA_ATTENTION=mma asks for the mma.sync one (to compare the two).
+  // The bf16 latent cache's attention on the warpgroup MMA kernels (Hopper, not kMma).
   bool wgmma_attention_ = false;
+  // The seesaw kernel's tensor-map encoder (the driver's cuTensorMapEncodeTiled), or null
+  // where that kernel is not to run (kWgmma, not Hopper, a driver without it).
+  void* encode_tensor_map_ = nullptr;
+  AttentionLaunchCounts attention_launches_;
   std::unique_ptr<Handles> handles_;
   gpu::DeviceProperties properties_;
   // Set once by the runtime's thread, read by any (health()).

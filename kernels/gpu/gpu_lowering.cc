@@ -223,13 +223,41 @@ class Lowerer {
     }
   }
 
+  // The bf16 pool every paged tile of a launch reads, as whole blocks of key rows, or
+  // nothing (rows 0) once one tile's keys do not start on a block of its page or another
+  // pool shows up.
+  struct BlockPool {
+    bool seen = false;
+    bool whole_blocks = true;
+    DevicePtr base = 0;
+    int64_t rows = 0;
+    int64_t row_stride = 0;
+
+    void Add(DevicePtr tile_base, int64_t pool_rows, int64_t stride, bool on_blocks) {
+      whole_blocks = whole_blocks && on_blocks &&
+                     (!seen || (tile_base == base && pool_rows == rows && stride == row_stride));
+      seen = true;
+      base = tile_base;
+      rows = pool_rows;
+      row_stride = stride;
+    }
+  };
+
   void EmitAttention(const AttentionStep& step) {
     std::map<KeysKind, std::vector<AttentionTile>> tiles;
+    BlockPool block_pool;
     for (const AttentionRowGroup& g : step.groups) {
       const int32_t length = *std::max_element(g.visible.begin(), g.visible.end());
       if (length == 0) continue;  // the destinations' fill stands, as on the host
       AttentionTile group_tile;
       DescribeKeys(g, length, group_tile);
+      if (const auto* paged = std::get_if<PagedKeysRef>(&g.keys)) {
+        const StepBuffer& pool = steps_.buffers[paged->pool.buffer];
+        const int64_t rows = (pool.elements - paged->pool.offset) / paged->width;
+        block_pool.Add(group_tile.base, rows, group_tile.row_stride,
+                       paged->page_size % kAttentionBlockKeys == 0 &&
+                           group_tile.first_token % kAttentionBlockKeys == 0);
+      }
       const DevicePtr visible = upload_.Put(g.visible.data(), int64_t{g.rows} * 4, 4);
       const int64_t out_bytes = g.out_bf16 ? 2 : 4;
       for (int32_t r0 = 0; r0 < g.rows; r0 += kAttentionTileRows) {
@@ -254,6 +282,11 @@ class Lowerer {
       launch.dk = step.dk;
       launch.dv = step.dv;
       launch.softmax_scale = step.softmax_scale;
+      if (kind == KeysKind::kPagedBf16 && block_pool.whole_blocks) {
+        launch.key_pool = block_pool.base;
+        launch.key_pool_rows = block_pool.rows;
+        launch.key_row_stride = block_pool.row_stride;
+      }
       AddLaunch(std::move(launch));
     }
   }

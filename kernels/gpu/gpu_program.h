@@ -38,6 +38,13 @@ struct Launch {
   int32_t dk = 0;
   int32_t dv = 0;
   float softmax_scale = 0;
+  // kAttention over the bf16 paged cache when every tile's keys are whole blocks of
+  // kAttentionBlockKeys rows of one pool (pages a multiple of that, every tile starting on a
+  // block): the pool as a matrix of `key_pool_rows` key rows `key_row_stride` bytes apart, so
+  // that a kernel can fetch a block with the bulk tensor copy. key_pool_rows 0 otherwise.
+  DevicePtr key_pool = 0;
+  int64_t key_pool_rows = 0;
+  int64_t key_row_stride = 0;
 };
 
 struct Program {

@@ -24,6 +24,11 @@ struct DeviceProperties {
   // Peak rates the TyphoonMLA threshold balances (dense bf16 matrix FLOP/s, memory bytes/s).
   double bf16_tflops = 0;
   double hbm_tbps = 0;
+  // What the runtime's kernels attain (dense bf16 FLOP/s): the absorb pass's latent-cache
+  // kernel and the naive pass's kernel over expanded heads; 0 where unknown (the threshold then
+  // takes the peak and assumes the naive pass's math hides under its reads).
+  double absorb_tflops = 0;
+  double naive_tflops = 0;
 };
 
 struct MemoryInfo {

@@ -7,6 +7,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -22,6 +23,12 @@ namespace {
 
 using mlaserve::testing::NamedScenario;
 
+// A fresh seed each run; MLASERVE_TEST_SEED=<n> repeats a failure's (its trace names it).
+uint64_t Seed() {
+  const char* v = std::getenv("MLASERVE_TEST_SEED");
+  return v != nullptr ? std::strtoull(v, nullptr, 10) : std::random_device{}();
+}
+
 bool GpuRequired() {
   const char* v = std::getenv("MLASERVE_REQUIRE_GPU");
   return v != nullptr && std::string(v) == "1";
@@ -29,13 +36,17 @@ bool GpuRequired() {
 
 class CudaTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    auto runtime = CudaRuntime::Create(0);
+  void SetUp() override { Open(AttentionKernels::kBest); }
+  void Open(AttentionKernels kernels) {
+    auto runtime = CudaRuntime::Create(0, kernels);
     if (!runtime.ok()) {
       if (GpuRequired()) FAIL() << "MLASERVE_REQUIRE_GPU=1 and no GPU: " << runtime.status();
       GTEST_SKIP() << "no CUDA GPU here (" << runtime.status() << ")";
     }
     runtime_ = *std::move(runtime);
+  }
+  bool Hopper() const {
+    return runtime_->properties().compute_major == 9 && runtime_->properties().compute_minor == 0;
   }
   std::unique_ptr<CudaRuntime> runtime_;
 };
@@ -43,13 +54,68 @@ class CudaTest : public ::testing::Test {
 class CudaBatchTest : public CudaTest, public ::testing::WithParamInterface<NamedScenario> {};
 
 TEST_P(CudaBatchTest, EveryStandardBatchMatchesTheGolden) {
-  mlaserve::testing::ExpectGpuBatchMatchesGolden(*runtime_, GetParam(), std::random_device{}());
+  mlaserve::testing::ExpectGpuBatchMatchesGolden(*runtime_, GetParam(), Seed());
   EXPECT_TRUE(runtime_->health().ok()) << runtime_->health();
 }
 
 INSTANTIATE_TEST_SUITE_P(Batches, CudaBatchTest,
                          ::testing::ValuesIn(mlaserve::testing::GpuScenarios()),
                          [](const auto& param_info) { return param_info.param.name; });
+
+// The kernels the best choice passes over, held to the same golden: the warpgroup one for
+// every bf16 latent launch (and mma.sync for the rest), mma.sync for all; the model's shapes
+// and the standard batches with every kind of key.
+class CudaOtherKernelsTest
+    : public CudaTest,
+      public ::testing::WithParamInterface<std::tuple<AttentionKernels, NamedScenario>> {
+ protected:
+  void SetUp() override { Open(std::get<0>(GetParam())); }
+};
+
+TEST_P(CudaOtherKernelsTest, MatchTheGolden) {
+  mlaserve::testing::ExpectGpuBatchMatchesGolden(*runtime_, std::get<1>(GetParam()), Seed());
+  EXPECT_EQ(runtime_->attention_launches().seesaw, 0);
+}
+
+std::vector<NamedScenario> OtherKernelScenarios() {
+  std::vector<NamedScenario> some;
+  for (NamedScenario& s : mlaserve::testing::GpuScenarios()) {
+    if (s.name == "Mixed" || s.name == "AbsorbHeadMtpBf16" || s.name == "MixedBf16AndFp8" ||
+        s.name.rfind("Model128HeadsLatent", 0) == 0) {
+      some.push_back(std::move(s));
+    }
+  }
+  return some;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Kernels, CudaOtherKernelsTest,
+    ::testing::Combine(::testing::Values(AttentionKernels::kWgmma, AttentionKernels::kMma),
+                       ::testing::ValuesIn(OtherKernelScenarios())),
+    [](const auto& param_info) {
+      return std::string(std::get<0>(param_info.param) == AttentionKernels::kWgmma ? "Wgmma"
+                                                                                   : "Mma") +
+             std::get<1>(param_info.param).name;
+    });
+
+// On Hopper the model's latent batches (64-token pages, keys from row 0, split-KV parts of
+// whole blocks) run on the seesaw kernel, and batches whose keys start mid-block (the absorb
+// pass after a 700-token prefix) on the warpgroup one: both routes are what the golden checked.
+TEST_F(CudaTest, HopperRunsWholeBlocksOnTheSeesawKernel) {
+  if (!Hopper()) GTEST_SKIP() << "not a Hopper GPU: " << runtime_->properties().name;
+  for (const NamedScenario& s : mlaserve::testing::GpuScenarios()) {
+    if (s.name == "Model128HeadsLatentSplit") {
+      mlaserve::testing::ExpectGpuBatchMatchesGolden(*runtime_, s, 11);
+    }
+  }
+  EXPECT_GT(runtime_->attention_launches().seesaw, 0);
+  EXPECT_EQ(runtime_->attention_launches().wgmma, 0);
+  for (const NamedScenario& s : mlaserve::testing::StandardBatchScenarios()) {
+    if (s.name == "HybridOneLevel")
+      mlaserve::testing::ExpectGpuBatchMatchesGolden(*runtime_, s, 12);
+  }
+  EXPECT_GT(runtime_->attention_launches().wgmma, 0);
+}
 
 // A GPU that faults is never trusted again: the fault's status, then every later call fails
 // with it, and no answer comes back. (Each test runs in a process of its own: the trap ends

@@ -122,5 +122,57 @@ TEST(GpuLoweringTest, UploadsQueriesAndCopiesOnly) {
   EXPECT_TRUE(landed == rows);
 }
 
+// The attention launches a kernel may feed with the bulk tensor copy: those whose every tile
+// reads whole 64-key blocks of one bf16 pool name the pool as rows of keys; a launch with one
+// tile starting mid-block (the absorb pass after a 700-token prefix) or on pages smaller than a
+// block names nothing.
+Launch OnlyPagedAttention(const NamedScenario& scenario) {
+  auto s = BatchScenario::Make(scenario.spec, 4);
+  const BuiltBatch built = Built(*s);
+  auto layout = LayOutBatch(built.steps);
+  EXPECT_TRUE(layout.ok()) << layout.status();
+  std::vector<std::byte> upload(static_cast<size_t>(layout->upload_bytes));
+  constexpr DevicePtr kInputs = DevicePtr{1} << 40;
+  const auto resolve = [&](const StepBuffer& b) -> absl::StatusOr<DevicePtr> {
+    return kInputs + static_cast<DevicePtr>(&b - built.steps.buffers.data()) * (DevicePtr{1} << 32);
+  };
+  auto program = LowerBatch(built.steps, *layout, DevicePtr{1} << 30, resolve, upload);
+  EXPECT_TRUE(program.ok()) << program.status();
+  std::vector<Launch> paged;
+  for (const Launch& l : program->launches) {
+    if (l.kind == LaunchKind::kAttention && l.keys == KeysKind::kPagedBf16) paged.push_back(l);
+  }
+  EXPECT_EQ(paged.size(), 1u) << scenario.name;
+  if (paged.empty()) return Launch{};
+  // The pool's address and size as the resolver and the steps have them.
+  for (const StepBuffer& b : built.steps.buffers) {
+    if (b.name != "KV pool") continue;
+    if (paged[0].key_pool_rows > 0) {
+      EXPECT_EQ(paged[0].key_pool, *resolve(b));
+      EXPECT_EQ(paged[0].key_pool_rows, b.elements / 576);
+      EXPECT_EQ(paged[0].key_row_stride, 576 * 2);
+    }
+  }
+  return paged[0];
+}
+
+TEST(GpuLoweringTest, AttentionOverWholeKeyBlocksNamesThePool) {
+  const std::vector<NamedScenario> standard = mlaserve::testing::StandardBatchScenarios();
+  const auto named = [&](const std::string& name) {
+    for (const NamedScenario& s : standard) {
+      if (s.name == name) return s;
+    }
+    ADD_FAILURE() << "no scenario " << name;
+    return standard[0];
+  };
+  EXPECT_GT(OnlyPagedAttention(named("AbsorbHead")).key_pool_rows, 0);   // pages of 64
+  EXPECT_GT(OnlyPagedAttention(named("Latent")).key_pool_rows, 0);       // pages of 128
+  EXPECT_GT(OnlyPagedAttention(named("SplitLatent")).key_pool_rows, 0);  // parts of blocks
+  EXPECT_EQ(OnlyPagedAttention(named("HybridOneLevel")).key_pool_rows, 0);
+  NamedScenario small_pages = named("AbsorbHead");
+  small_pages.spec.page_size = 32;
+  EXPECT_EQ(OnlyPagedAttention(small_pages).key_pool_rows, 0);
+}
+
 }  // namespace
 }  // namespace mlaserve::gpu

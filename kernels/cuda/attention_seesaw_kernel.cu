@@ -1,0 +1,523 @@
+// The latent-cache attention tile on Hopper when its keys are whole 64-row blocks of one bf16
+// pool (Launch::key_pool_rows > 0): FlashMLA's schedule for the dense decode (its "seesaw",
+// deepseek-ai/FlashMLA csrc/sm90/decode/dense), written against our own primitives.
+//
+// A thread block of two warpgroups per AttentionTile (up to 64 query rows). Keys come in
+// blocks of 64 by the bulk tensor copy, one 64 x 64 tile (128 bytes a row, 128-byte swizzle)
+// at a time, each completing an mbarrier, into two buffers: even blocks into K0, odd into K1.
+// The output's 512 columns are split between the groups (group g holds columns [256 g, +256)
+// in registers). Per pair of blocks (b, b + 1):
+//
+//   group 0                                  group 1
+//   softmax of S(b) -> P(b), scale0  ----->  softmax of S(b + 1) (max after b) -> P(b + 1)
+//   O0 += P(b) . V0[:, 0:256] (P in regs)    O1 rescaled by both; P(b + 1) to shared memory
+//                                    <-----  scale1;  O1 += P(b + 1) . V1[:, 256:512]
+//   P(b) x scale1 to shared memory   ----->  O1 += P(b) . V0[:, 256:512]
+//   O0 x scale1 += P(b + 1) . V1[:, 0:256]   fetch blocks b + 2 (right half), b + 3 (right)
+//   fetch b + 2 (left), S(b + 2) = Q K0^T    S(b + 3) = Q K1^T
+//   fetch b + 3 (left)
+//
+// so each group's score GEMM (m64n64, operands balanced against shared memory's bandwidth)
+// overlaps the other's softmax and value GEMMs, and a buffer's half is fetched again as soon
+// as both its readers are done with it. Shared memory: Q (9 tiles; the last, the rope columns,
+// is moved into registers so that P(b + 1) can take its place), K0, K1 (9 tiles each), P(b)
+// and the per-row running max and scale factors: 226 KiB.
+//
+// Same contract and numerics as the other attention kernels (attention_kernel.cu): scores in
+// base 2, FlashAttention-2 rescaling, natural-log LSE, a row that sees no key gets zeros and
+// -inf. Keys past the tile's last are zeroed as values before use (pool rows past a sequence's
+// end hold anything, NaN included).
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cudaTypedefs.h>
+
+#include <cmath>
+
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/mma_primitives.cuh"
+#include "kernels/cuda/tile_rows.cuh"
+#include "kernels/cuda/tma.cuh"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace mlaserve::cuda {
+namespace {
+
+using gpu::AttentionTile;
+
+constexpr int kRows = gpu::kAttentionTileRows;  // 64
+constexpr int kKeys = gpu::kAttentionBlockKeys;  // 64
+constexpr int kThreads = 256;
+constexpr int kDk = 576;
+constexpr int kChunks = kDk / 64;  // 64-column tiles across a row
+constexpr int kTileBytes = 64 * 128;
+constexpr int kMatrixBytes = kChunks * kTileBytes;
+
+constexpr int kQOffset = 0;
+constexpr int kP1Offset = kQOffset + (kChunks - 1) * kTileBytes;  // Q's last tile, once in regs
+constexpr int kK0Offset = kMatrixBytes;
+constexpr int kK1Offset = 2 * kMatrixBytes;
+constexpr int kP0Offset = 3 * kMatrixBytes;
+constexpr int kMaxOffset = kP0Offset + kTileBytes;  // float [kRows], base 2
+constexpr int kScale0Offset = kMaxOffset + kRows * 4;
+constexpr int kScale1Offset = kScale0Offset + kRows * 4;
+constexpr int kSumOffset = kScale1Offset + kRows * 4;  // float [2][kRows]
+constexpr int kBarrierOffset = kSumOffset + 2 * kRows * 4;  // uint64 [2][kChunks]
+constexpr int kSharedUsed = kBarrierOffset + 2 * kChunks * 8;
+constexpr int kSharedBytes = kSharedUsed + 1024;  // the base rounded up to the swizzle's atom
+static_assert(kSharedBytes <= 227 * 1024, "more shared memory than a Hopper SM has");
+
+// The running max starts finite so that exp2(old - new) is never (-inf) - (-inf); masked
+// scores sit far below it, so they weigh exactly 0.
+constexpr float kMaxInit = -1e30f;
+constexpr float kMasked = -1e33f;
+
+// Named barriers between the groups (0 is __syncthreads); 5 + g: within group g.
+enum Barrier : int { kScale0Ready = 1, kScale1Ready = 2, kP0Ready = 3, kP1Ready = 4 };
+
+__device__ __forceinline__ uint32_t TileUnit(uint32_t base, int row, int unit) {
+  const int chunk = unit >> 3;
+  return base +
+         static_cast<uint32_t>(chunk * kTileBytes + row * 128 + (((unit & 7) ^ (row & 7)) << 4));
+}
+
+__device__ void LoadQueries(const AttentionTile& t, uint32_t q) {
+  for (int i = threadIdx.x; i < kRows * kChunks * 8; i += kThreads) {
+    const int row = i / (kChunks * 8);
+    const int unit = i % (kChunks * 8);
+    const bool valid = row < t.rows;
+    const char* src = reinterpret_cast<const char*>(t.q) +
+                      (valid ? (static_cast<int64_t>(row) * kDk + unit * 8) * 2 : 0);
+    CopyAsync16(TileUnit(q, row, unit), src, valid);
+  }
+}
+
+// The pool row of key block `block`'s first key (a block lies within one page).
+__device__ __forceinline__ int BlockRow(const AttentionTile& t, int block) {
+  const int position = t.first_token + block * kKeys;
+  const int index = position / t.page_size;
+  const int page = __ldg(reinterpret_cast<const int32_t*>(t.pages) + index);
+  return page * t.page_size + (position - index * t.page_size);
+}
+
+// Tiles [first, last) of the block at pool row `row` into `buffer`, each on its barrier.
+__device__ __forceinline__ void FetchKeys(const CUtensorMap* map, int row, uint32_t buffer,
+                                          uint32_t barriers, int first, int last) {
+  for (int c = first; c < last; ++c) {
+    MbarrierExpectBytes(barriers + c * 8, kTileBytes);
+    TmaLoad2d(buffer + c * kTileBytes, map, c * 64, row, barriers + c * 8);
+  }
+}
+
+// s (+)= Q . K^T over tiles [kFirst, kLast) of the block in `k` (4 k16 steps a tile), each
+// tile's product issued once its keys have landed; the last tile's Q comes from registers.
+template <int kFirst, int kLast>
+__device__ __forceinline__ void Scores(float (&s)[32], uint32_t q, uint32_t k, uint32_t barriers,
+                                       int parity, const uint32_t (&q_rope)[4][4]) {
+#pragma unroll
+  for (int c = kFirst; c < kLast; ++c) {
+    MbarrierWait(barriers + c * 8, parity);
+    WgmmaFence();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t offset = c * kTileBytes + j * 32;
+      const uint64_t b = SharedDescriptor(k + offset, 16, 1024);
+      const int accumulate = c > 0 || j > 0 ? 1 : 0;
+      if (c == kChunks - 1) {
+        WgmmaM64N64Rs(s, q_rope[j], b, accumulate);
+      } else {
+        WgmmaM64N64(s, SharedDescriptor(q + offset, 16, 1024), b, accumulate);
+      }
+    }
+    WgmmaCommit();
+  }
+}
+
+// o (+)= P . V for this group's 256 value columns of the block in `k`, P from registers...
+__device__ __forceinline__ void ValuesLocal(float (&o)[128], const uint32_t (&p)[4][4],
+                                            uint32_t k, int group) {
+  WgmmaFence();
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    WgmmaM64N256RsTb(
+        o, p[j], SharedDescriptor(k + group * 4 * kTileBytes + j * 16 * 128, kTileBytes, 1024), 1);
+  }
+  WgmmaCommit();
+}
+// ... or from shared memory (the other group's).
+__device__ __forceinline__ void ValuesShared(float (&o)[128], uint32_t p, uint32_t k, int group) {
+  WgmmaFence();
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    WgmmaM64N256Tb(
+        o, SharedDescriptor(p + j * 32, 16, 1024),
+        SharedDescriptor(k + group * 4 * kTileBytes + j * 16 * 128, kTileBytes, 1024), 1);
+  }
+  WgmmaCommit();
+}
+
+// Value rows [valid, kKeys) of this group's half of the block in `k` set to zero, visible to
+// the group's tensor cores.
+__device__ void ZeroValueRows(uint32_t k, int group, int valid, int in_group) {
+  const int units = (kKeys - valid) * 4 * 8;  // 16-byte units: rows x 4 tiles x 8
+  for (int i = in_group; i < units; i += 128) {
+    const int row = valid + i / 32;
+    const int tile = group * 4 + (i / 8) % 4;
+    const uint32_t at = k + static_cast<uint32_t>(tile * kTileBytes + row * 128 + (i % 8) * 16);
+    asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(at), "r"(0) : "memory");
+  }
+  FenceSharedForAsyncProxy();
+  NamedBarrierSync(5 + group, 128);
+}
+
+// The thread's share of a block's scores s (64 rows x 64 keys; rows row and row + 8, keys
+// 8 i + c2 + e at s[4 i + 2 h + e]) in base 2, keys at or past a row's visible count masked.
+__device__ __forceinline__ void ScaleAndMask(float (&s)[32], float scale_log2, int block,
+                                             const int (&visible)[2], int c2, float (&row_max)[2]) {
+  const bool mask = (block + 1) * kKeys > min(visible[0], visible[1]);
+  row_max[0] = row_max[1] = kMasked;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float v = s[4 * i + 2 * h + e] * scale_log2;
+        if (mask && block * kKeys + 8 * i + c2 + e >= visible[h]) v = kMasked;
+        s[4 * i + 2 * h + e] = v;
+        row_max[h] = fmaxf(row_max[h], v);
+      }
+    }
+  }
+  row_max[0] = QuadMax(row_max[0]);
+  row_max[1] = QuadMax(row_max[1]);
+}
+
+// s <- exp2(s - base) per row; returns the rows' sums (this thread's keys).
+__device__ __forceinline__ void Exponentiate(float (&s)[32], const float (&base)[2],
+                                             float (&sum)[2]) {
+  sum[0] = sum[1] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float p = exp2f(s[4 * i + 2 * h + e] - base[h]);
+        s[4 * i + 2 * h + e] = p;
+        sum[h] += p;
+      }
+    }
+  }
+}
+
+// The probabilities as the value product's A fragments (keys 16 j .. 16 j + 15 in p[j]).
+__device__ __forceinline__ void PackProbabilities(const float (&s)[32], uint32_t (&p)[4][4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    p[j][0] = PackBf16(s[8 * j + 0], s[8 * j + 1]);
+    p[j][1] = PackBf16(s[8 * j + 2], s[8 * j + 3]);
+    p[j][2] = PackBf16(s[8 * j + 4], s[8 * j + 5]);
+    p[j][3] = PackBf16(s[8 * j + 6], s[8 * j + 7]);
+  }
+}
+
+// factor[h] x the probabilities, in bf16 into the 64 x 64 tile at p (the value product's A).
+__device__ __forceinline__ void StoreProbabilities(uint32_t p, const float (&s)[32],
+                                                   const float (&factor)[2], int row, int c2) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int key = i * 8 + c2;
+    const uint32_t at0 = TileUnit(p, row, key >> 3) + (key & 7) * 2;
+    const uint32_t at1 = TileUnit(p, row + 8, key >> 3) + (key & 7) * 2;
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at0),
+                 "r"(PackBf16(s[4 * i] * factor[0], s[4 * i + 1] * factor[0])));
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at1),
+                 "r"(PackBf16(s[4 * i + 2] * factor[1], s[4 * i + 3] * factor[1])));
+  }
+}
+
+__device__ __forceinline__ void Rescale(float (&o)[128], const float (&factor)[2]) {
+  // Once a row's maximum settles, the factor is exactly 1: a warp whose rows all kept theirs
+  // skips the multiplies.
+  if (!__any_sync(0xffffffffu, factor[0] != 1.f || factor[1] != 1.f)) return;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    o[i * 4 + 0] *= factor[0];
+    o[i * 4 + 1] *= factor[0];
+    o[i * 4 + 2] *= factor[1];
+    o[i * 4 + 3] *= factor[1];
+  }
+}
+
+template <int kN>
+__device__ __forceinline__ void SettleRegisters(uint32_t (&r)[kN][4]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    AttentionSeesawKernel(const AttentionTile* __restrict__ tiles, float scale_log2,
+                          const __grid_constant__ CUtensorMap keys) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char raw_smem[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(raw_smem) + 1023) & ~static_cast<uintptr_t>(1023));
+  const AttentionTile t = tiles[blockIdx.x];
+  const int group = threadIdx.x / 128;
+  const int in_group = threadIdx.x % 128;
+  const int lane = threadIdx.x % 32;
+  const int row = (in_group / 32) * 16 + lane / 4;  // and row + 8
+  const int c2 = (lane % 4) * 2;
+
+  const uint32_t q = SharedAddress(smem + kQOffset);
+  const uint32_t k0 = SharedAddress(smem + kK0Offset);
+  const uint32_t k1 = SharedAddress(smem + kK1Offset);
+  const uint32_t p0 = SharedAddress(smem + kP0Offset);
+  const uint32_t p1 = SharedAddress(smem + kP1Offset);
+  const uint32_t barriers0 = SharedAddress(smem + kBarrierOffset);
+  const uint32_t barriers1 = barriers0 + kChunks * 8;
+  float* max_of = reinterpret_cast<float*>(smem + kMaxOffset);
+  float* scale0_of = reinterpret_cast<float*>(smem + kScale0Offset);
+  float* scale1_of = reinterpret_cast<float*>(smem + kScale1Offset);
+  float* sum_of = reinterpret_cast<float*>(smem + kSumOffset);
+  const CUtensorMap* map = &keys;
+  const int blocks = (t.keys + kKeys - 1) / kKeys;
+  const int partial = t.keys % kKeys;  // keys in the last block when it is not full
+
+  if (threadIdx.x == 0) {
+    PrefetchTensorMap(map);
+    for (int i = 0; i < 2 * kChunks; ++i) MbarrierInit(barriers0 + i * 8, 1);
+    FenceBarrierInit();
+  }
+  if (threadIdx.x < kRows) max_of[threadIdx.x] = kMaxInit;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    if (blocks > 0) FetchKeys(map, BlockRow(t, 0), k0, barriers0, 0, kChunks);
+    if (blocks > 1) FetchKeys(map, BlockRow(t, 1), k1, barriers1, 0, kChunks);
+  }
+  LoadQueries(t, q);
+  CopyAsyncCommit();
+  CopyAsyncWait<0>();
+  FenceSharedForAsyncProxy();
+  __syncthreads();
+  uint32_t q_rope[4][4];  // Q's last tile as A fragments (k16 steps j)
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    LoadMatrixX4(q_rope[j], TileUnit(q, (in_group / 32) * 16 + lane % 16,
+                                     (kChunks - 1) * 8 + 2 * j + lane / 16));
+  }
+  __syncthreads();  // every thread holds its rope fragments: the tile may become P(b + 1)
+
+  int visible[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = row + 8 * h;
+    // Rows past the tile's: answers discarded; no masking on their account.
+    visible[h] = r < t.rows ? reinterpret_cast<const int32_t*>(t.visible)[r] : t.keys;
+  }
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  float l[2] = {0.f, 0.f};
+  float s[32];
+  int parity = 0;  // of this group's buffer's barriers
+
+  const uint32_t own_k = group == 0 ? k0 : k1;
+  const uint32_t own_barriers = group == 0 ? barriers0 : barriers1;
+  if (blocks > group) {
+    Scores<0, kChunks>(s, q, own_k, own_barriers, parity, q_rope);
+    parity ^= 1;
+  }
+  WgmmaWait<0>();
+  Settle(s);
+
+#pragma unroll 1
+  for (int b = 0; b < blocks; b += 2) {
+    const bool has1 = b + 1 < blocks;  // the pair's second block
+    const bool next0 = b + 2 < blocks;
+    const bool next1 = b + 3 < blocks;
+    uint32_t p[4][4] = {};
+    if (group == 0) {
+      float block_max[2], base[2], scale[2], sum[2];
+      ScaleAndMask(s, scale_log2, b, visible, c2, block_max);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float old = max_of[row + 8 * h];
+        base[h] = fmaxf(old, block_max[h]);
+        scale[h] = exp2f(old - base[h]);
+      }
+      __syncwarp();  // the quad has read the old maxima
+      if (lane % 4 == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          max_of[row + 8 * h] = base[h];
+          scale0_of[row + 8 * h] = scale[h];
+        }
+      }
+      Exponentiate(s, base, sum);
+      Rescale(o, scale);
+      l[0] = l[0] * scale[0] + sum[0];
+      l[1] = l[1] * scale[1] + sum[1];
+      PackProbabilities(s, p);
+      NamedBarrierArrive(kScale0Ready, kThreads);
+
+      if (!has1 && partial != 0) ZeroValueRows(k0, 0, partial, in_group);
+      ValuesLocal(o, p, k0, 0);
+      WgmmaWait<0>();
+      Settle(o);
+      SettleRegisters(p);
+
+      NamedBarrierSync(kScale1Ready, kThreads);
+      if (next0 && in_group == 0) FetchKeys(map, BlockRow(t, b + 2), k0, barriers0, 0, 4);
+      const float scale1[2] = {scale1_of[row], scale1_of[row + 8]};
+      StoreProbabilities(p0, s, scale1, row, c2);
+      FenceSharedForAsyncProxy();
+      NamedBarrierArrive(kP0Ready, kThreads);
+
+      if (has1) {
+        if (!next0 && partial != 0) ZeroValueRows(k1, 0, partial, in_group);
+        NamedBarrierSync(kP1Ready, kThreads);
+        Rescale(o, scale1);
+        l[0] *= scale1[0];
+        l[1] *= scale1[1];
+        ValuesShared(o, p1, k1, 0);
+      }
+      if (next0) Scores<0, 4>(s, q, k0, barriers0, parity, q_rope);
+      if (next1) {
+        WgmmaWait<4>();  // the value product over K1's left half
+        if (in_group == 0) FetchKeys(map, BlockRow(t, b + 3), k1, barriers1, 0, 4);
+      }
+      if (next0) {
+        Scores<4, kChunks>(s, q, k0, barriers0, parity, q_rope);
+        parity ^= 1;
+      }
+      WgmmaWait<0>();
+      Settle(o);
+      Settle(s);
+    } else {
+      NamedBarrierSync(kScale0Ready, kThreads);
+      float scale[2] = {1.f, 1.f}, sum[2] = {0.f, 0.f};
+      if (has1) {
+        float block_max[2], base[2];
+        ScaleAndMask(s, scale_log2, b + 1, visible, c2, block_max);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float old = max_of[row + 8 * h];
+          base[h] = fmaxf(old, block_max[h]);
+          scale[h] = exp2f(old - base[h]);
+        }
+        __syncwarp();
+        if (lane % 4 == 0) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) max_of[row + 8 * h] = base[h];
+        }
+        Exponentiate(s, base, sum);
+        PackProbabilities(s, p);
+      }
+      if (lane % 4 == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) scale1_of[row + 8 * h] = scale[h];
+      }
+      // O1 follows both maxima: block b's (scale0) and this block's.
+      const float factor[2] = {scale[0] * scale0_of[row], scale[1] * scale0_of[row + 8]};
+      Rescale(o, factor);
+      l[0] = l[0] * factor[0] + sum[0];
+      l[1] = l[1] * factor[1] + sum[1];
+      NamedBarrierArrive(kScale1Ready, kThreads);
+
+      if (has1) {
+        const float one[2] = {1.f, 1.f};
+        StoreProbabilities(p1, s, one, row, c2);
+        if (!next0 && partial != 0) ZeroValueRows(k1, 1, partial, in_group);
+        ValuesLocal(o, p, k1, 1);
+        FenceSharedForAsyncProxy();  // P(b + 1) for group 0's tensor cores
+      }
+      NamedBarrierSync(kP0Ready, kThreads);
+      if (!has1 && partial != 0) ZeroValueRows(k0, 1, partial, in_group);
+      ValuesShared(o, p0, k0, 1);
+      if (has1) NamedBarrierArrive(kP1Ready, kThreads);
+      if (next1) {
+        WgmmaWait<1>();  // the product over K1's right half
+        if (in_group == 0) FetchKeys(map, BlockRow(t, b + 3), k1, barriers1, 4, kChunks);
+      }
+      if (next0) {
+        WgmmaWait<0>();  // and over K0's
+        if (in_group == 0) FetchKeys(map, BlockRow(t, b + 2), k0, barriers0, 4, kChunks);
+      }
+      if (next1) {
+        Scores<0, kChunks>(s, q, k1, barriers1, parity, q_rope);
+        parity ^= 1;
+      }
+      WgmmaWait<0>();
+      Settle(o);
+      Settle(s);
+      SettleRegisters(p);
+    }
+  }
+
+  // Each group summed the probabilities of its own blocks: the row totals are both.
+  const float l0 = QuadSum(l[0]);
+  const float l1 = QuadSum(l[1]);
+  if (lane % 4 == 0) {
+    sum_of[group * kRows + row] = l0;
+    sum_of[group * kRows + row + 8] = l1;
+  }
+  __syncthreads();
+  const float total[2] = {sum_of[row] + sum_of[kRows + row],
+                          sum_of[row + 8] + sum_of[kRows + row + 8]};
+  TileRows<2> rows(row, group, lane);
+  rows.m[0] = max_of[row];
+  rows.m[1] = max_of[row + 8];
+  rows.Store<32>(t, total, group * 256, [&](int i, int h, int e) { return o[i * 4 + h * 2 + e]; });
+#else
+  (void)tiles;
+  (void)scale_log2;
+  (void)keys;
+  __trap();  // built without sm_90a: the runtime never picks this kernel there
+#endif
+}
+
+}  // namespace
+
+cudaError_t PrepareSeesawAttentionKernel(void** encode_tensor_map) {
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", encode_tensor_map,
+                                                       12000, cudaEnableDefault, &found);
+      e != cudaSuccess) {
+    return e;
+  }
+  if (found != cudaDriverEntryPointSuccess || *encode_tensor_map == nullptr) {
+    return cudaErrorNotSupported;
+  }
+  return cudaFuncSetAttribute(AttentionSeesawKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              kSharedBytes);
+}
+
+cudaError_t EnqueueSeesawAttention(const gpu::Launch& launch, void* encode_tensor_map,
+                                   cudaStream_t stream) {
+  if (launch.key_pool_rows <= 0 || launch.key_row_stride % 16 != 0) return cudaErrorNotSupported;
+  // The pool as a matrix of key rows; a box is one 64-column tile of a block's 64 rows.
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kDk),
+                              static_cast<cuuint64_t>(launch.key_pool_rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(launch.key_row_stride)};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(kKeys)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const auto encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(encode_tensor_map);
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                            reinterpret_cast<void*>(static_cast<uintptr_t>(launch.key_pool)),
+                            dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
+  constexpr float kLog2e = 1.4426950408889634f;
+  AttentionSeesawKernel<<<launch.count, kThreads, kSharedBytes, stream>>>(
+      reinterpret_cast<const AttentionTile*>(launch.tiles), launch.softmax_scale * kLog2e, map);
+  return cudaGetLastError();
+}
+
+}  // namespace mlaserve::cuda

@@ -1,0 +1,65 @@
+#ifndef MLASERVE_KERNELS_CUDA_TMA_CUH_
+#define MLASERVE_KERNELS_CUDA_TMA_CUH_
+
+// Hopper's bulk tensor copy (TMA) and the synchronisation around it (sm_90): a tile of a 2-D
+// tensor described by a CUtensorMap lands in shared memory, laid out with the map's swizzle,
+// and completes a transaction count on an mbarrier that consumers wait on by phase parity
+// (PTX ISA: "cp.async.bulk.tensor", "mbarrier"). Named barriers let two warpgroups hand work
+// to each other without stopping the whole block.
+
+#include <cstdint>
+
+namespace mlaserve::cuda {
+
+__device__ __forceinline__ void MbarrierInit(uint32_t barrier, int arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(barrier), "r"(arrivals));
+}
+// Makes initialised barriers visible to the async proxy (the copy engine) before first use.
+__device__ __forceinline__ void FenceBarrierInit() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// One arrival that also announces `bytes` the copies will complete on the barrier.
+__device__ __forceinline__ void MbarrierExpectBytes(uint32_t barrier, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(barrier),
+               "r"(bytes)
+               : "memory");
+}
+// Until the barrier's phase `parity` has completed.
+__device__ __forceinline__ void MbarrierWait(uint32_t barrier, int parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(barrier),
+      "r"(parity)
+      : "memory");
+}
+
+__device__ __forceinline__ void PrefetchTensorMap(const void* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+// The box at (x, y) (x the innermost coordinate, in elements) of the tensor `map` describes,
+// into shared memory at `dst`, completing its bytes on `barrier`.
+__device__ __forceinline__ void TmaLoad2d(uint32_t dst, const void* map, int x, int y,
+                                          uint32_t barrier) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(barrier)
+      : "memory");
+}
+
+// Barrier `id` (1-15; 0 is __syncthreads) of `threads` threads: Sync waits for all of them,
+// Arrive counts this thread and goes on.
+__device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+}  // namespace mlaserve::cuda
+
+#endif  // MLASERVE_KERNELS_CUDA_TMA_CUH_
