@@ -59,8 +59,11 @@ absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
   // practice; with mixed devices the planner would need per-device thresholds).
   DeviceRates rates;
   const DeviceInfo& first = devices.front()->info();
-  rates.matrix_flops =
-      (options.matrix_tflops > 0 ? options.matrix_tflops : first.matrix_tflops) * 1e12;
+  // A device that knows what its kernels attain is planned on that, not on its peak.
+  const double device_tflops =
+      first.absorb_matrix_tflops > 0 ? first.absorb_matrix_tflops : first.matrix_tflops;
+  rates.matrix_flops = (options.matrix_tflops > 0 ? options.matrix_tflops : device_tflops) * 1e12;
+  rates.naive_matrix_flops = first.naive_matrix_tflops * 1e12;
   rates.memory_bytes_per_second = (options.hbm_tbps > 0 ? options.hbm_tbps : first.hbm_tbps) * 1e12;
   rates.fp8_matrix_flops = first.fp8_matrix_tflops * 1e12;
   if (!(rates.matrix_flops > 0) || !(rates.memory_bytes_per_second > 0)) {

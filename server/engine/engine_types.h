@@ -167,6 +167,10 @@ struct DeviceInfo {
   double matrix_tflops = 0;  // peak, from the profile
   double hbm_tbps = 0;
   double fp8_matrix_tflops = 0;  // peak on e4m3 operands; 0 when the matrix unit has none
+  // What the device's kernels attain, where known (a GPU): the absorb pass's rate and the
+  // naive pass's, which the TyphoonMLA threshold then balances instead of the peak.
+  double absorb_matrix_tflops = 0;
+  double naive_matrix_tflops = 0;
   std::string kind = "npu";      // npu (emulated), host, gpu
   std::string description = "";  // a GPU's model, SMs, memory and driver (open_gpu.h)
   int64_t memory_bytes = 0;      // a GPU's memory

@@ -29,6 +29,8 @@ GpuAttentionDevice::GpuAttentionDevice(std::shared_ptr<gpu::GpuRuntime> runtime,
   info_.split_part_overhead_blocks = gpu::kAttentionPartOverheadBlocks;
   info_.matrix_tflops = p.bf16_tflops;
   info_.hbm_tbps = p.hbm_tbps;
+  info_.absorb_matrix_tflops = p.absorb_tflops;
+  info_.naive_matrix_tflops = p.naive_tflops;
   info_.memory_bytes = p.total_memory;
 }
 

@@ -1,6 +1,7 @@
 #include "server/engine/plan/planner.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <tuple>
 #include <utility>
@@ -14,7 +15,13 @@ double TyphoonBatchThreshold(const ModelConfig& model, int sq, const DeviceRates
                                   ? rates.matrix_flops / rates.fp8_matrix_flops
                                   : 1.0;
   const double absorb_width = sq * (2.0 * model.dl * content_cost + model.dr);
-  return naive_width / absorb_width * rates.matrix_flops / rates.memory_bytes_per_second;
+  if (!(rates.naive_matrix_flops > 0)) {
+    return naive_width / absorb_width * rates.matrix_flops / rates.memory_bytes_per_second;
+  }
+  const double gain =
+      absorb_width / rates.matrix_flops - sq * naive_width / rates.naive_matrix_flops;
+  if (!(gain > 0)) return std::numeric_limits<double>::infinity();
+  return naive_width / rates.memory_bytes_per_second / gain;
 }
 
 Planner::Planner(const ModelConfig& model, DeviceRates rates, int max_sq, PlannerOptions options)

@@ -20,6 +20,9 @@ struct DeviceRates {
   double matrix_flops = 0;
   double memory_bytes_per_second = 0;
   double fp8_matrix_flops = 0;  // on e4m3 operands; 0 when the matrix unit has none
+  // The naive pass's own matrix rate where its math does not hide under its reads (a GPU
+  // whose expanded-head kernel attains less than its latent one); 0: it hides (eq. 1).
+  double naive_matrix_flops = 0;
 };
 
 // TyphoonMLA's break-even batch size (paper eq. 1; docs/engine.md, "Planner"): reading a prefix's
@@ -32,6 +35,11 @@ struct DeviceRates {
 //   B_theta = (Dqk + Dv) / (Sq (2 Dl T / T8 + Dr)) * T / M,
 // higher than bf16's. Without an FP8 rate the absorb costs what it costs in bf16 (its keys
 // are widened first), and B_theta is bf16's.
+// Where the naive pass's math costs time of its own (a rate Tn, not hidden under its reads),
+// the prefix's naive pass takes N / M + B Sq N / Tn against the absorb's B A / T
+// (N = Dqk + Dv, A = Sq (2 Dl + Dr)), so
+//   B_theta = (N / M) / (A / T - Sq N / Tn),
+// eq. 1 as Tn grows; infinite (absorb-only) once A / T <= Sq N / Tn.
 double TyphoonBatchThreshold(const ModelConfig& model, int sq, const DeviceRates& rates,
                              KvDtype kv_dtype = KvDtype::kBf16);
 

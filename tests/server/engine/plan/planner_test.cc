@@ -31,6 +31,28 @@ TEST(PlannerTest, ThresholdScalesWithTheDeviceBalanceOnly) {
   EXPECT_NEAR(TyphoonBatchThreshold(*dsv3, 1, die), 320.0 / 1088.0 * 353.9 / 1.6, 1e-9);
 }
 
+// Where the naive pass's math takes time of its own (rate Tn), the threshold is where the
+// prefix's two forms cost the same: B A / T = N / M + B Sq N / Tn, N = 320, A = Sq 1088.
+TEST(PlannerTest, ANaiveRateOfItsOwnRaisesTheThresholdOrRulesTheHybridOut) {
+  auto model = PresetModelConfig("deepseek-v3");
+  ASSERT_TRUE(model.ok());
+  const double t = 400e12, m = 3.35e12;
+  for (int sq : {1, 2}) {
+    const DeviceRates hidden{t, m};
+    const DeviceRates slow_naive{t, m, 0, 200e12};
+    const double b = TyphoonBatchThreshold(*model, sq, slow_naive);
+    const double absorb_time = b * sq * 1088.0 / t;
+    const double naive_time = 320.0 / m + b * sq * 320.0 / 200e12;
+    EXPECT_NEAR(absorb_time, naive_time, 1e-9 * absorb_time) << "sq " << sq;
+    EXPECT_GT(b, TyphoonBatchThreshold(*model, sq, hidden));
+    // A naive kernel at 101 of the latent kernel's 400 TFLOP/s never pays: 320 / 101 > 1088 / 400.
+    const DeviceRates slower{t, m, 0, 101e12};
+    EXPECT_TRUE(std::isinf(TyphoonBatchThreshold(*model, sq, slower))) << "sq " << sq;
+    const Planner planner(*model, slower, 2);
+    EXPECT_TRUE(std::isinf(planner.BTheta(sq)));
+  }
+}
+
 TEST(PlannerTest, AnFp8RateRaisesTheThresholdOfFp8GroupsOnly) {
   auto model = PresetModelConfig("deepseek-v3");
   ASSERT_TRUE(model.ok());
