@@ -35,6 +35,7 @@
 #include <cmath>
 
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/latent_tiles.cuh"
 #include "kernels/cuda/mma_primitives.cuh"
 #include "kernels/cuda/tile_rows.cuh"
 #include "kernels/cuda/tma.cuh"
@@ -44,14 +45,16 @@ namespace mlaserve::cuda {
 namespace {
 
 using gpu::AttentionTile;
+using latent::kChunks;
+using latent::kDk;
+using latent::kMatrixBytes;
+using latent::kTileBytes;
+using latent::LoadQueries;
+using latent::TileUnit;
 
 constexpr int kRows = gpu::kAttentionTileRows;  // 64
 constexpr int kKeys = gpu::kAttentionBlockKeys;  // 64
 constexpr int kThreads = 256;
-constexpr int kDk = 576;
-constexpr int kChunks = kDk / 64;  // 64-column tiles across a row
-constexpr int kTileBytes = 64 * 128;
-constexpr int kMatrixBytes = kChunks * kTileBytes;
 
 constexpr int kQOffset = 0;
 constexpr int kP1Offset = kQOffset + (kChunks - 1) * kTileBytes;  // Q's last tile, once in regs
@@ -74,23 +77,6 @@ constexpr float kMasked = -1e33f;
 
 // Named barriers between the groups (0 is __syncthreads); 5 + g: within group g.
 enum Barrier : int { kScale0Ready = 1, kScale1Ready = 2, kP0Ready = 3, kP1Ready = 4 };
-
-__device__ __forceinline__ uint32_t TileUnit(uint32_t base, int row, int unit) {
-  const int chunk = unit >> 3;
-  return base +
-         static_cast<uint32_t>(chunk * kTileBytes + row * 128 + (((unit & 7) ^ (row & 7)) << 4));
-}
-
-__device__ void LoadQueries(const AttentionTile& t, uint32_t q) {
-  for (int i = threadIdx.x; i < kRows * kChunks * 8; i += kThreads) {
-    const int row = i / (kChunks * 8);
-    const int unit = i % (kChunks * 8);
-    const bool valid = row < t.rows;
-    const char* src = reinterpret_cast<const char*>(t.q) +
-                      (valid ? (static_cast<int64_t>(row) * kDk + unit * 8) * 2 : 0);
-    CopyAsync16(TileUnit(q, row, unit), src, valid);
-  }
-}
 
 // The pool row of key block `block`'s first key (a block lies within one page).
 __device__ __forceinline__ int BlockRow(const AttentionTile& t, int block) {
@@ -299,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (blocks > 0) FetchKeys(map, BlockRow(t, 0), k0, barriers0, 0, kChunks);
     if (blocks > 1) FetchKeys(map, BlockRow(t, 1), k1, barriers1, 0, kChunks);
   }
-  LoadQueries(t, q);
+  LoadQueries(t, q, kThreads);
   CopyAsyncCommit();
   CopyAsyncWait<0>();
   FenceSharedForAsyncProxy();

@@ -20,6 +20,7 @@
 #include <cmath>
 
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/latent_tiles.cuh"
 #include "kernels/cuda/mma_primitives.cuh"
 #include "kernels/cuda/paged_rows.cuh"
 #include "kernels/cuda/tile_rows.cuh"
@@ -29,15 +30,17 @@ namespace mlaserve::cuda {
 namespace {
 
 using gpu::AttentionTile;
+using latent::kChunks;
+using latent::kDk;
+using latent::kMatrixBytes;
+using latent::kTileBytes;
+using latent::LoadQueries;
+using latent::TileUnit;
 
 constexpr int kRows = gpu::kAttentionTileRows;  // 64
 constexpr int kKeys = 64;                       // a block
 constexpr int kThreads = 256;                   // two warpgroups
-constexpr int kDk = 576;
 constexpr int kDv = 512;
-constexpr int kChunks = kDk / 64;                   // 128-byte tiles across a row
-constexpr int kTileBytes = 64 * 128;                // one 64-row tile
-constexpr int kMatrixBytes = kChunks * kTileBytes;  // Q, or a key block: 73,728
 constexpr int kQOffset = 0;
 constexpr int kStageOffset = kMatrixBytes;
 constexpr int kPOffset = kStageOffset + 2 * kMatrixBytes;
@@ -51,23 +54,6 @@ static_assert(kSharedBytes <= 227 * 1024, "more shared memory than a Hopper SM h
 
 __device__ __forceinline__ const char* Bytes(gpu::DevicePtr p) {
   return reinterpret_cast<const char*>(p);
-}
-
-// The byte of element (row, 8-element unit `unit` of the row) in a matrix of kChunks tiles.
-__device__ __forceinline__ uint32_t TileUnit(uint32_t base, int row, int unit) {
-  const int chunk = unit >> 3;
-  return base +
-         static_cast<uint32_t>(chunk * kTileBytes + row * 128 + (((unit & 7) ^ (row & 7)) << 4));
-}
-
-__device__ void LoadQueries(const AttentionTile& t, uint32_t q) {
-  for (int i = threadIdx.x; i < kRows * kChunks * 8; i += kThreads) {
-    const int row = i / (kChunks * 8);
-    const int unit = i % (kChunks * 8);
-    const bool valid = row < t.rows;
-    const char* src = Bytes(t.q) + (valid ? (static_cast<int64_t>(row) * kDk + unit * 8) * 2 : 0);
-    CopyAsync16(TileUnit(q, row, unit), src, valid);
-  }
 }
 
 // Keys [block * kKeys, +kKeys) of the bf16 paged cache; rows past the tile's keys are zeros.
@@ -137,7 +123,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   StagePageTable(t, table, kThreads);
   const int blocks = (t.keys + kKeys - 1) / kKeys;
-  LoadQueries(t, q_smem);
+  LoadQueries(t, q_smem, kThreads);
   __syncthreads();  // the block table
   if (blocks > 0) LoadKeys(t, table, 0, stage(0));
   CopyAsyncCommit();
