@@ -16,6 +16,7 @@
 #include "kernels/core/cpu_features.h"
 #include "kernels/core/matmul.h"
 #include "kernels/core/random_fill.h"
+#include "kernels/core/row_matmul.h"
 #include "kernels/core/vector_ops.h"
 #include "kernels/mla/amla.h"
 
@@ -132,6 +133,43 @@ void BM_MatmulTile_OpenBlasSgemm(benchmark::State& state) {
   });
 }
 BENCHMARK(BM_MatmulTile_OpenBlasSgemm)->Arg(96)->Arg(128);
+
+// One query's up-projection as the cube runs it: a 128 x 128 weight tile per MMAD with m = 1
+// to 16 query rows, the weights streamed (a layer's W_UK, 16 MiB, each tile read once as
+// serving reads it) or one tile kept in cache; bytes are the weights'. The library's tile
+// call beside the row kernel the matrix unit takes for up to 8 rows.
+template <typename Multiply>
+void RunSmallRows(benchmark::State& state, Multiply multiply) {
+  const int m = static_cast<int>(state.range(0));
+  const bool stream = state.range(1) != 0;
+  constexpr int kTiles = 512;  // 128 heads x 4 output tiles of W_UK [128][512]
+  std::vector<Bf16> a(128 * 128, Bf16::FromFloat(0.5f));
+  std::vector<Bf16> b(static_cast<size_t>(stream ? kTiles : 1) * 128 * 128);
+  Rng rng(3);
+  FillNormal(b, 1.0, rng);
+  std::vector<float> c(128 * 128);
+  for (auto _ : state) {
+    for (int t = 0; t < kTiles; ++t) {
+      multiply(m, a.data(), b.data() + (stream ? t * 128 * 128 : 0), c.data());
+    }
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.SetBytesProcessed(state.iterations() * kTiles * 128 * 128 * 2);
+  state.SetItemsProcessed(state.iterations() * kTiles);
+}
+void BM_MatmulTileLibrary_SmallRows(benchmark::State& state) {
+  RunSmallRows(state, [](int m, const Bf16* a, const Bf16* b, float* c) {
+    MatmulTileLibraryNN(m, 128, 128, a, b, c);
+  });
+}
+BENCHMARK(BM_MatmulTileLibrary_SmallRows)->ArgsProduct({{1, 2, 4, 8, 16}, {0, 1}});
+
+void BM_RowMatmul_SmallRows(benchmark::State& state) {
+  RunSmallRows(state, [](int m, const Bf16* a, const Bf16* b, float* c) {
+    RowMatmulNN(m, 128, 128, a, b, c, 128);
+  });
+}
+BENCHMARK(BM_RowMatmul_SmallRows)->ArgsProduct({{1, 2, 4, 8}, {0, 1}});
 
 // Validation's finiteness scan over the query bytes of a 72-query head-space Decode
 // (72 x 128 heads x 192 values), chunked and vectorised beside the plain early-exit loop.

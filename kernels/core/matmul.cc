@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "kernels/core/cpu_features.h"
+#include "kernels/core/row_matmul.h"
 #include "kernels/core/thread_scratch.h"
 #include "kernels/core/vector_ops.h"
 #include "oneapi/dnnl/dnnl.hpp"
@@ -127,8 +128,8 @@ DnnlTiles& ThisThreadsTiles() {
   return tiles;
 }
 
-void TileCall(int m, int n, int k, bool b_transposed, const Bf16* a, const Bf16* b, float* c) {
-  if (m <= 0 || n <= 0 || k <= 0) return;
+void LibraryTileCall(int m, int n, int k, bool b_transposed, const Bf16* a, const Bf16* b,
+                     float* c) {
   if (DnnlUsable()) {
     ThisThreadsTiles().Run(m, n, k, b_transposed, a, b, c);
     return;
@@ -142,6 +143,16 @@ void TileCall(int m, int n, int k, bool b_transposed, const Bf16* a, const Bf16*
   UseOneOpenBlasThreadPerCall();
   cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, m, n, k, 1.0f,
               a32.data(), k, b32.data(), b_transposed ? k : n, 1.0f, c, kMatrixTile);
+}
+
+void TileCall(int m, int n, int k, bool b_transposed, const Bf16* a, const Bf16* b, float* c) {
+  if (m <= 0 || n <= 0 || k <= 0) return;
+  // A few rows: the weights' bytes are the work, read in place (row_matmul.h), on every path.
+  if (!b_transposed && m <= kRowMatmulRows) {
+    RowMatmulNN(m, n, k, a, b, c, kMatrixTile);
+    return;
+  }
+  LibraryTileCall(m, n, k, b_transposed, a, b, c);
 }
 
 // Tiled's working memory, one set per thread for all its instantiations.
@@ -163,12 +174,50 @@ void CompactRows(int rows, int cols, RowOf row_of, Bf16* dst) {
   }
 }
 
+// B's operand for one tile call, made compact from rows read through b_row(i) (row i of
+// [n][k] if b_transposed, of [k][n] otherwise), so B may be a strided matrix or rows
+// scattered over pages.
+template <typename BRow>
+class CompactedB {
+ public:
+  explicit CompactedB(BRow b_row) : b_row_(b_row) {}
+  // The compact operand of output columns [j, j + tn) and depth [k0, k0 + kc).
+  const Bf16* operator()(bool b_transposed, int j, int tn, int k0, int kc, Bf16* scratch) const {
+    if (b_transposed) {
+      CompactRows(
+          tn, kc, [&](int r) { return b_row_(j + r) + k0; }, scratch);
+    } else {
+      CompactRows(
+          kc, tn, [&](int r) { return b_row_(k0 + r) + j; }, scratch);
+    }
+    return scratch;
+  }
+
+ private:
+  BRow b_row_;
+};
+
+// B already in the matrix unit's tile layout (PackMatrixTiles): every operand is in place.
+class TiledB {
+ public:
+  TiledB(const Bf16* b, int n, int k) : b_(b), n_(n), k_(k) {}
+  const Bf16* operator()(bool b_transposed, int j, int tn, int k0, int kc, Bf16*) const {
+    // NT: B [n][k] in blocks of depth columns, operand = rows [j, j + tn) of block k0 / 128.
+    // NN: B [k][n] in blocks of output columns, operand = rows [k0, k0 + kc) of block j / 128.
+    return b_transposed ? b_ + static_cast<int64_t>(k0) * n_ + static_cast<int64_t>(j) * kc
+                        : b_ + static_cast<int64_t>(j) * k_ + static_cast<int64_t>(k0) * tn;
+  }
+
+ private:
+  const Bf16* b_;
+  int n_, k_;
+};
+
 // The host's side of the definition: per output tile, an L0C-like tile; per chunk, the
-// operands made compact and one tile call. B's rows come from b_row(i): row i of [n][k]
-// (b_transposed) or of [k][n], so B may be a strided matrix or rows scattered over pages.
-template <typename TA, typename BRow>
-void Tiled(bool b_transposed, int m, int n, int k, const TA* a, int64_t lda, BRow b_row, float* c,
-           int64_t ldc, bool accumulate, int k_chunk) {
+// operands made compact and one tile call; b_operand gives B's (CompactedB or TiledB).
+template <typename TA, typename BOperand>
+void Tiled(bool b_transposed, int m, int n, int k, const TA* a, int64_t lda,
+           const BOperand& b_operand, float* c, int64_t ldc, bool accumulate, int k_chunk) {
   if (m <= 0 || n <= 0) return;
   const int chunk = k_chunk > 0 ? k_chunk : std::max(k, 1);
   // A's row tile, made compact once for all column tiles, chunk by chunk: chunk k0 is the
@@ -197,15 +246,8 @@ void Tiled(bool b_transposed, int m, int n, int k, const TA* a, int64_t lda, BRo
       }
       for (int k0 = 0; k0 < k; k0 += chunk) {
         const int kc = std::min(chunk, k - k0);
-        if (b_transposed) {
-          CompactRows(
-              tn, kc, [&](int r) { return b_row(j + r) + k0; }, b_chunk.data());
-        } else {
-          CompactRows(
-              kc, tn, [&](int r) { return b_row(k0 + r) + j; }, b_chunk.data());
-        }
         TileCall(tm, tn, kc, b_transposed, a_tile.data() + static_cast<int64_t>(k0) * tm,
-                 b_chunk.data(), tile.data());
+                 b_operand(b_transposed, j, tn, k0, kc, b_chunk.data()), tile.data());
       }
       for (int r = 0; r < tm; ++r) std::copy_n(tile.data() + r * kMatrixTile, tn, out + r * ldc);
     }
@@ -214,7 +256,7 @@ void Tiled(bool b_transposed, int m, int n, int k, const TA* a, int64_t lda, BRo
 
 template <typename T>
 auto StridedRows(const T* b, int64_t ldb) {
-  return [b, ldb](int i) { return b + i * ldb; };
+  return CompactedB([b, ldb](int i) { return b + i * ldb; });
 }
 
 }  // namespace
@@ -228,8 +270,9 @@ void UseOneOpenBlasThreadPerCall() {
 }
 
 std::string MatrixUnitBackend() {
-  return DnnlUsable() ? "oneDNN " + ThisThreadsTiles().Implementation()
-                      : "OpenBLAS (" + OpenBlasReason() + ")";
+  return (DnnlUsable() ? "oneDNN " + ThisThreadsTiles().Implementation()
+                       : "OpenBLAS (" + OpenBlasReason() + ")") +
+         "; few rows: mlaserve's row kernel";
 }
 
 std::string MatrixPathDescription() {
@@ -243,6 +286,11 @@ void MatmulTileNN(int m, int n, int k, const Bf16* a, const Bf16* b, float* c) {
 
 void MatmulTileNT(int m, int n, int k, const Bf16* a, const Bf16* b, float* c) {
   TileCall(m, n, k, /*b_transposed=*/true, a, b, c);
+}
+
+void MatmulTileLibraryNN(int m, int n, int k, const Bf16* a, const Bf16* b, float* c) {
+  if (m <= 0 || n <= 0 || k <= 0) return;
+  LibraryTileCall(m, n, k, /*b_transposed=*/false, a, b, c);
 }
 
 void MatmulNN(int m, int n, int k, const float* a, int64_t lda, const float* b, int64_t ldb,
@@ -263,9 +311,35 @@ void MatmulBf16(bool b_transposed, int m, int n, int k, const Bf16* a, int64_t l
 void MatmulBf16Rows(bool b_transposed, int m, int n, int k, const Bf16* a, int64_t lda,
                     const Bf16* const* b_rows, float* c, int64_t ldc, bool accumulate,
                     int k_chunk) {
-  Tiled(
-      b_transposed, m, n, k, a, lda, [b_rows](int i) { return b_rows[i]; }, c, ldc, accumulate,
-      k_chunk);
+  Tiled(b_transposed, m, n, k, a, lda, CompactedB([b_rows](int i) { return b_rows[i]; }), c, ldc,
+        accumulate, k_chunk);
+}
+
+void MatmulBf16Tiled(bool b_transposed, int m, int n, int k, const Bf16* a, int64_t lda,
+                     const Bf16* b_tiles, float* c, int64_t ldc, bool accumulate) {
+  Tiled(b_transposed, m, n, k, a, lda, TiledB(b_tiles, n, k), c, ldc, accumulate, kMatrixTile);
+}
+
+void PackMatrixTilesTransposed(const Bf16* src, int64_t ld, int rows, int cols, Bf16* dst) {
+  // The transpose is [cols][rows]: block b holds its columns [128 b, ...), i.e. src's rows.
+  for (int r0 = 0; r0 < rows; r0 += kMatrixTile) {
+    const int width = std::min(kMatrixTile, rows - r0);
+    Bf16* block = dst + static_cast<int64_t>(r0) * cols;
+    for (int c = 0; c < cols; ++c) {
+      for (int r = 0; r < width; ++r)
+        block[static_cast<int64_t>(c) * width + r] = src[(r0 + r) * ld + c];
+    }
+  }
+}
+
+void PackMatrixTiles(const Bf16* src, int64_t ld, int rows, int cols, Bf16* dst) {
+  for (int c0 = 0; c0 < cols; c0 += kMatrixTile) {
+    const int width = std::min(kMatrixTile, cols - c0);
+    Bf16* block = dst + static_cast<int64_t>(c0) * rows;
+    for (int r = 0; r < rows; ++r) {
+      std::copy_n(src + r * ld + c0, width, block + static_cast<int64_t>(r) * width);
+    }
+  }
 }
 
 void MatmulNTDouble(int m, int n, int k, const double* a, int64_t lda, const double* b, int64_t ldb,

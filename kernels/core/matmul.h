@@ -46,17 +46,39 @@ void MatmulBf16(bool b_transposed, int m, int n, int k, const Bf16* a, int64_t l
 void MatmulBf16Rows(bool b_transposed, int m, int n, int k, const Bf16* a, int64_t lda,
                     const Bf16* const* b_rows, float* c, int64_t ldc, bool accumulate, int k_chunk);
 
+// The matrix unit's layout of a weight matrix (Ascend's fractal layout, FlashMLA's and
+// oneDNN's pre-packed weights play the same part): a [rows][cols] matrix stored as column
+// blocks of kMatrixTile, block b holding columns [128 b, 128 b + w_b) as a compact
+// [rows][w_b] matrix at b * rows * 128. Every operand a tile call takes from such a matrix,
+// as B of [k][n] (blocks of output columns) or of [n][k] (blocks of depth, k_chunk 128), is
+// then one contiguous run: nothing to copy or convert per call. Packed once, when weights
+// are loaded.
+void PackMatrixTiles(const Bf16* src, int64_t ld, int rows, int cols, Bf16* dst);
+// The same layout for the transpose of src ([cols][rows] packed): a weight used as B^T
+// becomes an NN operand, whose few-row tile calls are the faster ones (row_matmul.h).
+void PackMatrixTilesTransposed(const Bf16* src, int64_t ld, int rows, int cols, Bf16* dst);
+
+// MatmulBf16 with B packed by PackMatrixTiles ([k][n], or [n][k] if b_transposed) and the
+// depth chunk kMatrixTile: the same tile calls on the same operands, so the same bits, read
+// in place.
+void MatmulBf16Tiled(bool b_transposed, int m, int n, int k, const Bf16* a, int64_t lda,
+                     const Bf16* b_tiles, float* c, int64_t ldc, bool accumulate);
+
 // One tile call: C[m][n] += A[m][k] . B with m, n <= 128, A compact [m][k], B compact [k][n]
 // (NN) or [n][k] (NT), C of leading dimension kMatrixTile. What one MMAD of the emulated
 // cube runs.
 void MatmulTileNN(int m, int n, int k, const Bf16* a, const Bf16* b, float* c);
 void MatmulTileNT(int m, int n, int k, const Bf16* a, const Bf16* b, float* c);
+// The library's tile call (oneDNN, or OpenBLAS) whatever the rows, which the matrix unit
+// itself no longer makes for a few rows: for benchmarks that set the row kernel beside it.
+void MatmulTileLibraryNN(int m, int n, int k, const Bf16* a, const Bf16* b, float* c);
 
 // What runs the matrix-unit calls in this process: "oneDNN <implementation>" (chosen by
 // oneDNN for the CPU: AMX, AVX-512 BF16 or AVX-512), or "OpenBLAS (<why>)": on CPUs without
 // AVX-512, when generated code may not be mapped (systemd's MemoryDenyWriteExecute=,
-// PR_SET_MDWE), or when MLASERVE_MATRIX_UNIT=openblas asks for it. Within a process every
-// caller gets the same backend, so host and device keep agreeing bit for bit.
+// PR_SET_MDWE), or when MLASERVE_MATRIX_UNIT=openblas asks for it; then "; few rows: ...":
+// tile calls of a few rows take the row kernel (row_matmul.h) on every path. Within a process
+// every caller gets the same backend, so host and device keep agreeing bit for bit.
 std::string MatrixUnitBackend();
 
 // "matrix unit: <MatrixUnitBackend()>; CPU: <model>, <matrix ISA>": what --version reports,

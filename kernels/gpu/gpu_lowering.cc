@@ -54,7 +54,7 @@ class Lowerer {
     RETURN_IF_ERROR(EmitFills());
     for (const BatchStep& step : steps_.steps) {
       if (const auto* p = std::get_if<ProjectionStep>(&step)) {
-        EmitProjection(*p);
+        RETURN_IF_ERROR(EmitProjection(*p));
       } else if (const auto* a = std::get_if<AttentionStep>(&step)) {
         EmitAttention(*a);
       } else {
@@ -158,10 +158,16 @@ class Lowerer {
     return absl::OkStatus();
   }
 
-  void EmitProjection(const ProjectionStep& step) {
+  absl::Status EmitProjection(const ProjectionStep& step) {
     std::vector<GemmJob> jobs;
     std::vector<GemmTile> tiles;
     for (const ProjectionJob& j : step.jobs) {
+      // The GPU's GEMM reads the checkpoint's layout (the engine hands a GPU kv_b_proj as
+      // loaded); the CPU matrix unit's tile layout is not one of its operand forms.
+      if (j.b_tiles) {
+        return absl::UnimplementedError(
+            absl::StrCat("projection step '", step.name, "': B in the matrix unit's tile layout"));
+      }
       const int32_t index = static_cast<int32_t>(jobs.size());
       GemmJob job;
       job.a = Address(j.a);
@@ -180,12 +186,13 @@ class Lowerer {
         for (int32_t c = 0; c < j.n; c += kGemmTileCols) tiles.push_back(GemmTile{index, r, c});
       }
     }
-    if (tiles.empty()) return;
+    if (tiles.empty()) return absl::OkStatus();
     Launch launch{.kind = LaunchKind::kGemm, .name = step.name};
     launch.records = upload_.PutArray(jobs);
     launch.tiles = upload_.PutArray(tiles);
     launch.count = static_cast<int32_t>(tiles.size());
     AddLaunch(std::move(launch));
+    return absl::OkStatus();
   }
 
   // The keys of a row group in a tile's terms, and the block table it needs uploaded (only

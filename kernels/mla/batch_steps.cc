@@ -54,7 +54,9 @@ absl::Status CheckProjection(const RefChecker& c, const ProjectionStep& step,
     if (j.rows <= 0 || j.n <= 0 || j.k <= 0)
       return absl::InternalError(absl::StrCat(at, ": empty GEMM"));
     RETURN_IF_ERROR(c.Check(j.a, ElementType::kBf16, Extent(j.rows, j.k, j.lda), false, at + " A"));
-    const int64_t b_extent = j.transpose_b ? Extent(j.n, j.k, j.ldb) : Extent(j.k, j.n, j.ldb);
+    const int64_t b_extent = j.b_tiles       ? int64_t{j.n} * j.k
+                             : j.transpose_b ? Extent(j.n, j.k, j.ldb)
+                                             : Extent(j.k, j.n, j.ldb);
     RETURN_IF_ERROR(c.Check(j.b, ElementType::kBf16, b_extent, false, at + " B"));
     RETURN_IF_ERROR(c.Check(j.c, j.c_bf16 ? ElementType::kBf16 : ElementType::kFp32,
                             Extent(j.rows, j.n, j.ldc), true, at + " C"));

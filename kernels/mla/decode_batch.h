@@ -69,8 +69,12 @@ struct DecodeBatch {
     bool head_space = true;
     int sq = 1;
     std::vector<Member> members;
-    // Head space: the layer's kv_b_proj, [heads][dn + dv][dl] bf16 (W_UK[h] then W_UV[h]).
+    // Head space: the layer's kv_b_proj, [heads][dn + dv][dl] bf16 (W_UK[h] then W_UV[h]);
+    // with `kv_b_tiles`, each head's W_UK ([dn][dl]) and W_UV^T ([dl][dv]) in the matrix
+    // unit's tile layout (PackMatrixTiles, kernels/core/matmul.h) where W_UK and W_UV are in
+    // kv_b_proj, which the projections then read in place.
     const Bf16* kv_b = nullptr;
+    bool kv_b_tiles = false;
     // The absorb (latent) part reads each member's keys [absorb_from, length); the keys
     // before it are covered by `naive_passes` (root first), which must tile [0, absorb_from).
     int32_t absorb_from = 0;

@@ -66,14 +66,20 @@ std::byte* RowAddress(const HostBuffers& b, BufferRef ref, int64_t row, int64_t 
 void RunProjection(const HostBuffers& b, const ProjectionJob& j) {
   const Bf16* a = b.At<const Bf16>(j.a);
   const Bf16* w = b.At<const Bf16>(j.b);
+  const auto multiply = [&](float* c, int64_t ldc) {
+    if (j.b_tiles) {
+      MatmulBf16Tiled(j.transpose_b, j.rows, j.n, j.k, a, j.lda, w, c, ldc, /*accumulate=*/false);
+    } else {
+      MatmulBf16(j.transpose_b, j.rows, j.n, j.k, a, j.lda, w, j.ldb, c, ldc,
+                 /*accumulate=*/false, kProjectionDepthChunk);
+    }
+  };
   if (!j.c_bf16) {
-    MatmulBf16(j.transpose_b, j.rows, j.n, j.k, a, j.lda, w, j.ldb, b.At<float>(j.c), j.ldc,
-               /*accumulate=*/false, kProjectionDepthChunk);
+    multiply(b.At<float>(j.c), j.ldc);
     return;
   }
   std::vector<float> c(static_cast<size_t>(j.rows) * j.n);
-  MatmulBf16(j.transpose_b, j.rows, j.n, j.k, a, j.lda, w, j.ldb, c.data(), j.n,
-             /*accumulate=*/false, kProjectionDepthChunk);
+  multiply(c.data(), j.n);
   for (int r = 0; r < j.rows; ++r) {
     StoreRow(c.data() + static_cast<int64_t>(r) * j.n, j.n, RowAddress(b, j.c, r, j.ldc, true),
              true);
@@ -128,12 +134,15 @@ void RunRowGroup(const HostBuffers& b, const AttentionStep& step, const Attentio
   }
 }
 
-void RunCombine(const HostBuffers& b, const CombineJob& j) {
+// Rows [first, last) of a merge.
+constexpr int kCombineSliceRows = 16;
+
+void RunCombine(const HostBuffers& b, const CombineJob& j, int first, int last) {
   const int parts = static_cast<int>(j.parts.size());
   std::vector<const float*> outs(parts);
   std::vector<float> lses(parts);
   std::vector<float> row(j.dv);
-  for (int r = 0; r < j.rows; ++r) {
+  for (int r = first; r < last; ++r) {
     for (int p = 0; p < parts; ++p) {
       outs[p] = b.At<const float>(j.parts[p].out) + static_cast<int64_t>(r) * j.dv;
       lses[p] = b.At<const float>(j.parts[p].lse)[r];
@@ -161,8 +170,17 @@ absl::StatusOr<std::unique_ptr<BatchBuffers>> HostBatchRunner::Run(const BatchSt
       pool_.Run(static_cast<int64_t>(a->groups.size()),
                 [&](int64_t i) { RunRowGroup(b, *a, a->groups[i]); });
     } else {
+      // A merge's rows are independent: slices of them spread one query's split-KV merge
+      // (128 rows x 16 parts on 16 threads) instead of leaving it to one thread.
       const auto& c = std::get<CombineStep>(step);
-      pool_.Run(static_cast<int64_t>(c.jobs.size()), [&](int64_t i) { RunCombine(b, c.jobs[i]); });
+      std::vector<std::pair<int, int>> slices;  // (job, first row)
+      for (int i = 0; i < static_cast<int>(c.jobs.size()); ++i) {
+        for (int r = 0; r < c.jobs[i].rows; r += kCombineSliceRows) slices.emplace_back(i, r);
+      }
+      pool_.Run(static_cast<int64_t>(slices.size()), [&](int64_t s) {
+        const auto [i, first] = slices[s];
+        RunCombine(b, c.jobs[i], first, std::min(first + kCombineSliceRows, c.jobs[i].rows));
+      });
     }
   }
   return buffers;

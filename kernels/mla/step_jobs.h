@@ -13,7 +13,9 @@ namespace mlaserve {
 // C [rows][n] = A [rows][k] . B, with B [k][n] or (transpose_b) [n][k]; A and B bf16, fp32
 // accumulation in depth chunks of kProjectionDepthChunk in the matrix unit's order
 // (kernels/core/matmul.h); C fp32, or rounded to bf16 (nearest even) if `c_bf16`. Strides
-// are in elements.
+// are in elements. With `b_tiles`, B is in the matrix unit's layout (PackMatrixTiles in
+// kernels/core/matmul.h, column blocks of 128 of its [k][n] or [n][k]; `ldb` unused): read in
+// place, never copied.
 template <typename Ref>
 struct BasicProjectionJob {
   Ref a;
@@ -21,6 +23,7 @@ struct BasicProjectionJob {
   Ref b;
   int64_t ldb = 0;
   bool transpose_b = false;
+  bool b_tiles = false;
   Ref c;
   int64_t ldc = 0;
   bool c_bf16 = false;
@@ -32,8 +35,8 @@ struct BasicProjectionJob {
   template <typename Resolve>
   auto Map(Resolve&& resolve) const {
     using To = decltype(resolve(a));
-    return BasicProjectionJob<To>{resolve(a), lda,  resolve(b), ldb, transpose_b, resolve(c), ldc,
-                                  c_bf16,     rows, n,          k};
+    return BasicProjectionJob<To>{resolve(a), lda, resolve(b), ldb,  transpose_b, b_tiles,
+                                  resolve(c), ldc, c_bf16,     rows, n,           k};
   }
 };
 

@@ -76,6 +76,10 @@ absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
           ? ModelWeights::FromSeed(options.model, options.weights.seed)
           : ModelWeights::FromSafetensors(options.model, options.weights.safetensors_path);
   if (!weights.ok()) return weights.status();
+  // CPU devices (the emulated NPUs, the host) read the projections' weights in their matrix
+  // unit's layout rather than copying each operand out of the checkpoint's per call; a GPU
+  // uploads the checkpoint's layout and keeps its own.
+  if (first.kind != "gpu") RETURN_IF_ERROR(weights->AddMatrixTiles());
   // A device with memory of its own (a GPU: the pool is that one device) keeps the store there.
   absl::StatusOr<KvResidency> residency =
       devices.size() == 1 ? devices.front()->PlanKvResidency(weights->bytes())

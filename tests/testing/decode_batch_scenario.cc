@@ -8,6 +8,7 @@
 
 #include "kernels/core/fp8_latent_row.h"
 #include "kernels/core/fp8_paged_kv_cache.h"
+#include "kernels/core/matmul.h"
 #include "kernels/core/tiling.h"
 #include "kernels/core/vector_ops.h"
 #include "kernels/mla/naive.h"
@@ -40,9 +41,18 @@ std::unique_ptr<BatchScenario> BatchScenario::Make(const BatchScenarioSpec& spec
   b.dims = MlaDims{H, kDn, kDr, kDl, kDv, static_cast<float>(1.0 / std::sqrt(192.0))};
   b.page_size = spec.page_size;
   b.parallel_units = spec.parallel_units;
+  b.split_block_tokens = spec.split_block_tokens;
   s->kv_b_.resize(static_cast<size_t>(H) * (kDn + kDv) * kDl);
   FillNormal(s->kv_b_, 1.0 / std::sqrt(static_cast<double>(kDl)), rng);
   const UpProjection w = s->Weights();
+  if (spec.weight_tiles) {
+    s->kv_b_tiles_.resize(s->kv_b_.size());
+    for (int h = 0; h < H; ++h) {
+      const int64_t uk = int64_t{h} * (kDn + kDv) * kDl, uv = uk + int64_t{kDn} * kDl;
+      PackMatrixTiles(s->kv_b_.data() + uk, kDl, kDn, kDl, s->kv_b_tiles_.data() + uk);
+      PackMatrixTilesTransposed(s->kv_b_.data() + uv, kDl, kDv, kDl, s->kv_b_tiles_.data() + uv);
+    }
+  }
 
   // Prefix levels read by fp8 groups are expanded from their dequantised rows.
   const int levels = static_cast<int>(spec.prefixes.size());
@@ -156,7 +166,8 @@ std::unique_ptr<BatchScenario> BatchScenario::Make(const BatchScenarioSpec& spec
     dg.kv_dtype = group.kv_dtype;
     dg.head_space = group.head_space;
     dg.sq = group.sq;
-    dg.kv_b = group.head_space ? s->kv_b_.data() : nullptr;
+    dg.kv_b_tiles = group.head_space && spec.weight_tiles;
+    dg.kv_b = !group.head_space ? nullptr : dg.kv_b_tiles ? s->kv_b_tiles_.data() : s->kv_b_.data();
     dg.out_bf16 = group.out_bf16;
     for (size_t m = 0; m < group.own_tokens.size(); ++m) {
       DecodeBatch::Member member;
@@ -235,6 +246,18 @@ std::vector<NamedScenario> StandardBatchScenarios() {
     all.push_back({"AbsorbHeadMtpBf16", s});
   }
   {
+    // Weights in the tile layout: few rows (the row kernel) and more (the library's tiles).
+    Spec s;
+    s.weight_tiles = true;
+    s.groups = {{.head_space = true, .sq = 1, .prefix = -1, .own_tokens = {1, 700, 130}},
+                {.head_space = true,
+                 .sq = 2,
+                 .prefix = -1,
+                 .own_tokens = {4, 9, 70, 3, 6},
+                 .out_bf16 = true}};
+    all.push_back({"AbsorbHeadWeightTiles", s});
+  }
+  {
     Spec s;
     s.page_size = 128;
     s.groups = {{.head_space = false, .sq = 1, .prefix = -1, .own_tokens = {5, 640, 1300}}};
@@ -258,6 +281,9 @@ std::vector<NamedScenario> StandardBatchScenarios() {
                   .hybrid = true,
                   .out_bf16 = true}};
   all.push_back({"HybridTreeShared", tree});
+  tree.weight_tiles = true;
+  all.push_back({"HybridTreeSharedWeightTiles", tree});
+  tree.weight_tiles = false;
   tree.shared_passes = false;
   all.push_back({"HybridTreeFlat", tree});
   {
@@ -265,6 +291,15 @@ std::vector<NamedScenario> StandardBatchScenarios() {
     s.parallel_units = 24;
     s.groups = {{.head_space = true, .sq = 1, .prefix = -1, .own_tokens = {3000, 2100}}};
     all.push_back({"SplitLatent", s});
+  }
+  {
+    // The host runner's split (64-key parts) of a query with more rows than a merge slice.
+    Spec s;
+    s.parallel_units = 6;
+    s.heads = 24;
+    s.split_block_tokens = 64;
+    s.groups = {{.head_space = false, .sq = 1, .prefix = -1, .own_tokens = {700}}};
+    all.push_back({"SplitLatentHostParts", s});
   }
   {
     Spec s;

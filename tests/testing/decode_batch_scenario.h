@@ -44,8 +44,12 @@ struct BatchScenarioSpec {
   // Hybrid groups share one naive pass per prefix level (tree-aware) or take their own.
   bool shared_passes = true;
   int parallel_units = 1;
+  int split_block_tokens = 0;  // DecodeBatch's (0: the NPU kernels' 512)
   // Every latent row and query is drawn N(0, data_scale^2); 0.1 is FlashMLA's test recipe.
   double data_scale = 1.0;
+  // Head-space groups read kv_b_proj in the matrix unit's tile layout, as the engine's CPU
+  // devices do (DecodeBatch::Group::kv_b_tiles).
+  bool weight_tiles = false;
 };
 
 class BatchScenario {
@@ -63,6 +67,7 @@ class BatchScenario {
   BatchScenarioSpec spec_;
   DecodeBatch batch_;
   std::vector<Bf16> kv_b_;                                    // [heads][dn + dv][dl]
+  std::vector<Bf16> kv_b_tiles_;                              // the same, tiled, or empty
   std::vector<Bf16> pool_;                                    // [pages][page_size][dk]
   std::vector<std::byte> fp8_pool_;                           // the same pages in FP8
   std::vector<std::vector<std::vector<int32_t>>> pages_;      // [group][member]

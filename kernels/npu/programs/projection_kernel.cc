@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/core/bfloat16.h"
+#include "kernels/core/matmul.h"
 #include "kernels/core/tiling.h"
 #include "kernels/npu/programs/cube_l0_stage.h"
 #include "kernels/npu/programs/slot_ring.h"
@@ -16,6 +17,7 @@ constexpr int kTile = CubeL0Stage::kTile;
 constexpr int kDepth = kProjectionDepthChunk;
 constexpr int64_t kL1SlotBytes = 32 * 1024;  // one 128 x 128 bf16 operand chunk
 constexpr int kL1Slots = 4;                  // A and B of two depth chunks in flight
+static_assert(kDepth == kMatrixTile, "tiled weights hold depth blocks of one chunk");
 }  // namespace
 
 ProjectionKernel::ProjectionKernel(std::vector<ProjectionJob> jobs, int max_blocks)
@@ -73,21 +75,35 @@ absl::Status ProjectionKernel::Record(Program& program) const {
         aic.ReadGm(GmRegion::Rows(j.a, a_first * 2, m, kc * 2, j.lda * 2), std::move(copy_a),
                    "A chunk");
         l1.Publish(a_slot);
-        // B chunk: [kc][n] from [k][n], or [n][kc] from [n][k].
+        // B chunk: [kc][n] from [k][n], or [n][kc] from [n][k]; tiled weights hold it as
+        // one run already.
         const int b_slot = l1.Acquire();
-        Bf16* b = l1.slot(b_slot).as<Bf16>();
         const int b_rows = j.transpose_b ? n : kc;
         const int b_cols = j.transpose_b ? kc : n;
-        const int64_t b_first = j.transpose_b ? static_cast<int64_t>(tile.n0) * j.ldb + k0
-                                              : static_cast<int64_t>(k0) * j.ldb + tile.n0;
-        Payload copy_b;
-        if (execute) {
-          copy_b = [src = j.b.as<Bf16>() + b_first, ldb = j.ldb, b_rows, b_cols, b] {
-            CopyRowsToL1(src, ldb, b_rows, b_cols, b_cols, b, b_rows, 0);
-          };
+        const Bf16* b = l1.slot(b_slot).as<Bf16>();
+        if (j.b_tiles) {
+          const int64_t b_first = j.transpose_b ? int64_t{k0} * j.n + int64_t{tile.n0} * kc
+                                                : int64_t{tile.n0} * j.k + int64_t{k0} * n;
+          // The weights stay in GM on the host: the MMAD reads them where they are (equal
+          // bits: the operand is the same compact block the copy would have made). The DMA is
+          // still recorded, as the device moves these bytes into L1.
+          b = j.b.host == nullptr ? nullptr : j.b.as<Bf16>() + b_first;
+          aic.ReadGm(GmRegion::Rows(j.b, b_first * 2, 1, int64_t{b_rows} * b_cols * 2,
+                                    int64_t{b_rows} * b_cols * 2),
+                     Payload(), "B chunk (tiled)");
+        } else {
+          const int64_t b_first = j.transpose_b ? static_cast<int64_t>(tile.n0) * j.ldb + k0
+                                                : static_cast<int64_t>(k0) * j.ldb + tile.n0;
+          Payload copy_b;
+          if (execute) {
+            copy_b = [src = j.b.as<Bf16>() + b_first, ldb = j.ldb, b_rows, b_cols,
+                      dst = l1.slot(b_slot).as<Bf16>()] {
+              CopyRowsToL1(src, ldb, b_rows, b_cols, b_cols, dst, b_rows, 0);
+            };
+          }
+          aic.ReadGm(GmRegion::Rows(j.b, b_first * 2, b_rows, b_cols * 2, j.ldb * 2),
+                     std::move(copy_b), "B chunk");
         }
-        aic.ReadGm(GmRegion::Rows(j.b, b_first * 2, b_rows, b_cols * 2, j.ldb * 2),
-                   std::move(copy_b), "B chunk");
         l1.Publish(b_slot);
         l1.Consume(a_slot);
         l1.Consume(b_slot);

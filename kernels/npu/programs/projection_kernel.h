@@ -17,7 +17,9 @@ using ProjectionJob = mlaserve::BasicProjectionJob<GmBuffer>;
 
 // The absorb form's up-projections on the cube (q_nope . W_UK and bf16(o_lat) . W_UV^T): each
 // job is cut into 128 x 128 output tiles dealt to the AIC blocks; a tile streams its A and B
-// depth chunks GM -> L1 and accumulates them in L0C. The matrix unit's summation order does
+// depth chunks GM -> L1 and accumulates them in L0C (weights in the matrix unit's tile layout,
+// `b_tiles`, are read by the MMAD where they lie: the DMA is modelled, no host copy made). The
+// matrix unit's summation order does
 // not depend on that chunking (kernels/core/matmul.h), so the result equals MatmulNN /
 // MatmulNT on the host bit for bit. AIC-only.
 class ProjectionKernel final : public DeviceKernel {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "kernels/core/matmul.h"
 #include "kernels/core/tensor_view.h"
 #include "server/engine/model/safetensors.h"
 
@@ -159,6 +160,40 @@ UpProjection ModelWeights::Layer(int layer) const {
 
 std::span<const Bf16> ModelWeights::KvBProj(int layer) const {
   return {data() + layer * LayerElements(), static_cast<size_t>(LayerElements())};
+}
+
+absl::Status ModelWeights::AddMatrixTiles() {
+  if (tiles_.size() > 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(tiles_, AnonymousMapping::Create(memory_.size(), AnonymousMapping::Use::kDense));
+  Bf16* out = static_cast<Bf16*>(tiles_.data());
+  const int dl = config_.dl;
+  // Each head's W_UK ([dn][dl]) and W_UV^T ([dl][dv]) packed where W_UK and W_UV lie.
+  const int64_t matrices = static_cast<int64_t>(config_.layers) * config_.heads * 2;
+  const auto pack = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t head = i / 2;
+      const bool uv = i % 2 == 1;
+      const int rows = uv ? config_.dv : config_.dn;
+      const int64_t offset =
+          head * (config_.dn + config_.dv) * dl + (uv ? int64_t{config_.dn} * dl : 0);
+      (uv ? PackMatrixTilesTransposed : PackMatrixTiles)(data() + offset, dl, rows, dl,
+                                                         out + offset);
+    }
+  };
+  const int64_t threads = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 8);
+  std::vector<std::thread> workers;
+  for (int64_t t = 1; t < threads; ++t) {
+    workers.emplace_back(pack, matrices * t / threads, matrices * (t + 1) / threads);
+  }
+  pack(0, matrices / threads);
+  for (std::thread& w : workers) w.join();
+  return absl::OkStatus();
+}
+
+std::span<const Bf16> ModelWeights::KvBProjTiles(int layer) const {
+  if (tiles_.size() == 0) return {};
+  return {static_cast<const Bf16*>(tiles_.data()) + layer * LayerElements(),
+          static_cast<size_t>(LayerElements())};
 }
 
 }  // namespace mlaserve::engine

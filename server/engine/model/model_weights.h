@@ -53,6 +53,17 @@ class ModelWeights {
   // Layer `layer`'s kv_b_proj matrix, [H * (Dn + Dv)][Dl] row-major.
   std::span<const Bf16> KvBProj(int layer) const;
 
+  // Adds a second copy of every layer in the CPU matrix unit's tile layout: per head, W_UK
+  // ([dn][dl]) then W_UV^T ([dl][dv]) packed by PackMatrixTiles (kernels/core/matmul.h), at the
+  // offsets W_UK and W_UV have in kv_b_proj: both projections are then NN products. The emulated
+  // NPUs' and the host's projections read that copy in place; the checkpoint layout stays for the
+  // prefix expansions and for a GPU's upload. Costs bytes() again (33.5 MB a DeepSeek-V3 layer).
+  // Call before the weights are shared.
+  absl::Status AddMatrixTiles();
+  // Layer `layer` in that layout; empty until AddMatrixTiles.
+  std::span<const Bf16> KvBProjTiles(int layer) const;
+  int64_t tile_bytes() const { return static_cast<int64_t>(tiles_.size()); }
+
   int64_t bytes() const { return static_cast<int64_t>(memory_.size()); }
   // Every layer at once, [layers][heads][dn + dv][dl] bf16: what a device copies.
   std::span<const std::byte> all_bytes() const {
@@ -69,6 +80,7 @@ class ModelWeights {
 
   ModelConfig config_;
   AnonymousMapping memory_;  // [layers][heads][dn + dv][dl] bf16
+  AnonymousMapping tiles_;   // the same in the matrix unit's layout, or empty
 };
 
 }  // namespace mlaserve::engine

@@ -44,7 +44,9 @@ DecodeBatch ToDecodeBatch(const BatchPlan& plan, const ModelWeights& weights, fl
     g.head_space = group.space == QuerySpace::kHead;
     g.sq = group.sq;
     // kv_b_proj is [heads][dn + dv][dl]: a head range starts first_head heads in.
-    g.kv_b = g.head_space ? weights.KvBProj(group.layer).data() +
+    const std::span<const Bf16> tiles = weights.KvBProjTiles(group.layer);
+    g.kv_b_tiles = g.head_space && !tiles.empty();
+    g.kv_b = g.head_space ? (g.kv_b_tiles ? tiles : weights.KvBProj(group.layer)).data() +
                                 static_cast<size_t>(first_head) * (m.dn + m.dv) * m.dl
                           : nullptr;
     g.absorb_from = group.absorb_from;

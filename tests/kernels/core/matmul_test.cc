@@ -102,5 +102,57 @@ TEST(MatmulTest, NTIsTheSameCallsWithBGivenRowByRow) {
   EXPECT_EQ(nt, by_hand);
 }
 
+std::vector<Bf16> Bf16s(const std::vector<float>& v) {
+  std::vector<Bf16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = Bf16::FromFloat(v[i]);
+  return out;
+}
+
+// Weights packed once into the matrix unit's layout give the same tile calls on the same
+// operands, so the same bits as B read from its row-major form: NN and NT, few rows (the row
+// kernel) and many (the library), widths that leave partial blocks.
+TEST(MatmulTest, TiledWeightsGiveTheBitsOfRowMajorWeights) {
+  std::mt19937 rng(5);
+  for (const bool transposed : {false, true}) {
+    for (const int m : {1, 3, 8, 130}) {
+      const int n = 200, k = 300;  // B: [k][n] or [n][k]
+      const int rows = transposed ? n : k, cols = transposed ? k : n;
+      const auto a = Bf16s(RandomBf16Values(m * k, rng));
+      const auto b = Bf16s(RandomBf16Values(rows * cols, rng));
+      std::vector<Bf16> tiles(b.size());
+      PackMatrixTiles(b.data(), cols, rows, cols, tiles.data());
+      std::vector<float> plain(m * n), tiled(m * n);
+      MatmulBf16(transposed, m, n, k, a.data(), k, b.data(), cols, plain.data(), n, false, 128);
+      MatmulBf16Tiled(transposed, m, n, k, a.data(), k, tiles.data(), tiled.data(), n, false);
+      EXPECT_EQ(plain, tiled) << "transposed " << transposed << ", m " << m;
+    }
+  }
+}
+
+// The transposed packing turns B^T into an NN operand: the bits of NN on an explicit
+// transpose, and within rounding of the exact product.
+TEST(MatmulTest, TransposedTilesAreTheTransposesTiles) {
+  std::mt19937 rng(6);
+  const int m = 2, n = 150, k = 260;  // W [n][k]; the product A . W^T
+  const auto a = Bf16s(RandomBf16Values(m * k, rng));
+  const auto w = Bf16s(RandomBf16Values(n * k, rng));
+  std::vector<Bf16> w_t(w.size());  // [k][n]
+  for (int r = 0; r < n; ++r)
+    for (int c = 0; c < k; ++c) w_t[c * n + r] = w[r * k + c];
+  std::vector<Bf16> tiles(w.size());
+  PackMatrixTilesTransposed(w.data(), k, n, k, tiles.data());
+  std::vector<float> explicit_nn(m * n), tiled(m * n);
+  MatmulBf16(false, m, n, k, a.data(), k, w_t.data(), n, explicit_nn.data(), n, false, 128);
+  MatmulBf16Tiled(false, m, n, k, a.data(), k, tiles.data(), tiled.data(), n, false);
+  EXPECT_EQ(explicit_nn, tiled);
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < n; ++j) {
+      double exact = 0;
+      for (int t = 0; t < k; ++t) exact += double(a[i * k + t].ToFloat()) * w[j * k + t].ToFloat();
+      ASSERT_NEAR(tiled[i * n + j], exact, 1e-4 * std::sqrt(k)) << i << "," << j;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mlaserve

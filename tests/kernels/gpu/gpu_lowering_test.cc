@@ -64,6 +64,23 @@ TEST(GpuLoweringErrorsTest, AnInputTheDeviceDoesNotHoldFailsNamingIt) {
   EXPECT_EQ(runtime.programs_run(), 0);
 }
 
+// The CPU matrix unit's weight layout is not a GPU operand form: a batch built on it is
+// refused naming the step, before anything runs (the engine hands a GPU kv_b_proj as loaded).
+TEST(GpuLoweringErrorsTest, WeightsInTheCpuTileLayoutAreRefused) {
+  mlaserve::testing::BatchScenarioSpec spec = mlaserve::testing::StandardBatchScenarios()[0].spec;
+  spec.weight_tiles = true;
+  auto s = BatchScenario::Make(spec, 4);
+  const BuiltBatch built = Built(*s);
+  FakeGpuRuntime runtime;
+  auto inputs = mlaserve::testing::ResidentInputs::Upload(runtime, built.steps);
+  ASSERT_TRUE(inputs.ok()) << inputs.status();
+  GpuBatchExecutor executor(runtime);
+  auto run = executor.Run(built.steps, inputs->resolver());
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(run.status().message()), HasSubstr("absorb_q"));
+  EXPECT_EQ(runtime.programs_run(), 0);
+}
+
 // A record naming memory outside what the device allocated is caught, not read: here the
 // pool's device copy is one page short.
 TEST(GpuLoweringErrorsTest, ARecordOutsideDeviceMemoryIsCaught) {

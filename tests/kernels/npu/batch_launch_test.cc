@@ -116,8 +116,12 @@ INSTANTIATE_TEST_SUITE_P(
 
 // A model-only launch needs no memory: the planner's shapes with null pointers.
 TEST(BatchLaunchTest, ModelsABatchWithoutMemoryAndRefusesToExecuteOne) {
-  const auto scenarios = mlaserve::testing::StandardBatchScenarios();
-  auto s = BatchScenario::Make(scenarios[4].spec, 3);  // the shared tree
+  mlaserve::testing::BatchScenarioSpec tree;
+  for (const auto& scenario : mlaserve::testing::StandardBatchScenarios()) {
+    if (scenario.name == "HybridTreeShared") tree = scenario.spec;
+  }
+  ASSERT_FALSE(tree.prefixes.empty());
+  auto s = BatchScenario::Make(tree, 3);
   DecodeBatch batch = s->batch();
   batch.pool = nullptr;
   for (auto& group : batch.groups) {

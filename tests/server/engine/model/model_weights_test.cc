@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/core/matmul.h"
 #include "kernels/core/random_fill.h"
 #include "server/engine/model/safetensors.h"
 #include "tests/testing/scratch_dir.h"
@@ -151,6 +152,51 @@ TEST(ModelWeightsTest, LayerViewsSplitKvBProjRowsPerHead) {
         }
         for (int d = 0; d < config.dv; ++d) {
           ASSERT_EQ(up.w_uv(h, d, c), kv_b[(h * rows_per_head + config.dn + d) * config.dl + c]);
+        }
+      }
+    }
+  }
+}
+
+// The matrix unit's copy holds each head's projections where kv_b_proj holds them: q . W_UK
+// read from the tiles gives the bits of q . W_UK read from the checkpoint layout, and
+// o . W_UV^T (an NN product on the transposed tiles) is the exact product within rounding.
+// DeepSeek's widths, where the tiles' blocks are whole, and few rows, the serving case.
+TEST(ModelWeightsTest, MatrixTilesHoldEachHeadsProjectionsInTheirPlace) {
+  ModelConfig config = SmallModel(2);
+  config.dn = 128;
+  config.dv = 128;
+  config.dl = 512;
+  absl::StatusOr<ModelWeights> w = ModelWeights::FromSeed(config, 6);
+  ASSERT_TRUE(w.ok());
+  EXPECT_TRUE(w->KvBProjTiles(0).empty());
+  ASSERT_TRUE(w->AddMatrixTiles().ok());
+  EXPECT_EQ(w->tile_bytes(), w->bytes());
+  Rng rng(7);
+  const int rows = 3;
+  std::vector<Bf16> q(rows * config.dn), o(rows * config.dl);
+  FillNormal(q, 1.0, rng);
+  FillNormal(o, 1.0, rng);
+  for (int layer = 0; layer < config.layers; ++layer) {
+    const UpProjection up = w->Layer(layer);
+    for (int h = 0; h < config.heads; ++h) {
+      const int64_t uk = int64_t{h} * (config.dn + config.dv) * config.dl;
+      const int64_t uv = uk + int64_t{config.dn} * config.dl;
+      std::vector<float> plain(rows * config.dl), tiled(rows * config.dl);
+      MatmulBf16(false, rows, config.dl, config.dn, q.data(), config.dn, &up.w_uk(h, 0, 0),
+                 config.dl, plain.data(), config.dl, false, 128);
+      MatmulBf16Tiled(false, rows, config.dl, config.dn, q.data(), config.dn,
+                      w->KvBProjTiles(layer).data() + uk, tiled.data(), config.dl, false);
+      ASSERT_EQ(plain, tiled) << "layer " << layer << " head " << h;
+      std::vector<float> out(rows * config.dv);
+      MatmulBf16Tiled(false, rows, config.dv, config.dl, o.data(), config.dl,
+                      w->KvBProjTiles(layer).data() + uv, out.data(), config.dv, false);
+      for (int r = 0; r < rows; ++r) {
+        for (int d = 0; d < config.dv; ++d) {
+          double exact = 0;
+          for (int c = 0; c < config.dl; ++c)
+            exact += double(o[r * config.dl + c].ToFloat()) * up.w_uv(h, d, c).ToFloat();
+          ASSERT_NEAR(out[r * config.dv + d], exact, 1e-5 * config.dl) << h << "," << r << "," << d;
         }
       }
     }
