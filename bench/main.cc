@@ -83,6 +83,8 @@ ABSL_FLAG(double, data_scale, 0.1,
 ABSL_FLAG(int64_t, kv_budget_mib, 256, "capacity: KV budget, MiB");
 ABSL_FLAG(int, context, 4096, "capacity: tokens per sequence");
 ABSL_FLAG(std::string, peer_env, "tuned", "peers: tuned (the peer at its best here) or as-is");
+ABSL_FLAG(std::string, peer_python, "/usr/bin/python3",
+          "peers: the Python with torch that runs the peer (Debian's python3-torch by default)");
 
 namespace {
 
@@ -219,6 +221,7 @@ absl::Status Run(const std::string& command) {
     o.repeats = absl::GetFlag(FLAGS_repeats);
     o.rounds = absl::GetFlag(FLAGS_rounds);
     o.peer_env = absl::GetFlag(FLAGS_peer_env);
+    o.python = absl::GetFlag(FLAGS_peer_python);
     o.json = absl::GetFlag(FLAGS_json);
     return mlaserve::bench::RunPeersCommand(o, std::cout);
   }

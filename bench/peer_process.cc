@@ -42,9 +42,13 @@ absl::StatusOr<std::unique_ptr<PeerProcess>> PeerProcess::Start(
     close(in[1]);
     close(out[0]);
     close(out[1]);
-    execve(c_argv[0], c_argv.data(), c_env.data());
+    // The PATH search of a shell: `--peer_python=python3` names a virtual environment's.
+    execvpe(c_argv[0], c_argv.data(), c_env.data());
     _exit(127);
   }
+  // A peer that could not start (or died) makes the next write fail with EPIPE, reported as
+  // "the peer process is gone", instead of SIGPIPE ending the bench without a word.
+  signal(SIGPIPE, SIG_IGN);
   close(in[0]);
   close(out[1]);
   return std::unique_ptr<PeerProcess>(

@@ -70,6 +70,8 @@ absl::StatusOr<std::unique_ptr<OurBatch>> MakeOurs(const Shape& s, int threads, 
   b.pool_pages = int64_t{sequences} * pages_per_sequence;
   b.page_size = kPeerPageSize;
   b.parallel_units = threads;
+  b.split_block_tokens = HostBatchRunner::kSplitBlockTokens;  // as the host device splits
+  b.split_part_overhead_blocks = HostBatchRunner::kSplitPartOverheadBlocks;
   DecodeBatch::Group g;
   g.head_space = !absorb;
   g.sq = s.sq;

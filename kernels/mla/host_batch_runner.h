@@ -14,6 +14,14 @@ namespace mlaserve {
 // step are spread over the runner's threads. One Run at a time.
 class HostBatchRunner {
  public:
+  // How a batch should be split for this runner (DecodeBatch's split fields): the host
+  // kernels take a part of any length, so split-KV parts are multiples of 64 keys rather than
+  // the NPU kernels' 512-key blocks, which let a lone query of 1K keys keep 2 threads busy
+  // where 16 wait (docs/performance.md 11.3); a part's own cost (its query widened, its
+  // merge) is about two such blocks.
+  static constexpr int kSplitBlockTokens = 64;
+  static constexpr int kSplitPartOverheadBlocks = 2;
+
   explicit HostBatchRunner(int threads = 1) : pool_(threads) {}
 
   int threads() const { return pool_.threads(); }

@@ -9,6 +9,8 @@ HostAttentionDevice::HostAttentionDevice(int threads) : runner_(threads) {
   info_.kind = "host";
   info_.host_threads = runner_.threads();
   info_.parallel_units = runner_.threads();
+  info_.split_block_tokens = HostBatchRunner::kSplitBlockTokens;
+  info_.split_part_overhead_blocks = HostBatchRunner::kSplitPartOverheadBlocks;
 }
 
 absl::StatusOr<DeviceRun> HostAttentionDevice::Run(const BatchSteps& steps) {
