@@ -49,33 +49,67 @@ double MillisecondsSince(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<Program>> Device::Record(const DeviceKernel& kernel, bool execute,
+                                                        ProgramBuffers& buffers,
+                                                        double& record_ms) {
+  const auto start = std::chrono::steady_clock::now();
+  auto program =
+      std::make_unique<Program>(profile_, kernel.BlockDim(), execute ? &local_ : nullptr, &buffers);
+  RETURN_IF_ERROR(kernel.Record(*program));
+  RETURN_IF_ERROR(program->Finalize());
+  RETURN_IF_ERROR(CheckGmAccesses(*program, gm_));
+  record_ms = MillisecondsSince(start);
+  return program;
+}
+
 absl::StatusOr<LaunchReport> Device::Launch(const DeviceKernel& kernel, ExecutionMode mode) {
+  const DeviceKernel* const one[] = {&kernel};
+  ASSIGN_OR_RETURN(std::vector<LaunchReport> reports, LaunchSequence(one, mode));
+  return std::move(reports.front());
+}
+
+absl::StatusOr<std::vector<LaunchReport>> Device::LaunchSequence(
+    std::span<const DeviceKernel* const> kernels, ExecutionMode mode) {
   std::lock_guard<std::mutex> lock(launch_mu_);
   const bool execute = mode == ExecutionMode::kExecute;
-  LaunchReport report;
-  auto start = std::chrono::steady_clock::now();
-  Program program(profile_, kernel.BlockDim(), execute ? &local_ : nullptr, &program_buffers_);
-  RETURN_IF_ERROR(kernel.Record(program));
-  RETURN_IF_ERROR(program.Finalize());
-  RETURN_IF_ERROR(CheckGmAccesses(program, gm_));
-  report.host_record_ms = MillisecondsSince(start);
-  // The payloads run on the executor's threads while this one, idle otherwise, models the
-  // launch's timing: both only read the program (Finalize refused any cycle, on which the
-  // executor would wait forever), and the model never reads memory. A program
-  // the model refuses (a flag set twice before its wait, say) has then run all the same; its
-  // launch still fails.
-  const auto run_start = std::chrono::steady_clock::now();
-  if (execute) executor_.Start(program, gm_);
-  start = std::chrono::steady_clock::now();
-  absl::StatusOr<LaunchTiming> modeled = SimulateLaunch(program, profile_, timing_scratch_);
-  report.host_model_ms = MillisecondsSince(start);
-  if (execute) {
-    executor_.Wait();
-    report.host_ms = MillisecondsSince(run_start);
+  std::vector<LaunchReport> reports;
+  if (kernels.empty()) return reports;
+  double record_ms = 0;
+  ASSIGN_OR_RETURN(std::unique_ptr<Program> program,
+                   Record(*kernels[0], execute, program_buffers_[0], record_ms));
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    const DeviceKernel& kernel = *kernels[i];
+    LaunchReport report;
+    report.host_record_ms = record_ms;
+    // The payloads run on the executor's threads while this one, idle otherwise, records the
+    // next launch and models this one's timing: all only read the program (Finalize refused
+    // any cycle, on which the executor would wait forever), and the model never reads memory.
+    // A program the model refuses (a flag set twice before its wait, say) has then run all
+    // the same; its launch still fails.
+    const auto run_start = std::chrono::steady_clock::now();
+    if (execute) executor_.Start(*program, gm_);
+    absl::StatusOr<std::unique_ptr<Program>> next = std::unique_ptr<Program>();
+    if (i + 1 < kernels.size()) {
+      next = Record(*kernels[i + 1], execute, program_buffers_[(i + 1) % 2], record_ms);
+    }
+    const auto model_start = std::chrono::steady_clock::now();
+    absl::StatusOr<LaunchTiming> modeled = SimulateLaunch(*program, profile_, timing_scratch_);
+    report.host_model_ms = MillisecondsSince(model_start);
+    if (execute) {
+      executor_.Wait();
+      report.host_ms = MillisecondsSince(run_start);
+    }
+    if (!modeled.ok()) return modeled.status();
+    if (!next.ok()) return next.status();
+    FillReport(kernel, *program, *modeled, report);
+    reports.push_back(std::move(report));
+    program = *std::move(next);
   }
-  if (!modeled.ok()) return modeled.status();
-  const LaunchTiming& timing = *modeled;
+  return reports;
+}
 
+void Device::FillReport(const DeviceKernel& kernel, const Program& program,
+                        const LaunchTiming& timing, LaunchReport& report) const {
   report.kernel = kernel.Name();
   report.block_dim = program.block_dim();
   report.modeled_cycles = timing.total_cycles;
@@ -97,7 +131,6 @@ absl::StatusOr<LaunchReport> Device::Launch(const DeviceKernel& kernel, Executio
     report.pipe_busy[absl::StrCat("AIV.", PipeName(pipe))] =
         static_cast<double>(timing.vector_busy[static_cast<int>(pipe)]) / vector_capacity;
   }
-  return report;
 }
 
 }  // namespace mlaserve::npu

@@ -3,6 +3,8 @@
 
 #include <memory>
 #include <mutex>
+#include <span>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/npu/device_kernel.h"
@@ -39,16 +41,30 @@ class Device {
   int host_threads() const { return executor_.threads(); }
 
   absl::StatusOr<LaunchReport> Launch(const DeviceKernel& kernel, ExecutionMode mode);
+  // Launches `kernels` in order, as one stream: each runs after the previous one finished,
+  // but the next one is recorded while this one runs (recording reads only the kernels and
+  // GM's addresses, never memory a launch writes). A failed recording or model fails the
+  // sequence after the launch in flight has finished; reports of the launches before it are
+  // lost with it.
+  absl::StatusOr<std::vector<LaunchReport>> LaunchSequence(
+      std::span<const DeviceKernel* const> kernels, ExecutionMode mode);
 
  private:
   Device(DeviceProfile profile, DeviceOptions options);
 
+  // Records kernel `kernel` into a program on `buffers`, finalized and its DMAs checked.
+  absl::StatusOr<std::unique_ptr<Program>> Record(const DeviceKernel& kernel, bool execute,
+                                                  ProgramBuffers& buffers, double& record_ms);
+  // A finished launch's report from its program and modelled timing.
+  void FillReport(const DeviceKernel& kernel, const Program& program, const LaunchTiming& timing,
+                  LaunchReport& report) const;
+
   const DeviceProfile profile_;
   GlobalMemory gm_;
-  std::mutex launch_mu_;            // one launch at a time; std::mutex for TSan (see GlobalMemory)
-  LocalMemoryStorage local_;        // guarded by launch_mu_
-  TimingScratch timing_scratch_;    // guarded by launch_mu_
-  ProgramBuffers program_buffers_;  // guarded by launch_mu_
+  std::mutex launch_mu_;          // one launch at a time; std::mutex for TSan (see GlobalMemory)
+  LocalMemoryStorage local_;      // guarded by launch_mu_
+  TimingScratch timing_scratch_;  // guarded by launch_mu_
+  ProgramBuffers program_buffers_[2];  // guarded by launch_mu_: the running and next program
   HostExecutor executor_;
 };
 

@@ -168,11 +168,10 @@ absl::StatusOr<BatchLaunchReport> BatchLaunch::Run(ExecutionMode mode) {
     return absl::FailedPreconditionError("batch launch: a model-only launch cannot execute");
   }
   BatchLaunchReport report;
-  for (const auto& kernel : kernels_) {
-    ASSIGN_OR_RETURN(LaunchReport launch, device_.Launch(*kernel, mode));
-    report.modeled_us += launch.modeled_us;
-    report.launches.push_back(std::move(launch));
-  }
+  std::vector<const DeviceKernel*> kernels;
+  for (const auto& kernel : kernels_) kernels.push_back(kernel.get());
+  ASSIGN_OR_RETURN(report.launches, device_.LaunchSequence(kernels, mode));
+  for (const LaunchReport& launch : report.launches) report.modeled_us += launch.modeled_us;
   return report;
 }
 

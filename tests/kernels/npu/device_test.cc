@@ -26,29 +26,14 @@
 #include "kernels/npu/timing_model.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/npu_device.h"
+#include "tests/testing/scripted_kernel.h"
 
 namespace mlaserve::npu {
 namespace {
 
 using ::testing::HasSubstr;
 
-// A kernel whose body is a lambda over the program.
-class ScriptedKernel final : public DeviceKernel {
- public:
-  ScriptedKernel(int blocks, std::function<absl::Status(Program&)> body)
-      : blocks_(blocks), body_(std::move(body)) {}
-  std::string Name() const override { return "scripted"; }
-  int BlockDim() const override { return blocks_; }
-  double Flops() const override { return 0; }
-  absl::Status Record(Program& program) const override {
-    RETURN_IF_ERROR(body_(program));
-    return program.status();
-  }
-
- private:
-  int blocks_;
-  std::function<absl::Status(Program&)> body_;
-};
+using testing::ScriptedKernel;
 
 TEST(DeviceTest, LocalBufferBeyondCapacityIsAKernelErrorNamingTheBuffer) {
   auto device = testing::MakeTestDevice();
