@@ -15,8 +15,8 @@ namespace {
 
 using ::mlaserve::engine::testing::Concat;
 using ::mlaserve::engine::testing::Fp8Records;
-using ::mlaserve::engine::testing::kPageBytes;
 using ::mlaserve::engine::testing::kPageSize;
+using ::mlaserve::engine::testing::kStorePageBytes;
 using ::mlaserve::engine::testing::KvStoreTest;
 using ::mlaserve::engine::testing::kWidth;
 using ::mlaserve::engine::testing::Latent;
@@ -117,7 +117,7 @@ class BudgetTest : public KvStoreTest {
 
   int64_t FreeBudgetPages() {
     const KvStoreStats stats = store_->Stats();
-    return (stats.budget_bytes - stats.used_bytes) / kPageBytes;
+    return (stats.budget_bytes - stats.used_bytes) / kStorePageBytes;
   }
 
   // A store with something of every kind: sequences on a prefix chain, a fork, an

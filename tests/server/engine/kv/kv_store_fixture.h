@@ -14,14 +14,14 @@ namespace mlaserve::engine::testing {
 // A store of TinyModel's widths in 4-token pages, `pages` pages of budget (64 by default),
 // with helpers to append tagged rows and read a sequence back: what the KvStore test files
 // share.
-inline constexpr int64_t kPageBytes = kPageSize * kWidth * 2;  // 160
+inline constexpr int64_t kStorePageBytes = kPageSize * kWidth * 2;  // 160
 
 class KvStoreTest : public ::testing::Test {
  protected:
   void MakeStore(int64_t pages, int layers = 3) {
     model_ = TinyModel(layers);
     absl::StatusOr<std::unique_ptr<KvStore>> store = KvStore::Create(
-        model_, KvStoreOptions{.budget_bytes = pages * kPageBytes, .page_size = kPageSize});
+        model_, KvStoreOptions{.budget_bytes = pages * kStorePageBytes, .page_size = kPageSize});
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = *std::move(store);
   }

@@ -15,8 +15,8 @@ namespace {
 
 using ::mlaserve::engine::testing::Concat;
 using ::mlaserve::engine::testing::Fp8Records;
-using ::mlaserve::engine::testing::kPageBytes;
 using ::mlaserve::engine::testing::kPageSize;
+using ::mlaserve::engine::testing::kStorePageBytes;
 using ::mlaserve::engine::testing::KvStoreTest;
 using ::mlaserve::engine::testing::kWidth;
 using ::mlaserve::engine::testing::Latent;
@@ -94,7 +94,7 @@ TEST_F(KvStoreTest, FormatsAreInheritedAndAMismatchNamesKvDtype) {
 
 TEST_F(KvStoreTest, TheStoreDefaultFormatAppliesToRoots) {
   model_ = TinyModel(2);
-  auto store = KvStore::Create(model_, KvStoreOptions{.budget_bytes = 64 * kPageBytes,
+  auto store = KvStore::Create(model_, KvStoreOptions{.budget_bytes = 64 * kStorePageBytes,
                                                       .page_size = kPageSize,
                                                       .default_kv_dtype = KvDtype::kFp8});
   ASSERT_TRUE(store.ok());

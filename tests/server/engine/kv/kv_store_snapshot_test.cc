@@ -19,8 +19,8 @@ namespace {
 
 using ::mlaserve::engine::testing::Concat;
 using ::mlaserve::engine::testing::Fp8Records;
-using ::mlaserve::engine::testing::kPageBytes;
 using ::mlaserve::engine::testing::kPageSize;
+using ::mlaserve::engine::testing::kStorePageBytes;
 using ::mlaserve::engine::testing::KvStoreTest;
 using ::mlaserve::engine::testing::kWidth;
 using ::mlaserve::engine::testing::Latent;

@@ -14,8 +14,8 @@ namespace {
 
 using ::mlaserve::engine::testing::Concat;
 using ::mlaserve::engine::testing::Fp8Records;
-using ::mlaserve::engine::testing::kPageBytes;
 using ::mlaserve::engine::testing::kPageSize;
+using ::mlaserve::engine::testing::kStorePageBytes;
 using ::mlaserve::engine::testing::KvStoreTest;
 using ::mlaserve::engine::testing::kWidth;
 using ::mlaserve::engine::testing::Latent;
@@ -31,7 +31,7 @@ TEST_F(KvStoreTest, CreateRejectsBadOptions) {
   const ModelConfig model = TinyModel();
   EXPECT_THAT(KvStore::Create(model, {.budget_bytes = 1 << 20, .page_size = 0}).status().message(),
               HasSubstr("page_size"));
-  EXPECT_THAT(KvStore::Create(model, {.budget_bytes = kPageBytes - 1, .page_size = kPageSize})
+  EXPECT_THAT(KvStore::Create(model, {.budget_bytes = kStorePageBytes - 1, .page_size = kPageSize})
                   .status()
                   .message(),
               HasSubstr("budget_bytes"));
@@ -49,8 +49,8 @@ TEST_F(KvStoreTest, PoolViewCoversTheBudget) {
   const KvStoreStats stats = store_->Stats();
   EXPECT_EQ(stats.pages_total, 64);
   EXPECT_EQ(stats.pages_free, 64);
-  EXPECT_EQ(stats.page_bytes, kPageBytes);
-  EXPECT_EQ(stats.budget_bytes, 64 * kPageBytes);
+  EXPECT_EQ(stats.page_bytes, kStorePageBytes);
+  EXPECT_EQ(stats.budget_bytes, 64 * kStorePageBytes);
 }
 
 TEST_F(KvStoreTest, AppendsAcrossPageBoundariesReadBackThroughTheBlockTable) {
@@ -66,7 +66,7 @@ TEST_F(KvStoreTest, AppendsAcrossPageBoundariesReadBackThroughTheBlockTable) {
   EXPECT_TRUE(ValidatePagedSequences(snapshot->cache(), snapshot->tables()).ok());
   EXPECT_EQ(ReadSequence(*snapshot, 0), Concat({a, b, c}));
   EXPECT_EQ(store_->Stats().pages_sequence, 4);
-  EXPECT_EQ(store_->Stats().used_bytes, 4 * kPageBytes);
+  EXPECT_EQ(store_->Stats().used_bytes, 4 * kStorePageBytes);
 }
 
 TEST_F(KvStoreTest, LayersHaveTheirOwnLengths) {
