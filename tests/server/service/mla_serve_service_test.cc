@@ -25,162 +25,27 @@
 #include "prometheus/metric_family.h"
 #include "server/service/engine_stats_collector.h"
 #include "server/service/mla_server.h"
+#include "tests/server/service/mla_serve_service_fixture.h"
 #include "tests/server/service/mock_engine.h"
 
 namespace mlaserve::service {
 namespace {
 
 using ::testing::_;
+using testing::Answer;
+using testing::Answers;
+using testing::ExpectedAnswer;
+using testing::FakeAnswers;
 using ::testing::HasSubstr;
+using testing::MlaServeServiceTest;
 using testing::MockEngine;
 using ::testing::NiceMock;
+using testing::OneLatentToken;
 using ::testing::Return;
 using ::testing::ReturnRef;
 using testing::SmallEngineInfo;
 using ::testing::StartsWith;
-
-// A query's answer with recognisable values: out[i] = base + i / 1024, lse[r] = base + r.
-struct ExpectedAnswer {
-  std::vector<float> out;
-  std::vector<float> lse;
-};
-ExpectedAnswer Answer(const engine::DecodeQuery& query, const engine::EngineInfo& info,
-                      float base) {
-  const int width = query.space == engine::QuerySpace::kHead ? info.model.dv : info.model.dl;
-  const size_t rows = static_cast<size_t>(query.sq) * info.model.heads;
-  ExpectedAnswer answer;
-  answer.out.resize(rows * width);
-  for (size_t i = 0; i < answer.out.size(); ++i)
-    answer.out[i] = base + static_cast<float>(i % 1024) / 1024;
-  answer.lse.resize(rows);
-  for (size_t r = 0; r < rows; ++r) answer.lse[r] = base + static_cast<float>(r);
-  return answer;
-}
-
-// The engine's answers to `queries` (the i-th with base i + `offset`) and the memory they
-// view, as an engine hands them to its callback.
-struct FakeAnswers {
-  std::vector<ExpectedAnswer> values;
-  std::vector<engine::DecodeAnswer> answers;
-  std::span<const engine::DecodeAnswer> span() const { return answers; }
-};
-std::shared_ptr<FakeAnswers> Answers(const std::vector<engine::DecodeQuery>& queries,
-                                     const engine::EngineInfo& info, float offset = 0) {
-  auto fake = std::make_shared<FakeAnswers>();
-  for (size_t i = 0; i < queries.size(); ++i)
-    fake->values.push_back(Answer(queries[i], info, offset + i));
-  for (const ExpectedAnswer& v : fake->values) {
-    engine::DecodeAnswer a;
-    a.out_type = ElementType::kFp32;
-    a.out = v.out.data();
-    a.out_elements = static_cast<int64_t>(v.out.size());
-    a.lse = v.lse;
-    a.plan.device = 0;
-    a.plan.batch_size = 1;
-    fake->answers.push_back(a);
-  }
-  return fake;
-}
-
-engine::DecodeQuery OneLatentToken() {
-  engine::DecodeQuery query;
-  query.space = engine::QuerySpace::kLatent;
-  return query;
-}
-
-std::vector<Bf16> Values(size_t n, float scale) {
-  std::vector<Bf16> values(n);
-  for (size_t i = 0; i < n; ++i)
-    values[i] = Bf16::FromFloat(scale * static_cast<float>(i % 13) - 1);
-  return values;
-}
-
-class MlaServeServiceTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    auto mock = std::make_unique<NiceMock<MockEngine>>();
-    engine_ = mock.get();
-    ON_CALL(*engine_, Info()).WillByDefault(ReturnRef(info_));
-    ON_CALL(*engine_, Stats()).WillByDefault(Return(engine::EngineStats{}));
-    ON_CALL(*engine_, Drain(_)).WillByDefault(Return(absl::OkStatus()));
-    // By default every query is answered at once with values derived from its index.
-    ON_CALL(*engine_, Decode(_, _, _))
-        .WillByDefault([this](std::vector<engine::DecodeQuery> queries, engine::DecodeOptions,
-                              engine::DecodeCallback done) {
-          auto answers = Answers(queries, info_);
-          std::move(done)(answers->span());
-        });
-    ServerOptions options;
-    options.listen_address = "127.0.0.1:0";
-    options.metrics_address = "";
-    options.max_message_bytes = 8 << 20;
-    auto server = MlaServer::Start(
-        [mock = std::move(mock), this](engine::EngineOptions engine_options) mutable
-        -> absl::StatusOr<std::unique_ptr<engine::Engine>> {
-          on_batch_ = std::move(engine_options.on_batch);
-          return std::unique_ptr<engine::Engine>(std::move(mock));
-        },
-        engine::EngineOptions{}, options);
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-    client::ClientOptions client_options;
-    client_options.timeout = absl::Seconds(10);
-    client_options.max_attempts = 1;                  // these tests look at single answers
-    client_options.append_chunk_bytes = 3 * 576 * 2;  // three rows per chunk
-    client_ = client::MlaServeClient::Connect(absl::StrCat("127.0.0.1:", server_->port()),
-                                              client_options);
-  }
-
-  void TearDown() override {
-    std::vector<std::thread> threads;
-    {
-      std::lock_guard lock(threads_mu_);
-      threads.swap(threads_);
-    }
-    for (std::thread& thread : threads) thread.join();
-    server_.reset();
-  }
-
-  // Answers the engine's callback on a thread of its own, as devices do. Calls in flight at
-  // once reach the mock from several gRPC threads, hence the lock (ASan caught the race).
-  template <typename Work>
-  void AnswerLater(Work work) {
-    std::lock_guard lock(threads_mu_);
-    threads_.emplace_back(std::move(work));
-  }
-
-  v1::Tensor LatentQ(int sq = 1) const {
-    const std::vector<int64_t> shape{sq, info_.model.heads, info_.model.dk_latent()};
-    return client::Bf16Tensor(Values(static_cast<size_t>(sq) * 4 * 576, 0.125f), shape);
-  }
-  v1::DecodeQuery Latent(const std::string& sequence_id) const {
-    return client::LatentQuery(sequence_id, 0, 1, LatentQ());
-  }
-  double CounterValue(const std::string& name,
-                      const std::vector<std::pair<std::string, std::string>>& labels) const {
-    for (const prometheus::MetricFamily& family : server_->metrics().registry()->Collect()) {
-      if (family.name != name) continue;
-      for (const prometheus::ClientMetric& metric : family.metric) {
-        bool match = true;
-        for (const auto& [key, value] : labels) {
-          bool found = false;
-          for (const auto& label : metric.label) found |= label.name == key && label.value == value;
-          match &= found;
-        }
-        if (match) return metric.counter.value;
-      }
-    }
-    return -1;
-  }
-
-  engine::EngineInfo info_ = SmallEngineInfo();
-  NiceMock<MockEngine>* engine_ = nullptr;
-  std::function<void(const engine::BatchReport&)> on_batch_;
-  std::unique_ptr<MlaServer> server_;
-  std::unique_ptr<client::MlaServeClient> client_;
-  std::mutex threads_mu_;
-  std::vector<std::thread> threads_;
-};
+using testing::Values;
 
 TEST_F(MlaServeServiceTest, ServerInfoDescribesTheEnginesModelDevicesThresholdsAndLimits) {
   auto info = client_->GetServerInfo();
@@ -473,151 +338,6 @@ TEST_F(MlaServeServiceTest, TheCallersDeadlineAndCancellationReachTheEngine) {
   while (!options.cancelled() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
   EXPECT_TRUE(options.cancelled());
   std::move(done)(absl::CancelledError("abandoned"));
-}
-
-TEST_F(MlaServeServiceTest, AStreamEchoesIdsAnswersErrorsInBandAndStaysOpen) {
-  auto stream = client_->OpenDecodeStream(absl::Seconds(10));
-  v1::DecodeRequest good;
-  *good.add_queries() = Latent("s");
-  v1::DecodeRequest bad = good;
-  bad.mutable_queries(0)->mutable_latent()->set_dtype(v1::DTYPE_UNSPECIFIED);
-  ASSERT_TRUE(stream->Send(101, good));
-  ASSERT_TRUE(stream->Send(102, bad));
-  ASSERT_TRUE(stream->Send(103, good));
-  ASSERT_TRUE(stream->WritesDone());
-  std::map<uint64_t, v1::DecodeStreamResponse> answers;
-  while (auto answer = stream->Receive()) answers[answer->request_id()] = *answer;
-  EXPECT_TRUE(stream->Finish().ok());
-  ASSERT_EQ(answers.size(), 3u);
-  EXPECT_EQ(answers[101].status().code(), 0);
-  EXPECT_EQ(answers[101].response().results_size(), 1);
-  EXPECT_EQ(answers[102].status().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(answers[102].status().message(), StartsWith("queries[0].latent: dtype"));
-  EXPECT_FALSE(answers[102].has_response());
-  EXPECT_EQ(answers[103].status().code(), 0);
-}
-
-TEST_F(MlaServeServiceTest, AStreamRequestTimeoutBecomesItsDeadline) {
-  std::promise<absl::Time> deadline;
-  EXPECT_CALL(*engine_, Decode(_, _, _))
-      .WillOnce([&](std::vector<engine::DecodeQuery> queries, engine::DecodeOptions options,
-                    engine::DecodeCallback done) {
-        deadline.set_value(options.deadline);
-        auto answers = Answers({queries[0]}, info_);
-        std::move(done)(answers->span());
-      });
-  auto stream = client_->OpenDecodeStream();
-  v1::DecodeRequest request;
-  *request.add_queries() = Latent("s");
-  const absl::Time before = absl::Now();
-  ASSERT_TRUE(stream->Send(1, request, /*timeout_us=*/250000));
-  const absl::Time engine_deadline = deadline.get_future().get();
-  EXPECT_GT(engine_deadline, before + absl::Milliseconds(200));
-  EXPECT_LT(engine_deadline, absl::Now() + absl::Milliseconds(250));
-  ASSERT_TRUE(stream->Receive().has_value());
-  stream->WritesDone();
-  EXPECT_FALSE(stream->Receive().has_value());
-  EXPECT_TRUE(stream->Finish().ok());
-}
-
-TEST_F(MlaServeServiceTest, ShutdownAnswersWhatAStreamSentThenEndsItUnavailable) {
-  std::promise<engine::DecodeCallback> held;
-  std::vector<engine::DecodeQuery> held_queries;
-  EXPECT_CALL(*engine_, Decode(_, _, _))
-      .WillOnce([&](std::vector<engine::DecodeQuery> queries, engine::DecodeOptions,
-                    engine::DecodeCallback done) {
-        held_queries = std::move(queries);
-        held.set_value(std::move(done));
-      });
-  EXPECT_CALL(*engine_, Drain(_)).WillOnce(Return(absl::OkStatus()));
-  auto stream = client_->OpenDecodeStream();
-  v1::DecodeRequest request;
-  *request.add_queries() = Latent("s");
-  ASSERT_TRUE(stream->Send(7, request));
-  engine::DecodeCallback done = held.get_future().get();
-  absl::Notification stopped;
-  std::thread shutdown([&] {
-    EXPECT_TRUE(server_->Shutdown(absl::Seconds(10)).ok());
-    stopped.Notify();
-  });
-  // The stream waits for its request in flight; so does the shutdown.
-  EXPECT_FALSE(stopped.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
-  auto answers = Answers({held_queries[0]}, info_);
-  std::move(done)(answers->span());
-  auto answer = stream->Receive();
-  ASSERT_TRUE(answer.has_value());
-  EXPECT_EQ(answer->request_id(), 7u);
-  EXPECT_EQ(answer->status().code(), 0);
-  EXPECT_FALSE(stream->Receive().has_value());
-  const absl::Status finished = stream->Finish();
-  EXPECT_EQ(finished.code(), absl::StatusCode::kUnavailable);
-  shutdown.join();
-  EXPECT_TRUE(stopped.HasBeenNotified());
-}
-
-TEST_F(MlaServeServiceTest, BatchReportsAndEngineStatsBecomeMetrics) {
-  ASSERT_TRUE(on_batch_);
-  engine::BatchReport report;
-  report.device = 1;
-  report.queries = 40;
-  report.hybrid_groups = 2;
-  report.absorb_groups = 3;
-  report.modeled_us = 500;
-  on_batch_(report);
-  EXPECT_EQ(CounterValue("mlaserve_batch_groups_total", {{"formulation", "hybrid"}}), 2);
-  EXPECT_EQ(CounterValue("mlaserve_batch_groups_total", {{"formulation", "absorb"}}), 3);
-  EXPECT_EQ(CounterValue("mlaserve_batches_total", {{"device", "1"}, {"outcome", "ok"}}), 1);
-  EXPECT_DOUBLE_EQ(CounterValue("mlaserve_device_modeled_busy_seconds_total", {{"device", "1"}}),
-                   500e-6);
-
-  engine::EngineStats stats;
-  stats.kv.pages_used = 17;
-  stats.kv.sequences = 5;
-  stats.queued = 3;
-  EXPECT_CALL(*engine_, Stats()).WillOnce(Return(stats));
-  const EngineStatsCollector collector(*engine_);
-  double pages_used = -1, sequences = -1, queued = -1;
-  for (const prometheus::MetricFamily& family : collector.Collect()) {
-    for (const prometheus::ClientMetric& metric : family.metric) {
-      if (family.name == "mlaserve_kv_pages" && metric.label[0].value == "used") {
-        pages_used = metric.gauge.value;
-      }
-      if (family.name == "mlaserve_sequences") sequences = metric.gauge.value;
-      if (family.name == "mlaserve_decode_queued") queued = metric.gauge.value;
-    }
-  }
-  EXPECT_EQ(pages_used, 17);
-  EXPECT_EQ(sequences, 5);
-  EXPECT_EQ(queued, 3);
-}
-
-// A counter's series exist before anything is counted (Prometheus' convention: rate() over
-// a series that appears at 1 misses that first call): every RPC with code OK, every decode
-// query space and formulation.
-TEST(ServiceMetricsTest, CountersArePresentFromTheStart) {
-  ServiceMetrics metrics;
-  std::set<std::string> rpcs;
-  int decode_series = 0;
-  for (const prometheus::MetricFamily& family : metrics.registry()->Collect()) {
-    for (const prometheus::ClientMetric& metric : family.metric) {
-      if (family.name == "mlaserve_requests_total") {
-        ASSERT_EQ(metric.label.size(), 2u);
-        EXPECT_EQ(metric.label[0].name, "code");
-        EXPECT_EQ(metric.label[0].value, "OK");
-        rpcs.insert(metric.label[1].value);
-        EXPECT_EQ(metric.counter.value, 0);
-      }
-      if (family.name == "mlaserve_decode_queries_total") {
-        ++decode_series;
-        EXPECT_EQ(metric.counter.value, 0);
-      }
-    }
-  }
-  for (const char* rpc : {"Decode", "DecodeStream", "AppendKv", "CreateSequence", "GetServerInfo",
-                          "ListSequences", "RegisterPrefix", "ReleaseSequence"}) {
-    EXPECT_TRUE(rpcs.count(rpc)) << rpc;
-  }
-  EXPECT_EQ(decode_series, 4);
 }
 
 }  // namespace
