@@ -37,6 +37,20 @@ inline float ApproxNormal(uint64_t bits) {
   return (lanes - kMean) * kInvSigma;
 }
 
+// Runs body(begin, end) over [0, n) split evenly across up to 8 threads, the caller's among
+// them: filling or packing gigabytes of weights at start is memory-bound, and a few threads
+// saturate it.
+template <typename Body>
+void ParallelFor(int64_t n, Body body) {
+  const int64_t threads = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 8);
+  std::vector<std::thread> workers;
+  for (int64_t t = 1; t < threads; ++t) {
+    workers.emplace_back(body, n * t / threads, n * (t + 1) / threads);
+  }
+  body(0, n / threads);
+  for (std::thread& w : workers) w.join();
+}
+
 absl::Status LayerNotFound(const std::string& path, int layer, int layers) {
   return absl::NotFoundError(absl::StrCat(
       "safetensors ", path, ": tensor '", ModelWeights::KvBProjTensorName(layer),
@@ -77,14 +91,7 @@ absl::StatusOr<ModelWeights> ModelWeights::FromSeed(const ModelConfig& config, u
       out[i] = Bf16::FromFloat(ApproxNormal(bits) * sigma);
     }
   };
-  const int64_t n = weights.bytes() / static_cast<int64_t>(sizeof(Bf16));
-  const int64_t threads = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 8);
-  std::vector<std::thread> workers;
-  for (int64_t t = 1; t < threads; ++t) {
-    workers.emplace_back(fill, n * t / threads, n * (t + 1) / threads);
-  }
-  fill(0, n / threads);
-  for (std::thread& w : workers) w.join();
+  ParallelFor(weights.bytes() / static_cast<int64_t>(sizeof(Bf16)), fill);
   return weights;
 }
 
@@ -180,13 +187,7 @@ absl::Status ModelWeights::AddMatrixTiles() {
                                                          out + offset);
     }
   };
-  const int64_t threads = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 8);
-  std::vector<std::thread> workers;
-  for (int64_t t = 1; t < threads; ++t) {
-    workers.emplace_back(pack, matrices * t / threads, matrices * (t + 1) / threads);
-  }
-  pack(0, matrices / threads);
-  for (std::thread& w : workers) w.join();
+  ParallelFor(matrices, pack);
   return absl::OkStatus();
 }
 

@@ -27,12 +27,9 @@ using ::mlaserve::engine::testing::FirstBatchHeld;
 using ::mlaserve::engine::testing::kLseTolerance;
 using ::mlaserve::engine::testing::kOutTolerance;
 using ::mlaserve::engine::testing::MakeEngine;
-using ::mlaserve::engine::testing::OneEmulatedNpu;
 using ::mlaserve::engine::testing::OwnedAnswer;
 using ::mlaserve::engine::testing::Scenario;
 using ::mlaserve::engine::testing::ScriptedDevice;
-using ::mlaserve::engine::testing::SetThreshold;
-using ::mlaserve::engine::testing::SmallModel;
 using ::testing::HasSubstr;
 
 TEST(EngineTest, AppendCarriedByAQueryIsSeenAndIdempotentOnRetry) {

@@ -19,16 +19,12 @@ namespace {
 using ::mlaserve::engine::testing::BaseOptions;
 using ::mlaserve::engine::testing::DecodeSync;
 using ::mlaserve::engine::testing::ExpectMatchesGolden;
-using ::mlaserve::engine::testing::FirstBatchHeld;
-using ::mlaserve::engine::testing::kLseTolerance;
 using ::mlaserve::engine::testing::kOutTolerance;
 using ::mlaserve::engine::testing::MakeEngine;
 using ::mlaserve::engine::testing::OneEmulatedNpu;
 using ::mlaserve::engine::testing::OwnedAnswer;
 using ::mlaserve::engine::testing::Scenario;
-using ::mlaserve::engine::testing::ScriptedDevice;
 using ::mlaserve::engine::testing::SetThreshold;
-using ::mlaserve::engine::testing::SmallModel;
 using ::testing::HasSubstr;
 
 // Prefix chain P1 (300 tokens) <- P2 (+200); sequences on each with varied suffixes, and

@@ -1,51 +1,24 @@
 // DecodeStream at the edge over a mocked engine: ids echoed, errors in band, deadlines from
 // each request, and what a shutdown answers.
 
-#include <atomic>
-#include <chrono>
-#include <cmath>
 #include <future>
 #include <map>
-#include <memory>
-#include <mutex>
-#include <set>
-#include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "client/health_check.h"
-#include "client/mlaserve_client.h"
-#include "client/tensor_helpers.h"
 #include "gmock/gmock.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
-#include "prometheus/metric_family.h"
-#include "server/service/engine_stats_collector.h"
-#include "server/service/mla_server.h"
 #include "tests/server/service/mla_serve_service_fixture.h"
-#include "tests/server/service/mock_engine.h"
 
 namespace mlaserve::service {
 namespace {
 
 using ::testing::_;
-using testing::Answer;
 using testing::Answers;
-using testing::ExpectedAnswer;
-using testing::FakeAnswers;
-using ::testing::HasSubstr;
 using testing::MlaServeServiceTest;
-using testing::MockEngine;
-using ::testing::NiceMock;
-using testing::OneLatentToken;
 using ::testing::Return;
-using ::testing::ReturnRef;
-using testing::SmallEngineInfo;
 using ::testing::StartsWith;
-using testing::Values;
 
 TEST_F(MlaServeServiceTest, AStreamEchoesIdsAnswersErrorsInBandAndStaysOpen) {
   auto stream = client_->OpenDecodeStream(absl::Seconds(10));

@@ -5,29 +5,21 @@
 // fixture its test files share (mla_serve_service_test.cc, decode_stream_test.cc,
 // service_metrics_test.cc).
 
-#include <atomic>
-#include <chrono>
-#include <cmath>
-#include <future>
-#include <map>
+#include <functional>
 #include <memory>
 #include <mutex>
-#include <set>
+#include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
-#include "client/health_check.h"
 #include "client/mlaserve_client.h"
 #include "client/tensor_helpers.h"
 #include "gmock/gmock.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "prometheus/metric_family.h"
-#include "server/service/engine_stats_collector.h"
 #include "server/service/mla_server.h"
 #include "tests/server/service/mock_engine.h"
 

@@ -1,32 +1,18 @@
 // The gRPC edge over a mocked engine, through a real loopback server and the C++ client:
 // what reaches the engine, what it answers, and how that arrives on the wire.
 
-#include <atomic>
-#include <chrono>
-#include <cmath>
 #include <future>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "client/health_check.h"
-#include "client/mlaserve_client.h"
-#include "client/tensor_helpers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
-#include "prometheus/metric_family.h"
-#include "server/service/engine_stats_collector.h"
-#include "server/service/mla_server.h"
 #include "tests/server/service/mla_serve_service_fixture.h"
-#include "tests/server/service/mock_engine.h"
 
 namespace mlaserve::service {
 namespace {
@@ -35,15 +21,10 @@ using ::testing::_;
 using testing::Answer;
 using testing::Answers;
 using testing::ExpectedAnswer;
-using testing::FakeAnswers;
 using ::testing::HasSubstr;
 using testing::MlaServeServiceTest;
-using testing::MockEngine;
-using ::testing::NiceMock;
 using testing::OneLatentToken;
 using ::testing::Return;
-using ::testing::ReturnRef;
-using testing::SmallEngineInfo;
 using ::testing::StartsWith;
 using testing::Values;
 

@@ -24,8 +24,6 @@ using ::mlaserve::engine::testing::ReadFp8Sequence;
 using ::mlaserve::engine::testing::ReadSequence;
 using ::mlaserve::engine::testing::Rows;
 using ::mlaserve::engine::testing::TinyModel;
-using ::mlaserve::engine::testing::View2;
-using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 // TinyModel's FP8 token is 16 + 4 + 2 * 4 = 28 bytes: a 160-byte page slot holds 5 of them.

@@ -13,13 +13,11 @@ namespace mlaserve::engine {
 namespace {
 
 using ::mlaserve::engine::testing::Concat;
-using ::mlaserve::engine::testing::Fp8Records;
 using ::mlaserve::engine::testing::kPageSize;
 using ::mlaserve::engine::testing::kStorePageBytes;
 using ::mlaserve::engine::testing::KvStoreTest;
 using ::mlaserve::engine::testing::kWidth;
 using ::mlaserve::engine::testing::Latent;
-using ::mlaserve::engine::testing::ReadFp8Sequence;
 using ::mlaserve::engine::testing::ReadSequence;
 using ::mlaserve::engine::testing::Rows;
 using ::mlaserve::engine::testing::TinyModel;
