@@ -179,6 +179,42 @@ absl::Status EtcdClient::Put(const std::string& key, const std::string& value, i
   return FromGrpc(kv_->Put(&context, request, &response), "Put");
 }
 
+absl::Status EtcdClient::Delete(const std::string& key) {
+  grpc::ClientContext context;
+  Prepare(context);
+  etcdserverpb::DeleteRangeRequest request;
+  request.set_key(key);
+  etcdserverpb::DeleteRangeResponse response;
+  return FromGrpc(kv_->DeleteRange(&context, request, &response), "DeleteRange");
+}
+
+absl::StatusOr<bool> EtcdClient::PutIfUnchangedSince(
+    const std::string& guard, int64_t revision,
+    const std::vector<std::pair<std::string, std::string>>& puts, int64_t lease) {
+  grpc::ClientContext context;
+  Prepare(context);
+  etcdserverpb::TxnRequest request;
+  etcdserverpb::Compare& compare = *request.add_compare();
+  compare.set_key(guard);
+  compare.set_target(etcdserverpb::Compare::MOD);
+  compare.set_result(etcdserverpb::Compare::LESS);
+  // An absent key's mod revision is 0, which is less than any revision + 1.
+  compare.set_mod_revision(revision + 1);
+  auto put = [&request](const std::string& key, const std::string& value, int64_t on_lease) {
+    etcdserverpb::PutRequest& p = *request.add_success()->mutable_request_put();
+    p.set_key(key);
+    p.set_value(value);
+    p.set_lease(on_lease);
+  };
+  for (const auto& [key, value] : puts) put(key, value, lease);
+  put(guard, absl::StrCat(revision), 0);
+  etcdserverpb::TxnResponse response;
+  if (absl::Status status = FromGrpc(kv_->Txn(&context, request, &response), "Txn"); !status.ok()) {
+    return status;
+  }
+  return response.succeeded();
+}
+
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> EtcdClient::GetPrefix(
     const std::string& prefix) {
   absl::StatusOr<PrefixRead> read = ReadPrefix(prefix);

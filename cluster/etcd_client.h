@@ -17,7 +17,8 @@
 
 namespace mlaserve::cluster {
 
-// The calls of etcd's v3 API that cluster membership makes (leases, puts, prefix reads),
+// The calls of etcd's v3 API that cluster membership and placement make (leases, puts,
+// prefix reads, one guarded transaction),
 // over etcd's own gRPC messages (compiled from Debian's golang-etcd-server-dev). Each call is
 // bounded by `call_timeout`; an unreachable etcd is UNAVAILABLE or DEADLINE_EXCEEDED, never a
 // hang. Thread-compatible: one caller at a time, or one client per thread.
@@ -37,6 +38,15 @@ class EtcdClient {
   absl::Status Revoke(int64_t lease);
   // Writes `key` = `value`, attached to `lease` (0: none; the key then outlives the writer).
   absl::Status Put(const std::string& key, const std::string& value, int64_t lease);
+  // Deletes `key` (OK when it is absent).
+  absl::Status Delete(const std::string& key);
+  // Writes `puts` (key, value, all attached to `lease`) in one transaction, only if `guard`
+  // has not been written since `revision` (a store revision from ReadPrefix; an absent guard
+  // counts as unwritten), and then writes `guard` too, so that two writers that read the same
+  // revision cannot both succeed. False when the guard had moved: read again and retry.
+  absl::StatusOr<bool> PutIfUnchangedSince(
+      const std::string& guard, int64_t revision,
+      const std::vector<std::pair<std::string, std::string>>& puts, int64_t lease);
   // Every key under `prefix`, in key order, with its value.
   absl::StatusOr<std::vector<std::pair<std::string, std::string>>> GetPrefix(
       const std::string& prefix);

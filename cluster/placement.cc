@@ -1,6 +1,7 @@
 #include "cluster/placement.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -91,7 +92,94 @@ const PlacementCandidate* MostRoom(std::span<const PlacementCandidate> candidate
   return best;
 }
 
+// Rendezvous hashing's score of `instance_id` for `group` (FNV-1a over both): the servers in
+// descending score are the group's order.
+uint64_t RendezvousScore(const std::string& group, const std::string& instance_id) {
+  uint64_t h = 14695981039346656037ull;
+  auto mix = [&h](unsigned char c) {
+    h ^= c;
+    h *= 1099511628211ull;
+  };
+  for (unsigned char c : group) mix(c);
+  mix(0);
+  for (unsigned char c : instance_id) mix(c);
+  // FNV's low bits mix poorly for keys that differ only at the end: finish as splitmix64.
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebull;
+  return h ^ (h >> 31);
+}
+
+int64_t CeilDiv(double numerator, int64_t denominator) {
+  return static_cast<int64_t>(std::ceil(numerator / static_cast<double>(denominator) - 1e-9));
+}
+
+absl::Status NoRoom(std::span<const PlacementCandidate> candidates,
+                    const PlacementRequest& request) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "no server of the cluster has room for a new sequence: it needs ", request.sequence_bytes,
+      " bytes",
+      request.has_prefix
+          ? absl::StrCat(" (", request.prefix_bytes, " more where its prefix is not registered)")
+          : "",
+      ", among ", candidates.size(), " members",
+      request.exclude.empty() ? "" : absl::StrCat(" (", request.exclude.size(), " excluded)")));
+}
+
 }  // namespace
+
+absl::StatusOr<Placement> PlaceGroup(std::span<const PlacementCandidate> candidates,
+                                     const PlacementRequest& request, const GroupRequest& group) {
+  std::vector<const PlacementCandidate*> members;
+  int64_t total_load = 0;
+  int64_t total_bytes = 0;
+  for (const PlacementCandidate& c : candidates) {
+    if (Excluded(request, c.member.instance_id)) continue;
+    members.push_back(&c);
+    total_load += c.group_load;
+    total_bytes += c.group_bytes;
+  }
+  const int64_t n = static_cast<int64_t>(members.size());
+  std::vector<const PlacementCandidate*> roomy;
+  for (const PlacementCandidate* c : members) {
+    const int64_t needed = request.sequence_bytes +
+                           (request.has_prefix && c->prefix_group < 0 ? request.prefix_bytes : 0);
+    if (c->free_bytes() >= needed) roomy.push_back(c);
+  }
+  if (roomy.empty()) return NoRoom(candidates, request);
+  const double slack = 1.0 + std::max(0.0, group.load_slack);
+  const int64_t load_cap = CeilDiv(slack * static_cast<double>(total_load + group.weight), n);
+  const int64_t bytes_cap = CeilDiv(slack * static_cast<double>(total_bytes + group.bytes), n);
+  auto within = [&](const PlacementCandidate* c) {
+    return c->group_load + group.weight <= load_cap && c->group_bytes + group.bytes <= bytes_cap;
+  };
+  // Holders of the prefix first (its expanded K/V is already there), then the group's order.
+  std::sort(roomy.begin(), roomy.end(),
+            [&](const PlacementCandidate* a, const PlacementCandidate* b) {
+              const bool a_holds = request.has_prefix && a->prefix_group >= 0;
+              const bool b_holds = request.has_prefix && b->prefix_group >= 0;
+              if (a_holds != b_holds) return a_holds;
+              return RendezvousScore(group.group, a->member.instance_id) >
+                     RendezvousScore(group.group, b->member.instance_id);
+            });
+  const PlacementCandidate* chosen = nullptr;
+  for (const PlacementCandidate* c : roomy) {
+    if (within(c)) {
+      chosen = c;
+      break;
+    }
+  }
+  if (chosen == nullptr) {  // the group is too large for the bound anywhere: the least loaded
+    for (const PlacementCandidate* c : roomy) {
+      if (chosen == nullptr || c->group_load < chosen->group_load ||
+          (c->group_load == chosen->group_load && c->group_bytes < chosen->group_bytes)) {
+        chosen = c;
+      }
+    }
+  }
+  return Placement{chosen->member.instance_id, request.has_prefix && chosen->prefix_group < 0};
+}
 
 absl::StatusOr<Placement> PlaceSequence(std::span<const PlacementCandidate> candidates,
                                         const PlacementRequest& request) {
@@ -108,14 +196,7 @@ absl::StatusOr<Placement> PlaceSequence(std::span<const PlacementCandidate> cand
       return Placement{holder->member.instance_id, false};
     }
   }
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "no server of the cluster has room for a new sequence: it needs ", request.sequence_bytes,
-      " bytes",
-      request.has_prefix
-          ? absl::StrCat(" (", request.prefix_bytes, " more where its prefix is not registered)")
-          : "",
-      ", among ", candidates.size(), " members",
-      request.exclude.empty() ? "" : absl::StrCat(" (", request.exclude.size(), " excluded)")));
+  return NoRoom(candidates, request);
 }
 
 }  // namespace mlaserve::cluster

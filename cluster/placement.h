@@ -23,6 +23,12 @@ struct PlacementCandidate {
   // prefix is not registered there.
   int prefix_group = -1;
 
+  // What every client's placement groups there are expected to bring (GroupTable's claims,
+  // the group being placed excluded): queries per step and KV bytes. Exact where the record's
+  // load lags: a claim is written before its first sequence is created.
+  int64_t group_load = 0;
+  int64_t group_bytes = 0;
+
   int sequences() const { return member.sequences + reserved_sequences; }
   int64_t free_bytes() const {
     return member.kv_budget_bytes - member.kv_used_bytes - reserved_bytes;
@@ -47,6 +53,23 @@ struct PlacementRequest {
   uint64_t tie_break = 0;
 };
 
+// A placement group: sequences decoded together (a serving framework's rank on one prompt),
+// kept whole on one server so that its calls stay one batch there (TyphoonMLA's hybrid needs
+// B_theta of them in one batch).
+struct GroupRequest {
+  // The group's name as every client sees it (GroupTable's key): it orders the servers
+  // (rendezvous hashing), so one group's order is the same for every client and for the same
+  // group again after a restart, while different groups spread.
+  std::string group;
+  // Queries per step the group is expected to bring (at least B_theta for a prefix group:
+  // it is placed to become hybrid) and the KV bytes it is expected to hold.
+  int64_t weight = 1;
+  int64_t bytes = 0;
+  // No server holds more than (1 + load_slack) of the mean once the group is on it (rounded
+  // up to whole queries); a group too large for that anywhere goes to the least loaded.
+  double load_slack = 0.15;
+};
+
 struct Placement {
   std::string instance_id;
   bool register_prefix = false;  // the prefix must be registered there first
@@ -64,6 +87,16 @@ struct Placement {
 // RESOURCE_EXHAUSTED naming the bytes needed when no candidate has room.
 absl::StatusOr<Placement> PlaceSequence(std::span<const PlacementCandidate> candidates,
                                         const PlacementRequest& request);
+
+// Where a new placement group goes: bounded-load rendezvous hashing (docs/cluster.md,
+// "Placement groups"). Among servers with room for its first sequence (and the prefix where
+// it is not registered), those within the load bound on both queries and bytes, holders of
+// the prefix first, then in the group's rendezvous order; when none is within the bound
+// (the group is large against the mean: the first groups, or one larger than the rest), the
+// least loaded, ties in the same order. `request.spread_group` is not used: a group is one
+// server's. RESOURCE_EXHAUSTED as PlaceSequence's.
+absl::StatusOr<Placement> PlaceGroup(std::span<const PlacementCandidate> candidates,
+                                     const PlacementRequest& request, const GroupRequest& group);
 
 }  // namespace mlaserve::cluster
 

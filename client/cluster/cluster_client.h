@@ -2,11 +2,13 @@
 #define MLASERVE_CLIENT_CLUSTER_CLUSTER_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -15,9 +17,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "client/cluster/context_parallel.h"
 #include "client/mlaserve_client.h"
 #include "client/serving_client.h"
+#include "cluster/group_table.h"
 #include "cluster/membership_view.h"
 #include "cluster/placement.h"
 #include "grpcpp/security/credentials.h"
@@ -45,6 +49,21 @@ struct ClusterOptions {
   // prefix's tokens on top for the first part); past that, its next positions go to a part on
   // another server and its decodes fan out to every part, merged by LSE. 0: one server.
   int64_t context_part_tokens = 0;
+  // Placement groups (docs/cluster.md, "Placement groups"): a new sequence on a prefix, or
+  // with a placement group, joins its group's server; a new group is claimed in etcd with a
+  // compare-and-swap against every client's claims, on the server rendezvous hashing picks
+  // within the load bound. false: each client places alone on the servers' records, as before
+  // (etcd then needs no writes from clients).
+  bool placement_groups = true;
+  // The load bound: no server above (1 + load_slack) of the mean claimed load once a group
+  // is placed on it.
+  double load_slack = 0.15;
+  // The placement group of a sequence created without one, from its id (a serving framework's
+  // data-parallel rank, say: the load generator passes the rank its ids carry). Null, or an
+  // empty answer: its prefix is its group.
+  std::function<std::string(absl::string_view sequence_id)> placement_group_of;
+  // The etcd lease of this client's group claims: a client that dies loses them this long after.
+  absl::Duration group_lease_ttl = absl::Seconds(10);
 };
 
 // The client of a cluster of mlaserve servers on etcd (docs/cluster.md): watches the
@@ -54,15 +73,18 @@ struct ClusterOptions {
 // A call for a sequence whose server has left the cluster (drained, or its lease expired
 // after a kill -9) fails at once with UNAVAILABLE naming the server; other sequences are
 // unaffected. A sequence moved to another server (mlaserve-ctl drain) is followed there. Sequences
-// and prefixes are this client's: another client's are not seen. Thread-safe.
+// and prefixes are this client's: another client's are not seen, but every client's placement
+// groups are (their claims in etcd), so that clients placing at once spread. Thread-safe.
 class ClusterClient final : public ServingClient {
  public:
   // Reads the membership from etcd (UNAVAILABLE if etcd does not answer within 5 s, or no
   // server has registered) and keeps watching it.
   static absl::StatusOr<std::unique_ptr<ClusterClient>> Connect(ClusterOptions options);
-  // Over an existing view (tests, or a process that shares one).
+  // Over an existing view (tests, or a process that shares one); `groups`: the table of
+  // placement groups, null for each client alone.
   static absl::StatusOr<std::unique_ptr<ClusterClient>> Create(
-      std::unique_ptr<cluster::MembershipView> view, ClusterOptions options);
+      std::unique_ptr<cluster::MembershipView> view, ClusterOptions options,
+      std::unique_ptr<cluster::GroupTable> groups = nullptr);
 
   absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo() override;
   // Registers the prefix on the server with the most room; the client keeps `latent` to
@@ -76,6 +98,12 @@ class ClusterClient final : public ServingClient {
   absl::StatusOr<v1::Sequence> CreateSequence(
       absl::string_view sequence_id, absl::string_view prefix_id = "",
       v1::KvDtype kv_dtype = v1::KV_DTYPE_UNSPECIFIED) override;
+  // In `placement_group` (a serving framework's rank: the sequences its calls carry
+  // together), kept on one server with the group's other sequences on the same prefix up to
+  // the spread size (twice B_theta), past which a second group of them is placed.
+  absl::StatusOr<v1::Sequence> CreateSequence(absl::string_view sequence_id,
+                                              absl::string_view prefix_id, v1::KvDtype kv_dtype,
+                                              absl::string_view placement_group);
   // The fork lives where its source does (every part forked on its server).
   absl::StatusOr<v1::Sequence> ForkSequence(absl::string_view source_id, absl::string_view new_id);
   // Releases every part; a part on a server that has left is forgotten.
@@ -92,6 +120,11 @@ class ClusterClient final : public ServingClient {
   absl::StatusOr<std::vector<std::string>> ServersOf(absl::string_view sequence_id) const;
   // The servers a prefix is registered on.
   std::vector<std::string> PrefixServers(absl::string_view prefix_id) const;
+  // The placement group a sequence is in (its name in etcd, under this client's id), and the
+  // server that group is on; NOT_FOUND for a sequence in none.
+  absl::StatusOr<std::pair<std::string, std::string>> GroupOf(absl::string_view sequence_id) const;
+  // The table of every client's group claims; null without placement groups.
+  cluster::GroupTable* group_table() const { return groups_table_.get(); }
   const cluster::MembershipView& membership() const { return *view_; }
 
  private:
@@ -107,6 +140,14 @@ class ClusterClient final : public ServingClient {
     int64_t prefix_tokens = 0;
     std::vector<Part> parts;
     std::vector<int64_t> layer_lengths;  // whole-sequence lengths, tracked with parts > 1
+    std::string group;                   // its placement group; empty for none
+  };
+  // A placement group of this client: its server and its live sequences.
+  struct GroupState {
+    std::string instance_id;
+    bool has_prefix = false;
+    int sequences = 0;
+    int64_t claimed_weight = 0;  // as etcd holds it
   };
   struct PrefixState {
     std::string parent_id;
@@ -129,7 +170,7 @@ class ClusterClient final : public ServingClient {
   };
 
   ClusterClient(std::unique_ptr<cluster::MembershipView> view, ClusterOptions options,
-                v1::GetServerInfoResponse info);
+                v1::GetServerInfoResponse info, std::unique_ptr<cluster::GroupTable> groups);
 
   absl::StatusOr<Route> RouteTo(const std::string& instance_id, const std::string& address,
                                 absl::string_view sequence_id);
@@ -142,6 +183,24 @@ class ClusterClient final : public ServingClient {
   absl::StatusOr<cluster::Placement> Place(const std::string& prefix_id, int64_t sequence_bytes,
                                            std::vector<std::string> exclude)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(placement_mu_);
+  // The servers placement may choose for a sequence on `prefix_id` (with room and the
+  // client's reservations), and the request for it.
+  absl::StatusOr<std::vector<cluster::PlacementCandidate>> Candidates(
+      const std::string& prefix_id, int64_t sequence_bytes, std::vector<std::string> exclude,
+      cluster::PlacementRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(placement_mu_);
+  // Where the next sequence of (`prefix_id`, `hint`) goes: its open group's server while the
+  // group is below the spread size, has room and was not `refused`; else a new group claimed
+  // in etcd. Sets `group` to the group's name.
+  absl::StatusOr<cluster::Placement> PlaceInGroup(const std::string& prefix_id,
+                                                  const std::string& hint,
+                                                  const std::vector<std::string>& refused,
+                                                  std::string& group)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(placement_mu_);
+  // The weight a group of `sequences` claims: queries per step, at least B_theta for a prefix
+  // group (it is placed to become hybrid).
+  int64_t GroupWeight(bool has_prefix, int sequences) const;
+  // A group gained (+1) or lost (-1) a sequence: its claim follows.
+  void CountInGroup(const std::string& group, int delta) ABSL_LOCKS_EXCLUDED(mu_);
   void Reserve(const std::string& instance_id, int64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status EnsurePrefixOn(const std::string& prefix_id, const std::string& instance_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(placement_mu_);
@@ -164,6 +223,7 @@ class ClusterClient final : public ServingClient {
   absl::StatusOr<v1::Sequence> ForkOnce(absl::string_view source_id, absl::string_view new_id);
 
   std::unique_ptr<cluster::MembershipView> view_;
+  std::unique_ptr<cluster::GroupTable> groups_table_;
   const ClusterOptions options_;
   const v1::GetServerInfoResponse info_;  // the first member's, at connect
   int spread_group_ = 0;
@@ -179,6 +239,9 @@ class ClusterClient final : public ServingClient {
   absl::flat_hash_map<std::string, PrefixState> prefixes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Reservation> reservations_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::string> relocated_ ABSL_GUARDED_BY(mu_);  // stopped drained servers
+  absl::flat_hash_map<std::string, GroupState> groups_ ABSL_GUARDED_BY(mu_);  // by name
+  // (prefix, hint) -> the number of its group that takes new sequences (0, 1, ...).
+  absl::flat_hash_map<std::string, int> open_group_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace mlaserve::client

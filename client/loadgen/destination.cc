@@ -64,6 +64,14 @@ absl::StatusOr<Destination> ClusterDestination(const client::ClientOptions& opti
   cluster.server_options = options;
   cluster.spread_group = flags.spread_group;
   cluster.context_part_tokens = flags.context_part_tokens;
+  cluster.placement_groups = flags.placement_groups;
+  if (flags.placement_groups) {
+    // A rank's sequences are decoded together: its group (docs/cluster.md).
+    cluster.placement_group_of = [](absl::string_view sequence_id) {
+      const std::optional<int> rank = RankTarget::RankIn(std::string(sequence_id));
+      return rank.has_value() ? absl::StrCat("rank", *rank) : std::string();
+    };
+  }
   if (!flags.etcd_ca.empty() || !flags.etcd_cert.empty()) {
     absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
         cluster::EtcdChannelCredentials(flags.etcd_ca, flags.etcd_cert, flags.etcd_key);

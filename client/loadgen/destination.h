@@ -32,6 +32,7 @@ struct ClusterFlags {
   int spread_group = -1;
   int64_t context_part_tokens = 0;
   bool client_per_rank = false;
+  bool placement_groups = true;
 };
 
 // GetServerInfo's facts a plot or a table names, flat, then its whole answer.

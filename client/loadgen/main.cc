@@ -59,6 +59,10 @@ ABSL_FLAG(int, spread_group, -1,
 ABSL_FLAG(bool, client_per_rank, false,
           "with --etcd-endpoints: one cluster client per worker, as data-parallel ranks that "
           "each place their own sequences (a prompt's group then stays within a rank's calls)");
+ABSL_FLAG(bool, placement_groups, true,
+          "with --etcd-endpoints: each rank's sequences are a placement group, kept on one "
+          "server and spread over the servers through claims in etcd that every client sees "
+          "(false: each client places alone on the servers' records)");
 ABSL_FLAG(int64_t, context_part_tokens, 0,
           "with --etcd-endpoints: positions per server of a context-parallel sequence (0: one "
           "server each)");
@@ -259,6 +263,7 @@ mlaserve::loadgen::ClusterFlags ClusterFlags() {
   f.etcd_key = absl::GetFlag(FLAGS_etcd_key);
   f.spread_group = absl::GetFlag(FLAGS_spread_group);
   f.context_part_tokens = absl::GetFlag(FLAGS_context_part_tokens);
+  f.placement_groups = absl::GetFlag(FLAGS_placement_groups);
   f.client_per_rank = absl::GetFlag(FLAGS_client_per_rank);
   return f;
 }

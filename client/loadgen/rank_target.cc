@@ -5,7 +5,11 @@
 namespace mlaserve::loadgen {
 
 int RankTarget::RankOf(const std::string& sequence_id, int ranks) {
-  // The last "/rN/" or "/wN/" segment.
+  const std::optional<int> rank = RankIn(sequence_id);
+  return rank.has_value() ? *rank % ranks : 0;
+}
+
+std::optional<int> RankTarget::RankIn(const std::string& sequence_id) {
   for (size_t slash = sequence_id.rfind('/'); slash != std::string::npos && slash > 0;
        slash = sequence_id.rfind('/', slash - 1)) {
     const size_t start = sequence_id.rfind('/', slash - 1);
@@ -22,9 +26,9 @@ int RankTarget::RankOf(const std::string& sequence_id, int ranks) {
       }
       rank = rank * 10 + (sequence_id[i] - '0');
     }
-    if (digits) return rank % ranks;
+    if (digits) return rank;
   }
-  return 0;
+  return std::nullopt;
 }
 
 absl::Status RankTarget::RegisterPrefix(const std::string& id, std::span<const Bf16> latent,

@@ -2,6 +2,7 @@
 #define MLASERVE_CLIENT_LOADGEN_RANK_TARGET_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,8 @@ class RankTarget final : public LoadTarget {
 
   // The rank `sequence_id` belongs to, modulo the number of ranks; 0 when it names none.
   static int RankOf(const std::string& sequence_id, int ranks);
+  // The rank `sequence_id` names (its last "/rN/" or "/wN/" segment), if any.
+  static std::optional<int> RankIn(const std::string& sequence_id);
 
   absl::StatusOr<TargetModel> Model() override { return ranks_.front()->Model(); }
   absl::Status RegisterPrefix(const std::string& id, std::span<const Bf16> latent, int tokens,
