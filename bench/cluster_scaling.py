@@ -4,9 +4,16 @@
 Starts Debian's etcd and up to three mlaserve servers on loopback (in a scratch directory it
 removes), and runs two workloads through mlaserve-loadgen's cluster client on 1, 2 and 3
 servers: make demo's (sequences on a shared system prompt) and a KV-bound one (no shared
-prompt, long contexts). make demo's also runs on the 3 servers by plain hashing of sequence
-ids and by one server per system prompt (the loadgen's --target list), for the hybrid
-fraction each placement keeps.
+prompt, long contexts), in two forms: the same traffic on every cluster size (6 ranks, so
+that whole rank groups can spread) and traffic grown with the cluster (2 ranks a server).
+Each size runs through one cluster client for every rank, through a client per rank, through
+clients that each place alone (--placement_groups=false, the rule before placement groups),
+and by plain hashing of sequence ids (the loadgen's --target list).
+
+Where the machine has the cores (--cores-per-server, auto: (CPUs - 4) / 3 when that is at
+least 2), each server runs pinned to its own CPUs with as many emulated devices of one host
+thread, and the load generator and etcd on the CPUs left, so servers do not fight over cores;
+otherwise every process shares them.
 
 For each run: output tokens/s and p99 time per output token (wall clock, on this machine's
 cores, shared by every server and the load generator), the fraction of queries that ran
@@ -61,11 +68,22 @@ WORKLOADS = {
            "--max-context-tokens=4096", "--steps-dist=uniform:16,64"],
 }
 
+TITLES = {
+    "prompt": "make demo's workload: ranks x 72 sequences on a 1024-token prompt, 128 own tokens, "
+              "16-64 steps",
+    "kv": "KV-bound: ranks x 24 sequences, no shared prompt, 4096 own tokens, 16-64 steps",
+}
+FORMS = {
+    "same": "the same traffic on every size (6 ranks)",
+    "grown": "traffic grown with the cluster (2 ranks a server)",
+}
 
-def loadgen(binary, destination, workload, workers, duration_s, warmup_s):
+
+def loadgen(binary, destination, workload, workers, duration_s, warmup_s, cpus=None):
     flags = ["--continuous", f"--workers={workers}", *WORKLOADS[workload], f"--duration-s={duration_s}",
              f"--warmup-s={warmup_s}", "--json", "--quiet"]
-    done = subprocess.run([binary, *destination, *flags], capture_output=True, text=True,
+    pinned = ["taskset", "-c", cpus] if cpus else []
+    done = subprocess.run([*pinned, binary, *destination, *flags], capture_output=True, text=True,
                           timeout=duration_s + warmup_s + 300)
     if done.returncode != 0:
         raise RuntimeError(f"mlaserve-loadgen {' '.join(destination)} failed "
@@ -73,21 +91,24 @@ def loadgen(binary, destination, workload, workers, duration_s, warmup_s):
     return json.loads(done.stdout)["points"][0]
 
 
-def measure(args, workload, name, servers, destination):
+def measure(args, workload, form, name, servers, destination, ranks):
     before = [scrape(s["metrics"]) for s in servers]
-    # The same traffic on every cluster size (two ranks): what adding servers does to it. (Two
-    # ranks per server instead drowns this machine's two cores: the TPOT grows sevenfold.)
-    point = loadgen(args.loadgen, destination, workload, 2, args.duration_s, args.warmup_s)
+    point = loadgen(args.loadgen, destination, workload, ranks, args.duration_s, args.warmup_s,
+                    args.client_cpus)
     after = [scrape(s["metrics"]) for s in servers]
     # Device time per server over its devices: the makespan if the devices were the limit.
     makespan = max((a[0] - b[0]) / max(1, a[1]) for a, b in zip(after, before))
     queries = [a[2] - b[2] for a, b in zip(after, before)]
     measured = point["measured_s"] + point["warmup_s"]
     tokens = point["tokens_per_s"] * point["measured_s"]
+    mean = sum(queries) / max(1, len(queries))
     return {
         "workload": workload,
+        "form": form,
+        "ranks": ranks,
         "run": name,
         "servers": len(servers),
+        "busiest_over_mean": max(queries) / mean if mean > 0 else 0.0,
         "tokens_per_s": point["tokens_per_s"],
         "tpot_p50_ms": point["tpot_ms"]["p50"],
         "tpot_p99_ms": point["tpot_ms"]["p99"],
@@ -104,36 +125,48 @@ def measure(args, workload, name, servers, destination):
 
 def start_server(args, etcd, scratch, index):
     port, metrics = free_port(), free_port()
-    server = Server(args.server, [
-        f"--listen=127.0.0.1:{port}", f"--metrics_listen=127.0.0.1:{metrics}", "--layers=2",
-        f"--etcd_endpoints={etcd.endpoint()}", f"--cluster={CLUSTER}", "--etcd_lease_ttl_s=3"])
+    flags = [f"--listen=127.0.0.1:{port}", f"--metrics_listen=127.0.0.1:{metrics}", "--layers=2",
+             f"--etcd_endpoints={etcd.endpoint()}", f"--cluster={CLUSTER}", "--etcd_lease_ttl_s=3"]
+    if args.cores_per_server:
+        first = index * args.cores_per_server
+        cpus = f"{first}-{first + args.cores_per_server - 1}"
+        server = Server("taskset", ["-c", cpus, args.server, *flags,
+                                    f"--devices={args.cores_per_server}", "--host_threads=1"])
+    else:
+        server = Server(args.server, flags)
     if not server.ready(120):
         raise RuntimeError("server did not start:\n" + "".join(server.log[-20:]))
     return {"server": server, "address": f"127.0.0.1:{port}", "metrics": f"127.0.0.1:{metrics}"}
 
 
-def print_table(rows, duration_s):
-    print(f"cluster scaling on {cpu_line()}, {duration_s:g} s per run (2 layers, 2 emulated "
-          "devices per server; servers and load generator share the cores)")
+def print_table(rows, args):
+    where = (f"each server pinned to {args.cores_per_server} CPUs of its own with as many emulated "
+             f"devices, the load generator and etcd on CPUs {args.client_cpus}"
+             if args.cores_per_server else
+             "default devices per server; servers and load generator share the cores")
+    print(f"cluster scaling on {cpu_line()}, {args.duration_s:g} s per run (2 layers; {where})")
     for workload in WORKLOADS:
-        chosen = [r for r in rows if r["workload"] == workload]
-        if chosen:
-            print()
-            print(TITLES[workload])
-            print_rows(chosen)
+        for form in FORMS:
+            chosen = [r for r in rows if r["workload"] == workload and r["form"] == form]
+            if chosen:
+                print()
+                print(f"{TITLES[workload]}; {FORMS[form]}")
+                print_rows(chosen)
 
 
 def print_rows(rows):
-    head = (f"{'run':<34} {'servers':>7} {'tok/s':>8} {'x1':>6} {'TPOT p50':>9} "
-            f"{'TPOT p99':>9} {'hybrid':>7} {'modelled tok/s':>15} {'x1':>6} {'errors':>6}  queries per server")
+    head = (f"{'run':<40} {'servers':>7} {'ranks':>5} {'tok/s':>8} {'x1':>6} {'TPOT p50':>9} "
+            f"{'TPOT p99':>9} {'hybrid':>7} {'modelled tok/s':>15} {'x1':>6} {'errors':>6} "
+            f"{'max/mean':>8}  queries per server")
     print(head)
     base = rows[0]
     for r in rows:
-        print(f"{r['run']:<34} {r['servers']:>7} {r['tokens_per_s']:>8.1f} "
+        print(f"{r['run']:<40} {r['servers']:>7} {r['ranks']:>5} {r['tokens_per_s']:>8.1f} "
               f"{r['tokens_per_s'] / base['tokens_per_s']:>6.2f} {r['tpot_p50_ms']:>7.1f}ms "
               f"{r['tpot_p99_ms']:>7.1f}ms {r['hybrid_fraction']:>7.2f} "
               f"{r['modeled_tokens_per_s']:>15.0f} "
-              f"{r['modeled_tokens_per_s'] / base['modeled_tokens_per_s']:>6.2f} {r['errors']:>6}  "
+              f"{r['modeled_tokens_per_s'] / base['modeled_tokens_per_s']:>6.2f} {r['errors']:>6} "
+              f"{r['busiest_over_mean']:>8.2f}  "
               f"{' / '.join(str(int(q)) for q in r['queries_per_server'])}")
 
 
@@ -145,9 +178,33 @@ def main():
     parser.add_argument("--warmup-s", type=float, default=2)
     parser.add_argument("--workloads", default="prompt,kv",
                         help="comma-separated: prompt (make demo's), kv (KV-bound)")
+    parser.add_argument("--forms", default="same,grown",
+                        help="comma-separated: same (6 ranks on every size), grown (2 ranks a "
+                             "server)")
+    parser.add_argument("--variants", default="shared,per-rank,alone,hashing",
+                        help="comma-separated, for 2 and 3 servers: shared (one cluster client), "
+                             "per-rank (a client per rank), alone (a client per rank, without "
+                             "placement groups), hashing (plain hashing of sequence ids)")
+    parser.add_argument("--sizes", default="1,2,3", help="cluster sizes, comma-separated")
+    parser.add_argument("--cores-per-server", default="auto",
+                        help="CPUs each server is pinned to (0: no pinning; auto: (CPUs - 4) / 3 "
+                             "when at least 2)")
     parser.add_argument("--json", action="store_true", help="print the rows as one JSON list")
     args = parser.parse_args()
     args.workloads = args.workloads.split(",")
+    args.forms = args.forms.split(",")
+    args.variants = args.variants.split(",")
+    args.sizes = [int(n) for n in args.sizes.split(",")]
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.cores_per_server == "auto":
+        args.cores_per_server = (len(cpus) - 4) // 3 if (len(cpus) - 4) // 3 >= 2 else 0
+    args.cores_per_server = int(args.cores_per_server)
+    args.client_cpus = None
+    if args.cores_per_server:
+        left = cpus[max(args.sizes) * args.cores_per_server:]
+        if not left:
+            parser.error("--cores-per-server leaves no CPU for the load generator")
+        args.client_cpus = ",".join(str(c) for c in left)
     args.server = os.path.join(args.build, "bin", "mlaserve-server")
     args.loadgen = os.path.join(args.build, "bin", "mlaserve-loadgen")
 
@@ -157,26 +214,37 @@ def main():
     try:
         etcd.start()
         through_cluster = ["--etcd_endpoints", etcd.endpoint(), f"--cluster={CLUSTER}"]
-        # (workload, name, servers, flags): each run on servers started for it, so none
-        # carries KV or statistics from the one before.
+        # (workload, form, name, servers, ranks, flags): each run on servers started for it,
+        # so none carries KV or statistics from the one before.
         plan = []
         for workload in args.workloads:
-            for n in (1, 2, 3):
-                plan.append((workload, f"cluster client, {n} server{'s' * (n > 1)}", n, through_cluster))
-                if workload == "prompt" and n > 1:
-                    # Each rank its own client, as data-parallel ranks: a rank's sequences on
-                    # the prompt stay together in its calls, where TyphoonMLA's groups form.
-                    plan.append((workload, f"client per rank, {n} servers", n,
-                                 [*through_cluster, "--client_per_rank"]))
-            if workload == "prompt":
-                plan.append((workload, "3 servers, plain hashing of ids", 3, "sequence"))
-                plan.append((workload, "3 servers, one server per prompt", 3, "prefix"))
-            if workload == "kv":
-                # Context parallel: every sequence cut in three parts of 1366 positions, one
-                # per server, each decode fanned out to the three and merged by LSE.
-                plan.append((workload, "3 servers, context parallel (3 parts)", 3,
-                             [*through_cluster, "--context_part_tokens=1366"]))
-        for workload, name, n, flags in plan:
+            for form in args.forms:
+                for n in args.sizes:
+                    ranks = 6 if form == "same" else 2 * n
+                    s_ = "s" * (n > 1)
+                    plan.append((workload, form, f"cluster client, {n} server{s_}", n, ranks,
+                                 through_cluster))
+                    if n == 1:
+                        continue
+                    if "per-rank" in args.variants:
+                        # Each rank its own client, as data-parallel ranks.
+                        plan.append((workload, form, f"client per rank, {n} servers", n, ranks,
+                                     [*through_cluster, "--client_per_rank"]))
+                    if "alone" in args.variants:
+                        plan.append((workload, form, f"client per rank, alone, {n} servers", n,
+                                     ranks, [*through_cluster, "--client_per_rank",
+                                             "--placement_groups=false"]))
+                    if "hashing" in args.variants:
+                        plan.append((workload, form, f"plain hashing of ids, {n} servers", n,
+                                     ranks, "sequence"))
+                if workload == "kv" and form == "same" and "context" in args.variants:
+                    # Context parallel: every sequence cut in three parts of 1366 positions,
+                    # one per server, each decode fanned out to the three and merged by LSE.
+                    plan.append((workload, form, "context parallel (3 parts), 3 servers", 3,
+                                 6, [*through_cluster, "--context_part_tokens=1366"]))
+        if "shared" not in args.variants:
+            plan = [p for p in plan if not p[2].startswith("cluster client") or p[3] == 1]
+        for workload, form, name, n, ranks, flags in plan:
             servers = []
             try:
                 for i in range(n):
@@ -186,7 +254,7 @@ def main():
                 if isinstance(flags, str):  # a --target list, spread by MultiTarget
                     flags = [f"--target={','.join(s['address'] for s in servers)}",
                              f"--spread={flags}"]
-                rows.append(measure(args, workload, name, servers, flags))
+                rows.append(measure(args, workload, form, name, servers, flags, ranks))
             finally:
                 for s_ in servers:
                     s_["server"].stop()
@@ -197,7 +265,7 @@ def main():
     if args.json:
         print(json.dumps(rows))
     else:
-        print_table(rows, args.duration_s)
+        print_table(rows, args)
 
 
 if __name__ == "__main__":

@@ -162,7 +162,7 @@ def check_placement_rule(check):
 
     for instance_id, seed in (("a", 1), ("b", 4), ("0123456789abcdef0123456789abcdef", 1 << 63),
                               ("é", (1 << 64) - 1)):
-        check(mlaserve.cluster._tie_key(instance_id, seed) == key(instance_id, seed),
+        check(mlaserve.placement._tie_key(instance_id, seed) == key(instance_id, seed),
               f"tie key of {instance_id!r}, seed {seed}")
     # Equally roomy (4 % apart), equal sequences: tie_break 0 the smallest id; seeds order them
     # their own ways (each client its own); a server 6 % below is never chosen.

@@ -22,12 +22,10 @@ has stopped.
 import base64
 import collections
 import concurrent.futures
-import http.client
 import json
 import logging
 import math
 import random
-import ssl
 import threading
 import time
 
@@ -36,6 +34,10 @@ import numpy as np
 
 from mlaserve.bfloat16 import bf16_bits_to_float, float_to_bf16_bits
 from mlaserve.client import Client, DecodeResult
+from mlaserve.errors import ClusterError
+from mlaserve.etcd import Etcd
+from mlaserve.group_table import GroupTable
+from mlaserve.placement import PlacementCandidate, place_group, place_sequence  # noqa: F401
 from mlaserve.tensors import BF16, FP16, FP32, wire_dtype
 from mlaserve.v1 import decode_pb2, kv_cache_pb2, tensor_pb2
 
@@ -62,20 +64,6 @@ _MOVED = "' moved to server "  # FAILED_PRECONDITION "sequence 'ID' moved to ser
 _NAMED = "sequence '"
 
 
-class ClusterError(Exception):
-    """A cluster-level failure: a grpc.StatusCode and a message, like mlaserve.StreamError.
-
-    RESOURCE_EXHAUSTED: no member has room for a new sequence (the message names the bytes);
-    UNAVAILABLE: the server holding a sequence left the cluster, or etcd never answered;
-    NOT_FOUND: a sequence or prefix this client did not create; ALREADY_EXISTS: an id
-    reused with other arguments."""
-
-    def __init__(self, code, message):
-        super().__init__(f"{code.name}: {message}")
-        self.code = code
-        self.message = message
-
-
 class _ServerStopped(Exception):
     """Internal: a call to a server that left the cluster moving out (a drain) failed
     UNAVAILABLE (it has stopped, its sequences on other members) or CANCELLED (it cancelled
@@ -88,239 +76,6 @@ class _ServerStopped(Exception):
         self.part = part
         self.error = error
         self.instance = instance
-
-
-# --- Placement ----------------------------------------------------------------------------
-
-PlacementCandidate = collections.namedtuple(
-    "PlacementCandidate", ["instance_id", "free_bytes", "sequences", "prefix_group"])
-PlacementCandidate.__doc__ = """A server as this client sees it: free_bytes = kv_budget_bytes
-- load.kv_used_bytes - bytes this client placed there since its record was written; sequences
-= load.sequences + this client's placements there since then (each placement, a prefix's
-registration included, counts one); prefix_group = live sequences this client placed on the
-new sequence's prefix there, -1 when the prefix is not registered there."""
-
-# Free bytes within this share of the most free count as as roomy (then fewer sequences and
-# the tie order decide): a few bytes more should not pull every new sequence to one server.
-_ROOMY_SHARE = 20  # 5 %
-_FNV_OFFSET = 14695981039346656037
-_FNV_PRIME = 1099511628211
-_U64 = (1 << 64) - 1
-
-
-def _tie_key(instance_id, tie_break):
-    """FNV-1a 64 of the instance id's UTF-8 bytes, started from FNV's offset basis XORed with
-    tie_break: cluster/placement.cc's TieKey (the two clients must agree)."""
-    h = _FNV_OFFSET ^ tie_break
-    for byte in instance_id.encode():
-        h = ((h ^ byte) * _FNV_PRIME) & _U64
-    return h
-
-
-def _tie_order(tie_break):
-    """The order among otherwise equal servers: the smallest instance id with tie_break 0,
-    else the smallest _tie_key (each client its own seed, so clients that start together do
-    not all choose the same server)."""
-    if tie_break == 0:
-        return lambda c: c.instance_id
-    return lambda c: _tie_key(c.instance_id, tie_break)
-
-
-def _roomy(eligible):
-    """Those of `eligible` whose free bytes are within 5 % of the most free."""
-    most_free = max([0] + [c.free_bytes for c in eligible])
-    return [c for c in eligible if c.free_bytes >= most_free - most_free // _ROOMY_SHARE]
-
-
-def place_sequence(candidates, sequence_bytes, prefix_bytes=0, has_prefix=False,
-                   spread_group=0, exclude=(), tie_break=0):
-    """Where a new sequence goes, by the cluster's rule (cluster/placement.h, PlaceSequence):
-
-    1. with a prefix: a holder (prefix_group >= 0) with room for the sequence whose group is
-       below spread_group (any group when spread_group is 0): the smallest group, then the
-       roomiest, then the tie order;
-    2. else the roomiest server that has room for the sequence plus, where it lacks the
-       prefix, the prefix (holders at or past spread_group skipped): then the fewest
-       sequences, then the tie order; the prefix is registered there;
-    3. else a holder with room for the sequence whatever its group (smallest group first).
-
-    "The roomiest": free bytes within 5 % of the most free among those eligible (free >=
-    most_free - most_free // 20) count the same. The tie order: the smallest instance id when
-    tie_break is 0, else the smallest FNV-1a 64 of the id from the offset basis XORed with
-    tie_break (a ClusterClient draws its own tie_break at random). Returns (instance_id,
-    register_prefix); ClusterError RESOURCE_EXHAUSTED naming the bytes when no candidate has
-    room. Servers in `exclude` are never chosen."""
-    exclude = set(exclude)
-    tie = _tie_order(tie_break)
-
-    def holder(within_spread):
-        eligible = [c for c in candidates
-                    if c.prefix_group >= 0 and c.instance_id not in exclude and
-                    c.free_bytes >= sequence_bytes and
-                    not (within_spread and spread_group > 0 and c.prefix_group >= spread_group)]
-        if not eligible:
-            return None
-        smallest = min(c.prefix_group for c in eligible)
-        return min(_roomy([c for c in eligible if c.prefix_group == smallest]), key=tie)
-
-    if has_prefix:
-        best = holder(True)
-        if best is not None:
-            return best.instance_id, False
-    eligible = []
-    for c in candidates:
-        if c.instance_id in exclude:
-            continue
-        needed = sequence_bytes + (prefix_bytes if has_prefix and c.prefix_group < 0 else 0)
-        if c.free_bytes < needed:
-            continue
-        if has_prefix and c.prefix_group >= 0 and spread_group > 0 and \
-                c.prefix_group >= spread_group:
-            continue
-        eligible.append(c)
-    if eligible:
-        best = min(_roomy(eligible), key=lambda c: (c.sequences, tie(c)))
-        return best.instance_id, has_prefix and best.prefix_group < 0
-    if has_prefix:
-        best = holder(False)
-        if best is not None:
-            return best.instance_id, False
-    raise ClusterError(grpc.StatusCode.RESOURCE_EXHAUSTED, (
-        f"no server of the cluster has room for a new sequence: it needs {sequence_bytes} bytes"
-        + (f" ({prefix_bytes} more where its prefix is not registered)" if has_prefix else "")
-        + f", among {len(candidates)} members"
-        + (f" ({len(exclude)} excluded)" if exclude else "")))
-
-
-# --- etcd through its JSON gateway --------------------------------------------------------
-
-def _b64(data):
-    return base64.b64encode(data.encode() if isinstance(data, str) else data).decode()
-
-
-def _prefix_end(prefix):
-    """etcd's range_end for every key starting with `prefix` (its last byte plus one)."""
-    raw = bytearray(prefix.encode())
-    while raw and raw[-1] == 0xFF:
-        raw.pop()
-    raw[-1] += 1
-    return bytes(raw)
-
-
-class _Etcd:
-    """etcd's v3 API over its HTTP/1.1 JSON gateway: one request per connection, trying the
-    endpoints in turn from the last one that answered."""
-
-    def __init__(self, endpoints, ca=None, cert=None, key=None, timeout=5.0):
-        if isinstance(endpoints, str):
-            endpoints = endpoints.split(",")
-        self.endpoints = [e.strip() for e in endpoints if e.strip()]
-        if not self.endpoints:
-            raise ValueError("etcd_endpoints names no endpoint")
-        if (cert is None) != (key is None):
-            raise ValueError("etcd_cert and etcd_key go together: give both or neither")
-        if ca is None and cert is not None:
-            raise ValueError("etcd_cert and etcd_key need etcd_ca")
-        self.context = None
-        if ca is not None:
-            self.context = ssl.create_default_context(cafile=ca)
-            if cert is not None:
-                self.context.load_cert_chain(cert, key)
-        self.timeout = timeout
-        self.current = 0
-        self._watch_lock = threading.Lock()
-        self._watch_connection = None
-        self._closed = False
-
-    def _connect(self, endpoint, timeout):
-        host, _, port = endpoint.rpartition(":")
-        host = host.strip("[]")
-        if self.context is not None:
-            return http.client.HTTPSConnection(host, int(port), timeout=timeout,
-                                               context=self.context)
-        return http.client.HTTPConnection(host, int(port), timeout=timeout)
-
-    def _endpoint_order(self):
-        n = len(self.endpoints)
-        return [(self.current + i) % n for i in range(n)]
-
-    def post(self, path, body):
-        """The answer's JSON; OSError (the last endpoint's) when none answered."""
-        error = None
-        for index in self._endpoint_order():
-            connection = self._connect(self.endpoints[index], self.timeout)
-            try:
-                connection.request("POST", path, json.dumps(body),
-                                   {"Content-Type": "application/json"})
-                answer = connection.getresponse()
-                data = answer.read()
-                if answer.status != 200:
-                    raise OSError(f"etcd {self.endpoints[index]} answered HTTP {answer.status}: "
-                                  f"{data[:200]!r}")
-                self.current = index
-                return json.loads(data)
-            except (OSError, http.client.HTTPException, ValueError) as e:
-                error = e if isinstance(e, OSError) else OSError(str(e))
-            finally:
-                connection.close()
-        raise error
-
-    def range_prefix(self, prefix):
-        """(revision, [(key, value bytes)]) of every key under `prefix`."""
-        body = self.post("/v3/kv/range", {"key": _b64(prefix),
-                                          "range_end": _b64(_prefix_end(prefix))})
-        revision = int(body.get("header", {}).get("revision", 0))
-        return revision, [(base64.b64decode(kv["key"]).decode(errors="replace"),
-                           base64.b64decode(kv.get("value", ""))) for kv in body.get("kvs", [])]
-
-    def watch_prefix(self, prefix, start_revision, idle_timeout):
-        """Yields the watch's results (dicts with header, events, created, canceled, ...)
-        until the stream ends; raises OSError when it breaks or stays silent idle_timeout s."""
-        connection = self._connect(self.endpoints[self.current], idle_timeout)
-        with self._watch_lock:
-            if self._closed:
-                return
-            self._watch_connection = connection
-        try:
-            connection.connect()
-            with self._watch_lock:
-                if self._closed:  # close() came before the socket existed
-                    return
-            connection.request("POST", "/v3/watch", json.dumps({"create_request": {
-                "key": _b64(prefix), "range_end": _b64(_prefix_end(prefix)),
-                "start_revision": str(start_revision)}}), {"Content-Type": "application/json"})
-            answer = connection.getresponse()
-            if answer.status != 200:
-                raise OSError(f"etcd watch answered HTTP {answer.status}")
-            while True:
-                line = answer.readline()
-                if not line:
-                    return
-                line = line.strip()
-                if not line:
-                    continue
-                message = json.loads(line)
-                if "error" in message:
-                    raise OSError(f"etcd watch: {message['error'].get('message', message)}")
-                yield message.get("result", {})
-        except (http.client.HTTPException, ValueError) as e:
-            raise OSError(str(e)) from e
-        finally:
-            with self._watch_lock:
-                self._watch_connection = None
-            connection.close()
-
-    def close(self):
-        """Ends a watch in progress (its reader sees the stream end)."""
-        import socket
-        with self._watch_lock:
-            self._closed = True
-            connection = self._watch_connection
-            if connection is not None and connection.sock is not None:
-                try:
-                    connection.sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
 
 # --- The client's book --------------------------------------------------------------------
@@ -348,6 +103,17 @@ class _Sequence:
         self.parts = []
         self.lengths = [self.prefix_tokens] * layers  # tokens per layer, as appended here
         self.lock = threading.Lock()  # opening parts
+        self.group = None  # its placement group's name
+
+
+class _Group:
+    """A placement group of this client: its server and live sequences."""
+
+    def __init__(self, instance, has_prefix, claimed_weight):
+        self.instance = instance
+        self.has_prefix = has_prefix
+        self.sequences = 0
+        self.claimed_weight = claimed_weight
 
 
 class ClusterClient:
@@ -356,7 +122,9 @@ class ClusterClient:
 
     def __init__(self, etcd_endpoints, cluster="default", etcd_ca=None, etcd_cert=None,
                  etcd_key=None, context_part_tokens=0, expected_sequence_tokens=2048,
-                 spread_group=None, etcd_timeout_s=5.0, **client_kwargs):
+                 spread_group=None, etcd_timeout_s=5.0, placement_groups=True,
+                 load_slack=0.15, placement_group_of=None, group_lease_ttl_s=10,
+                 **client_kwargs):
         """etcd_endpoints: "host:port[,host:port...]" or a list; etcd_ca/cert/key: PEM files
         for an etcd serving TLS (and requiring client certificates). context_part_tokens: C >
         0 cuts each sequence into parts of C tokens (the first also holds its prefix) on
@@ -366,10 +134,15 @@ class ClusterClient:
         servers' GetServerInfo (a group stays above B_theta, and so hybrid, while its
         sequences come and go), 0: never spread while a holder has room. etcd_timeout_s
         bounds the first read of the membership (ClusterError UNAVAILABLE naming the endpoints
-        past it) and every later etcd request. client_kwargs go to every mlaserve.Client.
+        past it) and every later etcd request. placement_groups: a new sequence on a prefix,
+        or in a placement group (create_sequence's placement_group, else
+        placement_group_of(sequence_id) when given: a rank, say), joins its group's server;
+        a new group is claimed in etcd against every client's claims (C++ clients' too) and
+        placed within (1 + load_slack) of the mean load (docs/cluster.md, "Placement
+        groups"); False: each client places alone. client_kwargs go to every mlaserve.Client.
         Each client draws its own random order among equally roomy servers (tie_break), so
         clients started together do not all place on one server."""
-        self._etcd = _Etcd(etcd_endpoints, etcd_ca, etcd_cert, etcd_key, etcd_timeout_s)
+        self._etcd = Etcd(etcd_endpoints, etcd_ca, etcd_cert, etcd_key, etcd_timeout_s)
         self.cluster = cluster
         self._prefix = f"/mlaserve/{cluster}/servers/"
         self._context_part_tokens = int(context_part_tokens)
@@ -398,6 +171,11 @@ class ClusterClient:
         self._model = None  # the cluster's ModelInfo (the first server asked)
         self._prefixes = {}
         self._sequences = {}
+        self._load_slack = float(load_slack)
+        self._placement_group_of = placement_group_of
+        self._groups = {}  # group name -> _Group
+        self._open_group = {}  # (prefix, hint) name -> number of its group taking new ones
+        self._group_lock = threading.Lock()  # placement of grouped sequences, one at a time
         self._stop = threading.Event()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16,
                                                            thread_name_prefix="mlaserve-cluster")
@@ -419,12 +197,16 @@ class ClusterClient:
         self._thread = threading.Thread(target=self._run, name="mlaserve-cluster-watch",
                                         daemon=True)
         self._thread.start()
+        self.group_table = GroupTable(self._etcd, cluster, group_lease_ttl_s) \
+            if placement_groups else None
 
     # --- Lifetime ----------------------------------------------------------------------
 
     def close(self):
         """Stops the membership thread and closes every channel."""
         self._stop.set()
+        if self.group_table is not None:
+            self.group_table.close()
         self._etcd.close()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
@@ -892,13 +674,16 @@ class ClusterClient:
 
     # --- Sequences ---------------------------------------------------------------------
 
-    def _place_and_create(self, prefix, sequence_bytes, create, exclude=(), fallback=False):
-        """Chooses a server by the rule, reserves the room, registers the prefix there first
-        when the rule says so, and calls create(client) there; (instance id, address, what
-        create returned). A server that answers UNAVAILABLE (leaving the cluster in a drain,
-        or dead but still listed), or CANCELLED as a drain stops it, is passed over and the
-        sequence placed again, _CREATE_ATTEMPTS placements in all. With fallback, a placement
-        that finds no room outside `exclude` tries again among every member."""
+    def _place_and_create(self, prefix, sequence_bytes, create, exclude=(), fallback=False,
+                          chooser=None):
+        """Chooses a server by the rule (or by chooser(candidates, unavailable) -> (instance,
+        register_prefix), called without the client's lock: a placement group's claim goes to
+        etcd), reserves the room, registers the prefix there first when the rule says so, and
+        calls create(client) there; (instance id, address, what create returned). A server
+        that answers UNAVAILABLE (leaving the cluster in a drain, or dead but still listed),
+        or CANCELLED as a drain stops it, is passed over and the sequence placed again,
+        _CREATE_ATTEMPTS placements in all. With fallback, a placement that finds no room
+        outside `exclude` tries again among every member."""
         model = self._cluster_model()
         prefix_bytes = self._prefix_bytes(model, prefix.tokens) if prefix is not None else 0
         unavailable = set()
@@ -906,7 +691,10 @@ class ClusterClient:
         for attempt in range(_CREATE_ATTEMPTS):
             with self._lock:
                 candidates = self._candidates(prefix)
-                try:
+            try:
+                if chooser is not None:
+                    instance, register = chooser(candidates, unavailable)
+                else:
                     try:
                         instance, register = place_sequence(
                             candidates, sequence_bytes, prefix_bytes, prefix is not None,
@@ -917,11 +705,19 @@ class ClusterClient:
                         instance, register = place_sequence(
                             candidates, sequence_bytes, prefix_bytes, prefix is not None,
                             self.spread_group, unavailable, self._tie_break)
-                except ClusterError:
-                    if last_error is not None:
-                        raise last_error from None
-                    raise
-                address = self._by_instance[instance]["address"]
+            except ClusterError:
+                if last_error is not None:
+                    raise last_error from None
+                raise
+            with self._lock:
+                record = self._by_instance.get(instance)
+                if record is None:  # left the cluster while it was chosen
+                    unavailable.add(instance)
+                    last_error = ClusterError(grpc.StatusCode.UNAVAILABLE, (
+                        f"instance {instance} left cluster '{self.cluster}' while the sequence "
+                        "was placed"))
+                    continue
+                address = record["address"]
                 reserved = sequence_bytes + (prefix_bytes if register else 0)
                 placements = 2 if register else 1  # the prefix's registration counts too
                 self._reserve(instance, reserved, placements)
@@ -958,9 +754,109 @@ class ClusterClient:
         """The room a new sequence, or a new part of one, asks for: its expected tokens."""
         return self._sequence_bytes(model, self._expected_tokens)
 
-    def create_sequence(self, sequence_id, prefix_id="", kv_dtype=None):
+    def _group_weight(self, has_prefix, sequences):
+        """Queries per step a group claims: at least B_theta for a prefix group (it is placed
+        to become hybrid)."""
+        floor = self.spread_group // 2 if has_prefix and self.spread_group > 0 else 1
+        return max(floor, sequences, 1)
+
+    def _group_chooser(self, prefix, base, sequence_bytes, prefix_bytes, chosen):
+        """A chooser for _place_and_create: the open group of `base` while it is below the
+        spread size with room on a member not refused; else a new group claimed in etcd by
+        place_group. Appends the group's name to `chosen`."""
+        def choose(candidates, unavailable):
+            by_id = {c.instance_id: c for c in candidates}
+            with self._lock:
+                number = self._open_group.get(base, 0)
+                name = f"{base}#{number}"
+                group = self._groups.get(name)
+            if group is not None:
+                c = by_id.get(group.instance)
+                full = self.spread_group > 0 and group.sequences >= self.spread_group
+                if c is not None and group.instance not in unavailable and not full and \
+                        c.free_bytes >= sequence_bytes:
+                    chosen.append(name)
+                    return group.instance, prefix is not None and c.prefix_group < 0
+                if group.sequences == 0:
+                    self._count_in_group(name, 0)  # a claim no sequence came to
+                with self._lock:
+                    number = self._open_group[base] = number + 1
+                name = f"{base}#{number}"
+            weight = self._group_weight(prefix is not None, 1)
+            table = self.group_table
+            full_name = f"{table.client_id if table else ''}/{name}"
+            result = []
+
+            def place(loads):
+                with_loads = [c._replace(group_load=loads.get(c.instance_id, (0, 0))[0],
+                                         group_bytes=loads.get(c.instance_id, (0, 0))[1])
+                              for c in candidates]
+                result[:] = place_group(with_loads, full_name, weight, weight * sequence_bytes,
+                                        sequence_bytes, prefix_bytes, prefix is not None,
+                                        unavailable, self._load_slack)
+                return result[0]
+
+            if table is None:
+                with self._lock:
+                    own = {}
+                    for g in self._groups.values():
+                        load = own.setdefault(g.instance, [0, 0])
+                        w = self._group_weight(g.has_prefix, g.sequences)
+                        load[0] += w
+                        load[1] += w * sequence_bytes
+                place(own)
+            else:
+                try:
+                    table.claim(name, weight, weight * sequence_bytes, place)
+                except OSError as error:
+                    _log.warning("cluster '%s': group '%s' placed without its claim in etcd: "
+                                 "%s", self.cluster, name, error)
+                    place({})
+            with self._lock:
+                self._groups[name] = _Group(result[0], prefix is not None, weight)
+            chosen.append(name)
+            return result[0], result[1]
+        return choose
+
+    def _count_in_group(self, name, delta):
+        """A group gained (+1) or lost (-1) a sequence: its claim follows (dropped at 0)."""
+        with self._lock:
+            group = self._groups.get(name)
+            if group is None:
+                return
+            group.sequences = max(0, group.sequences + delta)
+            weight = self._group_weight(group.has_prefix, group.sequences)
+            drop = group.sequences == 0
+            if drop:
+                del self._groups[name]
+            elif weight == group.claimed_weight:
+                return
+            group.claimed_weight = weight
+            nbytes = weight * self._part_bytes(self._model) if self._model is not None else 0
+        if self.group_table is None:
+            return
+        try:
+            if drop:
+                self.group_table.drop(name)
+            else:
+                self.group_table.update(name, weight, nbytes)
+        except (OSError, KeyError) as error:
+            _log.warning("cluster '%s': group '%s''s claim in etcd not updated: %s",
+                         self.cluster, name, error)
+
+    def group_of(self, sequence_id):
+        """(group name, instance id) of the sequence's placement group; None in none."""
+        sequence = self._sequence(sequence_id)
+        with self._lock:
+            group = self._groups.get(sequence.group) if sequence.group else None
+            return (sequence.group, group.instance) if group is not None else None
+
+    def create_sequence(self, sequence_id, prefix_id="", kv_dtype=None, placement_group=None):
         """Places a new sequence (on prefix_id, registered through this client) and creates it
-        there; returns the server's Sequence message. Later calls go to that server."""
+        there; returns the server's Sequence message. Later calls go to that server.
+        placement_group (a serving framework's rank: sequences its calls carry together; else
+        placement_group_of(sequence_id) when the client was given one): the sequence joins
+        that group's server, as a prefix's sequences do, up to the spread size."""
         with self._lock:
             existing = self._sequences.get(sequence_id)
             prefix = self._prefixes.get(prefix_id) if prefix_id else None
@@ -982,7 +878,27 @@ class ClusterClient:
         def create(client):
             return client.create_sequence(sequence_id, prefix_id=prefix_id, kv_dtype=kv_dtype)
 
-        if prefix is not None:
+        hint = placement_group
+        if hint is None:
+            hint = self._placement_group_of(sequence_id) if self._placement_group_of else ""
+        # Without a prefix or a group there is nothing to keep together: placed alone by room.
+        if prefix is not None or hint:
+            chosen = []
+            sequence_bytes = self._part_bytes(model)
+            prefix_bytes = self._prefix_bytes(model, prefix.tokens) if prefix is not None else 0
+            chooser = self._group_chooser(prefix, f"{prefix_id or '-'}|{hint}", sequence_bytes,
+                                          prefix_bytes, chosen)
+            with self._group_lock:  # one grouped placement at a time, as the C++ client's
+                try:
+                    instance, address, created = self._place_and_create(
+                        prefix, sequence_bytes, create, chooser=chooser)
+                except BaseException:
+                    if chosen:
+                        self._count_in_group(chosen[-1], 0)
+                    raise
+                self._count_in_group(chosen[-1], 1)
+                sequence.group = chosen[-1]
+        elif prefix is not None:
             with prefix.lock:  # one placement (and registration) at a time on a prefix
                 instance, address, created = self._place_and_create(
                     prefix, self._part_bytes(model), create)
@@ -1052,11 +968,14 @@ class ClusterClient:
             if self._sequences.get(sequence.sequence_id) is not sequence:
                 return  # released meanwhile by another thread
             del self._sequences[sequence.sequence_id]
+            group = sequence.group
             if sequence.prefix is not None:
                 holders = sequence.prefix.holders
                 instance = sequence.parts[0].instance_id
                 if holders.get(instance, 0) > 0:
                     holders[instance] -= 1
+        if group:
+            self._count_in_group(group, -1)
 
     # --- Context-parallel parts --------------------------------------------------------
 
