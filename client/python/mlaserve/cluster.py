@@ -172,6 +172,7 @@ class ClusterClient:
         self._prefixes = {}
         self._sequences = {}
         self._load_slack = float(load_slack)
+        self._group_floor = 1  # ceil(B_theta) for sq 1, once a server has told it
         self._placement_group_of = placement_group_of
         self._groups = {}  # group name -> _Group
         self._open_group = {}  # (prefix, hint) name -> number of its group taking new ones
@@ -361,10 +362,10 @@ class ClusterClient:
                 self._infos[instance_id] = info
                 if self._model is None:
                     self._model = info.model
+                    b_theta = next((t.b_theta for t in info.naive_thresholds if t.sq == 1), 0.0)
+                    self._group_floor = math.ceil(max(1.0, b_theta))
                     if self._spread_group is None:
-                        b_theta = next((t.b_theta for t in info.naive_thresholds if t.sq == 1),
-                                       0.0)
-                        self._spread_group = 2 * math.ceil(max(1.0, b_theta))
+                        self._spread_group = 2 * self._group_floor
         return info
 
     def _cluster_model(self):
@@ -757,8 +758,8 @@ class ClusterClient:
     def _group_weight(self, has_prefix, sequences):
         """Queries per step a group claims: at least B_theta for a prefix group (it is placed
         to become hybrid)."""
-        floor = self.spread_group // 2 if has_prefix and self.spread_group > 0 else 1
-        return max(floor, sequences, 1)
+        self._cluster_model()  # (the servers' B_theta)
+        return max(self._group_floor if has_prefix else 1, sequences)
 
     def _group_chooser(self, prefix, base, sequence_bytes, prefix_bytes, chosen):
         """A chooser for _place_and_create: the open group of `base` while it is below the
