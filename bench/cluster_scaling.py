@@ -160,12 +160,15 @@ def print_rows(rows):
             f"{'max/mean':>8}  queries per server")
     print(head)
     base = rows[0]
+
+    def ratio(value, of):
+        return value / of if of > 0 else 0.0
     for r in rows:
         print(f"{r['run']:<40} {r['servers']:>7} {r['ranks']:>5} {r['tokens_per_s']:>8.1f} "
-              f"{r['tokens_per_s'] / base['tokens_per_s']:>6.2f} {r['tpot_p50_ms']:>7.1f}ms "
+              f"{ratio(r['tokens_per_s'], base['tokens_per_s']):>6.2f} {r['tpot_p50_ms']:>7.1f}ms "
               f"{r['tpot_p99_ms']:>7.1f}ms {r['hybrid_fraction']:>7.2f} "
               f"{r['modeled_tokens_per_s']:>15.0f} "
-              f"{r['modeled_tokens_per_s'] / base['modeled_tokens_per_s']:>6.2f} {r['errors']:>6} "
+              f"{ratio(r['modeled_tokens_per_s'], base['modeled_tokens_per_s']):>6.2f} {r['errors']:>6} "
               f"{r['busiest_over_mean']:>8.2f}  "
               f"{' / '.join(str(int(q)) for q in r['queries_per_server'])}")
 
