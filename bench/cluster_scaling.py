@@ -11,9 +11,9 @@ clients that each place alone (--placement_groups=false, the rule before placeme
 and by plain hashing of sequence ids (the loadgen's --target list).
 
 Where the machine has the cores (--cores-per-server, auto: (CPUs - 4) / 3 when that is at
-least 2), each server runs pinned to its own CPUs with as many emulated devices of one host
-thread, and the load generator and etcd on the CPUs left, so servers do not fight over cores;
-otherwise every process shares them.
+least 2), each server runs pinned to its own CPUs with cores / --host-threads emulated devices
+of --host-threads host threads each, and the load generator and etcd on the CPUs left, so
+servers do not fight over cores; otherwise every process shares them.
 
 For each run: output tokens/s and p99 time per output token (wall clock, on this machine's
 cores, shared by every server and the load generator), the fraction of queries that ran
@@ -130,8 +130,9 @@ def start_server(args, etcd, scratch, index):
     if args.cores_per_server:
         first = index * args.cores_per_server
         cpus = f"{first}-{first + args.cores_per_server - 1}"
-        server = Server("taskset", ["-c", cpus, args.server, *flags,
-                                    f"--devices={args.cores_per_server}", "--host_threads=1"])
+        devices = max(1, args.cores_per_server // args.host_threads)
+        server = Server("taskset", ["-c", cpus, args.server, *flags, f"--devices={devices}",
+                                    f"--host_threads={args.host_threads}"])
     else:
         server = Server(args.server, flags)
     if not server.ready(120):
@@ -140,8 +141,10 @@ def start_server(args, etcd, scratch, index):
 
 
 def print_table(rows, args):
-    where = (f"each server pinned to {args.cores_per_server} CPUs of its own with as many emulated "
-             f"devices, the load generator and etcd on CPUs {args.client_cpus}"
+    where = (f"each server pinned to {args.cores_per_server} CPUs of its own, "
+             f"{max(1, args.cores_per_server // args.host_threads)} emulated devices x "
+             f"{args.host_threads} host threads, the load generator and etcd on CPUs "
+             f"{args.client_cpus}"
              if args.cores_per_server else
              "default devices per server; servers and load generator share the cores")
     print(f"cluster scaling on {cpu_line()}, {args.duration_s:g} s per run (2 layers; {where})")
@@ -192,6 +195,9 @@ def main():
     parser.add_argument("--cores-per-server", default="auto",
                         help="CPUs each server is pinned to (0: no pinning; auto: (CPUs - 4) / 3 "
                              "when at least 2)")
+    parser.add_argument("--host-threads", type=int, default=1,
+                        help="with pinned servers: host threads per emulated device (the "
+                             "server then has cores-per-server / host-threads devices)")
     parser.add_argument("--json", action="store_true", help="print the rows as one JSON list")
     args = parser.parse_args()
     args.workloads = args.workloads.split(",")

@@ -89,6 +89,17 @@ ClusterClient::ClusterClient(std::unique_ptr<cluster::MembershipView> view, Clus
         info_.naive_thresholds_size() > 0 ? info_.naive_thresholds(0).b_theta() : 0.0;
     spread_group_ = 2 * static_cast<int>(std::ceil(std::max(1.0, b_theta)));
   }
+  if (options_.rebalance_interval > absl::ZeroDuration() && groups_table_ != nullptr) {
+    rebalancer_ = std::thread([this] { RebalanceLoop(); });
+  }
+}
+
+ClusterClient::~ClusterClient() {
+  {
+    absl::MutexLock lock(&rebalance_mu_);
+    stopping_ = true;
+  }
+  if (rebalancer_.joinable()) rebalancer_.join();
 }
 
 absl::StatusOr<ClusterClient::Route> ClusterClient::RouteTo(const std::string& instance_id,
@@ -421,14 +432,18 @@ bool ClusterClient::FollowMove(const absl::Status& status) {
     return false;
   }
   absl::MutexLock lock(&mu_);
+  return Repoint(part_id, *member);
+}
+
+bool ClusterClient::Repoint(const std::string& part_id, const cluster::MemberRecord& member) {
   for (auto& [id, state] : sequences_) {
     for (size_t p = 0; p < state.parts.size(); ++p) {
       Part& part = state.parts[p];
       if (part.sequence_id != part_id) continue;
       // Another call followed this move first: repeating is all that is left to do.
-      if (part.instance_id == member->instance_id) return true;
+      if (part.instance_id == member.instance_id) return true;
       spdlog::info("cluster '{}': sequence '{}' moved from {} to {}", view_->cluster(), part_id,
-                   part.address, member->address);
+                   part.address, member.address);
       if (p == 0 && !state.prefix_id.empty()) {
         auto prefix = prefixes_.find(state.prefix_id);
         if (prefix != prefixes_.end()) {
@@ -437,11 +452,11 @@ bool ClusterClient::FollowMove(const absl::Status& status) {
             --old_group->second;
           }
           // The move registered the prefix there.
-          ++prefix->second.groups[member->instance_id];
+          ++prefix->second.groups[member.instance_id];
         }
       }
-      part.instance_id = member->instance_id;
-      part.address = member->address;
+      part.instance_id = member.instance_id;
+      part.address = member.address;
       return true;
     }
   }

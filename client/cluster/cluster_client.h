@@ -8,6 +8,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -64,6 +65,16 @@ struct ClusterOptions {
   std::function<std::string(absl::string_view sequence_id)> placement_group_of;
   // The etcd lease of this client's group claims: a client that dies loses them this long after.
   absl::Duration group_lease_ttl = absl::Seconds(10);
+  // How often a thread of the client calls Rebalance (zero: never; the caller may still call it).
+  absl::Duration rebalance_interval = absl::ZeroDuration();
+};
+
+// What one Rebalance did.
+struct RebalanceReport {
+  int groups_moved = 0;
+  int sequences_moved = 0;
+  int64_t bytes_moved = 0;
+  double seconds = 0;
 };
 
 // The client of a cluster of mlaserve servers on etcd (docs/cluster.md): watches the
@@ -85,6 +96,10 @@ class ClusterClient final : public ServingClient {
   static absl::StatusOr<std::unique_ptr<ClusterClient>> Create(
       std::unique_ptr<cluster::MembershipView> view, ClusterOptions options,
       std::unique_ptr<cluster::GroupTable> groups = nullptr);
+
+  ~ClusterClient() override;
+  ClusterClient(const ClusterClient&) = delete;
+  ClusterClient& operator=(const ClusterClient&) = delete;
 
   absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo() override;
   // Registers the prefix on the server with the most room; the client keeps `latent` to
@@ -114,6 +129,15 @@ class ClusterClient final : public ServingClient {
   absl::StatusOr<v1::DecodeResponse> DecodeRaw(const v1::DecodeRequest& request) override;
   absl::StatusOr<std::vector<DecodeOutput>> Decode(std::vector<v1::DecodeQuery> queries,
                                                    v1::DType output_dtype = v1::DTYPE_BF16);
+
+  // Moves this client's placement groups that sit on a server past the load bound (a server
+  // joined, groups grew or others left) to servers within it, one group at a time: the new
+  // server claimed in etcd as a new group would be, then the group's sequences moved there by
+  // their server (MigrateSequences; calls naming them are held for the last rows, none
+  // fails). A group whose move fails stays where it was (its claim too); the first such
+  // error is returned after the others were tried. FAILED_PRECONDITION without placement
+  // groups. Context-parallel sequences stay.
+  absl::StatusOr<RebalanceReport> Rebalance();
 
   // The servers (addresses) a sequence's parts are on, first part first; NOT_FOUND for a
   // sequence this client does not hold.
@@ -217,6 +241,15 @@ class ClusterClient final : public ServingClient {
   // has stopped, finds its sequences on the other members and points them there. True if
   // any moved.
   bool Relocate(const std::string& address);
+  // Points the part whose server-side id is `part_id` at `member` (it moved there); true if
+  // one was found.
+  bool Repoint(const std::string& part_id, const cluster::MemberRecord& member)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves one group (Rebalance's step): its new server, or its own when it stays.
+  absl::StatusOr<std::string> RebalanceGroup(const std::string& group, const GroupState& state,
+                                             RebalanceReport& report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(placement_mu_);
+  void RebalanceLoop();
   absl::StatusOr<v1::DecodeResponse> DecodeOnce(const v1::DecodeRequest& request);
   absl::Status AppendOnce(std::span<const KvAppend> appends);
   absl::Status ReleaseOnce(absl::string_view sequence_id);
@@ -242,6 +275,11 @@ class ClusterClient final : public ServingClient {
   absl::flat_hash_map<std::string, GroupState> groups_ ABSL_GUARDED_BY(mu_);  // by name
   // (prefix, hint) -> the number of its group that takes new sequences (0, 1, ...).
   absl::flat_hash_map<std::string, int> open_group_ ABSL_GUARDED_BY(mu_);
+
+  // The rebalancing thread (options_.rebalance_interval > 0), stopped by the destructor.
+  absl::Mutex rebalance_mu_;
+  bool stopping_ ABSL_GUARDED_BY(rebalance_mu_) = false;
+  std::thread rebalancer_;
 };
 
 }  // namespace mlaserve::client

@@ -65,6 +65,7 @@ absl::StatusOr<Destination> ClusterDestination(const client::ClientOptions& opti
   cluster.spread_group = flags.spread_group;
   cluster.context_part_tokens = flags.context_part_tokens;
   cluster.placement_groups = flags.placement_groups;
+  cluster.rebalance_interval = absl::Seconds(flags.rebalance_interval_s);
   if (flags.placement_groups) {
     // A rank's sequences are decoded together: its group (docs/cluster.md).
     cluster.placement_group_of = [](absl::string_view sequence_id) {

@@ -33,6 +33,7 @@ struct ClusterFlags {
   int64_t context_part_tokens = 0;
   bool client_per_rank = false;
   bool placement_groups = true;
+  double rebalance_interval_s = 0;
 };
 
 // GetServerInfo's facts a plot or a table names, flat, then its whole answer.

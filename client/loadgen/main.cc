@@ -63,6 +63,9 @@ ABSL_FLAG(bool, placement_groups, true,
           "with --etcd-endpoints: each rank's sequences are a placement group, kept on one "
           "server and spread over the servers through claims in etcd that every client sees "
           "(false: each client places alone on the servers' records)");
+ABSL_FLAG(double, rebalance_interval_s, 0,
+          "with --etcd-endpoints and placement groups: each cluster client moves its groups off "
+          "servers past the load bound this often (0: never; docs/cluster.md, \"Rebalancing\")");
 ABSL_FLAG(int64_t, context_part_tokens, 0,
           "with --etcd-endpoints: positions per server of a context-parallel sequence (0: one "
           "server each)");
@@ -264,6 +267,7 @@ mlaserve::loadgen::ClusterFlags ClusterFlags() {
   f.spread_group = absl::GetFlag(FLAGS_spread_group);
   f.context_part_tokens = absl::GetFlag(FLAGS_context_part_tokens);
   f.placement_groups = absl::GetFlag(FLAGS_placement_groups);
+  f.rebalance_interval_s = absl::GetFlag(FLAGS_rebalance_interval_s);
   f.client_per_rank = absl::GetFlag(FLAGS_client_per_rank);
   return f;
 }

@@ -107,17 +107,20 @@ def main():
         opened.append(client)
         return client
 
+    def start_server():
+        server = Server(args.server, [
+            f"--listen=127.0.0.1:{free_port()}", "--metrics_listen=", f"--layers={LAYERS}",
+            "--devices=1", "--kv_budget=64MiB", f"--etcd_endpoints={etcd.endpoint()}",
+            f"--cluster={CLUSTER}", "--etcd_lease_ttl_s=3"])
+        servers.append(server)
+        if not server.ready(60):
+            raise RuntimeError("a server did not become ready: " + "".join(server.log))
+
     try:
         check_place_group(check)
         etcd.start()
         for _ in range(3):
-            server = Server(args.server, [
-                f"--listen=127.0.0.1:{free_port()}", "--metrics_listen=", f"--layers={LAYERS}",
-                "--devices=1", "--kv_budget=64MiB", f"--etcd_endpoints={etcd.endpoint()}",
-                f"--cluster={CLUSTER}", "--etcd_lease_ttl_s=3"])
-            servers.append(server)
-            if not server.ready(60):
-                raise RuntimeError("a server did not become ready: " + "".join(server.log))
+            start_server()
         if not wait_for(lambda: len(etcd.members()) == 3, 30):
             raise RuntimeError("the servers did not all register")
         rng = np.random.default_rng()
@@ -161,6 +164,7 @@ def main():
                 shared.create_sequence(f"run/r{r}/s{s}", "system")
         spread = ranks_per_server([shared] * RANKS, check)
         check(sorted(spread.values()) == [2, 2, 2], f"one client for every rank: {dict(spread)}")
+        check(shared.rebalance()["groups_moved"] == 0, "a balanced cluster was rebalanced")
         q = rng.standard_normal((1, model.heads, model.dl + model.dr)).astype(np.float32)
         answers = shared.decode([mlaserve.latent_query(f"run/r3/s{s}", 0, q)
                                  for s in range(PER_RANK)])
@@ -183,7 +187,40 @@ def main():
         check(shared.group_of("run/r0/s0") is not None, "a prefix sequence in no group")
         shared.create_sequence("alone")
         check(shared.group_of("alone") is None, "a sequence without prefix or group in one")
+
+        # A fourth server joins under load: rebalancing moves it its share, no call fails.
+        failed, calls, stop = [], [0], threading.Event()
+
+        def load():
+            while not stop.is_set():
+                for r in range(RANKS):
+                    try:
+                        shared.decode([mlaserve.latent_query(f"run/r{r}/s{s}", 0, q)
+                                       for s in range(PER_RANK)])
+                    except Exception as error:  # noqa: BLE001 (every failure is reported)
+                        failed.append(repr(error))
+                    calls[0] += 1
+        loader = threading.Thread(target=load)
+        loader.start()
+        try:
+            start_server()
+            check(wait_for(lambda: len(shared.members()) == 4, 30), "the fourth did not join")
+            report = shared.rebalance()
+            time.sleep(0.2)
+        finally:
+            stop.set()
+            loader.join()
+        check(not failed and calls[0] > 0, f"calls failed while groups moved: {failed[:3]}")
+        check(report["groups_moved"] >= 1 and report["sequences_moved"] >= PER_RANK,
+              f"nothing moved to the new server: {report}")
+        spread = ranks_per_server([shared] * RANKS, check)
+        check(len(spread) == 4 and max(spread.values()) == 2,
+              f"after the join: {dict(spread)}")
+        check(shared.rebalance()["groups_moved"] == 0, "a second pass moved groups again")
         shared.close()
+        servers.pop().stop()  # three servers again for the last part
+        if not wait_for(lambda: len(etcd.members()) == 3, 30):
+            raise RuntimeError("the fourth server did not leave")
         observer.close()
         opened.clear()
 

@@ -2,7 +2,10 @@
 // (docs/cluster.md, "Placement groups"): ranks placing at once, each with its own client or
 // all through one, end two ranks a server with each rank's sequences on one server; a group's
 // claim follows its sequences.
+#include <atomic>
 #include <map>
+#include <mutex>
+#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -150,6 +153,107 @@ TEST_F(ClusterGroupsTest, AGroupsClaimFollowsItsSequencesAndGoesWithTheLast) {
   // A sequence in no group (no prefix, no group) is placed alone.
   ASSERT_TRUE(cluster->CreateSequence("alone").ok());
   EXPECT_TRUE(absl::IsNotFound(cluster->GroupOf("alone").status()));
+}
+
+TEST_F(ClusterGroupsTest, AServerThatJoinsTakesItsShareUnderLoadAndNoCallFails) {
+  client::ClusterOptions options = GroupOptions();
+  options.placement_group_of = [](absl::string_view id) {
+    return std::string(id.substr(0, id.rfind('/')));
+  };
+  std::unique_ptr<client::ClusterClient> cluster = Connect(options);
+  ASSERT_NE(cluster, nullptr);
+  // The third server leaves the cluster (it keeps serving, unregistered) ...
+  const std::string late = members_[2].server->target();
+  members_[2].membership.reset();
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (cluster->membership().Members().size() != 2 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(cluster->membership().Members().size(), 2u);
+  // ... while six groups of four (no prefix: weight 4 each) go to the other two.
+  const engine::ModelConfig model = TinyModel();
+  const int width = model.dk_latent();
+  for (int s = 0; s < kPerRank; ++s) {
+    for (int r = 0; r < kRanks; ++r) {
+      const std::string id = absl::StrCat("run/r", r, "/s", s);
+      ASSERT_TRUE(cluster->CreateSequence(id).ok());
+      const std::vector<Bf16> rows = RandomBf16(static_cast<size_t>(8) * width, 1.0, rng_);
+      ASSERT_TRUE(cluster->AppendKv(id, 0, 0, Tensor2(rows, 8, width)).ok());
+    }
+  }
+  std::map<std::string, int> before =
+      RanksPerServer(std::vector<client::ClusterClient*>(kRanks, cluster.get()));
+  ASSERT_EQ(before.size(), 2u);
+  EXPECT_EQ(before.count(late), 0u);
+  absl::StatusOr<client::RebalanceReport> nothing = cluster->Rebalance();
+  ASSERT_TRUE(nothing.ok()) << nothing.status();
+  EXPECT_EQ(nothing->groups_moved, 0) << "3 and 3 on two servers is balanced";
+
+  // Every rank decodes all the while.
+  std::atomic<bool> stop{false};
+  std::atomic<int> calls{0};
+  std::vector<absl::Status> failures;
+  std::mutex failures_mu;
+  std::thread load([&] {
+    Rng rng(std::random_device{}());
+    while (!stop.load()) {
+      for (int r = 0; r < kRanks && !stop.load(); ++r) {
+        v1::DecodeRequest request;
+        for (int s = 0; s < kPerRank; ++s) {
+          const std::vector<Bf16> q =
+              RandomBf16(static_cast<size_t>(model.heads) * width, 1.0, rng);
+          *request.add_queries() = client::LatentQuery(absl::StrCat("run/r", r, "/s", s), 0, 1,
+                                                       Tensor3(q, 1, model.heads, width));
+        }
+        absl::StatusOr<v1::DecodeResponse> answer = cluster->DecodeRaw(request);
+        ++calls;
+        if (!answer.ok()) {
+          std::lock_guard<std::mutex> lock(failures_mu);
+          failures.push_back(answer.status());
+        }
+      }
+    }
+  });
+  // The third server joins again; rebalancing gives it two groups.
+  absl::StatusOr<std::unique_ptr<cluster::ClusterMembership>> joined =
+      cluster::ClusterMembership::Start(
+          etcd_.Client(), [] {
+            cluster::MembershipOptions o;
+            o.cluster = kCluster;
+            o.lease_ttl = absl::Seconds(3);
+            o.refresh_interval = absl::Milliseconds(500);
+            return o;
+          }(),
+          cluster::DescribeServer(members_[2].server->server(), late, "test"));
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  members_[2].membership = *std::move(joined);
+  const absl::Time seen = absl::Now() + absl::Seconds(10);
+  while (cluster->membership().Members().size() != 3 && absl::Now() < seen) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  absl::StatusOr<client::RebalanceReport> moved = cluster->Rebalance();
+  absl::SleepFor(absl::Milliseconds(200));  // calls after the moves too
+  stop = true;
+  load.join();
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(moved->groups_moved, 2);
+  EXPECT_EQ(moved->sequences_moved, 2 * kPerRank);
+  EXPECT_GT(calls.load(), 0);
+  for (const absl::Status& failure : failures) ADD_FAILURE() << "a call failed: " << failure;
+  const std::map<std::string, int> after =
+      RanksPerServer(std::vector<client::ClusterClient*>(kRanks, cluster.get()));
+  ASSERT_EQ(after.size(), 3u);
+  for (const auto& [server, count] : after) EXPECT_EQ(count, 2) << server;
+  for (int s = 0; s < kPerRank; ++s) {
+    for (int r = 0; r < kRanks; ++r) {
+      const std::string id = absl::StrCat("run/r", r, "/s", s);
+      EXPECT_TRUE(Holds(cluster->ServersOf(id)->front(), id)) << id;
+    }
+  }
+  // Balanced now: a second pass moves nothing.
+  absl::StatusOr<client::RebalanceReport> again = cluster->Rebalance();
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->groups_moved, 0);
 }
 
 }  // namespace

@@ -124,7 +124,7 @@ class ClusterClient:
                  etcd_key=None, context_part_tokens=0, expected_sequence_tokens=2048,
                  spread_group=None, etcd_timeout_s=5.0, placement_groups=True,
                  load_slack=0.15, placement_group_of=None, group_lease_ttl_s=10,
-                 **client_kwargs):
+                 rebalance_interval_s=0, **client_kwargs):
         """etcd_endpoints: "host:port[,host:port...]" or a list; etcd_ca/cert/key: PEM files
         for an etcd serving TLS (and requiring client certificates). context_part_tokens: C >
         0 cuts each sequence into parts of C tokens (the first also holds its prefix) on
@@ -139,7 +139,8 @@ class ClusterClient:
         placement_group_of(sequence_id) when given: a rank, say), joins its group's server;
         a new group is claimed in etcd against every client's claims (C++ clients' too) and
         placed within (1 + load_slack) of the mean load (docs/cluster.md, "Placement
-        groups"); False: each client places alone. client_kwargs go to every mlaserve.Client.
+        groups"); False: each client places alone. rebalance_interval_s > 0: a thread calls
+        rebalance() that often. client_kwargs go to every mlaserve.Client.
         Each client draws its own random order among equally roomy servers (tie_break), so
         clients started together do not all place on one server."""
         self._etcd = Etcd(etcd_endpoints, etcd_ca, etcd_cert, etcd_key, etcd_timeout_s)
@@ -200,12 +201,20 @@ class ClusterClient:
         self._thread.start()
         self.group_table = GroupTable(self._etcd, cluster, group_lease_ttl_s) \
             if placement_groups else None
+        self._rebalancer = None
+        if rebalance_interval_s > 0 and self.group_table is not None:
+            self._rebalancer = threading.Thread(
+                target=self._rebalance_loop, args=(rebalance_interval_s,), daemon=True,
+                name="mlaserve-cluster-rebalance")
+            self._rebalancer.start()
 
     # --- Lifetime ----------------------------------------------------------------------
 
     def close(self):
         """Stops the membership thread and closes every channel."""
         self._stop.set()
+        if self._rebalancer is not None and self._rebalancer is not threading.current_thread():
+            self._rebalancer.join(timeout=130)
         if self.group_table is not None:
             self.group_table.close()
         self._etcd.close()
@@ -844,6 +853,112 @@ class ClusterClient:
         except (OSError, KeyError) as error:
             _log.warning("cluster '%s': group '%s''s claim in etcd not updated: %s",
                          self.cluster, name, error)
+
+    def rebalance(self):
+        """Moves this client's placement groups that sit on a server past the load bound (a
+        server joined, groups grew, others left) to servers within it, as the C++ client's
+        Rebalance: the new server claimed in etcd, then the group's sequences moved there by
+        their server (MigrateSequences: calls naming them are held for the last rows, none
+        fails). Returns {"groups_moved", "sequences_moved", "bytes_moved", "seconds"}; a group
+        whose move failed stays (its claim too) and the first such error is raised after the
+        others were tried. ClusterError FAILED_PRECONDITION without placement groups."""
+        if self.group_table is None:
+            raise ClusterError(grpc.StatusCode.FAILED_PRECONDITION, (
+                "rebalancing moves placement groups: this client places without them "
+                "(placement_groups=False)"))
+        began = time.monotonic()
+        report = {"groups_moved": 0, "sequences_moved": 0, "bytes_moved": 0, "seconds": 0.0}
+        first_error = None
+        with self._group_lock:
+            with self._lock:
+                groups = sorted(((name, g.instance, g.claimed_weight)
+                                 for name, g in self._groups.items() if g.sequences > 0),
+                                key=lambda t: (-t[2], t[0]))
+            for name, instance, weight in groups:
+                try:
+                    self._rebalance_group(name, instance, weight, report)
+                except (ClusterError, grpc.RpcError, OSError) as error:
+                    first_error = first_error or error
+        report["seconds"] = time.monotonic() - began
+        if first_error is not None:
+            raise first_error
+        return report
+
+    def _rebalance_loop(self, interval_s):
+        while not self._stop.wait(interval_s):
+            try:
+                self.rebalance()
+            except (ClusterError, grpc.RpcError, OSError) as error:
+                _log.warning("cluster '%s': rebalancing: %s", self.cluster, error)
+
+    def _rebalance_group(self, name, instance, weight, report):
+        with self._lock:
+            moving = [s for s in self._sequences.values()
+                      if s.group == name and len(s.parts) == 1 and
+                      s.parts[0].instance_id == instance]
+            if not moving or instance not in self._by_instance:
+                return  # nothing whole there, or its server left (a drain moves its own)
+            prefix = moving[0].prefix
+            candidates = self._candidates(prefix)
+            source = self._by_instance[instance]["address"]
+        model = self._cluster_model()
+        sequence_bytes = self._part_bytes(model)
+        prefix_bytes = self._prefix_bytes(model, prefix.tokens) if prefix is not None else 0
+        table = self.group_table
+        full_name = f"{table.client_id}/{name}"
+        nbytes = weight * sequence_bytes
+
+        def choose(loads):
+            """Stays while its server is within the bound with the group on it; else where a
+            new group of its weight would go, if that is another server within the bound."""
+            loaded = [c._replace(group_load=loads.get(c.instance_id, (0, 0))[0],
+                                 group_bytes=loads.get(c.instance_id, (0, 0))[1])
+                      for c in candidates]
+            total = weight + sum(c.group_load for c in loaded)
+            cap = math.ceil((1 + max(0.0, self._load_slack)) * total / max(1, len(loaded))
+                            - 1e-9)
+            here = next((c for c in loaded if c.instance_id == instance), None)
+            if here is not None and here.group_load + weight <= cap:
+                return instance
+            target, _ = place_group(loaded, full_name, weight, nbytes, sequence_bytes,
+                                    prefix_bytes, prefix is not None, (), self._load_slack)
+            chosen = next(c for c in loaded if c.instance_id == target)
+            better = here is None or chosen.group_load < here.group_load
+            return target if chosen.group_load + weight <= cap and better else instance
+
+        loads = table.loads()
+        if instance in loads:  # its own claim is what would move
+            loads[instance] = [max(0, loads[instance][0] - weight),
+                               max(0, loads[instance][1] - nbytes)]
+        if choose(loads) == instance:
+            return
+        target = table.claim(name, weight, nbytes, choose)
+        if target == instance:
+            return
+        with self._lock:
+            record = self._by_instance.get(target)
+        if record is None:
+            table.claim(name, weight, nbytes, lambda _: instance)
+            raise ClusterError(grpc.StatusCode.UNAVAILABLE, (
+                f"group '{name}': a server left the cluster while it was rebalanced"))
+        try:
+            moved = self._client(instance, source).migrate_sequences(
+                record["address"], [s.parts[0].sub_id for s in moving], timeout=120)
+        except grpc.RpcError:
+            table.claim(name, weight, nbytes, lambda _: instance)
+            raise
+        with self._lock:
+            for sequence in moving:
+                self._repoint(sequence, 0, target, record["address"])
+            group = self._groups.get(name)
+            if group is not None:
+                group.instance = target
+        report["groups_moved"] += 1
+        report["sequences_moved"] += moved.sequences
+        report["bytes_moved"] += moved.bytes
+        _log.info("cluster '%s': group '%s' (%d sequences) moved from %s to %s in %.2f s",
+                  self.cluster, name, moved.sequences, source, record["address"],
+                  moved.seconds)
 
     def group_of(self, sequence_id):
         """(group name, instance id) of the sequence's placement group; None in none."""
