@@ -238,6 +238,8 @@ TEST_F(ClusterGroupsTest, AServerThatJoinsTakesItsShareUnderLoadAndNoCallFails) 
   ASSERT_TRUE(moved.ok()) << moved.status();
   EXPECT_EQ(moved->groups_moved, 2);
   EXPECT_EQ(moved->sequences_moved, 2 * kPerRank);
+  RecordProperty("rebalance_ms", static_cast<int>(moved->seconds * 1000));
+  RecordProperty("calls_during", calls.load());
   EXPECT_GT(calls.load(), 0);
   for (const absl::Status& failure : failures) ADD_FAILURE() << "a call failed: " << failure;
   const std::map<std::string, int> after =
