@@ -8,6 +8,7 @@ import json
 import ssl
 import threading
 
+
 def _b64(data):
     return base64.b64encode(data.encode() if isinstance(data, str) else data).decode()
 
