@@ -58,7 +58,7 @@ FOREIGN_FLAGS = {
     "preset", "build", "install", "target", "output-on-failure", "now", "since", "purge",
     "offline", "no-build",
     # GoogleTest and google-benchmark
-    "gtest_filter", "gtest_repeat", "benchmark_filter", "benchmark_repetitions",
+    "gtest_filter", "gtest_repeat", "gtest_output", "benchmark_filter", "benchmark_repetitions",
     "benchmark_report_aggregates_only",
     # abseil's own
     "help", "helpfull", "version", "flagfile",
