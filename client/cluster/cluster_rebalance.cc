@@ -122,7 +122,8 @@ absl::StatusOr<std::string> ClusterClient::RebalanceGroup(const std::string& gro
   };
   if (!to.has_value() || !from.has_value()) {
     claim_back();
-    return absl::UnavailableError(absl::StrCat("group '", group, "': a server left the cluster "
+    return absl::UnavailableError(absl::StrCat("group '", group,
+                                               "': a server left the cluster "
                                                "while it was rebalanced"));
   }
   v1::MigrateSequencesRequest move;

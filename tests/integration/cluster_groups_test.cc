@@ -217,7 +217,8 @@ TEST_F(ClusterGroupsTest, AServerThatJoinsTakesItsShareUnderLoadAndNoCallFails) 
   // The third server joins again; rebalancing gives it two groups.
   absl::StatusOr<std::unique_ptr<cluster::ClusterMembership>> joined =
       cluster::ClusterMembership::Start(
-          etcd_.Client(), [] {
+          etcd_.Client(),
+          [] {
             cluster::MembershipOptions o;
             o.cluster = kCluster;
             o.lease_ttl = absl::Seconds(3);

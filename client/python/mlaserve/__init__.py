@@ -7,8 +7,11 @@
 `mlaserve.flash_mla` is a FlashMLA-compatible entry point (change an import to switch).
 `mlaserve.ClusterClient` places sequences on the servers of a cluster found through etcd
 (docs/cluster.md, "Python cluster client").
-Generated messages and stubs are in `mlaserve.v1`.
+Generated messages and stubs are in `mlaserve.v1`. `mlaserve.__version__` is the server
+version this client was built with.
 """
+
+from mlaserve._version import __version__
 
 from mlaserve.bfloat16 import bf16_bits_to_float, float_to_bf16_bits, round_to_bf16
 from mlaserve.client import Client, DecodeResult, StreamError, head_query, latent_query
@@ -28,4 +31,5 @@ __all__ = [
     "latent_query",
     "round_to_bf16",
     "to_tensor",
+    "__version__",
 ]
