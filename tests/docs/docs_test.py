@@ -57,6 +57,8 @@ FOREIGN_FLAGS = {
     # cmake, ctest, make, apt, systemd, journalctl, git
     "preset", "build", "install", "target", "output-on-failure", "now", "since", "purge",
     "offline", "no-build",
+    # pip and venv
+    "no-build-isolation", "system-site-packages",
     # GoogleTest and google-benchmark
     "gtest_filter", "gtest_repeat", "gtest_output", "benchmark_filter", "benchmark_repetitions",
     "benchmark_report_aggregates_only",
