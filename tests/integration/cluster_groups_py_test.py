@@ -26,7 +26,7 @@ import numpy as np
 
 import mlaserve
 from etcd_harness import Etcd, wait_for
-from harness import Server, free_port
+from harness import Server, free_port, report
 from mlaserve.cluster import ClusterError, PlacementCandidate
 from mlaserve.placement import place_group
 
@@ -205,14 +205,14 @@ def main():
         try:
             start_server()
             check(wait_for(lambda: len(shared.members()) == 4, 30), "the fourth did not join")
-            report = shared.rebalance()
+            moved = shared.rebalance()
             time.sleep(0.2)
         finally:
             stop.set()
             loader.join()
         check(not failed and calls[0] > 0, f"calls failed while groups moved: {failed[:3]}")
-        check(report["groups_moved"] >= 1 and report["sequences_moved"] >= PER_RANK,
-              f"nothing moved to the new server: {report}")
+        check(moved["groups_moved"] >= 1 and moved["sequences_moved"] >= PER_RANK,
+              f"nothing moved to the new server: {moved}")
         spread = ranks_per_server([shared] * RANKS, check)
         check(len(spread) == 4 and max(spread.values()) == 2,
               f"after the join: {dict(spread)}")
@@ -257,10 +257,7 @@ def main():
             server.stop()
         etcd.stop()
         shutil.rmtree(directory, ignore_errors=True)
-    for failure in failures:
-        print("FAIL:", failure)
-    print(f"{'FAIL' if failures else 'PASS'} ({time.time() - began:.1f} s)")
-    return 1 if failures else 0
+    return report(failures, began)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ openssl at run time (never committed), and the server binary started until it is
 import socket
 import subprocess
 import threading
+import time
 
 import numpy as np
 
@@ -88,3 +89,11 @@ def close(actual, expected, tolerance):
         if cos_diff >= cos_tol:
             return f"cos_diff {cos_diff:.2e}"
     return None
+
+
+def report(failures, began):
+    """Prints each failure and the verdict with the seconds since `began`; the exit status."""
+    for failure in failures:
+        print("FAIL:", failure)
+    print(f"{'FAIL' if failures else 'PASS'} ({time.time() - began:.1f} s)")
+    return 1 if failures else 0

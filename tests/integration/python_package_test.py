@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from harness import Server, free_port
+from harness import Server, free_port, report
 
 CHECK = r'''
 import sys
@@ -106,10 +106,7 @@ def main():
         if server is not None:
             server.stop()
         shutil.rmtree(scratch, ignore_errors=True)
-    for failure in failures:
-        print("FAIL:", failure)
-    print(f"{'FAIL' if failures else 'PASS'} ({time.time() - began:.1f} s)")
-    return 1 if failures else 0
+    return report(failures, began)
 
 
 if __name__ == "__main__":
