@@ -4,7 +4,7 @@ PRESET ?= default
 BUILD_DIR := build
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps bench-deps configure build test test-tsan test-asan fuzz format format-check demo demo-cluster install uninstall clean
+.PHONY: all deps bench-deps configure build test test-tsan test-asan fuzz format format-check demo demo-cluster demo-model install uninstall clean
 
 # The concurrency tests that also run under ThreadSanitizer (engine and emulator; Debian's
 # gRPC and abseil are not TSan-instrumented, so the gRPC edge stays out).
@@ -70,6 +70,11 @@ demo: build
 # drain under load (docs/cluster.md); ARGS passes flags to the first load run.
 demo-cluster: build
 	@scripts/cluster_demo.sh $(ARGS)
+
+# A DeepSeek-V3-architecture model generating through the server, beside local attention
+# (docs/model.md); ARGS passes flags to scripts/model_demo.py.
+demo-model: build
+	@PYTHONPATH=build/python /usr/bin/python3 scripts/model_demo.py $(ARGS)
 
 # The systemd service (docs/deploy.md). PREFIX and DESTDIR pass through the environment.
 install: deps

@@ -1,0 +1,167 @@
+"""DeepSeek-V3's layers in PyTorch (the names of its checkpoints' tensors): MLA with low-rank
+query and KV projections and decoupled RoPE with YaRN's scaling, RMSNorm, a dense SwiGLU FFN.
+The attention itself is a back end's (attention.py): the model hands it, per layer, each
+sequence's query in head space (q_nope, q_pe with RoPE) and the step's KV row (the normalised
+latent c_kv and k_pe with RoPE), and takes back [heads, v_head_dim] per sequence."""
+
+import math
+
+import numpy as np
+import torch
+
+from mlaserve.bfloat16 import float_to_bf16_bits
+from mlaserve.model import safetensors
+
+
+def _yarn_mscale(factor, mscale):
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn_correction_dim(rotations, dim, base, max_positions):
+    return dim * math.log(max_positions / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+
+class YarnRotary:
+    """DeepSeek-V3's rotary embedding with YaRN's frequency interpolation, on its
+    interleaved-then-halved channel order (modeling_deepseek.py's apply_rotary_pos_emb)."""
+
+    def __init__(self, config):
+        dim, base, factor = config.qk_rope_head_dim, config.rope_theta, config.rope_factor
+        exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
+        extra = 1.0 / base ** exponents
+        inter = 1.0 / (factor * base ** exponents)
+        low = max(math.floor(_yarn_correction_dim(config.beta_fast, dim, base,
+                                                  config.original_max_position_embeddings)), 0)
+        high = min(math.ceil(_yarn_correction_dim(config.beta_slow, dim, base,
+                                                  config.original_max_position_embeddings)),
+                   dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+        keep = 1.0 - ramp
+        self.inv_freq = inter * (1 - keep) + extra * keep
+        self.mscale = _yarn_mscale(factor, config.mscale) / _yarn_mscale(factor,
+                                                                        config.mscale_all_dim)
+
+    def __call__(self, x, positions):
+        """x [batch, ..., dim] rotated at positions [batch]."""
+        freqs = torch.outer(positions.to(torch.float64), self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        shape = [x.shape[0]] + [1] * (x.dim() - 2) + [x.shape[-1]]
+        cos = (emb.cos() * self.mscale).to(x.dtype).view(shape)
+        sin = (emb.sin() * self.mscale).to(x.dtype).view(shape)
+        d = x.shape[-1]
+        x = x.reshape(*x.shape[:-1], d // 2, 2).transpose(-1, -2).reshape(*x.shape[:-1], d)
+        half = torch.cat((-x[..., d // 2:], x[..., :d // 2]), dim=-1)
+        return x * cos + half * sin
+
+
+def _rms_norm(x, weight, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+class DeepSeekModel:
+    """The model's weights and its decode step. Weights are bf16 values held in float32 (the
+    server's kv_b_proj is exactly the model's); the arithmetic is float32."""
+
+    def __init__(self, config, seed=0, weights=None):
+        """Seeded weights (scaled so that greedy decoding stays varied), or `weights` from a
+        checkpoint's safetensors file (the tensors this model names)."""
+        self.config = config
+        self.rotary = YarnRotary(config)
+        self.w = self._seeded(seed) if weights is None else self._loaded(weights)
+
+    def _names(self):
+        c, names = self.config, {}
+        names["model.embed_tokens.weight"] = (c.vocab_size, c.hidden_size)
+        names["model.norm.weight"] = (c.hidden_size,)
+        names["lm_head.weight"] = (c.vocab_size, c.hidden_size)
+        for i in range(c.num_hidden_layers):
+            p = f"model.layers.{i}."
+            names[p + "input_layernorm.weight"] = (c.hidden_size,)
+            names[p + "post_attention_layernorm.weight"] = (c.hidden_size,)
+            names[p + "self_attn.q_a_proj.weight"] = (c.q_lora_rank, c.hidden_size)
+            names[p + "self_attn.q_a_layernorm.weight"] = (c.q_lora_rank,)
+            names[p + "self_attn.q_b_proj.weight"] = (c.num_attention_heads * c.qk_head_dim,
+                                                      c.q_lora_rank)
+            names[p + "self_attn.kv_a_proj_with_mqa.weight"] = (c.kv_row_width, c.hidden_size)
+            names[p + "self_attn.kv_a_layernorm.weight"] = (c.kv_lora_rank,)
+            names[p + "self_attn.kv_b_proj.weight"] = (
+                c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank)
+            names[p + "self_attn.o_proj.weight"] = (c.hidden_size,
+                                                    c.num_attention_heads * c.v_head_dim)
+            names[p + "mlp.gate_proj.weight"] = (c.intermediate_size, c.hidden_size)
+            names[p + "mlp.up_proj.weight"] = (c.intermediate_size, c.hidden_size)
+            names[p + "mlp.down_proj.weight"] = (c.hidden_size, c.intermediate_size)
+        return names
+
+    def _seeded(self, seed):
+        generator = torch.Generator().manual_seed(seed)
+        w = {}
+        for name, shape in self._names().items():
+            if name.endswith("norm.weight"):
+                tensor = torch.ones(shape)
+            elif name == "model.embed_tokens.weight":
+                tensor = torch.randn(shape, generator=generator)
+            else:
+                # 1/sqrt(fan in) keeps every projection's output at its input's scale; the LM
+                # head a little wider, so that logits separate tokens (greedy output varies).
+                gain = 3.0 if name == "lm_head.weight" else 1.0
+                tensor = torch.randn(shape, generator=generator) * gain / math.sqrt(shape[1])
+            w[name] = _bf16(tensor)
+        return w
+
+    def _loaded(self, path):
+        tensors = safetensors.load(path)
+        missing = [n for n in self._names() if n not in tensors]
+        if missing:
+            raise KeyError(f"{path}: no {missing[0]} (and {len(missing) - 1} more)")
+        return {n: _bf16(torch.from_numpy(tensors[n])) for n in self._names()}
+
+    def save_weights(self, path):
+        """Every tensor as BF16 in one safetensors file: the model's checkpoint and the
+        server's --weights (it reads the kv_b_proj tensors)."""
+        safetensors.save(path, {n: ("BF16", float_to_bf16_bits(t.numpy()))
+                                for n, t in self.w.items()})
+
+    def kv_b_proj(self, layer):
+        """[heads, nope + v, latent]: W_UK rows first, then W_UV's, per head."""
+        c = self.config
+        return self.w[f"model.layers.{layer}.self_attn.kv_b_proj.weight"].view(
+            c.num_attention_heads, c.qk_nope_head_dim + c.v_head_dim, c.kv_lora_rank)
+
+    def step(self, tokens, positions, attention):
+        """Logits [batch, vocab] for one token of each sequence at `positions`, the KV of
+        every layer appended through `attention` (attend(layer, q_nope, q_pe, rows,
+        positions) -> [batch, heads, v_head_dim])."""
+        c, w = self.config, self.w
+        tokens = torch.as_tensor(tokens, dtype=torch.long)
+        positions = torch.as_tensor(positions, dtype=torch.long)
+        x = w["model.embed_tokens.weight"][tokens]
+        batch, heads = x.shape[0], c.num_attention_heads
+        for i in range(c.num_hidden_layers):
+            p = f"model.layers.{i}."
+            h = _rms_norm(x, w[p + "input_layernorm.weight"], c.rms_norm_eps)
+            q = _rms_norm(h @ w[p + "self_attn.q_a_proj.weight"].T,
+                          w[p + "self_attn.q_a_layernorm.weight"], c.rms_norm_eps)
+            q = (q @ w[p + "self_attn.q_b_proj.weight"].T).view(batch, heads, c.qk_head_dim)
+            q_nope, q_pe = q[..., :c.qk_nope_head_dim], q[..., c.qk_nope_head_dim:]
+            kv = h @ w[p + "self_attn.kv_a_proj_with_mqa.weight"].T
+            c_kv = _rms_norm(kv[:, :c.kv_lora_rank], w[p + "self_attn.kv_a_layernorm.weight"],
+                             c.rms_norm_eps)
+            k_pe = self.rotary(kv[:, c.kv_lora_rank:], positions)
+            q_pe = self.rotary(q_pe, positions)
+            rows = torch.cat((c_kv, k_pe), dim=-1)
+            out = attention.attend(i, q_nope, q_pe, rows, positions)
+            x = x + out.reshape(batch, heads * c.v_head_dim) @ w[p + "self_attn.o_proj.weight"].T
+            h = _rms_norm(x, w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
+            gate = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T)
+            x = x + (gate * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+        x = _rms_norm(x, w["model.norm.weight"], c.rms_norm_eps)
+        return x @ w["lm_head.weight"].T
+
+
+def _bf16(tensor):
+    """tensor's values rounded to bf16, held in float32."""
+    bits = float_to_bf16_bits(tensor.detach().to(torch.float32).numpy())
+    return torch.from_numpy((bits.astype(np.uint32) << 16).view(np.float32).copy())

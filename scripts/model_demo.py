@@ -1,0 +1,88 @@
+#!/usr/bin/python3
+"""A DeepSeek-V3-architecture model generating through mlaserve (docs/model.md): seeded
+weights written as a server's --weights, the server started on them, then batched greedy
+decoding of several sequences with local attention and with mlaserve's, the generated token
+ids side by side, where they first differ and whether that step was a near-tie, tokens/s and
+time per output token of each. Everything it starts is stopped and removed at the end.
+
+    PYTHONPATH=build/python /usr/bin/python3 scripts/model_demo.py \\
+        [--server build/bin/mlaserve-server] [--layers 2] [--sequences 8] [--steps 128]
+        [--server-flag=--devices=cuda:0 ...]
+"""
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                "integration"))
+import mlaserve  # noqa: E402
+import mlaserve.model as m  # noqa: E402
+from harness import Server, free_port  # noqa: E402
+
+TOLERANCE = 0.05
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--server", default="build/bin/mlaserve-server")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--sequences", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=128)
+    parser.add_argument("--prompt-tokens", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--server-flag", action="append", default=[],
+                        help="passed to the server (e.g. --server-flag=--devices=cuda:0)")
+    args = parser.parse_args()
+    config = m.ModelConfig.tiny(layers=args.layers)
+    model = m.DeepSeekModel(config, seed=args.seed)
+    scratch = tempfile.mkdtemp(prefix="mlaserve-model-demo-")
+    server = None
+    try:
+        weights = os.path.join(scratch, "weights.safetensors")
+        model.save_weights(weights)
+        target = f"127.0.0.1:{free_port()}"
+        server = Server(args.server, [f"--listen={target}", "--metrics_listen=",
+                                      f"--layers={args.layers}", f"--weights={weights}",
+                                      *args.server_flag])
+        if not server.ready(120):
+            raise SystemExit("the server did not start:\n" + "".join(server.log[-20:]))
+        client = mlaserve.Client(target)
+        prompts = [[(7 * b + 3 * i + 1) % config.vocab_size for i in range(args.prompt_tokens)]
+                   for b in range(args.sequences)]
+        local = m.generate(model, m.LocalAttention(model), prompts, args.steps)
+        served = m.generate(model, m.MlaServeAttention(model, client), prompts, args.steps)
+        forced = [seq[args.prompt_tokens:] for seq in local.tokens]
+        ref = m.generate(model, m.LocalAttention(model), prompts, args.steps, forced=forced)
+        print(f"model: DeepSeek-V3 architecture, {args.layers} layers, hidden "
+              f"{config.hidden_size}, {config.num_attention_heads} heads, latent "
+              f"{config.kv_lora_rank} + RoPE {config.qk_rope_head_dim}, seed {args.seed}; "
+              f"{args.sequences} sequences x {args.steps} tokens, greedy")
+        for b in range(args.sequences):
+            mine = local.tokens[b][args.prompt_tokens:]
+            theirs = served.tokens[b][args.prompt_tokens:]
+            differ = next((t for t in range(args.steps) if mine[t] != theirs[t]), None)
+            note = "identical"
+            if differ is not None:
+                top2 = ref.logits[differ][b].topk(2).values
+                margin = float(top2[0] - top2[1])
+                note = (f"first differs at step {differ} (top-2 margin {margin:.3f}: "
+                        f"{'a near-tie' if margin <= TOLERANCE else 'NOT a near-tie'})")
+            print(f"  seq {b}  local   {' '.join(map(str, mine[:16]))} ...")
+            print(f"         mlaserve {' '.join(map(str, theirs[:16]))} ...  {note}; "
+                  f"{len(set(mine))} distinct")
+        for name, run in (("local attention", local), ("mlaserve", served)):
+            tokens = args.sequences * run.steps
+            print(f"{name:>16}: {tokens / run.seconds:8.1f} tokens/s, TPOT "
+                  f"{1000 * run.seconds / run.steps:7.2f} ms ({run.steps} steps of "
+                  f"{args.sequences} sequences)")
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
