@@ -47,6 +47,7 @@ PYTHON_PROGRAMS = {
     "make_dashboard.py": "deploy/grafana/make_dashboard.py",
     "plot_sweep.py": "client/loadgen/plot_sweep.py",
     "pool_sizing.py": "bench/pool_sizing.py",
+    "model_demo.py": "scripts/model_demo.py",
 }
 
 # Flags the docs show for tools that are not ours (the tool named for the reader of a failure).
