@@ -33,16 +33,26 @@ def main():
     parser.add_argument("--steps", type=int, default=128)
     parser.add_argument("--prompt-tokens", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="where the model runs (cuda:0)")
+    parser.add_argument("--hidden-size", type=int, default=256,
+                        help="7168 with --intermediate-size 18432 and --q-lora-rank 1536: "
+                             "DeepSeek-V3's dense layer")
+    parser.add_argument("--intermediate-size", type=int, default=512)
+    parser.add_argument("--q-lora-rank", type=int, default=192)
+    parser.add_argument("--micro-batches", default="1,2,3",
+                        help="micro-batch counts to time through mlaserve, comma-separated")
     parser.add_argument("--server-flag", action="append", default=[],
                         help="passed to the server (e.g. --server-flag=--devices=cuda:0)")
     args = parser.parse_args()
-    config = m.ModelConfig.tiny(layers=args.layers)
-    model = m.DeepSeekModel(config, seed=args.seed)
+    config = m.ModelConfig.tiny(layers=args.layers, hidden_size=args.hidden_size,
+                                intermediate_size=args.intermediate_size,
+                                q_lora_rank=args.q_lora_rank)
+    model = m.DeepSeekModel(config, seed=args.seed, device=args.device)
     scratch = tempfile.mkdtemp(prefix="mlaserve-model-demo-")
     server = None
     try:
         weights = os.path.join(scratch, "weights.safetensors")
-        model.save_weights(weights)
+        model.save_weights(weights, server_only=True)
         target = f"127.0.0.1:{free_port()}"
         server = Server(args.server, [f"--listen={target}", "--metrics_listen=",
                                       f"--layers={args.layers}", f"--weights={weights}",
@@ -56,8 +66,9 @@ def main():
         served = m.generate(model, m.MlaServeAttention(model, client), prompts, args.steps)
         forced = [seq[args.prompt_tokens:] for seq in local.tokens]
         ref = m.generate(model, m.LocalAttention(model), prompts, args.steps, forced=forced)
-        print(f"model: DeepSeek-V3 architecture, {args.layers} layers, hidden "
-              f"{config.hidden_size}, {config.num_attention_heads} heads, latent "
+        print(f"model: DeepSeek-V3 architecture on {args.device}, {args.layers} layers, hidden "
+              f"{config.hidden_size}, FFN {config.intermediate_size}, "
+              f"{config.num_attention_heads} heads, latent "
               f"{config.kv_lora_rank} + RoPE {config.qk_rope_head_dim}, seed {args.seed}; "
               f"{args.sequences} sequences x {args.steps} tokens, greedy")
         for b in range(args.sequences):
@@ -73,11 +84,29 @@ def main():
             print(f"  seq {b}  local   {' '.join(map(str, mine[:16]))} ...")
             print(f"         mlaserve {' '.join(map(str, theirs[:16]))} ...  {note}; "
                   f"{len(set(mine))} distinct")
-        for name, run in (("local attention", local), ("mlaserve", served)):
-            tokens = args.sequences * run.steps
-            print(f"{name:>16}: {tokens / run.seconds:8.1f} tokens/s, TPOT "
-                  f"{1000 * run.seconds / run.steps:7.2f} ms ({run.steps} steps of "
-                  f"{args.sequences} sequences)")
+        rest = m.generate(model, m.NoAttention(model), prompts, args.steps)
+        print(f"time per output token ({args.sequences} sequences, {local.steps} steps):")
+        rest_ms = 1000 * rest.seconds / rest.steps
+        local_ms = 1000 * local.seconds / local.steps
+        attention_ms = max(0.0, local_ms - rest_ms)
+        print(f"  the model without attention   {rest_ms:8.2f} ms")
+        print(f"  with local attention          {local_ms:8.2f} ms  (attention "
+              f"{attention_ms:.2f} ms)")
+        for k in (int(x) for x in args.micro_batches.split(",")):
+            backends = []
+
+            def make(i, backends=backends):
+                backends.append(m.MlaServeAttention(model, client, run_id=f"demo/mb{i}"))
+                return backends[-1]
+            run = m.generate_micro_batched(model, make, prompts, args.steps, k)
+            ms = 1000 * run.seconds / run.steps
+            share = sum(b.call_seconds for b in backends) / len(backends) / run.seconds
+            same = sum(run.tokens[b] == served.tokens[b] for b in range(args.sequences))
+            print(f"  through mlaserve, {k} micro-batch{'es' if k > 1 else '  '} {ms:8.2f} ms  "
+                  f"({args.sequences * run.steps / run.seconds:.1f} tokens/s; a micro-batch's "
+                  f"calls {100 * share:.0f} % of the wall; {ms / max(rest_ms, attention_ms):.2f}x "
+                  f"the larger of attention and the rest; {same}/{args.sequences} sequences "
+                  "as with one)")
     finally:
         if server is not None:
             server.stop()

@@ -12,10 +12,10 @@ widths are DeepSeek-V3's, as the server's), with seeded weights or a checkpoint'
                         steps=32)
 """
 
-from mlaserve.model.attention import LocalAttention, MlaServeAttention
+from mlaserve.model.attention import LocalAttention, MlaServeAttention, NoAttention
 from mlaserve.model.config import ModelConfig
 from mlaserve.model.deepseek import DeepSeekModel
-from mlaserve.model.generate import compare_teacher_forced, generate
+from mlaserve.model.generate import compare_teacher_forced, generate, generate_micro_batched
 
-__all__ = ["DeepSeekModel", "LocalAttention", "MlaServeAttention", "ModelConfig",
-           "compare_teacher_forced", "generate"]
+__all__ = ["DeepSeekModel", "LocalAttention", "MlaServeAttention", "ModelConfig", "NoAttention",
+           "compare_teacher_forced", "generate", "generate_micro_batched"]

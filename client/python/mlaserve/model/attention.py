@@ -2,6 +2,8 @@
 Decode call per layer and step for the whole batch: each sequence's KV row appended and its
 query decoded in the same call). Both take and give what DeepSeekModel.step hands a layer."""
 
+import time
+
 import numpy as np
 import torch
 
@@ -10,8 +12,14 @@ from mlaserve.client import head_query
 
 
 def _bf16(tensor):
-    """As the wire carries it: rounded to bf16."""
-    return torch.from_numpy(bf16_bits_to_float(float_to_bf16_bits(tensor.detach().numpy())))
+    """As the wire carries it: rounded to bf16 (on the tensor's device)."""
+    rounded = bf16_bits_to_float(float_to_bf16_bits(tensor.detach().cpu().numpy()))
+    return torch.from_numpy(rounded).to(tensor.device)
+
+
+def _wire(tensor):
+    """bf16 bit patterns of a tensor, for the wire."""
+    return float_to_bf16_bits(tensor.detach().cpu().numpy())
 
 
 class LocalAttention:
@@ -59,26 +67,49 @@ class MlaServeAttention:
         self.client = client
         self.run_id = run_id
         self.ids = []
+        self.call_seconds = 0.0  # wall time inside Decode calls, since the last start
 
     def start(self, sequences):
         self.release()
+        self.call_seconds = 0.0
         self.ids = [f"{self.run_id}/s{b}" for b in range(sequences)]
         for sequence_id in self.ids:
             self.client.create_sequence(sequence_id)
 
     def attend(self, layer, q_nope, q_pe, rows, positions):
         c = self.model.config
-        queries = [head_query(sequence_id, layer,
-                              float_to_bf16_bits(q_nope[b:b + 1].detach().numpy()),
-                              float_to_bf16_bits(q_pe[b:b + 1].detach().numpy()),
-                              append_rows=float_to_bf16_bits(rows[b:b + 1].detach().numpy()),
-                              append_position=int(positions[b]))
+        q_nope, q_pe, rows = _wire(q_nope), _wire(q_pe), _wire(rows)
+        positions = [int(p) for p in positions]
+        queries = [head_query(sequence_id, layer, q_nope[b:b + 1], q_pe[b:b + 1],
+                              append_rows=rows[b:b + 1], append_position=positions[b])
                    for b, sequence_id in enumerate(self.ids)]
+        began = time.perf_counter()
         results = self.client.decode(queries, output_dtype="fp32",
                                      softmax_scale=c.softmax_scale)
-        return torch.from_numpy(np.stack([r.out[0] for r in results]).astype(np.float32))
+        self.call_seconds += time.perf_counter() - began
+        out = torch.from_numpy(np.stack([r.out[0] for r in results]).astype(np.float32))
+        return out.to(self.model.device)
 
     def release(self):
         for sequence_id in self.ids:
             self.client.release_sequence(sequence_id)
         self.ids = []
+
+
+class NoAttention:
+    """Zeros for every layer's attention: the rest of the model's time alone (projections,
+    FFN, LM head), for timing; its tokens mean nothing."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def start(self, sequences):
+        pass
+
+    def attend(self, layer, q_nope, q_pe, rows, positions):
+        c = self.model.config
+        return torch.zeros(q_nope.shape[0], c.num_attention_heads, c.v_head_dim,
+                           device=q_nope.device)
+
+    def release(self):
+        pass

@@ -6,7 +6,6 @@ latent c_kv and k_pe with RoPE), and takes back [heads, v_head_dim] per sequence
 
 import math
 
-import numpy as np
 import torch
 
 from mlaserve.bfloat16 import float_to_bf16_bits
@@ -45,7 +44,7 @@ class YarnRotary:
 
     def __call__(self, x, positions):
         """x [batch, ..., dim] rotated at positions [batch]."""
-        freqs = torch.outer(positions.to(torch.float64), self.inv_freq)
+        freqs = torch.outer(positions.to(torch.float64), self.inv_freq.to(positions.device))
         emb = torch.cat((freqs, freqs), dim=-1)
         shape = [x.shape[0]] + [1] * (x.dim() - 2) + [x.shape[-1]]
         cos = (emb.cos() * self.mscale).to(x.dtype).view(shape)
@@ -64,12 +63,15 @@ class DeepSeekModel:
     """The model's weights and its decode step. Weights are bf16 values held in float32 (the
     server's kv_b_proj is exactly the model's); the arithmetic is float32."""
 
-    def __init__(self, config, seed=0, weights=None):
+    def __init__(self, config, seed=0, weights=None, device="cpu"):
         """Seeded weights (scaled so that greedy decoding stays varied), or `weights` from a
-        checkpoint's safetensors file (the tensors this model names)."""
+        checkpoint's safetensors file (the tensors this model names); computed on `device`
+        (a torch device: "cpu", "cuda:0")."""
         self.config = config
+        self.device = torch.device(device)
         self.rotary = YarnRotary(config)
-        self.w = self._seeded(seed) if weights is None else self._loaded(weights)
+        w = self._seeded(seed) if weights is None else self._loaded(weights)
+        self.w = {n: t.to(self.device) for n, t in w.items()}
 
     def _names(self):
         c, names = self.config, {}
@@ -118,11 +120,12 @@ class DeepSeekModel:
             raise KeyError(f"{path}: no {missing[0]} (and {len(missing) - 1} more)")
         return {n: _bf16(torch.from_numpy(tensors[n])) for n in self._names()}
 
-    def save_weights(self, path):
+    def save_weights(self, path, server_only=False):
         """Every tensor as BF16 in one safetensors file: the model's checkpoint and the
-        server's --weights (it reads the kv_b_proj tensors)."""
-        safetensors.save(path, {n: ("BF16", float_to_bf16_bits(t.numpy()))
-                                for n, t in self.w.items()})
+        server's --weights (it reads the kv_b_proj tensors; server_only: those alone)."""
+        safetensors.save(path, {n: ("BF16", float_to_bf16_bits(t.cpu().numpy()))
+                                for n, t in self.w.items()
+                                if not server_only or n.endswith("kv_b_proj.weight")})
 
     def kv_b_proj(self, layer):
         """[heads, nope + v, latent]: W_UK rows first, then W_UV's, per head."""
@@ -135,8 +138,8 @@ class DeepSeekModel:
         every layer appended through `attention` (attend(layer, q_nope, q_pe, rows,
         positions) -> [batch, heads, v_head_dim])."""
         c, w = self.config, self.w
-        tokens = torch.as_tensor(tokens, dtype=torch.long)
-        positions = torch.as_tensor(positions, dtype=torch.long)
+        tokens = torch.as_tensor(tokens, dtype=torch.long, device=self.device)
+        positions = torch.as_tensor(positions, dtype=torch.long, device=self.device)
         x = w["model.embed_tokens.weight"][tokens]
         batch, heads = x.shape[0], c.num_attention_heads
         for i in range(c.num_hidden_layers):
@@ -162,6 +165,6 @@ class DeepSeekModel:
 
 
 def _bf16(tensor):
-    """tensor's values rounded to bf16, held in float32."""
-    bits = float_to_bf16_bits(tensor.detach().to(torch.float32).numpy())
-    return torch.from_numpy((bits.astype(np.uint32) << 16).view(np.float32).copy())
+    """tensor's values rounded to bf16 (to nearest even, as float_to_bf16_bits), held in
+    float32."""
+    return tensor.detach().to(torch.float32).to(torch.bfloat16).to(torch.float32)

@@ -2,6 +2,7 @@
 ends: teacher-forced logits step by step, and free-running output up to the first near-tie."""
 
 import dataclasses
+import threading
 import time
 
 import torch
@@ -42,6 +43,36 @@ def generate(model, attention, prompts, steps, forced=None):
     finally:
         attention.release()
     return Generation(tokens, logits, time.perf_counter() - began, length + steps - 1)
+
+
+def generate_micro_batched(model, make_attention, prompts, steps, micro_batches):
+    """Greedy decoding with the batch cut into `micro_batches` that run at once, each with its
+    own attention back end (make_attention(i)) on a thread of its own: while one micro-batch
+    waits for its attention call, another computes its projections and FFN (torch and gRPC
+    release the GIL). The tokens are generate()'s, in the prompts' order; `seconds` is the wall
+    time of the whole batch."""
+    k = max(1, min(micro_batches, len(prompts)))
+    bounds = [len(prompts) * i // k for i in range(k + 1)]
+    results, errors = [None] * k, []
+
+    def run(i):
+        try:
+            results[i] = generate(model, make_attention(i), prompts[bounds[i]:bounds[i + 1]],
+                                  steps)
+        except Exception as error:  # noqa: BLE001 (raised below, after the others)
+            errors.append(error)
+    began = time.perf_counter()
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(k)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - began
+    if errors:
+        raise errors[0]
+    tokens = [seq for r in results for seq in r.tokens]
+    logits = [torch.cat([r.logits[t] for r in results]) for t in range(len(results[0].logits))]
+    return Generation(tokens, logits, seconds, results[0].steps)
 
 
 @dataclasses.dataclass
