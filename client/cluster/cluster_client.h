@@ -224,7 +224,7 @@ class ClusterClient final : public ServingClient {
   // group (it is placed to become hybrid).
   int64_t GroupWeight(bool has_prefix, int sequences) const;
   // A group gained (+1) or lost (-1) a sequence: its claim follows.
-  void CountInGroup(const std::string& group, int delta) ABSL_LOCKS_EXCLUDED(mu_);
+  void CountInGroup(const std::string& group, int delta) ABSL_LOCKS_EXCLUDED(claims_mu_, mu_);
   void Reserve(const std::string& instance_id, int64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status EnsurePrefixOn(const std::string& prefix_id, const std::string& instance_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(placement_mu_);
@@ -264,7 +264,9 @@ class ClusterClient final : public ServingClient {
   const uint64_t tie_break_;
 
   // Placement (and opening parts) one at a time, so two new sequences see each other's room.
-  absl::Mutex placement_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  absl::Mutex placement_mu_ ABSL_ACQUIRED_BEFORE(claims_mu_, mu_);
+  // A group's count and the write of its claim, one group change at a time.
+  absl::Mutex claims_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<MlaServeClient>> clients_
       ABSL_GUARDED_BY(mu_);  // by address

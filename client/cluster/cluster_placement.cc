@@ -216,6 +216,9 @@ absl::StatusOr<std::pair<std::string, std::string>> ClusterClient::GroupOf(
 }
 
 void ClusterClient::CountInGroup(const std::string& group, int delta) {
+  // Counting and writing the claim go together: two releases of one group must not write
+  // their weights in the other order (etcd would keep the older).
+  absl::MutexLock claiming(&claims_mu_);
   int64_t weight = 0;
   bool drop = false;
   {

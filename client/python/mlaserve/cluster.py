@@ -137,6 +137,7 @@ class ClusterClient(_Membership, _Routing, _Groups, _Decode):
         self._groups = {}  # group name -> _Group
         self._open_group = {}  # (prefix, hint) name -> number of its group taking new ones
         self._group_lock = threading.Lock()  # placement of grouped sequences, one at a time
+        self._claims_lock = threading.Lock()  # a group's count and its claim's write
         self._stop = threading.Event()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16,
                                                            thread_name_prefix="mlaserve-cluster")

@@ -92,7 +92,12 @@ class _Groups:
         return choose
 
     def _count_in_group(self, name, delta):
-        """A group gained (+1) or lost (-1) a sequence: its claim follows (dropped at 0)."""
+        """A group gained (+1) or lost (-1) a sequence: its claim follows (dropped at 0).
+        Counting and writing go together (two releases must not write in the other order)."""
+        with self._claims_lock:
+            self._count_and_write(name, delta)
+
+    def _count_and_write(self, name, delta):
         with self._lock:
             group = self._groups.get(name)
             if group is None:
