@@ -111,10 +111,6 @@ uint64_t RendezvousScore(const std::string& group, const std::string& instance_i
   return h ^ (h >> 31);
 }
 
-int64_t CeilDiv(double numerator, int64_t denominator) {
-  return static_cast<int64_t>(std::ceil(numerator / static_cast<double>(denominator) - 1e-9));
-}
-
 absl::Status NoRoom(std::span<const PlacementCandidate> candidates,
                     const PlacementRequest& request) {
   return absl::ResourceExhaustedError(absl::StrCat(
@@ -128,6 +124,12 @@ absl::Status NoRoom(std::span<const PlacementCandidate> candidates,
 }
 
 }  // namespace
+
+int64_t LoadBound(int64_t total, int64_t members, double slack) {
+  return static_cast<int64_t>(std::ceil((1.0 + std::max(0.0, slack)) * static_cast<double>(total) /
+                                            static_cast<double>(std::max<int64_t>(1, members)) -
+                                        1e-9));
+}
 
 absl::StatusOr<Placement> PlaceGroup(std::span<const PlacementCandidate> candidates,
                                      const PlacementRequest& request, const GroupRequest& group) {
@@ -148,9 +150,8 @@ absl::StatusOr<Placement> PlaceGroup(std::span<const PlacementCandidate> candida
     if (c->free_bytes() >= needed) roomy.push_back(c);
   }
   if (roomy.empty()) return NoRoom(candidates, request);
-  const double slack = 1.0 + std::max(0.0, group.load_slack);
-  const int64_t load_cap = CeilDiv(slack * static_cast<double>(total_load + group.weight), n);
-  const int64_t bytes_cap = CeilDiv(slack * static_cast<double>(total_bytes + group.bytes), n);
+  const int64_t load_cap = LoadBound(total_load + group.weight, n, group.load_slack);
+  const int64_t bytes_cap = LoadBound(total_bytes + group.bytes, n, group.load_slack);
   auto within = [&](const PlacementCandidate* c) {
     return c->group_load + group.weight <= load_cap && c->group_bytes + group.bytes <= bytes_cap;
   };

@@ -88,6 +88,11 @@ struct Placement {
 absl::StatusOr<Placement> PlaceSequence(std::span<const PlacementCandidate> candidates,
                                         const PlacementRequest& request);
 
+// The most any of `members` servers may hold once `total` (every server's load, the group's
+// included) is spread: ceil((1 + slack) x total / members). PlaceGroup's bound, and the one
+// rebalancing keeps a group's server within.
+int64_t LoadBound(int64_t total, int64_t members, double slack);
+
 // Where a new placement group goes: bounded-load rendezvous hashing (docs/cluster.md,
 // "Placement groups"). Among servers with room for its first sequence (and the prefix where
 // it is not registered), those within the load bound on both queries and bytes, holders of

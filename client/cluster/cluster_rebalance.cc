@@ -1,7 +1,6 @@
 // ClusterClient's rebalancing (docs/cluster.md, "Rebalancing"): a placement group on a server
 // past the load bound moves, claim first, then its sequences by their server.
 #include <algorithm>
-#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -84,10 +83,8 @@ absl::StatusOr<std::string> ClusterClient::RebalanceGroup(const std::string& gro
       total += c.group_load;
       if (c.member.instance_id == state.instance_id) here = &c;
     }
-    const int64_t cap = static_cast<int64_t>(
-        std::ceil((1.0 + std::max(0.0, wanted.load_slack)) * static_cast<double>(total) /
-                      static_cast<double>(std::max<size_t>(1, candidates.size())) -
-                  1e-9));
+    const int64_t cap =
+        cluster::LoadBound(total, static_cast<int64_t>(candidates.size()), wanted.load_slack);
     if (here != nullptr && here->group_load + wanted.weight <= cap) return state.instance_id;
     ASSIGN_OR_RETURN(cluster::Placement placed, cluster::PlaceGroup(candidates, request, wanted));
     for (const cluster::PlacementCandidate& c : candidates) {

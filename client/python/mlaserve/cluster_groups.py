@@ -3,13 +3,12 @@ groups", "Rebalancing"): the claims in etcd, the group a new sequence joins, mov
 groups off servers past the load bound."""
 
 import logging
-import math
 import time
 
 import grpc
 
 from mlaserve.errors import ClusterError
-from mlaserve.placement import place_group
+from mlaserve.placement import load_bound, place_group
 
 _log = logging.getLogger("mlaserve.cluster")
 
@@ -183,8 +182,7 @@ class _Groups:
                                  group_bytes=loads.get(c.instance_id, (0, 0))[1])
                       for c in candidates]
             total = weight + sum(c.group_load for c in loaded)
-            cap = math.ceil((1 + max(0.0, self._load_slack)) * total / max(1, len(loaded))
-                            - 1e-9)
+            cap = load_bound(total, len(loaded), self._load_slack)
             here = next((c for c in loaded if c.instance_id == instance), None)
             if here is not None and here.group_load + weight <= cap:
                 return instance

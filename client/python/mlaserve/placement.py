@@ -132,6 +132,12 @@ def rendezvous_score(group, instance_id):
     return h ^ (h >> 31)
 
 
+def load_bound(total, members, slack):
+    """ceil((1 + slack) x total / members): the most a server may hold (cluster/placement.h,
+    LoadBound)."""
+    return math.ceil((1 + max(0.0, slack)) * total / max(1, members) - 1e-9)
+
+
 def place_group(candidates, group, weight, nbytes, sequence_bytes, prefix_bytes=0,
                 has_prefix=False, exclude=(), load_slack=0.15):
     """Where a new placement group goes (cluster/placement.h, PlaceGroup): among the
@@ -149,11 +155,8 @@ def place_group(candidates, group, weight, nbytes, sequence_bytes, prefix_bytes=
     if not roomy:
         raise _no_room(candidates, sequence_bytes, prefix_bytes, has_prefix, exclude)
     n = len(members)
-    slack = 1.0 + max(0.0, load_slack)
-    total_load = sum(c.group_load for c in members)
-    total_bytes = sum(c.group_bytes for c in members)
-    load_cap = math.ceil(slack * (total_load + weight) / n - 1e-9)
-    bytes_cap = math.ceil(slack * (total_bytes + nbytes) / n - 1e-9)
+    load_cap = load_bound(sum(c.group_load for c in members) + weight, n, load_slack)
+    bytes_cap = load_bound(sum(c.group_bytes for c in members) + nbytes, n, load_slack)
     roomy.sort(key=lambda c: (not (has_prefix and c.prefix_group >= 0),
                               -rendezvous_score(group, c.instance_id)))
     chosen = next((c for c in roomy if c.group_load + weight <= load_cap and
