@@ -31,7 +31,8 @@ absl::Status NonFinite(absl::string_view field, int64_t index, float value) {
 template <typename Wire>
 std::vector<Wire> CopyElements(const std::string& data) {
   std::vector<Wire> elements(data.size() / sizeof(Wire));
-  std::memcpy(elements.data(), data.data(), elements.size() * sizeof(Wire));
+  // An empty vector's data() may be null, and memcpy's pointers must not be even for 0 bytes.
+  if (!elements.empty()) std::memcpy(elements.data(), data.data(), elements.size() * sizeof(Wire));
   return elements;
 }
 
@@ -153,8 +154,10 @@ absl::StatusOr<Bf16Data> ViewAsBf16(const v1::Tensor& tensor, int rank, absl::st
   ASSIGN_OR_RETURN(const int64_t elements, CountElements(tensor, element_size, field));
   Bf16Data out{nullptr, std::vector<int64_t>(shape.begin(), shape.end())};
   const std::string& data = tensor.data();
-  if (tensor.dtype() == v1::DTYPE_BF16 &&
-      reinterpret_cast<uintptr_t>(data.data()) % alignof(Bf16) == 0) {
+  // An empty tensor points at the request's (never null, never read) bytes: an empty vector's
+  // data() may be null, and callers copy zero bytes from what they get.
+  if (elements == 0 || (tensor.dtype() == v1::DTYPE_BF16 &&
+                        reinterpret_cast<uintptr_t>(data.data()) % alignof(Bf16) == 0)) {
     out.data = reinterpret_cast<const Bf16*>(data.data());  // the request's own bytes
     return out;
   }

@@ -60,6 +60,14 @@ def main():
     stream = decode_pb2.DecodeStreamRequest(request_id=3, request=request, timeout_us=5000000)
     write("decode_stream_fuzzer", "seed-3", stream.SerializeToString())
 
+    # A query with zero rows in fp32: the input by which decode_stream_fuzzer once found a
+    # null pointer handed to memcpy (tensor_codec.cc); kept so every run covers it.
+    empty = mlaserve.latent_query("f", 0, np.zeros((0, HEADS, WIDTH), np.float32))
+    request = decode_pb2.DecodeRequest(queries=[empty])
+    write("decode_fuzzer", "seed-4", request.SerializeToString())
+    stream = decode_pb2.DecodeStreamRequest(request_id=4, request=request, timeout_us=5000000)
+    write("decode_stream_fuzzer", "seed-4", stream.SerializeToString())
+
     prefix = kv_cache_pb2.RegisterPrefixRequest(
         prefix_id="q", parent_id="p",
         latent=mlaserve.to_tensor(bf16((LAYERS, 3, WIDTH), rng)))

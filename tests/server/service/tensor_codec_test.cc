@@ -49,6 +49,23 @@ TEST(TensorCodecTest, DecodesEachDtypeToBf16WithNearestEvenRounding) {
   for (size_t i = 0; i < expected.size(); ++i) EXPECT_EQ(fp16->values[i].ToFloat(), expected[i]);
 }
 
+// The fuzzer's find: a zero-row tensor once reached memcpy with a null pointer (undefined even
+// for zero bytes); UBSan runs this test.
+TEST(TensorCodecTest, AZeroRowTensorInEachDtypeViewsAsNonNullEmptyData) {
+  for (v1::DType dtype : {v1::DTYPE_BF16, v1::DTYPE_FP16, v1::DTYPE_FP32}) {
+    std::vector<std::vector<Bf16>> storage;
+    auto view =
+        ViewAsBf16(Raw(dtype, {0, 3}, std::vector<float>()), 2, "queries[0].latent", storage);
+    ASSERT_TRUE(view.ok()) << view.status();
+    EXPECT_NE(view->data, nullptr) << v1::DType_Name(dtype);
+    EXPECT_EQ(view->shape, (std::vector<int64_t>{0, 3}));
+    auto decoded =
+        DecodeToBf16(Raw(dtype, {0, 3}, std::vector<float>()), std::array<int64_t, 2>{0, 3}, "x");
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    EXPECT_TRUE(decoded->values.empty());
+  }
+}
+
 TEST(TensorCodecTest, RefusesAnUnspecifiedOrUnknownDtype) {
   for (int dtype : {0, 7}) {
     auto decoded = DecodeToBf16(Raw(static_cast<v1::DType>(dtype), {1, 3}, std::vector<float>(3)),
