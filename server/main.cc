@@ -138,8 +138,12 @@ int main(int argc, char** argv) {
     spdlog::error("cannot start: {}", std::string(server.status().message()));
     return EXIT_FAILURE;
   }
-  spdlog::info("listening: gRPC on port {} ({}, {}), metrics {}", (*server)->port(),
+  spdlog::info("listening: gRPC on port {} ({}, {}{}), metrics {}", (*server)->port(),
                config->server.listen_address, config->server.tls.mode(),
+               (*server)->guard() != nullptr  ? ", behind the HTTP/2 guard"
+               : config->server.tls.enabled() ? ", no HTTP/2 guard: TLS listeners are gRPC's own"
+               : !config->server.http2_guard  ? ", no HTTP/2 guard (--http2_guard=false)"
+                                              : ", no HTTP/2 guard on a unix socket",
                (*server)->metrics_port() > 0
                    ? absl::StrCat("on port ", (*server)->metrics_port(), " at /metrics (",
                                   (*server)->metrics_mode(), ")")

@@ -84,6 +84,17 @@ ABSL_FLAG(int, max_streams_per_connection, 256, "Concurrent streams (calls) per 
 ABSL_FLAG(int, max_streams_per_client, 1024,
           "Open DecodeStream and AppendKv streams one client (a tenant, or a peer address "
           "without tenants) may hold over all its connections; 0: no limit");
+ABSL_FLAG(bool, http2_guard, true,
+          "Relay plaintext connections to gRPC through mlaserve's HTTP/2 guard: rapid-reset "
+          "floods end with GOAWAY, messages are refused by their declared length "
+          "(docs/deploy.md, \"HTTP/2 guard\")");
+ABSL_FLAG(int, http2_reset_burst, 1000,
+          "RST_STREAM frames a connection may send at once before the guard ends it "
+          "(a client's connections together: 4x)");
+ABSL_FLAG(int, http2_resets_per_s, 200, "RST_STREAM frames per second a connection may sustain");
+ABSL_FLAG(int, http2_stream_burst, 20000, "Streams a connection may open at once");
+ABSL_FLAG(int, http2_streams_per_s, 20000, "Streams per second a connection may sustain");
+ABSL_FLAG(int, http2_guard_threads, 1, "Threads relaying the guard's connections");
 ABSL_FLAG(int, keepalive_s, 60,
           "Ping a connection idle this long; close it if no answer in --keepalive_timeout_s");
 ABSL_FLAG(int, keepalive_timeout_s, 20, "How long a keepalive ping may go unanswered");
@@ -260,6 +271,30 @@ absl::Status ParseConnectionFlags(service::ServerOptions& server) {
                    absl::StrCat(client_streams, " is outside [0, 1048576]"));
   }
   server.max_streams_per_client = client_streams;
+  server.http2_guard = absl::GetFlag(FLAGS_http2_guard);
+  const auto positive = [](const char* name, int value, int most) -> absl::StatusOr<int> {
+    if (value < 1 || value > most) {
+      return BadFlag(name, absl::StrCat(value, " is outside [1, ", most, "]"));
+    }
+    return value;
+  };
+  ASSIGN_OR_RETURN(const int reset_burst,
+                   positive("http2_reset_burst", absl::GetFlag(FLAGS_http2_reset_burst), 1 << 24));
+  ASSIGN_OR_RETURN(
+      const int resets_per_s,
+      positive("http2_resets_per_s", absl::GetFlag(FLAGS_http2_resets_per_s), 1 << 24));
+  ASSIGN_OR_RETURN(
+      const int stream_burst,
+      positive("http2_stream_burst", absl::GetFlag(FLAGS_http2_stream_burst), 1 << 24));
+  ASSIGN_OR_RETURN(
+      const int streams_per_s,
+      positive("http2_streams_per_s", absl::GetFlag(FLAGS_http2_streams_per_s), 1 << 24));
+  ASSIGN_OR_RETURN(server.guard_threads,
+                   positive("http2_guard_threads", absl::GetFlag(FLAGS_http2_guard_threads), 64));
+  server.guard_limits.reset_burst = reset_burst;
+  server.guard_limits.resets_per_second = resets_per_s;
+  server.guard_limits.stream_burst = stream_burst;
+  server.guard_limits.streams_per_second = streams_per_s;
   ASSIGN_OR_RETURN(server.keepalive_time,
                    SecondsFlag("keepalive_s", absl::GetFlag(FLAGS_keepalive_s), 1));
   ASSIGN_OR_RETURN(server.keepalive_timeout,

@@ -31,9 +31,10 @@ constexpr char kDrainingMessage[] = "the server is shutting down; call another r
 // Whose share of open streams a stream takes: its tenant, or without tenants the peer's
 // address without its port (a client's many connections are one client).
 std::string StreamClient(const grpc::CallbackServerContext& context,
-                         const absl::StatusOr<Tenant*>& admitted) {
+                         const absl::StatusOr<Tenant*>& admitted,
+                         const std::function<std::string(const std::string&)>& peer_of) {
   if (admitted.ok() && *admitted != nullptr) return absl::StrCat("tenant ", (*admitted)->name);
-  const std::string peer = context.peer();
+  const std::string peer = peer_of ? peer_of(context.peer()) : context.peer();
   const size_t port = peer.rfind(':');
   const bool has_port = port != std::string::npos && peer.compare(0, 5, "unix:") != 0;
   return absl::StrCat("client ", has_port ? peer.substr(0, port) : peer);
@@ -322,7 +323,7 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* MlaServeService::AppendKv(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   StampInstance(context);
   absl::StatusOr<Tenant*> admitted = Admit(*context, kWrite, "AppendKv");
-  const std::string client = StreamClient(*context, admitted);
+  const std::string client = StreamClient(*context, admitted, options_.peer_of);
   return new AppendKvReactor(std::move(admitted), client, engine_, moved_, metrics_, calls_,
                              response);
 }
@@ -363,7 +364,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MlaServeService::De
     grpc::CallbackServerContext* context) {
   StampInstance(context);
   absl::StatusOr<Tenant*> admitted = Admit(*context, kDecode, "DecodeStream");
-  const std::string client = StreamClient(*context, admitted);
+  const std::string client = StreamClient(*context, admitted, options_.peer_of);
   return new DecodeStreamReactor(context, std::move(admitted), client, dispatcher_, metrics_,
                                  calls_, options_.stream_max_in_flight);
 }

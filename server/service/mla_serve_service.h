@@ -42,6 +42,9 @@ struct ServiceOptions {
   // membership and its SIGTERM path; unset, those requests are FAILED_PRECONDITION.
   std::function<void()> leave_cluster;
   std::function<void()> stop_server;
+  // The client's address for a call's gRPC peer (GuardedListener::PeerOf, whose connections
+  // gRPC names "fd:N"); unset, the peer as gRPC gives it.
+  std::function<std::string(const std::string&)> peer_of;
 };
 
 // The initial-metadata key that carries the server's instance id on every call's answer, so

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/random/random.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -18,6 +19,7 @@
 #include "grpcpp/server_builder.h"
 #include "kernels/core/tensor_view.h"
 #include "server/engine/owned_decode_query.h"
+#include "server/service/guard_stats_collector.h"
 #include "spdlog/spdlog.h"
 
 namespace mlaserve::service {
@@ -108,18 +110,37 @@ absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factor
   service_options.max_streams_per_client = options.max_streams_per_client;
   service_options.leave_cluster = options.leave_cluster;
   service_options.stop_server = options.stop_server;
+  // Only the listener's connections reach gRPC once it owns the port, and it outlives them.
+  // A unix socket's clients are local processes, admitted by the file's permissions.
+  const bool guarded = options.http2_guard && !options.tls.enabled() &&
+                       !absl::StartsWith(options.listen_address, "unix:");
+  if (guarded) {
+    service_options.peer_of = [self](const std::string& peer) {
+      return self->listener_ != nullptr ? self->listener_->PeerOf(peer) : peer;
+    };
+  }
   server->stop_server_ = options.stop_server;
   server->service_ = std::make_unique<MlaServeService>(*server->engine_, *metrics, service_options);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen_address, credentials, &server->port_);
+  if (!guarded) builder.AddListeningPort(options.listen_address, credentials, &server->port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<int64_t>(options.max_message_bytes, std::numeric_limits<int>::max())));
   ApplyConnectionLimits(options, builder);
   builder.RegisterService(server->service_.get());
   server->server_ = builder.BuildAndStart();
+  if (guarded && server->server_ != nullptr) {
+    listener::GuardedListenerOptions listen;
+    listen.address = options.listen_address;
+    listen.limits = options.guard_limits;
+    listen.limits.max_message_bytes = options.max_message_bytes;
+    listen.relay_threads = options.guard_threads;
+    ASSIGN_OR_RETURN(server->listener_,
+                     listener::GuardedListener::Start(*server->server_, std::move(listen)));
+    server->port_ = server->listener_->port();
+  }
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen_address));
   }
@@ -128,9 +149,14 @@ absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factor
   if (!options.metrics_address.empty()) {
     server->stats_collector_ =
         std::make_shared<EngineStatsCollector>(*server->engine_, server->tenancy_.get());
-    ASSIGN_OR_RETURN(server->metrics_endpoint_,
-                     MetricsEndpoint::Start(options.metrics_address, options.tls,
-                                            {metrics->registry(), server->stats_collector_}));
+    std::vector<std::shared_ptr<prometheus::Collectable>> collectables{metrics->registry(),
+                                                                       server->stats_collector_};
+    if (server->listener_ != nullptr) {
+      collectables.push_back(std::make_shared<GuardStatsCollector>(*server->listener_));
+    }
+    ASSIGN_OR_RETURN(
+        server->metrics_endpoint_,
+        MetricsEndpoint::Start(options.metrics_address, options.tls, std::move(collectables)));
     server->metrics_port_ = server->metrics_endpoint_->port();
   }
   if (options.heap_release_interval > absl::ZeroDuration()) {
@@ -220,6 +246,8 @@ absl::Status MlaServer::Shutdown(absl::Duration timeout) {
   if (shut_down_) return absl::OkStatus();
   shut_down_ = true;
   const absl::Time deadline = absl::Now() + timeout;
+  // No new connections; open ones stay relayed while their calls finish.
+  if (listener_ != nullptr) listener_->StopAccepting();
   server_->GetHealthCheckService()->Shutdown();
   const int streams = service_->BeginDrain();
   // What the drain cuts, so that "drained cleanly" is not the only word on it.
@@ -238,6 +266,7 @@ absl::Status MlaServer::Shutdown(absl::Duration timeout) {
       absl::ToChronoTime(idle ? std::min(deadline, absl::Now() + kFlushGrace) : deadline));
   const absl::Status drained = engine_->Drain(deadline);
   metrics_endpoint_.reset();
+  listener_.reset();  // after the endpoint, whose scrapes read it
   if (state_keeper_ == nullptr) return drained;
   // Nothing changes the store any more: this save is the state the next start resumes.
   const absl::Time save_start = absl::Now();

@@ -15,6 +15,8 @@
 #include "common/heap_releaser.h"
 #include "grpcpp/server.h"
 #include "server/engine/engine.h"
+#include "server/listener/guarded_listener.h"
+#include "server/listener/http2_guard_limits.h"
 #include "server/service/engine_stats_collector.h"
 #include "server/service/metrics_endpoint.h"
 #include "server/service/mla_serve_service.h"
@@ -55,6 +57,13 @@ struct ServerOptions {
   // the calls they carry; spreads clients over replicas and bounds any one connection's life.
   absl::Duration max_connection_age = absl::ZeroDuration();
   absl::Duration max_connection_age_grace = absl::Seconds(30);
+  // The HTTP/2 guard in front of gRPC on a plaintext port (docs/deploy.md, "HTTP/2 guard"):
+  // mlaserve owns the listening socket and relays each connection to gRPC through an
+  // Http2Guard that ends rapid-reset floods and refuses messages by their declared length.
+  // Its max_message_bytes is max_message_bytes above. Off, or with TLS on, gRPC listens itself.
+  bool http2_guard = true;
+  listener::Http2GuardLimits guard_limits;
+  int guard_threads = 1;
 
   // Who the callers are (tenancy.h): set by the command line; null is single-tenant. Its KV
   // quotas must also be in the engine options (KvStoreOptions::namespace_budget_bytes).
@@ -98,6 +107,8 @@ class MlaServer {
   ~MlaServer();
 
   int port() const { return port_; }
+  // The HTTP/2 guard's listener; null when gRPC listens itself (guard off, or TLS).
+  const listener::GuardedListener* guard() const { return listener_.get(); }
   // 0 without a metrics endpoint.
   int metrics_port() const { return metrics_port_; }
   // "HTTP", "HTTPS" or "HTTPS with client certificates": the gRPC port's security.
@@ -149,6 +160,7 @@ class MlaServer {
   absl::Status fault_;  // guarded by fault_mu_
   std::unique_ptr<MlaServeService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<listener::GuardedListener> listener_;  // null: gRPC listens itself
   std::shared_ptr<EngineStatsCollector> stats_collector_;
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
   std::unique_ptr<HeapReleaser> heap_releaser_;  // reports to the metrics
