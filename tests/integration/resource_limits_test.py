@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import grpc
 import h2.config
@@ -262,9 +263,28 @@ def idle_client_does_not_hold_exit(server, target):
     return failures
 
 
-def start_server(binary, target, env, guarded=True):
+def guard_metrics(metrics):
+    """What /metrics says of the guard after the tests above: connections ended for resets,
+    and the two refused bodies."""
+    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("mlaserve_http2_guard_"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    print("guard metrics:", {k: int(v) for k, v in sorted(values.items())})
+    failures = []
+    if values.get('mlaserve_http2_guard_goaways_total{reason="resets"}', 0) < 1:
+        failures.append("/metrics: no GOAWAY for resets counted")
+    if values.get("mlaserve_http2_guard_refused_messages_total", 0) < 2:
+        failures.append("/metrics: the refused bodies are not counted")
+    return failures
+
+
+def start_server(binary, target, env, guarded=True, metrics=""):
     return subprocess.Popen([
-        binary, f"--listen={target}", "--metrics_listen=", "--layers=1", "--devices=1",
+        binary, f"--listen={target}", f"--metrics_listen={metrics}", "--layers=1", "--devices=1",
         "--kv_budget=256MiB", "--max_message_mb=16", f"--grpc_memory={QUOTA_MIB}MiB",
         "--drain_timeout_s=20", "--log_level=warn", f"--http2_guard={str(guarded).lower()}"],
         env=env)
@@ -289,7 +309,8 @@ def main():
     failures = []
     port = free_port()
     target = f"127.0.0.1:{port}"
-    server = start_server(binary, target, env)
+    metrics = f"127.0.0.1:{free_port()}"
+    server = start_server(binary, target, env, metrics=metrics)
     try:
         if not wait_serving(target):
             raise SystemExit("the server did not become SERVING")
@@ -297,6 +318,7 @@ def main():
         failures += oversized_body(target, server.pid, baseline)
         failures += declared_only_body(target, port, server.pid, guarded=True)
         failures += rapid_reset(target, port, server.pid, baseline, guarded=True)
+        failures += guard_metrics(metrics)
         start = time.monotonic()
         server.send_signal(signal.SIGTERM)
         code = server.wait(timeout=90 if "ASAN_OPTIONS" in env else 30)
