@@ -19,12 +19,26 @@
 #include "absl/strings/string_view.h"
 #include "common/host_port.h"
 #include "grpcpp/server_posix.h"
+#include "openssl/ssl.h"
 #include "spdlog/spdlog.h"
 
 namespace mlaserve::listener {
 namespace {
 
 constexpr size_t kLoggedClients = 4096;
+
+// gRPC speaks HTTP/2 only: a client that does not offer "h2" is refused in the handshake.
+int SelectH2(SSL*, const unsigned char** out, unsigned char* out_length, const unsigned char* in,
+             unsigned int in_length, void*) {
+  static constexpr unsigned char kH2[] = {2, 'h', '2'};
+  unsigned char* selected = nullptr;
+  if (SSL_select_next_proto(&selected, out_length, kH2, sizeof(kH2), in, in_length) !=
+      OPENSSL_NPN_NEGOTIATED) {
+    return SSL_TLSEXT_ERR_ALERT_FATAL;
+  }
+  *out = selected;
+  return SSL_TLSEXT_ERR_OK;
+}
 
 // The client's address as gRPC writes peers, and the address alone (whose rates it shares).
 std::pair<std::string, std::string> DescribePeer(const sockaddr_storage& address) {
@@ -90,11 +104,23 @@ absl::StatusOr<std::unique_ptr<GuardedListener>> GuardedListener::Start(
   absl::StatusOr<int> fd = Bind(listener->options_.address, listener->port_);
   if (!fd.ok()) return fd.status();
   listener->listen_fd_ = *fd;
+  if (listener->options_.configure_tls) {
+    listener->tls_ = SSL_CTX_new(TLS_server_method());
+    if (listener->tls_ == nullptr) return absl::InternalError("cannot create an OpenSSL context");
+    SSL_CTX_set_min_proto_version(listener->tls_, TLS1_2_VERSION);
+    SSL_CTX_set_mode(listener->tls_,
+                     SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    SSL_CTX_set_alpn_select_cb(listener->tls_, &SelectH2, nullptr);
+    if (!listener->options_.configure_tls(listener->tls_)) {
+      return absl::InvalidArgumentError("the TLS certificates could not be set up");
+    }
+  }
   listener->stop_fd_ = eventfd(0, EFD_CLOEXEC);
   if (listener->stop_fd_ < 0) return absl::InternalError(std::strerror(errno));
   for (int i = 0; i < std::max(1, listener->options_.relay_threads); ++i) {
     auto loop = std::make_unique<RelayLoop>(listener->options_.limits,
-                                            listener->options_.max_buffered_bytes, *listener);
+                                            listener->options_.max_buffered_bytes,
+                                            listener->options_.handshake_timeout, *listener);
     if (absl::Status started = loop->Start(); !started.ok()) return started;
     listener->loops_.push_back(std::move(loop));
   }
@@ -107,6 +133,7 @@ GuardedListener::~GuardedListener() {
   StopAccepting();
   loops_.clear();  // closes every connection (Closed() runs for each)
   if (stop_fd_ >= 0) close(stop_fd_);
+  if (tls_ != nullptr) SSL_CTX_free(tls_);
 }
 
 void GuardedListener::StopAccepting() {
@@ -164,9 +191,24 @@ void GuardedListener::Accept(int client_fd, const std::string& peer, const std::
   connection.peer = peer;
   connection.client = client;
   connection.rates = RatesOf(client);
+  if (tls_ != nullptr) {
+    connection.ssl = SSL_new(tls_);
+    if (connection.ssl == nullptr || SSL_set_fd(connection.ssl, client_fd) != 1) {
+      spdlog::warn("listener: cannot set up TLS for a connection from {}", peer);
+      if (connection.ssl != nullptr) SSL_free(connection.ssl);
+      close(client_fd);
+      close(pair[0]);
+      close(pair[1]);
+      absl::MutexLock lock(&mu_);
+      auto entry = clients_.find(client);
+      if (entry != clients_.end() && --entry->second.connections == 0) clients_.erase(entry);
+      return;
+    }
+    SSL_set_accept_state(connection.ssl);
+  }
   {
     absl::MutexLock lock(&mu_);
-    peers_[pair[1]] = Peer{connection.id, peer};
+    peers_[pair[1]] = Peer{connection.id, peer, ""};
     ++stats_.connections_accepted;
     ++stats_.connections_open;
   }
@@ -222,6 +264,27 @@ void GuardedListener::Closed(const AcceptedConnection& connection,
         connection.peer, GuardCloseName(*closed_by), guard.last_refusal().empty() ? "" : ": ",
         guard.last_refusal(), guard.counters().streams, guard.counters().resets);
   }
+}
+
+void GuardedListener::Handshaken(const AcceptedConnection& connection,
+                                 const std::string& common_name) {
+  if (common_name.empty()) return;
+  absl::MutexLock lock(&mu_);
+  auto peer = peers_.find(connection.grpc_served_fd);
+  if (peer != peers_.end() && peer->second.connection == connection.id) {
+    peer->second.common_name = common_name;
+  }
+}
+
+std::optional<std::string> GuardedListener::CommonNameOf(const std::string& grpc_peer) const {
+  int fd = 0;
+  if (!absl::StartsWith(grpc_peer, "fd:") || !absl::SimpleAtoi(grpc_peer.substr(3), &fd)) {
+    return std::nullopt;
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = peers_.find(fd);
+  if (it == peers_.end() || it->second.common_name.empty()) return std::nullopt;
+  return it->second.common_name;
 }
 
 std::string GuardedListener::PeerOf(const std::string& grpc_peer) const {

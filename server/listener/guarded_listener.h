@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,6 +19,8 @@
 #include "server/listener/http2_guard_limits.h"
 #include "server/listener/relay_loop.h"
 
+typedef struct ssl_ctx_st SSL_CTX;
+
 namespace mlaserve::listener {
 
 struct GuardedListenerOptions {
@@ -27,6 +30,12 @@ struct GuardedListenerOptions {
   // Bytes a connection may hold in each direction before the relay stops reading the side
   // that sends them.
   size_t max_buffered_bytes = size_t{4} << 20;
+  // TLS on the port, terminated by the relay: called once on the listener's SSL_CTX to set
+  // its certificates and client verification (false: it could not); the listener adds
+  // ALPN "h2" and TLS 1.2 at least. Unset: plaintext.
+  std::function<bool(SSL_CTX*)> configure_tls;
+  // A client that has not finished its TLS handshake by then is closed.
+  absl::Duration handshake_timeout = absl::Seconds(10);
 };
 
 // The server's listening socket, owned by mlaserve instead of gRPC, so that every connection
@@ -58,10 +67,14 @@ class GuardedListener : public ConnectionOwner {
   // The client address of a call whose gRPC peer is `grpc_peer` ("fd:N" for the listener's
   // connections); `grpc_peer` itself for anything else.
   std::string PeerOf(const std::string& grpc_peer) const;
+  // The verified client certificate's common name of a call's connection (TLS with client
+  // certificates), or nothing.
+  std::optional<std::string> CommonNameOf(const std::string& grpc_peer) const;
   Stats stats() const;
 
   void Closed(const AcceptedConnection& connection, std::optional<GuardClose> closed_by,
               const Http2Guard& guard) override;
+  void Handshaken(const AcceptedConnection& connection, const std::string& common_name) override;
 
  private:
   explicit GuardedListener(grpc::Server& server, GuardedListenerOptions options);
@@ -71,6 +84,7 @@ class GuardedListener : public ConnectionOwner {
 
   grpc::Server& server_;
   const GuardedListenerOptions options_;
+  SSL_CTX* tls_ = nullptr;  // owned; null: plaintext
   int listen_fd_ = -1;
   int stop_fd_ = -1;
   int port_ = 0;
@@ -82,6 +96,7 @@ class GuardedListener : public ConnectionOwner {
   struct Peer {
     uint64_t connection = 0;
     std::string address;
+    std::string common_name;  // verified, under TLS with client certificates
   };
   absl::flat_hash_map<int, Peer> peers_ ABSL_GUARDED_BY(mu_);  // by gRPC's descriptor
   struct Client {

@@ -5,11 +5,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "openssl/err.h"
+#include "openssl/ssl.h"
+#include "openssl/x509.h"
+#include "spdlog/spdlog.h"
 
 namespace mlaserve::listener {
 namespace {
@@ -62,13 +67,21 @@ struct RelayLoop::Connection {
   // Nothing more is read: what is owed to the client goes out, then the connection ends.
   bool draining = false;
   absl::Time drain_deadline;
+  // TLS: the handshake is done (always, in plaintext), and OpenSSL waits for the socket to
+  // take bytes before it can go on.
+  bool handshaken = true;
+  absl::Time handshake_deadline;
+  bool tls_wants_write = false;
   uint32_t client_events = 0;
   uint32_t grpc_events = 0;
 };
 
 RelayLoop::RelayLoop(const Http2GuardLimits& limits, size_t max_buffered_bytes,
-                     ConnectionOwner& owner)
-    : limits_(limits), max_buffered_bytes_(max_buffered_bytes), owner_(owner) {}
+                     absl::Duration handshake_timeout, ConnectionOwner& owner)
+    : limits_(limits),
+      max_buffered_bytes_(max_buffered_bytes),
+      handshake_timeout_(handshake_timeout),
+      owner_(owner) {}
 
 RelayLoop::~RelayLoop() {
   if (thread_.joinable()) {
@@ -85,6 +98,7 @@ RelayLoop::~RelayLoop() {
   for (uint64_t id : ids) Finish(id);
   absl::MutexLock lock(&mu_);
   for (const AcceptedConnection& c : incoming_) {
+    if (c.ssl != nullptr) SSL_free(c.ssl);
     close(c.client_fd);
     close(c.grpc_fd);
   }
@@ -120,8 +134,8 @@ void RelayLoop::Add(AcceptedConnection connection) {
 void RelayLoop::Run() {
   epoll_event events[64];
   while (!stopping_) {
-    const bool any_draining = draining_ > 0;
-    const int n = epoll_wait(epoll_fd_, events, 64, any_draining ? 100 : -1);
+    const bool any_timed = timed_ > 0;
+    const int n = epoll_wait(epoll_fd_, events, 64, any_timed ? 100 : -1);
     for (int i = 0; i < n; ++i) {
       const uint64_t token = events[i].data.u64;
       if (token == kWakeToken) {
@@ -141,7 +155,9 @@ void RelayLoop::Run() {
           continue;
         }
         CloseGrpcSide(c);
-      } else if ((ready & (EPOLLIN | EPOLLHUP | EPOLLERR)) != 0) {
+      } else if ((ready & (EPOLLIN | EPOLLHUP | EPOLLERR)) != 0 ||
+                 (client_side && c.info.ssl != nullptr)) {
+        // (OpenSSL may wait on a writable socket to go on reading or handshaking.)
         if (client_side) {
           ReadClient(c);
         } else {
@@ -154,11 +170,14 @@ void RelayLoop::Run() {
       }
       Flush(c);
     }
-    if (any_draining) {
+    if (any_timed) {
       const absl::Time now = absl::Now();
       std::vector<uint64_t> expired;
       for (const auto& [id, c] : connections_) {
-        if (c->draining && now > c->drain_deadline) expired.push_back(id);
+        if ((c->draining && now > c->drain_deadline) ||
+            (!c->handshaken && now > c->handshake_deadline)) {
+          expired.push_back(id);
+        }
       }
       for (uint64_t id : expired) Finish(id);
     }
@@ -179,6 +198,11 @@ void RelayLoop::TakeNew() {
     const uint64_t id = accepted.id;
     auto connection = std::make_unique<Connection>(std::move(accepted), limits_, now);
     Connection& c = *connection;
+    if (c.info.ssl != nullptr) {
+      c.handshaken = false;
+      c.handshake_deadline = now + handshake_timeout_;
+      ++timed_;
+    }
     connections_.emplace(id, std::move(connection));
     epoll_event client{};
     client.events = c.client_events = EPOLLIN;
@@ -193,22 +217,110 @@ void RelayLoop::TakeNew() {
   }
 }
 
+ssize_t RelayLoop::ReceiveFromClient(Connection& c, char* buffer, size_t size) {
+  if (c.info.ssl == nullptr) {
+    const ssize_t n = read(c.info.client_fd, buffer, size);
+    if (n > 0) return n;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return -1;
+    return 0;
+  }
+  c.tls_wants_write = false;
+  // SSL_get_error reads this thread's error queue, which other connections share: it must be
+  // empty before each operation.
+  ERR_clear_error();
+  if (!c.handshaken) {
+    const int done = SSL_do_handshake(c.info.ssl);
+    if (done != 1) {
+      const int error = SSL_get_error(c.info.ssl, done);
+      if (error == SSL_ERROR_WANT_READ) return -1;
+      if (error == SSL_ERROR_WANT_WRITE) {
+        c.tls_wants_write = true;
+        return -1;
+      }
+      spdlog::debug("listener: TLS handshake with {} failed: {}", c.info.peer,
+                    ERR_error_string(ERR_peek_error(), nullptr));
+      ERR_clear_error();
+      return 0;  // a failed handshake (no or an unverified certificate, not TLS): closed
+    }
+    c.handshaken = true;
+    --timed_;
+    std::string common_name;
+    if (X509* peer = SSL_get_peer_certificate(c.info.ssl); peer != nullptr) {
+      char name[256] = {};
+      if (SSL_get_verify_result(c.info.ssl) == X509_V_OK &&
+          X509_NAME_get_text_by_NID(X509_get_subject_name(peer), NID_commonName, name,
+                                    sizeof(name)) > 0) {
+        common_name = name;
+      }
+      X509_free(peer);
+    }
+    owner_.Handshaken(c.info, common_name);
+  }
+  ERR_clear_error();
+  const int n = SSL_read(c.info.ssl, buffer, static_cast<int>(size));
+  if (n > 0) return n;
+  const int error = SSL_get_error(c.info.ssl, n);
+  if (error == SSL_ERROR_WANT_READ) return -1;
+  if (error == SSL_ERROR_WANT_WRITE) {
+    c.tls_wants_write = true;
+    return -1;
+  }
+  ERR_clear_error();
+  return 0;
+}
+
 void RelayLoop::ReadClient(Connection& c) {
   char buffer[kReadChunk];
-  const ssize_t n = read(c.info.client_fd, buffer, sizeof(buffer));
-  if (n > 0) {
-    if (c.draining) return;  // the guard ended it: nothing more goes to gRPC
+  // Under TLS, OpenSSL may hold decrypted bytes the socket no longer signals: read until it
+  // has none, or until gRPC's side holds enough.
+  do {
+    const ssize_t n = ReceiveFromClient(c, buffer, sizeof(buffer));
+    if (n < 0) return;
+    if (n == 0) {
+      // The client is gone: so is everything gRPC still had to say to it.
+      close(c.info.client_fd);
+      c.info.client_fd = -1;
+      return;
+    }
+    if (c.draining) continue;  // the guard ended it: nothing more goes to gRPC
     if (std::optional<GuardClose> closed = c.guard.FromClient(
             std::string_view(buffer, static_cast<size_t>(n)), absl::Now(), c.out)) {
       c.closed_by = closed;
       CloseGrpcSide(c);  // gRPC cancels the connection's calls
     }
-    return;
+  } while (c.info.ssl != nullptr && SSL_pending(c.info.ssl) > 0 &&
+           c.PendingToServer() <= max_buffered_bytes_);
+}
+
+bool RelayLoop::SendToClient(Connection& c) {
+  if (c.info.ssl == nullptr)
+    return WritePending(c.info.client_fd, c.out.to_client, c.to_client_sent);
+  if (!c.handshaken) return true;
+  while (c.PendingToClient() > 0) {
+    ERR_clear_error();
+    const int n = SSL_write(c.info.ssl, c.out.to_client.data() + c.to_client_sent,
+                            static_cast<int>(std::min<size_t>(c.PendingToClient(), 1 << 20)));
+    if (n > 0) {
+      c.to_client_sent += static_cast<size_t>(n);
+      continue;
+    }
+    const int error = SSL_get_error(c.info.ssl, n);
+    if (error == SSL_ERROR_WANT_WRITE) {
+      c.tls_wants_write = true;
+      break;
+    }
+    if (error == SSL_ERROR_WANT_READ) break;
+    ERR_clear_error();
+    return false;
   }
-  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-  // The client is gone: so is everything gRPC still had to say to it.
-  close(c.info.client_fd);
-  c.info.client_fd = -1;
+  if (c.to_client_sent == c.out.to_client.size()) {
+    c.out.to_client.clear();
+    c.to_client_sent = 0;
+  } else if (c.to_client_sent > kReadChunk) {
+    c.out.to_client.erase(0, c.to_client_sent);
+    c.to_client_sent = 0;
+  }
+  return true;
 }
 
 void RelayLoop::ReadGrpc(Connection& c) {
@@ -232,7 +344,7 @@ void RelayLoop::CloseGrpcSide(Connection& c) {
   c.to_server_sent = 0;
   if (!c.draining) {
     c.draining = true;
-    ++draining_;
+    ++timed_;
     c.drain_deadline = absl::Now() + kDrainGrace;
   }
 }
@@ -241,10 +353,21 @@ void RelayLoop::Flush(Connection& c) {
   if (c.info.grpc_fd >= 0 && !WritePending(c.info.grpc_fd, c.out.to_server, c.to_server_sent)) {
     CloseGrpcSide(c);
   }
-  if (!WritePending(c.info.client_fd, c.out.to_client, c.to_client_sent) ||
-      (c.draining && c.PendingToClient() == 0)) {
+  if (!SendToClient(c) || (c.draining && c.PendingToClient() == 0)) {
     Finish(c.info.id);
     return;
+  }
+  // Decrypted bytes OpenSSL held back while gRPC's side was full.
+  if (c.info.ssl != nullptr && c.handshaken && !c.draining && SSL_pending(c.info.ssl) > 0 &&
+      c.PendingToServer() <= max_buffered_bytes_) {
+    ReadClient(c);
+    if (c.info.client_fd < 0) {
+      Finish(c.info.id);
+      return;
+    }
+    if (c.info.grpc_fd >= 0 && !WritePending(c.info.grpc_fd, c.out.to_server, c.to_server_sent)) {
+      CloseGrpcSide(c);
+    }
   }
   Watch(c);
 }
@@ -253,7 +376,7 @@ void RelayLoop::Watch(Connection& c) {
   uint32_t client = 0;
   if (!c.draining && c.PendingToServer() <= max_buffered_bytes_) client |= EPOLLIN;
   if (c.draining) client |= EPOLLIN;  // read and dropped, so a closing client is seen
-  if (c.PendingToClient() > 0) client |= EPOLLOUT;
+  if (c.PendingToClient() > 0 || c.tls_wants_write) client |= EPOLLOUT;
   if (client != c.client_events) {
     epoll_event event{};
     event.events = c.client_events = client;
@@ -276,9 +399,16 @@ void RelayLoop::Finish(uint64_t id) {
   auto it = connections_.find(id);
   if (it == connections_.end()) return;
   Connection& c = *it->second;
+  if (c.info.ssl != nullptr) {
+    ERR_clear_error();
+    if (c.handshaken && c.info.client_fd >= 0) SSL_shutdown(c.info.ssl);  // close_notify
+    SSL_free(c.info.ssl);
+    ERR_clear_error();
+  }
   if (c.info.client_fd >= 0) close(c.info.client_fd);
   if (c.info.grpc_fd >= 0) close(c.info.grpc_fd);
-  if (c.draining) --draining_;
+  if (c.draining) --timed_;
+  if (!c.handshaken) --timed_;
   owner_.Closed(c.info, c.closed_by, c.guard);
   connections_.erase(it);
 }

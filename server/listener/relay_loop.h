@@ -16,6 +16,8 @@
 #include "server/listener/client_rates.h"
 #include "server/listener/http2_guard.h"
 
+typedef struct ssl_st SSL;
+
 namespace mlaserve::listener {
 
 // A connection the listener accepted: the client's socket and the relay's end of the socket
@@ -28,6 +30,7 @@ struct AcceptedConnection {
   std::string peer;         // as gRPC names peers: "ipv4:127.0.0.1:40312"
   std::string client;       // the address without its port: whose rates it shares
   std::shared_ptr<ClientRates> rates;
+  SSL* ssl = nullptr;  // TLS on the client's side (the loop owns it); null: plaintext
 };
 
 // What a relay loop tells its listener. Called on the loop's thread.
@@ -37,6 +40,9 @@ class ConnectionOwner {
   // A connection ended: `closed_by` is set when the guard ended it.
   virtual void Closed(const AcceptedConnection& connection, std::optional<GuardClose> closed_by,
                       const Http2Guard& guard) = 0;
+  // A TLS handshake finished, before any of the connection's bytes reach gRPC: the client
+  // certificate's common name when one was presented and verified, else empty.
+  virtual void Handshaken(const AcceptedConnection& connection, const std::string& common_name) = 0;
 };
 
 // One thread moving bytes both ways between clients and gRPC through each connection's
@@ -45,7 +51,8 @@ class ConnectionOwner {
 // read holds back its counterpart instead of the relay's memory.
 class RelayLoop {
  public:
-  RelayLoop(const Http2GuardLimits& limits, size_t max_buffered_bytes, ConnectionOwner& owner);
+  RelayLoop(const Http2GuardLimits& limits, size_t max_buffered_bytes,
+            absl::Duration handshake_timeout, ConnectionOwner& owner);
   ~RelayLoop();  // stops the thread and closes every connection
   RelayLoop(const RelayLoop&) = delete;
   RelayLoop& operator=(const RelayLoop&) = delete;
@@ -59,6 +66,10 @@ class RelayLoop {
   void Run();
   void TakeNew();
   void ReadClient(Connection& c);
+  // The client's bytes, decrypted under TLS: > 0 bytes, 0 when the client is gone, -1 when
+  // nothing is there yet.
+  ssize_t ReceiveFromClient(Connection& c, char* buffer, size_t size);
+  bool SendToClient(Connection& c);
   void ReadGrpc(Connection& c);
   void Flush(Connection& c);
   void Watch(Connection& c);
@@ -67,6 +78,7 @@ class RelayLoop {
 
   const Http2GuardLimits limits_;
   const size_t max_buffered_bytes_;
+  const absl::Duration handshake_timeout_;
   ConnectionOwner& owner_;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
@@ -76,7 +88,7 @@ class RelayLoop {
   std::vector<AcceptedConnection> incoming_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Connection>> connections_;
-  int draining_ = 0;  // connections among them that are draining
+  int timed_ = 0;  // connections among them that are draining or handshaking
 };
 
 }  // namespace mlaserve::listener

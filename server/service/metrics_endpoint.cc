@@ -26,10 +26,6 @@ constexpr int kReadTimeoutSeconds = 5;
 // workers delay a scrape by up to the read timeout per round (docs/deploy.md).
 constexpr size_t kWorkers = 4;
 
-int InstallCredentials(SSL* ssl, void* credentials) {
-  return static_cast<PemCredentials*>(credentials)->InstallOn(ssl) ? 1 : 0;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
@@ -48,7 +44,7 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
     // renewal is served without a restart, as gRPC's file watcher does on the gRPC port.
     auto https = std::make_unique<httplib::SSLServer>([credentials](SSL_CTX& ctx) {
       SSL_CTX_set_min_proto_version(&ctx, TLS1_2_VERSION);
-      SSL_CTX_set_cert_cb(&ctx, &InstallCredentials, credentials);
+      SSL_CTX_set_cert_cb(&ctx, &PemCredentials::CertificateCallback, credentials);
       if (credentials->mutual()) {
         SSL_CTX_set_verify(&ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
       }

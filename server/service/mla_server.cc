@@ -18,8 +18,10 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "kernels/core/tensor_view.h"
+#include "openssl/ssl.h"
 #include "server/engine/owned_decode_query.h"
 #include "server/service/guard_stats_collector.h"
+#include "server/service/pem_credentials.h"
 #include "spdlog/spdlog.h"
 
 namespace mlaserve::service {
@@ -112,8 +114,7 @@ absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factor
   service_options.stop_server = options.stop_server;
   // Only the listener's connections reach gRPC once it owns the port, and it outlives them.
   // A unix socket's clients are local processes, admitted by the file's permissions.
-  const bool guarded = options.http2_guard && !options.tls.enabled() &&
-                       !absl::StartsWith(options.listen_address, "unix:");
+  const bool guarded = options.http2_guard && !absl::StartsWith(options.listen_address, "unix:");
   if (guarded) {
     service_options.peer_of = [self](const std::string& peer) {
       return self->listener_ != nullptr ? self->listener_->PeerOf(peer) : peer;
@@ -125,6 +126,7 @@ absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factor
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // Behind the guard, TLS ends in its relay and gRPC serves plaintext socket pairs.
   if (!guarded) builder.AddListeningPort(options.listen_address, credentials, &server->port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<int64_t>(options.max_message_bytes, std::numeric_limits<int>::max())));
@@ -137,9 +139,26 @@ absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factor
     listen.limits = options.guard_limits;
     listen.limits.max_message_bytes = options.max_message_bytes;
     listen.relay_threads = options.guard_threads;
+    if (options.tls.enabled()) {
+      ASSIGN_OR_RETURN(server->guard_credentials_, PemCredentials::Load(options.tls));
+      PemCredentials* pem = server->guard_credentials_.get();
+      listen.configure_tls = [pem](SSL_CTX* ctx) {
+        // The certificate is chosen per handshake, so a renewal reaches new connections.
+        SSL_CTX_set_cert_cb(ctx, &PemCredentials::CertificateCallback, pem);
+        if (pem->mutual()) {
+          SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+        }
+        return true;
+      };
+    }
     ASSIGN_OR_RETURN(server->listener_,
                      listener::GuardedListener::Start(*server->server_, std::move(listen)));
     server->port_ = server->listener_->port();
+    if (options.tls.enabled() && options.tenancy != nullptr) {
+      listener::GuardedListener* guard = server->listener_.get();
+      options.tenancy->set_certificate_name_of(
+          [guard](const std::string& peer) { return guard->CommonNameOf(peer); });
+    }
   }
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen_address));

@@ -20,6 +20,7 @@
 #include "server/service/engine_stats_collector.h"
 #include "server/service/metrics_endpoint.h"
 #include "server/service/mla_serve_service.h"
+#include "server/service/pem_credentials.h"
 #include "server/service/service_metrics.h"
 #include "server/service/transport_security.h"
 #include "server/state/kv_state_keeper.h"
@@ -57,10 +58,11 @@ struct ServerOptions {
   // the calls they carry; spreads clients over replicas and bounds any one connection's life.
   absl::Duration max_connection_age = absl::ZeroDuration();
   absl::Duration max_connection_age_grace = absl::Seconds(30);
-  // The HTTP/2 guard in front of gRPC on a plaintext port (docs/deploy.md, "HTTP/2 guard"):
-  // mlaserve owns the listening socket and relays each connection to gRPC through an
-  // Http2Guard that ends rapid-reset floods and refuses messages by their declared length.
-  // Its max_message_bytes is max_message_bytes above. Off, or with TLS on, gRPC listens itself.
+  // The HTTP/2 guard in front of gRPC (docs/deploy.md, "HTTP/2 guard"): mlaserve owns the
+  // listening socket, ends TLS itself if configured, and relays each connection to gRPC
+  // through an Http2Guard that ends rapid-reset floods and refuses messages by their declared
+  // length (its max_message_bytes is max_message_bytes above). Off, or on a unix socket,
+  // gRPC listens itself.
   bool http2_guard = true;
   listener::Http2GuardLimits guard_limits;
   int guard_threads = 1;
@@ -160,6 +162,7 @@ class MlaServer {
   absl::Status fault_;  // guarded by fault_mu_
   std::unique_ptr<MlaServeService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<PemCredentials> guard_credentials_;    // TLS files for the guard's relay
   std::unique_ptr<listener::GuardedListener> listener_;  // null: gRPC listens itself
   std::shared_ptr<EngineStatsCollector> stats_collector_;
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;

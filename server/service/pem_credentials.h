@@ -31,6 +31,10 @@ class PemCredentials {
   // Re-reads the files first if they changed; a renewal that cannot be read (a half-written
   // file) keeps the previous credentials and is retried on the next interval.
   bool InstallOn(SSL* ssl);
+  // InstallOn as OpenSSL's certificate callback (SSL_CTX_set_cert_cb with `this` as its arg).
+  static int CertificateCallback(SSL* ssl, void* credentials) {
+    return static_cast<PemCredentials*>(credentials)->InstallOn(ssl) ? 1 : 0;
+  }
 
   bool mutual() const { return !tls_.client_ca_file.empty(); }
 

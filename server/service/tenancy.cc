@@ -213,6 +213,13 @@ absl::StatusOr<Tenant*> Tenancy::Identify(const grpc::CallbackServerContext& con
     return absl::UnauthenticatedError(
         "the client certificate's common name is not a tenant of this server");
   }
+  if (certificate_name_of_) {
+    if (const std::optional<std::string> cn = certificate_name_of_(context.peer())) {
+      if (Tenant* tenant = ByCommonName(*cn)) return tenant;
+      return absl::UnauthenticatedError(
+          "the client certificate's common name is not a tenant of this server");
+    }
+  }
   return absl::UnauthenticatedError(mode_ == Mode::kTokens
                                         ? "this server needs 'authorization: Bearer TOKEN' metadata"
                                         : "this server needs a client certificate");

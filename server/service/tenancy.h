@@ -3,8 +3,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,6 +79,14 @@ class Tenancy {
   // The caller's tenant: nullptr when single-tenant; UNAUTHENTICATED (no or unknown
   // credentials) otherwise. Thread-safe.
   absl::StatusOr<Tenant*> Authenticate(const grpc::CallbackServerContext& context);
+  // Where a call's verified client certificate name comes from when TLS ends before gRPC (the
+  // HTTP/2 guard's listener terminates it: GuardedListener::CommonNameOf by the call's peer).
+  // Set before serving; gRPC's own auth context is read first.
+  void set_certificate_name_of(
+      std::function<std::optional<std::string>(const std::string& peer)> name_of) {
+    certificate_name_of_ = std::move(name_of);
+  }
+
   // Calls refused UNAUTHENTICATED so far.
   int64_t unauthenticated() const { return unauthenticated_.load(std::memory_order_relaxed); }
 
@@ -92,6 +102,7 @@ class Tenancy {
   absl::flat_hash_map<std::string, Tenant*> by_common_name_;
   std::map<std::string, int64_t> kv_quotas_;
   std::atomic<int64_t> unauthenticated_{0};
+  std::function<std::optional<std::string>(const std::string&)> certificate_name_of_;
   // Certificate tenants are made on first sight (kCertificates).
   mutable absl::Mutex certificates_mu_;
 };

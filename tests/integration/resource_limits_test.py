@@ -18,7 +18,9 @@ import os
 import select
 import signal
 import socket
+import ssl
 import subprocess
+import tempfile
 import sys
 import threading
 import time
@@ -32,6 +34,7 @@ import h2.exceptions
 import numpy as np
 
 import mlaserve
+from harness import make_pki
 
 QUOTA_MIB = 96
 # What a 5 s rapid-reset flood may add to the server's peak RSS (see rapid_reset), without the
@@ -97,8 +100,11 @@ def oversized_body(target, pid, baseline):
     return failures
 
 
-def raw_connection(port):
+def raw_connection(port, tls=None):
+    """A raw HTTP/2 client connection; `tls`: an ssl.SSLContext (ALPN h2) for a TLS port."""
     sock = socket.create_connection(("127.0.0.1", port))
+    if tls is not None:
+        sock = tls.wrap_socket(sock, server_hostname="localhost")
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     conn.initiate_connection()
     sock.sendall(conn.data_to_send())
@@ -110,10 +116,10 @@ def grpc_headers(target, method):
             (":authority", target), ("content-type", "application/grpc"), ("te", "trailers")]
 
 
-def declared_only_body(target, port, pid, guarded):
+def declared_only_body(target, port, pid, guarded, tls=None):
     """A Decode whose prefix declares 1 GiB and which then sends nothing more: the guard answers
     at the prefix (gRPC alone would wait for the body, holding the stream open)."""
-    sock, conn = raw_connection(port)
+    sock, conn = raw_connection(port, tls)
     headers = grpc_headers(target, "Decode")
     before = memory_mib(pid, "VmRSS")
     conn.send_headers(1, headers)
@@ -126,7 +132,7 @@ def declared_only_body(target, port, pid, guarded):
     while status is None and time.monotonic() < deadline:
         try:
             data = sock.recv(1 << 16)
-        except socket.timeout:
+        except (socket.timeout, ssl.SSLWantReadError):
             continue
         if not data:
             break
@@ -157,7 +163,7 @@ def declared_only_body(target, port, pid, guarded):
     return failures
 
 
-def rapid_reset(target, port, pid, baseline, guarded, seconds=5.0):
+def rapid_reset(target, port, pid, baseline, guarded, seconds=5.0, tls=None, client_tls=None):
     """Opens and resets streams as fast as one Python thread can for `seconds`, reconnecting
     whenever the server closes the connection, while another client decodes every 20 ms (a
     latent query over 64 rows it appended) with a 10 s deadline and no retry.
@@ -171,7 +177,7 @@ def rapid_reset(target, port, pid, baseline, guarded, seconds=5.0):
     stop = threading.Event()
     answered, failed = [], []
 
-    client = mlaserve.Client(target, max_attempts=1)
+    client = mlaserve.Client(target, max_attempts=1, **(client_tls or {}))
     model = client.server_info().model
     width = model.dl + model.dr
     rng = np.random.default_rng()
@@ -196,7 +202,7 @@ def rapid_reset(target, port, pid, baseline, guarded, seconds=5.0):
     opened, connections, lifetimes = 0, 0, []
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        sock, conn = raw_connection(port)
+        sock, conn = raw_connection(port, tls)
         connections += 1
         began, stream, closed = time.monotonic(), 1, False
         while time.monotonic() < end and not closed:
@@ -207,7 +213,7 @@ def rapid_reset(target, port, pid, baseline, guarded, seconds=5.0):
                     stream += 2
                     opened += 1
                 sock.sendall(conn.data_to_send())  # blocking: a partial send would cut a frame
-                if select.select([sock], [], [], 0)[0]:
+                if (tls is not None and sock.pending()) or select.select([sock], [], [], 0)[0]:
                     data = sock.recv(1 << 16)
                     closed = not data or any(isinstance(e, h2.events.ConnectionTerminated)
                                              for e in conn.receive_data(data))
@@ -224,7 +230,7 @@ def rapid_reset(target, port, pid, baseline, guarded, seconds=5.0):
     growth = memory_mib(pid, "VmHWM") - baseline
     answered.sort()
     p99 = answered[min(len(answered) - 1, int(0.99 * len(answered)))] if answered else float("nan")
-    print(f"rapid reset: {opened} streams opened and reset in {seconds:.0f} s over {connections} "
+    print(f"rapid reset{' over mutual TLS' if tls else ''}: {opened} streams opened and reset in {seconds:.0f} s over {connections} "
           f"connection(s), {len(lifetimes)} ended by the server (longest lived "
           f"{max(lifetimes, default=float('nan')):.2f} s); other client: {len(answered)} decodes "
           f"answered (p99 {p99 * 1000:.0f} ms, slowest {answered[-1] * 1000 if answered else 0:.0f} "
@@ -236,7 +242,9 @@ def rapid_reset(target, port, pid, baseline, guarded, seconds=5.0):
     if growth > limit:
         failures.append(f"rapid reset: peak RSS grew {growth:.0f} MiB, more than {limit} MiB")
     if guarded:
-        p99_limit = 0.3 if "ASAN_OPTIONS" in os.environ else 0.1
+        # The goal is 100 ms; TLS adds the relay's decryption on the same two cores, so CI
+        # allows it twice that (measured 25-84 ms), and ASan three times.
+        p99_limit = 0.3 if "ASAN_OPTIONS" in os.environ else 0.2 if tls else 0.1
         if p99 > p99_limit:
             failures.append(f"rapid reset: the other client's p99 {p99 * 1000:.0f} ms > "
                             f"{p99_limit * 1000:.0f} ms")
@@ -282,12 +290,48 @@ def guard_metrics(metrics):
     return failures
 
 
-def start_server(binary, target, env, guarded=True, metrics=""):
+def start_server(binary, target, env, guarded=True, metrics="", extra=()):
     return subprocess.Popen([
         binary, f"--listen={target}", f"--metrics_listen={metrics}", "--layers=1", "--devices=1",
         "--kv_budget=256MiB", "--max_message_mb=16", f"--grpc_memory={QUOTA_MIB}MiB",
-        "--drain_timeout_s=20", "--log_level=warn", f"--http2_guard={str(guarded).lower()}"],
-        env=env)
+        "--drain_timeout_s=20", "--log_level=warn", f"--http2_guard={str(guarded).lower()}",
+        *extra], env=env)
+
+
+def under_mutual_tls(binary, env):
+    """The same bounds when the guard's relay ends TLS: client certificates required, the
+    flood and the declared-only body sent over TLS with the client's certificate."""
+    failures = []
+    with tempfile.TemporaryDirectory(prefix="mlaserve-guard-tls-") as d:
+        make_pki(d)
+        port = free_port()
+        target = f"127.0.0.1:{port}"
+        server = start_server(binary, target, env, extra=(
+            f"--tls_cert={d}/server.pem", f"--tls_key={d}/server.key",
+            f"--tls_client_ca={d}/ca.pem"))
+        client_tls = {"tls_ca": f"{d}/ca.pem", "tls_cert": f"{d}/client.pem",
+                      "tls_key": f"{d}/client.key"}
+        tls = ssl.create_default_context(cafile=f"{d}/ca.pem")
+        tls.load_cert_chain(f"{d}/client.pem", f"{d}/client.key")
+        tls.set_alpn_protocols(["h2"])
+        try:
+            with mlaserve.Client(target, **client_tls) as client:
+                deadline = time.monotonic() + 30
+                while True:
+                    try:
+                        client.server_info()
+                        break
+                    except grpc.RpcError:
+                        if time.monotonic() > deadline:
+                            raise SystemExit("the TLS server did not answer")
+                        time.sleep(0.2)
+            baseline = memory_mib(server.pid, "VmHWM")
+            failures += declared_only_body(target, port, server.pid, guarded=True, tls=tls)
+            failures += rapid_reset(target, port, server.pid, baseline, guarded=True, seconds=2.0,
+                                    tls=tls, client_tls=client_tls)
+        finally:
+            stop(server)
+    return failures
 
 
 def stop(server):
@@ -327,8 +371,9 @@ def main():
             failures.append(f"exit code {code} after SIGTERM following the flood")
     finally:
         stop(server)
-    # Without the guard (--http2_guard=false, and TLS listeners for now), gRPC's memory quota
-    # is what bounds a big body.
+    failures += under_mutual_tls(binary, env)
+    # Without the guard (--http2_guard=false, or a unix socket), gRPC's memory quota is what
+    # bounds a big body.
     port = free_port()
     target = f"127.0.0.1:{port}"
     server = start_server(binary, target, env, guarded=False)
