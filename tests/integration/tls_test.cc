@@ -82,6 +82,25 @@ TEST_F(TlsTest, UnderMutualTlsAClientNeedsACertificateTheClientCaSigned) {
   EXPECT_EQ(GetServerInfo(server, {}).code(), absl::StatusCode::kUnavailable);
 }
 
+// TLS ends in the HTTP/2 guard's relay, so gRPC sees plaintext socket pairs: the certificate's
+// common name still reaches tenancy (one tenant per name), or every call would be
+// UNAUTHENTICATED "needs a client certificate".
+TEST_F(TlsTest, BehindTheGuardAClientCertificatesNameIsItsTenant) {
+  service::ServerOptions options = TlsServerOptions(pki_, true);
+  options.tenancy = service::Tenancy::ByCertificate({});
+  IntegrationServer server(SmallEngineOptions(TinyModel()), "", options);
+  ASSERT_NE(server.server().guard(), nullptr) << "TLS ports are behind the guard";
+  client::ClientOptions client_options;
+  client_options.timeout = absl::Seconds(5);
+  client_options.max_attempts = 1;
+  client_options.tls = Tls(pki_.ca(), pki_.client_cert(), pki_.client_key());
+  auto client = server.NewClient(client_options);
+  ASSERT_TRUE(client->CreateSequence("s").ok());
+  auto sequence = client->GetSequence("s");
+  ASSERT_TRUE(sequence.ok()) << sequence.status();
+  EXPECT_EQ(options.tenancy->unauthenticated(), 0);
+}
+
 TEST_F(TlsTest, TheMetricsPortFollowsTheGrpcPortsSecurity) {
   IntegrationServer server(SmallEngineOptions(TinyModel()), "127.0.0.1:0",
                            TlsServerOptions(pki_, true));
