@@ -175,6 +175,18 @@ void GuardedListener::AcceptLoop() {
 }
 
 void GuardedListener::Accept(int client_fd, const std::string& peer, const std::string& client) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto cooling = cooling_.find(client);
+    if (cooling != cooling_.end()) {
+      if (absl::Now() < cooling->second) {
+        ++stats_.refused_connections;
+        close(client_fd);
+        return;
+      }
+      cooling_.erase(cooling);
+    }
+  }
   const int one = 1;
   setsockopt(client_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // as gRPC's own
   int pair[2];
@@ -212,6 +224,7 @@ void GuardedListener::Accept(int client_fd, const std::string& peer, const std::
     ++stats_.connections_accepted;
     ++stats_.connections_open;
   }
+  spdlog::debug("listener: connection {} from {} accepted", connection.id, peer);
   RelayLoop& loop = *loops_[connection.id % loops_.size()];
   loop.Add(std::move(connection));
   grpc::AddInsecureChannelFromFd(&server_, pair[1]);  // gRPC owns pair[1] from here
@@ -252,6 +265,10 @@ void GuardedListener::Closed(const AcceptedConnection& connection,
         case GuardClose::kProtocol:
           ++stats_.closed_for_protocol;
           break;
+      }
+      if (*closed_by != GuardClose::kProtocol && options_.cooldown > absl::ZeroDuration()) {
+        if (cooling_.size() >= kLoggedClients) cooling_.clear();
+        cooling_[connection.client] = absl::Now() + options_.cooldown;
       }
       if (logged_.size() >= kLoggedClients) logged_.clear();
       log = logged_.insert(connection.client).second;

@@ -36,6 +36,10 @@ struct GuardedListenerOptions {
   std::function<bool(SSL_CTX*)> configure_tls;
   // A client that has not finished its TLS handshake by then is closed.
   absl::Duration handshake_timeout = absl::Seconds(10);
+  // After the guard ends a client's connection for resets or streams, the client's new
+  // connections are closed at accept for this long: a flood that reconnects costs an accept,
+  // not a TLS handshake and a gRPC transport each time.
+  absl::Duration cooldown = absl::Seconds(1);
 };
 
 // The server's listening socket, owned by mlaserve instead of gRPC, so that every connection
@@ -53,6 +57,9 @@ class GuardedListener : public ConnectionOwner {
     int64_t closed_for_resets = 0;  // connections ended with GOAWAY, by reason
     int64_t closed_for_streams = 0;
     int64_t closed_for_protocol = 0;
+    // Connections closed at accept: their client's last one was ended for resets or streams
+    // within the cooldown.
+    int64_t refused_connections = 0;
   };
 
   // Binds `options.address` and starts accepting for `server` (built with no listening port
@@ -104,6 +111,9 @@ class GuardedListener : public ConnectionOwner {
     int connections = 0;
   };
   absl::flat_hash_map<std::string, Client> clients_ ABSL_GUARDED_BY(mu_);
+  // Clients whose connection the guard ended for resets or streams, until when their new
+  // connections are closed at accept (bounded).
+  absl::flat_hash_map<std::string, absl::Time> cooling_ ABSL_GUARDED_BY(mu_);
   // Clients whose connection the guard ended, logged once each (bounded).
   absl::flat_hash_set<std::string> logged_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);

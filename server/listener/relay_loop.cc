@@ -1,5 +1,6 @@
 #include "server/listener/relay_loop.h"
 
+#include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -7,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <utility>
 
@@ -132,6 +134,13 @@ void RelayLoop::Add(AcceptedConnection connection) {
 }
 
 void RelayLoop::Run() {
+  // OpenSSL writes with write(), which raises SIGPIPE on a socket whose peer is gone (a client
+  // that closes right after its handshake, as the server sends its session tickets). Blocked
+  // on this thread, the write fails with EPIPE instead of ending the process.
+  sigset_t pipe;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
   epoll_event events[64];
   while (!stopping_) {
     const bool any_timed = timed_ > 0;
@@ -254,6 +263,8 @@ ssize_t RelayLoop::ReceiveFromClient(Connection& c, char* buffer, size_t size) {
       }
       X509_free(peer);
     }
+    spdlog::debug("listener: connection {} from {}: TLS handshake done ({})", c.info.id,
+                  c.info.peer, common_name.empty() ? "no client certificate" : common_name);
     owner_.Handshaken(c.info, common_name);
   }
   ERR_clear_error();
@@ -331,6 +342,8 @@ void RelayLoop::ReadGrpc(Connection& c) {
     return;
   }
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+  spdlog::debug("listener: gRPC ended connection {} from {}: {}", c.info.id, c.info.peer,
+                n == 0 ? "end of stream" : std::strerror(errno));
   CloseGrpcSide(c);  // gRPC ended the connection (a GOAWAY it sent goes on first)
 }
 
@@ -409,6 +422,11 @@ void RelayLoop::Finish(uint64_t id) {
   if (c.info.grpc_fd >= 0) close(c.info.grpc_fd);
   if (c.draining) --timed_;
   if (!c.handshaken) --timed_;
+  spdlog::debug("listener: connection {} from {} ends ({}{}{}{})", c.info.id, c.info.peer,
+                c.info.client_fd < 0 ? "the client closed it" : "closed here",
+                c.handshaken ? "" : ", before its TLS handshake finished",
+                c.info.grpc_fd < 0 ? ", gRPC's side closed" : "",
+                c.closed_by ? absl::StrCat(", the guard: ", GuardCloseName(*c.closed_by)) : "");
   owner_.Closed(c.info, c.closed_by, c.guard);
   connections_.erase(it);
 }

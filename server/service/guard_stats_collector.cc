@@ -47,6 +47,12 @@ std::vector<prometheus::MetricFamily> GuardStatsCollector::Collect() const {
   Add(goaways, static_cast<double>(stats.closed_for_streams), "streams");
   Add(goaways, static_cast<double>(stats.closed_for_protocol), "protocol");
   families.push_back(std::move(goaways));
+  auto cooled = Family("mlaserve_http2_guard_refused_connections_total",
+                       "Connections closed at accept: their client was ended for resets or "
+                       "streams within the last second",
+                       MetricType::Counter);
+  Add(cooled, static_cast<double>(stats.refused_connections));
+  families.push_back(std::move(cooled));
   auto refused = Family("mlaserve_http2_guard_refused_messages_total",
                         "Request messages refused RESOURCE_EXHAUSTED by their declared length",
                         MetricType::Counter);

@@ -11,8 +11,8 @@ namespace mlaserve::service {
 
 // The HTTP/2 guard's counts (GuardedListener::Stats) as Prometheus metrics, read when scraped:
 // mlaserve_http2_guard_connections (open), _connections_total (accepted),
-// _goaways_total{reason}, _refused_messages_total, _streams_total and _resets_total (the last
-// two counted as connections end). The listener must outlive the exposer.
+// _goaways_total{reason}, _refused_connections_total, _refused_messages_total, _streams_total and
+// _resets_total (the last two counted as connections end). The listener must outlive the exposer.
 class GuardStatsCollector : public prometheus::Collectable {
  public:
   explicit GuardStatsCollector(const listener::GuardedListener& listener) : listener_(listener) {}

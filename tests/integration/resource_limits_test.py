@@ -201,10 +201,16 @@ def rapid_reset(target, port, pid, baseline, guarded, seconds=5.0, tls=None, cli
     headers = grpc_headers(target, "DecodeStream")
     opened, connections, lifetimes = 0, 0, []
     end = time.monotonic() + seconds
+    refused_at_accept = 0
     while time.monotonic() < end:
-        sock, conn = raw_connection(port, tls)
+        began = time.monotonic()
+        try:
+            sock, conn = raw_connection(port, tls)
+        except OSError:  # closed at accept (the guard's cooldown), in or before the handshake
+            refused_at_accept += 1
+            continue
         connections += 1
-        began, stream, closed = time.monotonic(), 1, False
+        stream, closed = 1, False
         while time.monotonic() < end and not closed:
             try:
                 for _ in range(200):
@@ -230,8 +236,9 @@ def rapid_reset(target, port, pid, baseline, guarded, seconds=5.0, tls=None, cli
     growth = memory_mib(pid, "VmHWM") - baseline
     answered.sort()
     p99 = answered[min(len(answered) - 1, int(0.99 * len(answered)))] if answered else float("nan")
-    print(f"rapid reset{' over mutual TLS' if tls else ''}: {opened} streams opened and reset in {seconds:.0f} s over {connections} "
-          f"connection(s), {len(lifetimes)} ended by the server (longest lived "
+    print(f"rapid reset{' over mutual TLS' if tls else ''}: {opened} streams opened and reset in "
+          f"{seconds:.0f} s over {connections} connection(s) ({refused_at_accept} more closed at "
+          f"accept), {len(lifetimes)} ended by the server (longest lived "
           f"{max(lifetimes, default=float('nan')):.2f} s); other client: {len(answered)} decodes "
           f"answered (p99 {p99 * 1000:.0f} ms, slowest {answered[-1] * 1000 if answered else 0:.0f} "
           f"ms), {len(failed)} failed; peak RSS +{growth:.0f} MiB")
@@ -325,6 +332,17 @@ def under_mutual_tls(binary, env):
                         if time.monotonic() > deadline:
                             raise SystemExit("the TLS server did not answer")
                         time.sleep(0.2)
+            # Clients that hang up right after their handshake, while the relay sends its
+            # session tickets (once a SIGPIPE that ended the server), then a call.
+            for _ in range(5):
+                raw = tls.wrap_socket(socket.create_connection(("127.0.0.1", port)),
+                                      server_hostname="localhost")
+                raw.close()
+            with mlaserve.Client(target, max_attempts=1, **client_tls) as client:
+                try:
+                    client.server_info()
+                except grpc.RpcError as e:
+                    failures.append(f"after clients that hung up at once: {e.code()}")
             baseline = memory_mib(server.pid, "VmHWM")
             failures += declared_only_body(target, port, server.pid, guarded=True, tls=tls)
             failures += rapid_reset(target, port, server.pid, baseline, guarded=True, seconds=2.0,
