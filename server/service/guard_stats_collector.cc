@@ -8,23 +8,25 @@ namespace {
 
 using prometheus::MetricType;
 
-prometheus::MetricFamily Family(std::string name, std::string help, MetricType type) {
+struct Sample {
+  const char* reason;  // the `reason` label's value; null: unlabelled
+  int64_t value;
+};
+
+void AddFamily(std::vector<prometheus::MetricFamily>& families, std::string name, std::string help,
+               MetricType type, std::vector<Sample> samples) {
   prometheus::MetricFamily family;
   family.name = std::move(name);
   family.help = std::move(help);
   family.type = type;
-  return family;
-}
-
-void Add(prometheus::MetricFamily& family, double value, const char* reason = nullptr) {
-  prometheus::ClientMetric metric;
-  if (reason != nullptr) metric.label.push_back({"reason", reason});
-  if (family.type == MetricType::Counter) {
-    metric.counter.value = value;
-  } else {
-    metric.gauge.value = value;
+  for (const Sample& sample : samples) {
+    prometheus::ClientMetric metric;
+    if (sample.reason != nullptr) metric.label.push_back({"reason", sample.reason});
+    (type == MetricType::Counter ? metric.counter.value : metric.gauge.value) =
+        static_cast<double>(sample.value);
+    family.metric.push_back(std::move(metric));
   }
-  family.metric.push_back(std::move(metric));
+  families.push_back(std::move(family));
 }
 
 }  // namespace
@@ -32,42 +34,29 @@ void Add(prometheus::MetricFamily& family, double value, const char* reason = nu
 std::vector<prometheus::MetricFamily> GuardStatsCollector::Collect() const {
   const listener::GuardedListener::Stats stats = listener_.stats();
   std::vector<prometheus::MetricFamily> families;
-  auto open = Family("mlaserve_http2_guard_connections", "Connections the HTTP/2 guard relays now",
-                     MetricType::Gauge);
-  Add(open, static_cast<double>(stats.connections_open));
-  families.push_back(std::move(open));
-  auto accepted = Family("mlaserve_http2_guard_connections_total",
-                         "Connections the HTTP/2 guard accepted", MetricType::Counter);
-  Add(accepted, static_cast<double>(stats.connections_accepted));
-  families.push_back(std::move(accepted));
-  auto goaways =
-      Family("mlaserve_http2_guard_goaways_total",
-             "Connections the HTTP/2 guard ended with GOAWAY, by reason", MetricType::Counter);
-  Add(goaways, static_cast<double>(stats.closed_for_resets), "resets");
-  Add(goaways, static_cast<double>(stats.closed_for_streams), "streams");
-  Add(goaways, static_cast<double>(stats.closed_for_protocol), "protocol");
-  families.push_back(std::move(goaways));
-  auto cooled = Family("mlaserve_http2_guard_refused_connections_total",
-                       "Connections closed at accept: their client was ended for resets or "
-                       "streams within the last second",
-                       MetricType::Counter);
-  Add(cooled, static_cast<double>(stats.refused_connections));
-  families.push_back(std::move(cooled));
-  auto refused = Family("mlaserve_http2_guard_refused_messages_total",
-                        "Request messages refused RESOURCE_EXHAUSTED by their declared length",
-                        MetricType::Counter);
-  Add(refused, static_cast<double>(stats.refused_messages));
-  families.push_back(std::move(refused));
-  auto streams =
-      Family("mlaserve_http2_guard_streams_total",
-             "Streams clients opened, counted as their connections end", MetricType::Counter);
-  Add(streams, static_cast<double>(stats.streams));
-  families.push_back(std::move(streams));
-  auto resets = Family("mlaserve_http2_guard_resets_total",
-                       "RST_STREAM frames clients sent, counted as their connections end",
-                       MetricType::Counter);
-  Add(resets, static_cast<double>(stats.resets));
-  families.push_back(std::move(resets));
+  AddFamily(families, "mlaserve_http2_guard_connections", "Connections the HTTP/2 guard relays now",
+            MetricType::Gauge, {{nullptr, stats.connections_open}});
+  AddFamily(families, "mlaserve_http2_guard_connections_total",
+            "Connections the HTTP/2 guard accepted", MetricType::Counter,
+            {{nullptr, stats.connections_accepted}});
+  AddFamily(families, "mlaserve_http2_guard_goaways_total",
+            "Connections the HTTP/2 guard ended with GOAWAY, by reason", MetricType::Counter,
+            {{"resets", stats.closed_for_resets},
+             {"streams", stats.closed_for_streams},
+             {"protocol", stats.closed_for_protocol}});
+  AddFamily(families, "mlaserve_http2_guard_refused_connections_total",
+            "Connections closed at accept: their client was ended for resets or streams within "
+            "the cooldown",
+            MetricType::Counter, {{nullptr, stats.refused_connections}});
+  AddFamily(families, "mlaserve_http2_guard_refused_messages_total",
+            "Request messages refused RESOURCE_EXHAUSTED by their declared length",
+            MetricType::Counter, {{nullptr, stats.refused_messages}});
+  AddFamily(families, "mlaserve_http2_guard_streams_total",
+            "Streams clients opened, counted as their connections end", MetricType::Counter,
+            {{nullptr, stats.streams}});
+  AddFamily(families, "mlaserve_http2_guard_resets_total",
+            "RST_STREAM frames clients sent, counted as their connections end", MetricType::Counter,
+            {{nullptr, stats.resets}});
   return families;
 }
 
