@@ -53,6 +53,15 @@ std::pair<std::string, std::string> DescribePeer(const sockaddr_storage& address
   return {absl::StrCat("ipv4:", host, ":", ntohs(v4->sin_port)), host};
 }
 
+// gRPC's name for a peer it serves over a descriptor handed to it: "fd:N".
+std::optional<int> DescriptorOf(const std::string& grpc_peer) {
+  int fd = 0;
+  if (!absl::StartsWith(grpc_peer, "fd:") || !absl::SimpleAtoi(grpc_peer.substr(3), &fd)) {
+    return std::nullopt;
+  }
+  return fd;
+}
+
 absl::StatusOr<int> Bind(const std::string& text, int& port) {
   absl::StatusOr<HostPort> parsed = ParseHostPort(text, "listen");
   if (!parsed.ok()) return parsed.status();
@@ -294,23 +303,19 @@ void GuardedListener::Handshaken(const AcceptedConnection& connection,
 }
 
 std::optional<std::string> GuardedListener::CommonNameOf(const std::string& grpc_peer) const {
-  int fd = 0;
-  if (!absl::StartsWith(grpc_peer, "fd:") || !absl::SimpleAtoi(grpc_peer.substr(3), &fd)) {
-    return std::nullopt;
-  }
+  const std::optional<int> fd = DescriptorOf(grpc_peer);
+  if (!fd.has_value()) return std::nullopt;
   absl::MutexLock lock(&mu_);
-  auto it = peers_.find(fd);
+  auto it = peers_.find(*fd);
   if (it == peers_.end() || it->second.common_name.empty()) return std::nullopt;
   return it->second.common_name;
 }
 
 std::string GuardedListener::PeerOf(const std::string& grpc_peer) const {
-  int fd = 0;
-  if (!absl::StartsWith(grpc_peer, "fd:") || !absl::SimpleAtoi(grpc_peer.substr(3), &fd)) {
-    return grpc_peer;
-  }
+  const std::optional<int> fd = DescriptorOf(grpc_peer);
+  if (!fd.has_value()) return grpc_peer;
   absl::MutexLock lock(&mu_);
-  auto it = peers_.find(fd);
+  auto it = peers_.find(*fd);
   return it == peers_.end() ? grpc_peer : it->second.address;
 }
 

@@ -94,12 +94,7 @@ std::optional<GuardClose> Http2Guard::ClientFrame(std::string_view frame, absl::
       break;
     case FrameType::kData: {
       if (refused) {
-        // Dropped; the client's connection window gets the bytes back, as gRPC would.
-        if (header.length > 0) {
-          std::string update;
-          AppendWindowUpdate(0, header.length, update);
-          QueueForClient(out, std::move(update));
-        }
+        ReturnCredit(header.length, out);  // dropped
         return std::nullopt;
       }
       auto it = streams_open_.find(id);
@@ -112,26 +107,16 @@ std::optional<GuardClose> Http2Guard::ClientFrame(std::string_view frame, absl::
       }
       if (const std::optional<int64_t> declared = Deframe(it->second, data)) {
         Refuse(id, it->second, *declared, out);
-        if (header.length > 0) {
-          std::string update;
-          AppendWindowUpdate(0, header.length, update);
-          QueueForClient(out, std::move(update));
-        }
+        ReturnCredit(header.length, out);
         // A refusal costs gRPC a cancelled call, as a reset does: it counts as one.
-        ++counters_.resets;
-        if (!resets_.Take(now) || (client_ != nullptr && !client_->TakeReset(now))) {
-          return Close(GuardClose::kResets, out);
-        }
+        if (!TakeReset(now)) return Close(GuardClose::kResets, out);
         return std::nullopt;
       }
       break;
     }
     case FrameType::kRstStream:
       if (refused) return std::nullopt;  // the stream is over already
-      ++counters_.resets;
-      if (!resets_.Take(now) || (client_ != nullptr && !client_->TakeReset(now))) {
-        return Close(GuardClose::kResets, out);
-      }
+      if (!TakeReset(now)) return Close(GuardClose::kResets, out);
       streams_open_.erase(id);
       break;
     default:
@@ -139,6 +124,18 @@ std::optional<GuardClose> Http2Guard::ClientFrame(std::string_view frame, absl::
   }
   out.to_server.append(frame);
   return std::nullopt;
+}
+
+bool Http2Guard::TakeReset(absl::Time now) {
+  ++counters_.resets;
+  return resets_.Take(now) && (client_ == nullptr || client_->TakeReset(now));
+}
+
+void Http2Guard::ReturnCredit(uint32_t bytes, GuardOutput& out) {
+  if (bytes == 0) return;
+  std::string update;
+  AppendWindowUpdate(0, bytes, update);
+  QueueForClient(out, std::move(update));
 }
 
 std::optional<int64_t> Http2Guard::Deframe(Stream& stream, std::string_view data) const {

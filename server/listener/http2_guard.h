@@ -78,6 +78,10 @@ class Http2Guard {
   // A DATA payload's gRPC bytes: the declared length of a message over the limit, if any.
   std::optional<int64_t> Deframe(Stream& stream, std::string_view data) const;
   void Refuse(uint32_t stream_id, Stream& stream, int64_t declared, GuardOutput& out);
+  // Counts a reset against the connection's and the client's buckets; false past either.
+  bool TakeReset(absl::Time now);
+  // Gives the client's connection window back what the guard dropped, as gRPC would have.
+  void ReturnCredit(uint32_t bytes, GuardOutput& out);
   std::optional<GuardClose> Close(GuardClose reason, GuardOutput& out);
   // Frames for the client wait for a boundary between gRPC's frames.
   void QueueForClient(GuardOutput& out, std::string frames);

@@ -29,6 +29,17 @@ constexpr size_t kReadChunk = 64 * 1024;
 
 uint64_t Token(uint64_t id, int side) { return (id << 1) | static_cast<uint64_t>(side); }
 
+// Drops what was sent from the front of `buffer` once it is all sent or worth moving.
+void Compact(std::string& buffer, size_t& sent) {
+  if (sent == buffer.size()) {
+    buffer.clear();
+    sent = 0;
+  } else if (sent > kReadChunk) {
+    buffer.erase(0, sent);
+    sent = 0;
+  }
+}
+
 // Writes what it can of `buffer` past `sent`; false when the socket is gone.
 bool WritePending(int fd, std::string& buffer, size_t& sent) {
   while (sent < buffer.size()) {
@@ -42,13 +53,7 @@ bool WritePending(int fd, std::string& buffer, size_t& sent) {
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
     return false;
   }
-  if (sent == buffer.size()) {
-    buffer.clear();
-    sent = 0;
-  } else if (sent > kReadChunk) {
-    buffer.erase(0, sent);
-    sent = 0;
-  }
+  Compact(buffer, sent);
   return true;
 }
 
@@ -324,13 +329,7 @@ bool RelayLoop::SendToClient(Connection& c) {
     ERR_clear_error();
     return false;
   }
-  if (c.to_client_sent == c.out.to_client.size()) {
-    c.out.to_client.clear();
-    c.to_client_sent = 0;
-  } else if (c.to_client_sent > kReadChunk) {
-    c.out.to_client.erase(0, c.to_client_sent);
-    c.to_client_sent = 0;
-  }
+  Compact(c.out.to_client, c.to_client_sent);
   return true;
 }
 

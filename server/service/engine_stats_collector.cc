@@ -4,32 +4,10 @@
 #include <string>
 #include <utility>
 
+#include "server/service/metric_family.h"
+
 namespace mlaserve::service {
 namespace {
-
-struct Sample {
-  std::string label_value;  // empty: an unlabelled metric
-  double value = 0;
-};
-
-prometheus::MetricFamily Family(std::string name, std::string help, prometheus::MetricType type,
-                                const std::string& label_name, std::vector<Sample> samples) {
-  prometheus::MetricFamily family;
-  family.name = std::move(name);
-  family.help = std::move(help);
-  family.type = type;
-  for (const Sample& sample : samples) {
-    prometheus::ClientMetric metric;
-    if (!sample.label_value.empty()) metric.label.push_back({label_name, sample.label_value});
-    if (type == prometheus::MetricType::Counter) {
-      metric.counter.value = sample.value;
-    } else {
-      metric.gauge.value = sample.value;
-    }
-    family.metric.push_back(std::move(metric));
-  }
-  return family;
-}
 
 // The pool's devices: what each is (an info metric), whether it serves, and a GPU's memory by
 // use (the rest of its total is the driver's and other processes').

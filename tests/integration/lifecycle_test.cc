@@ -21,6 +21,7 @@
 #include "kernels/core/cpu_features.h"
 #include "kernels/core/matmul.h"
 #include "tests/integration/integration_server.h"
+#include "tests/testing/scratch_dir.h"
 
 namespace mlaserve::integration {
 namespace {
@@ -85,11 +86,13 @@ TEST(LifecycleTest, ServingHealthAndMetricsAfterWarmUp) {
 // (`--listen=unix:/path`), which skips the TCP stack; the socket and its directory are gone
 // afterwards.
 TEST(LifecycleTest, ServesDecodeOverAUnixDomainSocket) {
-  std::string dir_template = (std::filesystem::temp_directory_path() / "mlaserve-uds-XXXXXX");
-  ASSERT_NE(mkdtemp(dir_template.data()), nullptr);
-  const std::filesystem::path dir(dir_template);
-  const std::string address = absl::StrCat("unix:", (dir / "mlaserve.sock").string());
+  std::filesystem::path dir;
   {
+    // Removed however the test ends, a failed assertion included.
+    const testing::ScratchDir scratch("mlaserve-uds");
+    const std::string socket = scratch.Path("mlaserve.sock");
+    dir = std::filesystem::path(socket).parent_path();
+    const std::string address = absl::StrCat("unix:", socket);
     service::ServerOptions server_options;
     server_options.listen_address = address;
     server_options.metrics_address = "";
@@ -107,9 +110,6 @@ TEST(LifecycleTest, ServesDecodeOverAUnixDomainSocket) {
     client.reset();
     EXPECT_TRUE((*server)->Shutdown(absl::Seconds(5)).ok());
   }
-  std::error_code error;
-  std::filesystem::remove_all(dir, error);
-  EXPECT_FALSE(error) << error.message();
   EXPECT_FALSE(std::filesystem::exists(dir));
 }
 
