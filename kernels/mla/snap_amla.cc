@@ -1,6 +1,7 @@
 #include "kernels/mla/snap_amla.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -22,6 +23,8 @@ constexpr int32_t kMinTotalShift = -255;
 
 // 2^e as a float; e stays within [-112, 112] here (docs/numerics.md derives the bounds).
 float PowerOfTwo(int32_t e) { return std::ldexp(1.0f, e); }
+
+constexpr float kFp8MinNormal = 0.015625f;  // 2^-6, e4m3's smallest normal value
 
 }  // namespace
 
@@ -58,23 +61,36 @@ int32_t SnapAmlaSoftmaxStep(float* row, const Fp8KeyBlock& keys, int count, floa
   const std::optional<AmlaRescale> rescale = AmlaAdvanceRow(row, count, {}, state.amla);
   if (!rescale.has_value()) return 0;
 
-  // p <= 1, so x_j = (p_j S16) sk_j <= S16 max_k sk_k: P's exponent comes from that bound,
-  // no per-row maximum needed, and never below the floor that keeps the accumulator from
-  // growing (see the header).
+  // SnapMLA's block-wise dynamic P quantisation: the exponent comes from this row's largest
+  // x_j = (p_j S16) sk_j in the block, not from the bound S16 max_k sk_k (a key of large scale
+  // and small p would otherwise spend e4m3's range on a value no key reaches), and never
+  // below the floor that keeps the accumulator from growing (see the header).
   const float s16 = state.amla.s16;
-  const float bound = s16 * keys.max_scale;
+  // x_j >= 0 (or NaN-free zero), so its bits order as integers: an integer max vectorises
+  // where a float max reduction would not (NaN semantics), and x_j is kept for the rounding.
+  uint32_t amax_bits = 0;
+  for (int j = 0; j < count; ++j) {
+    weights[j] = (row[j] * s16) * keys.scales[j];
+    amax_bits = std::max(amax_bits, std::bit_cast<uint32_t>(weights[j]));
+  }
+  const float amax = std::bit_cast<float>(amax_bits);
   const int32_t floor = was_started ? state.p_exponent + rescale->exponent_shift
                                     : std::numeric_limits<int32_t>::min();
   const int32_t exponent =
-      bound > 0.0f ? std::max(Fp8ScaleExponent(bound), floor) : (was_started ? floor : 0);
-  // S16 * 2^-e is exact, so this is (p S16) sk 2^-e with one multiplication fewer.
+      amax > 0.0f ? std::max(Fp8ScaleExponent(amax), floor) : (was_started ? floor : 0);
+  // Scaling by 2^-e is exact, so P8 rounds (p S16) sk 2^-e once.
   const float factor = s16 * PowerOfTwo(-exponent);
+  const float unscale = PowerOfTwo(-exponent);
   for (int j = 0; j < count; ++j) {
-    row[j] = Fp8E4m3::FromFloat((row[j] * factor) * keys.scales[j]).ToFloat();
+    const float unrounded = row[j] * factor;  // p_j in the accumulator's units
+    const float p8 = Fp8E4m3::FromFloat(weights[j] * unscale).ToFloat();
+    // The weight P8 gives value row j; below e4m3's normal range (2^-6) the code keeps under
+    // 3 bits of it, or nothing, so there the unrounded p counts instead: a key whose P is
+    // lost to rounding (a small scale beside a large one) still holds its share of the
+    // softmax's mass, as a zero value row, rather than handing it to the larger rows.
+    weights[j] = p8 >= kFp8MinNormal ? p8 * keys.inverse_scales[j] : unrounded;
+    row[j] = p8;
   }
-
-  // The weights the quantised P gives each value row, in the accumulator's units.
-  for (int j = 0; j < count; ++j) weights[j] = row[j] * keys.inverse_scales[j];
   const float block_weight = RowSum(weights, count);
 
   int32_t delta = 0;

@@ -27,7 +27,9 @@ namespace mlaserve {
 //          p_ij = exp(s_ij - m_i), l_i, n_i, S16_i exactly as AMLA (kernels/mla/amla.h)
 //          P8_ij = e4m3((p_ij * (S16_i * 2^-e_i)) * sk_j)   the V scale folded into P
 //                  (V = sk_j * k8_j), P quantised per row and block
-//          w_i   = w_i (rescaled like acc_i) + sum_j P8_ij * (1 / sk_j)   the weights P8 gives
+//          w_i   = w_i (rescaled like acc_i) + sum_j w_ij,   the weights P8 gives:
+//                  w_ij = P8_ij * (1 / sk_j) where P8_ij >= 2^-6 (e4m3's normal range),
+//                  else p_ij * S16_i * 2^-e_i, the unrounded weight
 //   [C2]   acc_i = acc_i (rescaled by an int32 add on its bits) + P8_i . V8   (fp32)
 //   [V]    out_i = acc_i / w_i,  lse_i = m_i + ln l_i
 //
@@ -35,13 +37,18 @@ namespace mlaserve {
 // convex combination of value rows: P's rounding then only perturbs the mix, never the
 // output's scale (a near one-hot row comes back as its value row, not 1 +- 2^-4 times it).
 // l, from the unrounded p, still gives the LSE. On the unit-variance data sets this halves
-// the kernel's error on peaked rows (docs/numerics.md, "FP8 accuracy").
+// the kernel's error on peaked rows (docs/numerics.md, "FP8 accuracy"). Keys whose P8 falls
+// below e4m3's normal range keep their unrounded weight: when key scales span many binades
+// (a few tokens of large scale beside many small ones), the small keys' P8 round to zero,
+// and counting only P8 would hand their share of the softmax to the large rows (an output
+// hundreds of times too large was seen on heavy-tailed keys); this way they count as zero
+// value rows, an error no larger than their P8's.
 //
 // The P scale is a power of two, 2^e_i, so that it joins AMLA's integer-add rescale: the
 // accumulator holds O * S16 * 2^-e, and between blocks its bits get
 //     delta = (max(n_i - n_{i-1}, -30) - (e_i - e_{i-1})) * 2^23 + AMLA's mantissa fix.
-// e_i is the smallest exponent with S16_i * max_j sk_j <= 448 * 2^e_i, a bound of every
-// (p S16) sk_j since p <= 1 (P never saturates, and no per-row maximum is needed), but never
+// e_i is the smallest exponent with max_j (p_ij S16_i) sk_j <= 448 * 2^e_i, SnapMLA's
+// block-wise dynamic quantisation (P never saturates), but never
 // below e_{i-1} + max(n_i - n_{i-1}, -30), so the shift is never positive and the accumulator
 // never grows past what the running max allows (a block far below the running max loses the
 // fp8 codes below 2^-9 of that max, as it would against a per-tensor P scale). A shift under
