@@ -118,7 +118,7 @@ def main():
     print(f"pool sizing on {result['machine']}, {args.duration_s:g} s a run")
     if "pool" in result:
         print(f"\nmake demo's workload, best of {args.rounds} rounds")
-        print(f"| pool | ranks | queries/s | of the best | p50 ms | the server's choice |")
+        print("| pool | ranks | queries/s | of the best | p50 ms | the server's choice |")
         print("|---|---|---|---|---|---|")
         for r in result["pool"]:
             print(f"| {r['pool']} | {r['workers']} | {r['queries_per_s']:.0f} | "

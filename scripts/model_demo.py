@@ -32,6 +32,9 @@ def main():
     parser.add_argument("--sequences", type=int, default=8)
     parser.add_argument("--steps", type=int, default=128)
     parser.add_argument("--prompt-tokens", type=int, default=4)
+    parser.add_argument("--shared-prompt", action="store_true",
+                        help="prompts that agree but for their last token, the shared part "
+                             "prefilled once and registered as a prefix on the server")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="where the model runs (cuda:0)")
     parser.add_argument("--hidden-size", type=int, default=256,
@@ -60,17 +63,24 @@ def main():
         if not server.ready(120):
             raise SystemExit("the server did not start:\n" + "".join(server.log[-20:]))
         client = mlaserve.Client(target)
-        prompts = [[(7 * b + 3 * i + 1) % config.vocab_size for i in range(args.prompt_tokens)]
+        prompts = [[(7 * (0 if args.shared_prompt and i + 1 < args.prompt_tokens else b) +
+                     3 * i + 1) % config.vocab_size for i in range(args.prompt_tokens)]
                    for b in range(args.sequences)]
-        local = m.generate(model, m.LocalAttention(model), prompts, args.steps)
-        served = m.generate(model, m.MlaServeAttention(model, client), prompts, args.steps)
+        shared = args.shared_prompt
+
+        def run(backend, forced=None):
+            return m.generate(model, backend, prompts, args.steps, forced, shared)
+        local = run(m.LocalAttention(model))
+        served = run(m.MlaServeAttention(model, client))
         forced = [seq[args.prompt_tokens:] for seq in local.tokens]
-        ref = m.generate(model, m.LocalAttention(model), prompts, args.steps, forced=forced)
+        ref = run(m.LocalAttention(model), forced)
         print(f"model: DeepSeek-V3 architecture on {args.device}, {args.layers} layers, hidden "
               f"{config.hidden_size}, FFN {config.intermediate_size}, "
               f"{config.num_attention_heads} heads, latent "
               f"{config.kv_lora_rank} + RoPE {config.qk_rope_head_dim}, seed {args.seed}; "
-              f"{args.sequences} sequences x {args.steps} tokens, greedy")
+              f"{args.sequences} sequences x {args.steps} tokens, greedy"
+              + (f"; a shared prompt of {args.prompt_tokens - 1} tokens registered as a prefix"
+                 if shared else ""))
         for b in range(args.sequences):
             mine = local.tokens[b][args.prompt_tokens:]
             theirs = served.tokens[b][args.prompt_tokens:]
@@ -84,29 +94,41 @@ def main():
             print(f"  seq {b}  local   {' '.join(map(str, mine[:16]))} ...")
             print(f"         mlaserve {' '.join(map(str, theirs[:16]))} ...  {note}; "
                   f"{len(set(mine))} distinct")
-        rest = m.generate(model, m.NoAttention(model), prompts, args.steps)
+        rest = run(m.NoAttention(model))
+        local = run(m.LocalAttention(model))  # again, warm
         print(f"time per output token ({args.sequences} sequences, {local.steps} steps):")
         rest_ms = 1000 * rest.seconds / rest.steps
         local_ms = 1000 * local.seconds / local.steps
         attention_ms = max(0.0, local_ms - rest_ms)
         print(f"  the model without attention   {rest_ms:8.2f} ms")
         print(f"  with local attention          {local_ms:8.2f} ms  (attention "
-              f"{attention_ms:.2f} ms)")
+              f"{attention_ms:.2f} ms; batched PyTorch)")
         for k in (int(x) for x in args.micro_batches.split(",")):
             backends = []
 
             def make(i, backends=backends):
                 backends.append(m.MlaServeAttention(model, client, run_id=f"demo/mb{i}"))
                 return backends[-1]
-            run = m.generate_micro_batched(model, make, prompts, args.steps, k)
-            ms = 1000 * run.seconds / run.steps
-            share = sum(b.call_seconds for b in backends) / len(backends) / run.seconds
-            same = sum(run.tokens[b] == served.tokens[b] for b in range(args.sequences))
+            run_k = m.generate_micro_batched(model, make, prompts, args.steps, k,
+                                             shared_prefix=shared)
+            ms = 1000 * run_k.seconds / run_k.steps
+            calls = sum(b.calls for b in backends)
+            exposed = sum(b.wait_seconds for b in backends) / run_k.seconds
+            call_ms = 1000 * sum(b.call_seconds for b in backends) / calls
+            server_ms = 1000 * sum(b.server_seconds for b in backends) / calls
+            client_ms = 1000 * sum(b.client_seconds for b in backends) / calls
+            alone = m.generate_micro_batched(model, lambda i: m.NoAttention(model), prompts,
+                                             args.steps, k, shared_prefix=shared)
+            alone_ms = 1000 * alone.seconds / alone.steps
+            same = sum(run_k.tokens[b] == served.tokens[b] for b in range(args.sequences))
             print(f"  through mlaserve, {k} micro-batch{'es' if k > 1 else '  '} {ms:8.2f} ms  "
-                  f"({args.sequences * run.steps / run.seconds:.1f} tokens/s; a micro-batch's "
-                  f"calls {100 * share:.0f} % of the wall; {ms / max(rest_ms, attention_ms):.2f}x "
-                  f"the larger of attention and the rest; {same}/{args.sequences} sequences "
-                  "as with one)")
+                  f"({args.sequences * run_k.steps / run_k.seconds:.1f} tokens/s; "
+                  f"{ms / max(rest_ms, attention_ms):.2f}x the larger of attention and the "
+                  f"rest; the model without attention in {k}: {alone_ms:.2f} ms; a call "
+                  f"{call_ms:.2f} ms from sending to its answer's use, the server's part "
+                  f"{server_ms:.2f} ms, this thread's encoding and conversion {client_ms:.2f} ms; "
+                  f"waits on answers {100 * exposed:.0f} % of the wall; "
+                  f"{same}/{args.sequences} sequences as with one)")
     finally:
         if server is not None:
             server.stop()

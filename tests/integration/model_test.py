@@ -1,11 +1,13 @@
 """A DeepSeek-V3-architecture model generating through a real server (docs/model.md): the
 tiny configuration (2 layers, DeepSeek-V3's attention widths, seeded weights written as the
-server's --weights), 4 sequences x 24 steps on different prompts, local attention (PyTorch)
-against mlaserve's (one Decode call per layer and step, the step's KV row appended in it).
-Teacher-forced logits within the stated tolerance at every step; the argmax equal wherever
-the reference's top-2 margin exceeds 4x the tolerance; free-running output identical up to
-the first near-tie at least; the output not degenerate. Also the weights' round trip
-through safetensors.
+server's --weights), 4 sequences x 24 steps, local attention (PyTorch) against mlaserve's
+(one Decode call per layer and step, the step's KV row appended in it): on different
+prompts, on prompts sharing all but their last token (the shared part registered once as a
+prefix), and in 2 and 3 micro-batches run as a ping-pong (calls in flight while another
+micro-batch computes). Teacher-forced logits within the stated tolerance at every step; the
+argmax equal wherever the reference's top-2 margin exceeds 4x the tolerance; free-running
+output identical up to the first near-tie at least; the output not degenerate. Also the
+weights' round trip through safetensors, and Client.decode_async against decode.
 
     /usr/bin/python3 tests/integration/model_test.py --server build/bin/mlaserve-server
         (PYTHONPATH=build/python)
@@ -18,6 +20,8 @@ import sys
 import tempfile
 import time
 
+import grpc
+import numpy as np
 import torch
 
 import mlaserve
@@ -57,22 +61,18 @@ def main():
             raise RuntimeError("the server did not start: " + "".join(server.log[-20:]))
         client = mlaserve.Client(target)
         prompts = [[7 * b + 1, 3 * b + 2, b + 5, 11 * b + 3] for b in range(SEQUENCES)]
-        result = m.compare_teacher_forced(model, m.LocalAttention(model),
-                                          m.MlaServeAttention(model, client), prompts, STEPS,
-                                          TOLERANCE)
-        print(result)
-        check(result.max_logit_difference <= TOLERANCE,
-              f"logits differ by {result.max_logit_difference} > {TOLERANCE}")
-        check(result.argmax_mismatches == 0,
-              f"{result.argmax_mismatches} argmax mismatches beyond 4x the tolerance's margin")
-        for s in range(SEQUENCES):
-            check(result.identical_until[s] >= result.first_near_tie[s],
-                  f"sequence {s}: free-running output differs at step "
-                  f"{result.identical_until[s]}, before its first near-tie "
-                  f"({result.first_near_tie[s]})")
-            check(result.distinct_tokens[s] >= STEPS // 3,
-                  f"sequence {s}: {result.distinct_tokens[s]} distinct tokens of {STEPS}")
-        check(not list(client.list_sequences()), "the back end left sequences on the server")
+        shared = [[5, 9, 13, 2, 7, 3 * b + 1] for b in range(SEQUENCES)]
+        for name, chosen, prefix in (("different prompts", prompts, False),
+                                     ("a shared prompt", shared, True)):
+            result = m.compare_teacher_forced(model, m.LocalAttention(model),
+                                              m.MlaServeAttention(model, client), chosen, STEPS,
+                                              TOLERANCE, shared_prefix=prefix)
+            print(name, result)
+            check_comparison(name, result, check)
+        check_micro_batches(model, client, prompts, check)
+        check_decode_async(client, config, check)
+        check(not list(client.list_sequences()), "the back ends left sequences on the server")
+        check(not list(client.list_prefixes()), "the back ends left prefixes on the server")
     except Exception as error:  # noqa: BLE001 (reported, then everything is removed)
         failures.append(f"{type(error).__name__}: {error}")
     finally:
@@ -80,6 +80,72 @@ def main():
             server.stop()
         shutil.rmtree(scratch, ignore_errors=True)
     return report(failures, began)
+
+
+def check_comparison(name, result, check):
+    check(result.max_logit_difference <= TOLERANCE,
+          f"{name}: logits differ by {result.max_logit_difference} > {TOLERANCE}")
+    check(result.argmax_mismatches == 0,
+          f"{name}: {result.argmax_mismatches} argmax mismatches beyond 4x the tolerance's margin")
+    for s in range(SEQUENCES):
+        check(result.identical_until[s] >= result.first_near_tie[s],
+              f"{name}, sequence {s}: free-running output differs at step "
+              f"{result.identical_until[s]}, before its first near-tie "
+              f"({result.first_near_tie[s]})")
+        check(result.distinct_tokens[s] >= STEPS // 3,
+              f"{name}, sequence {s}: {result.distinct_tokens[s]} distinct tokens of {STEPS}")
+
+
+def check_micro_batches(model, client, prompts, check):
+    """2 and 3 micro-batches in a ping-pong, teacher-forced on the local reference's tokens:
+    every step's logits within the tolerance of the reference's, each back end's calls all
+    answered (one per layer and step)."""
+    free = m.generate(model, m.LocalAttention(model), prompts, STEPS)
+    forced = [seq[len(prompts[0]):] for seq in free.tokens]
+    ref = m.generate(model, m.LocalAttention(model), prompts, STEPS, forced=forced)
+    for k in (2, 3):
+        backends = []
+
+        def make(i, backends=backends, k=k):
+            backends.append(m.MlaServeAttention(model, client, run_id=f"mb{k}/{i}"))
+            return backends[-1]
+        run = m.generate_micro_batched(model, make, prompts, STEPS, k, forced=forced)
+        worst = max(float((a - b).abs().max()) for a, b in zip(ref.logits, run.logits))
+        print(f"{k} micro-batches: logits within {worst:.4f} of the reference")
+        check(worst <= TOLERANCE, f"{k} micro-batches: logits differ by {worst} > {TOLERANCE}")
+        layers = model.config.num_hidden_layers
+        check(all(b.calls == run.steps * layers for b in backends),
+              f"{k} micro-batches: calls {[b.calls for b in backends]}, not "
+              f"{run.steps * layers} each")
+
+
+def check_decode_async(client, config, check):
+    """Two calls in flight at once answer what decode() answers, bit for bit; a call's
+    error (an unknown sequence) comes from result() with its code."""
+    rng = np.random.default_rng()
+    width = config.kv_row_width
+    rows = mlaserve.float_to_bf16_bits(rng.standard_normal((40, width)).astype(np.float32))
+    q = rng.standard_normal((1, config.num_attention_heads, width)).astype(np.float32)
+    client.create_sequence("async/s")
+    try:
+        client.append_kv("async/s", 0, 0, rows)
+        query = mlaserve.latent_query("async/s", 0, q, dtype="bf16")
+        expected = client.decode([query], output_dtype="fp32")[0]
+        first = client.decode_async([query], output_dtype="fp32")
+        second = client.decode_async([query], output_dtype="fp32")
+        for pending in (second, first):
+            got = pending.result()[0]
+            check(np.array_equal(got.out, expected.out) and np.array_equal(got.lse, expected.lse),
+                  "decode_async answered otherwise than decode")
+        missing = client.decode_async([mlaserve.latent_query("async/none", 0, q, dtype="bf16")])
+        try:
+            missing.result()
+            check(False, "decode_async on an unknown sequence did not fail")
+        except grpc.RpcError as error:
+            check(error.code() == grpc.StatusCode.NOT_FOUND,
+                  f"decode_async on an unknown sequence: {error.code()}, not NOT_FOUND")
+    finally:
+        client.release_sequence("async/s")
 
 
 if __name__ == "__main__":

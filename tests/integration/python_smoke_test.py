@@ -10,7 +10,6 @@ endpoint, and a graceful stop on SIGTERM.
 import argparse
 import importlib.util
 import math
-import os
 import signal
 import socket
 import subprocess

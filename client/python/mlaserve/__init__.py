@@ -14,7 +14,8 @@ version this client was built with.
 from mlaserve._version import __version__
 
 from mlaserve.bfloat16 import bf16_bits_to_float, float_to_bf16_bits, round_to_bf16
-from mlaserve.client import Client, DecodeResult, StreamError, head_query, latent_query
+from mlaserve.client import (Client, DecodeResult, PendingDecode, StreamError, head_query,
+                             latent_query)
 from mlaserve.cluster import ClusterClient, ClusterError
 from mlaserve.tensors import from_tensor, to_tensor
 
@@ -23,6 +24,7 @@ __all__ = [
     "ClusterClient",
     "ClusterError",
     "DecodeResult",
+    "PendingDecode",
     "StreamError",
     "bf16_bits_to_float",
     "float_to_bf16_bits",

@@ -263,13 +263,20 @@ class Client:
         """One Decode call: a list of head_query/latent_query -> list of DecodeResult.
         softmax_scale (None: the model's) is the factor on q.k, applied in fp32 by the
         server."""
-        request = decode_pb2.DecodeRequest(queries=queries,
-                                           output_dtype=wire_dtype(output_dtype))
-        if softmax_scale is not None:
-            request.softmax_scale = float(softmax_scale)
-        response = self._call(self._stub.Decode, request, timeout)
-        return [DecodeResult(from_tensor(r.out), from_tensor(r.lse), r.plan)
-                for r in response.results]
+        request = _decode_request(queries, output_dtype, softmax_scale)
+        return _results(self._call(self._stub.Decode, request, timeout))
+
+    def decode_async(self, queries, output_dtype="bf16", timeout=None, softmax_scale=None):
+        """decode() without waiting for the answer: the call is sent now and gRPC's own
+        threads carry it (without Python's GIL) while the caller computes; the returned
+        PendingDecode's result() gives decode()'s list. A framework's micro-batch ping-pong
+        keeps one micro-batch's call in flight this way while another's layers run. An
+        UNAVAILABLE answer is retried in result(), as decode() retries it, within `timeout`."""
+        request = _decode_request(queries, output_dtype, softmax_scale)
+        deadline = time.monotonic() + (self._timeout if timeout is None else timeout)
+        future = self._stub.Decode.future(request, timeout=self._timeout if timeout is None
+                                          else timeout, metadata=self._metadata)
+        return PendingDecode(self, request, future, deadline)
 
     def decode_stream(self, requests, timeout=None):
         """A DecodeStream. `requests` yields (request_id, [queries]); the result yields
@@ -288,6 +295,41 @@ class Client:
                 yield answer.request_id, [
                     DecodeResult(from_tensor(r.out), from_tensor(r.lse), r.plan)
                     for r in answer.response.results]
+
+
+def _decode_request(queries, output_dtype, softmax_scale):
+    request = decode_pb2.DecodeRequest(queries=queries, output_dtype=wire_dtype(output_dtype))
+    if softmax_scale is not None:
+        request.softmax_scale = float(softmax_scale)
+    return request
+
+
+def _results(response):
+    return [DecodeResult(from_tensor(r.out), from_tensor(r.lse), r.plan)
+            for r in response.results]
+
+
+class PendingDecode:
+    """A Decode call in flight (Client.decode_async)."""
+
+    def __init__(self, client, request, future, deadline):
+        self._client, self._request, self._future = client, request, future
+        self._deadline = deadline
+
+    def done(self):
+        """Whether the answer (or an error) has come; result() then does not wait for it."""
+        return self._future.done()
+
+    def result(self):
+        """The call's list of DecodeResult, waiting for it; raises grpc.RpcError as decode()."""
+        try:
+            response = self._future.result()
+        except grpc.RpcError as error:
+            remaining = self._deadline - time.monotonic()
+            if error.code() != grpc.StatusCode.UNAVAILABLE or remaining <= 0:
+                raise
+            response = self._client._call(self._client._stub.Decode, self._request, remaining)
+        return _results(response)
 
 
 class StreamError(Exception):

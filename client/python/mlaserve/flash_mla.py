@@ -48,7 +48,6 @@ import numpy as np
 
 from mlaserve.bfloat16 import bf16_bits_to_float, float_to_bf16_bits
 from mlaserve.client import Client, latent_query
-from mlaserve.tensors import to_tensor
 
 HEAD_DIM_QK = 576
 HEAD_DIM_V = 512

@@ -15,7 +15,8 @@ widths are DeepSeek-V3's, as the server's), with seeded weights or a checkpoint'
 from mlaserve.model.attention import LocalAttention, MlaServeAttention, NoAttention
 from mlaserve.model.config import ModelConfig
 from mlaserve.model.deepseek import DeepSeekModel
-from mlaserve.model.generate import compare_teacher_forced, generate, generate_micro_batched
+from mlaserve.model.generate import (compare_teacher_forced, generate, generate_micro_batched,
+                                     prefix_rows)
 
 __all__ = ["DeepSeekModel", "LocalAttention", "MlaServeAttention", "ModelConfig", "NoAttention",
-           "compare_teacher_forced", "generate", "generate_micro_batched"]
+           "compare_teacher_forced", "generate", "generate_micro_batched", "prefix_rows"]

@@ -1,99 +1,176 @@
-"""The model's two attention back ends: local (PyTorch, the reference) and mlaserve (one
-Decode call per layer and step for the whole batch: each sequence's KV row appended and its
-query decoded in the same call). Both take and give what DeepSeekModel.step hands a layer."""
+"""The model's attention back ends: local (PyTorch, the reference) and mlaserve (one Decode
+call per layer and step for the whole batch: each sequence's KV row appended and its query
+decoded in the same call). Each takes what DeepSeekModel.attention_inputs gives a layer and
+answers [batch, heads, v_head_dim]; submit() starts a layer's attention and returns a
+handle whose result() gives it, so a decode loop can run other micro-batches meanwhile."""
 
 import time
 
 import numpy as np
 import torch
 
-from mlaserve.bfloat16 import bf16_bits_to_float, float_to_bf16_bits
 from mlaserve.client import head_query
-
-
-def _bf16(tensor):
-    """As the wire carries it: rounded to bf16 (on the tensor's device)."""
-    rounded = bf16_bits_to_float(float_to_bf16_bits(tensor.detach().cpu().numpy()))
-    return torch.from_numpy(rounded).to(tensor.device)
+from mlaserve.model.deepseek import bf16_values
 
 
 def _wire(tensor):
-    """bf16 bit patterns of a tensor, for the wire."""
-    return float_to_bf16_bits(tensor.detach().cpu().numpy())
+    """bf16 bit patterns of a tensor (uint16, on the host), for the wire: rounded on the
+    tensor's device, so only half the bytes cross to the host."""
+    bits = tensor.detach().to(torch.bfloat16).view(torch.int16).cpu().numpy()
+    return bits.view(np.uint16)
+
+
+class _Ready:
+    """A result already computed (the local back ends answer at once)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
 
 
 class LocalAttention:
-    """MLA decode attention in PyTorch, float32 over bf16-rounded queries and rows (what the
-    server receives): scores q_nope W_UK c_kv + q_pe k_pe, softmax at the model's scale, the
-    output W_UV (p c_kv), per head. Keeps every sequence's rows per layer."""
+    """MLA decode attention in PyTorch, batched, float32 over bf16-rounded queries and rows
+    (what the server receives): scores q_nope W_UK c_kv + q_pe k_pe, softmax at the model's
+    scale, the output W_UV (p c_kv), per head. Every sequence's rows per layer are held in
+    one [batch, capacity, latent + rope] tensor on the model's device."""
 
     def __init__(self, model):
         self.model = model
-        self.rows = {}  # (layer, slot) -> [tokens, dl + dr]
+        self.cache = []     # per layer: [batch, capacity, latent + rope]
+        self.lengths = []   # per sequence: rows held
 
-    def start(self, sequences):
-        self.slots = list(range(sequences))
-        self.rows.clear()
+    def start(self, sequences, prefix=None):
+        """`prefix` [layers, tokens, latent + rope]: rows every sequence starts with."""
+        c = self.model.config
+        held = 0 if prefix is None else prefix.shape[1]
+        self.cache = [torch.zeros(sequences, max(64, 2 * held), c.kv_row_width,
+                                  device=self.model.device)
+                      for _ in range(c.num_hidden_layers)]
+        if prefix is not None:
+            for layer, rows in enumerate(prefix):
+                self.cache[layer][:, :held] = bf16_values(rows.to(self.model.device))
+        self.lengths = [held] * sequences
+
+    def submit(self, layer, q_nope, q_pe, rows, positions):
+        return _Ready(self.attend(layer, q_nope, q_pe, rows, positions))
 
     def attend(self, layer, q_nope, q_pe, rows, positions):
+        """`positions` (host ints): where each sequence's row goes; what lay at or beyond it
+        is dropped, as the server's append does."""
         c = self.model.config
+        end = max(positions) + 1
+        cache = self._room(layer, end)
+        batch = range(len(positions))
+        cache[list(batch), list(positions)] = bf16_values(rows)
+        for b in batch:
+            self.lengths[b] = positions[b] + 1
         w = self.model.kv_b_proj(layer)
         w_uk, w_uv = w[:, :c.qk_nope_head_dim, :], w[:, c.qk_nope_head_dim:, :]
-        q_nope, q_pe, rows = _bf16(q_nope), _bf16(q_pe), _bf16(rows)
-        outs = []
-        for b in range(rows.shape[0]):
-            held = self.rows.get((layer, b))
-            position = int(positions[b])
-            held = rows[b:b + 1] if held is None else torch.cat((held[:position], rows[b:b + 1]))
-            self.rows[(layer, b)] = held
-            c_kv, k_pe = held[:, :c.kv_lora_rank], held[:, c.kv_lora_rank:]
-            q_latent = torch.einsum("hn,hnl->hl", q_nope[b], w_uk)
-            scores = (q_latent @ c_kv.T + q_pe[b] @ k_pe.T) * c.softmax_scale
-            o_latent = torch.softmax(scores, dim=-1) @ c_kv
-            outs.append(torch.einsum("hvl,hl->hv", w_uv, o_latent))
-        return torch.stack(outs)
+        c_kv, k_pe = cache[:, :end, :c.kv_lora_rank], cache[:, :end, c.kv_lora_rank:]
+        q_latent = torch.einsum("bhn,hnl->bhl", bf16_values(q_nope), w_uk)
+        scores = (q_latent @ c_kv.transpose(1, 2) +
+                  bf16_values(q_pe) @ k_pe.transpose(1, 2)) * c.softmax_scale
+        unseen = (torch.arange(end, device=cache.device)[None, :] >
+                  torch.as_tensor(positions, device=cache.device)[:, None])
+        scores = scores.masked_fill(unseen[:, None, :], float("-inf"))
+        o_latent = torch.softmax(scores, dim=-1) @ c_kv
+        return torch.einsum("bhl,hvl->bhv", o_latent, w_uv)
+
+    def held_rows(self, sequence):
+        """[layers, tokens, latent + rope]: what one sequence holds."""
+        return torch.stack([cache[sequence, :self.lengths[sequence]] for cache in self.cache])
+
+    def _room(self, layer, rows):
+        cache = self.cache[layer]
+        if cache.shape[1] < rows:
+            grown = cache.new_zeros(cache.shape[0], max(rows, 2 * cache.shape[1]),
+                                    cache.shape[2])
+            grown[:, :cache.shape[1]] = cache
+            self.cache[layer] = cache = grown
+        return cache
 
     def release(self):
-        self.rows.clear()
+        self.cache, self.lengths = [], []
 
 
 class MlaServeAttention:
     """The same attention on an mlaserve server (its --weights are this model's): per layer and
     step one Decode call carrying every sequence's head-space query with the step's KV row
-    appended first; answers in head space [heads, v_head_dim]."""
+    appended first; answers in head space [heads, v_head_dim]. submit() sends the call and
+    returns at once (Client.decode_async)."""
 
     def __init__(self, model, client, run_id="model"):
         self.model = model
         self.client = client
         self.run_id = run_id
         self.ids = []
-        self.call_seconds = 0.0  # wall time inside Decode calls, since the last start
+        self.prefix_id = ""
+        self.reset_counters()
 
-    def start(self, sequences):
+    def reset_counters(self):
+        self.calls = 0
+        self.call_seconds = 0.0    # from each call's sending to its answer's use
+        self.wait_seconds = 0.0    # blocked on answers: the calls' part nothing else hid
+        self.server_seconds = 0.0  # the server's queue, preparation and device time
+        self.client_seconds = 0.0  # this thread's work on calls beside the wait: building and
+        #                            sending the request once its tensors are on the host,
+        #                            and the answers' conversion after it
+
+    def start(self, sequences, prefix=None):
+        """`prefix` [layers, tokens, latent + rope]: a shared prompt's rows, registered once as
+        a prefix that every sequence is created on (TyphoonMLA's groups form on it)."""
         self.release()
-        self.call_seconds = 0.0
+        self.reset_counters()
+        if prefix is not None:
+            self.prefix_id = f"{self.run_id}/prefix"
+            self.client.register_prefix(self.prefix_id, _wire(prefix))
         self.ids = [f"{self.run_id}/s{b}" for b in range(sequences)]
         for sequence_id in self.ids:
-            self.client.create_sequence(sequence_id)
+            self.client.create_sequence(sequence_id, prefix_id=self.prefix_id)
+
+    def submit(self, layer, q_nope, q_pe, rows, positions):
+        q_nope, q_pe, rows = _wire(q_nope), _wire(q_pe), _wire(rows)  # waits for them
+        began = time.perf_counter()
+        queries = [head_query(sequence_id, layer, q_nope[b:b + 1], q_pe[b:b + 1],
+                              append_rows=rows[b:b + 1], append_position=int(positions[b]))
+                   for b, sequence_id in enumerate(self.ids)]
+        sent = time.perf_counter()
+        pending = self.client.decode_async(queries, output_dtype="fp32",
+                                           softmax_scale=self.model.config.softmax_scale)
+        self.client_seconds += time.perf_counter() - began
+        return _PendingLayer(self, pending, sent)
 
     def attend(self, layer, q_nope, q_pe, rows, positions):
-        c = self.model.config
-        q_nope, q_pe, rows = _wire(q_nope), _wire(q_pe), _wire(rows)
-        positions = [int(p) for p in positions]
-        queries = [head_query(sequence_id, layer, q_nope[b:b + 1], q_pe[b:b + 1],
-                              append_rows=rows[b:b + 1], append_position=positions[b])
-                   for b, sequence_id in enumerate(self.ids)]
-        began = time.perf_counter()
-        results = self.client.decode(queries, output_dtype="fp32",
-                                     softmax_scale=c.softmax_scale)
-        self.call_seconds += time.perf_counter() - began
-        out = torch.from_numpy(np.stack([r.out[0] for r in results]).astype(np.float32))
-        return out.to(self.model.device)
+        return self.submit(layer, q_nope, q_pe, rows, positions).result()
 
     def release(self):
         for sequence_id in self.ids:
             self.client.release_sequence(sequence_id)
         self.ids = []
+        if self.prefix_id:
+            self.client.release_prefix(self.prefix_id)
+            self.prefix_id = ""
+
+
+class _PendingLayer:
+    def __init__(self, backend, pending, sent):
+        self.backend, self.pending, self.sent = backend, pending, sent
+
+    def result(self):
+        waited = time.perf_counter()
+        results = self.pending.result()
+        done = time.perf_counter()
+        b = self.backend
+        b.calls += 1
+        b.wait_seconds += done - waited
+        b.call_seconds += done - self.sent
+        plan = results[0].plan
+        b.server_seconds += 1e-6 * (plan.queue_us + plan.prepare_us + plan.device_host_us)
+        out = torch.from_numpy(np.stack([r.out[0] for r in results])).to(b.model.device)
+        b.client_seconds += time.perf_counter() - done
+        return out
 
 
 class NoAttention:
@@ -103,8 +180,11 @@ class NoAttention:
     def __init__(self, model):
         self.model = model
 
-    def start(self, sequences):
+    def start(self, sequences, prefix=None):
         pass
+
+    def submit(self, layer, q_nope, q_pe, rows, positions):
+        return _Ready(self.attend(layer, q_nope, q_pe, rows, positions))
 
     def attend(self, layer, q_nope, q_pe, rows, positions):
         c = self.model.config

@@ -110,7 +110,7 @@ class DeepSeekModel:
                 # head a little wider, so that logits separate tokens (greedy output varies).
                 gain = 3.0 if name == "lm_head.weight" else 1.0
                 tensor = torch.randn(shape, generator=generator) * gain / math.sqrt(shape[1])
-            w[name] = _bf16(tensor)
+            w[name] = bf16_values(tensor)
         return w
 
     def _loaded(self, path):
@@ -118,7 +118,7 @@ class DeepSeekModel:
         missing = [n for n in self._names() if n not in tensors]
         if missing:
             raise KeyError(f"{path}: no {missing[0]} (and {len(missing) - 1} more)")
-        return {n: _bf16(torch.from_numpy(tensors[n])) for n in self._names()}
+        return {n: bf16_values(torch.from_numpy(tensors[n])) for n in self._names()}
 
     def save_weights(self, path, server_only=False):
         """Every tensor as BF16 in one safetensors file: the model's checkpoint and the
@@ -137,34 +137,53 @@ class DeepSeekModel:
         """Logits [batch, vocab] for one token of each sequence at `positions`, the KV of
         every layer appended through `attention` (attend(layer, q_nope, q_pe, rows,
         positions) -> [batch, heads, v_head_dim])."""
-        c, w = self.config, self.w
+        positions = [int(p) for p in positions]
+        x, at = self.embed(tokens, positions)
+        for i in range(self.config.num_hidden_layers):
+            q_nope, q_pe, rows = self.attention_inputs(i, x, at)
+            x = self.finish_layer(i, x, attention.attend(i, q_nope, q_pe, rows, positions))
+        return self.logits(x)
+
+    # A step's stages, which a micro-batched decode loop interleaves (generate_micro_batched).
+
+    def embed(self, tokens, positions):
+        """The residual stream [batch, hidden] of `tokens`, and `positions` as a tensor on the
+        model's device (the attention back ends take them as host ints)."""
         tokens = torch.as_tensor(tokens, dtype=torch.long, device=self.device)
         positions = torch.as_tensor(positions, dtype=torch.long, device=self.device)
-        x = w["model.embed_tokens.weight"][tokens]
+        return self.w["model.embed_tokens.weight"][tokens], positions
+
+    def attention_inputs(self, layer, x, positions):
+        """What layer `layer`'s attention takes: q_nope [batch, heads, nope], q_pe [batch,
+        heads, rope] (RoPE applied) and the step's KV row [batch, latent + rope]."""
+        c, w, p = self.config, self.w, f"model.layers.{layer}."
         batch, heads = x.shape[0], c.num_attention_heads
-        for i in range(c.num_hidden_layers):
-            p = f"model.layers.{i}."
-            h = _rms_norm(x, w[p + "input_layernorm.weight"], c.rms_norm_eps)
-            q = _rms_norm(h @ w[p + "self_attn.q_a_proj.weight"].T,
-                          w[p + "self_attn.q_a_layernorm.weight"], c.rms_norm_eps)
-            q = (q @ w[p + "self_attn.q_b_proj.weight"].T).view(batch, heads, c.qk_head_dim)
-            q_nope, q_pe = q[..., :c.qk_nope_head_dim], q[..., c.qk_nope_head_dim:]
-            kv = h @ w[p + "self_attn.kv_a_proj_with_mqa.weight"].T
-            c_kv = _rms_norm(kv[:, :c.kv_lora_rank], w[p + "self_attn.kv_a_layernorm.weight"],
-                             c.rms_norm_eps)
-            k_pe = self.rotary(kv[:, c.kv_lora_rank:], positions)
-            q_pe = self.rotary(q_pe, positions)
-            rows = torch.cat((c_kv, k_pe), dim=-1)
-            out = attention.attend(i, q_nope, q_pe, rows, positions)
-            x = x + out.reshape(batch, heads * c.v_head_dim) @ w[p + "self_attn.o_proj.weight"].T
-            h = _rms_norm(x, w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
-            gate = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T)
-            x = x + (gate * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
-        x = _rms_norm(x, w["model.norm.weight"], c.rms_norm_eps)
-        return x @ w["lm_head.weight"].T
+        h = _rms_norm(x, w[p + "input_layernorm.weight"], c.rms_norm_eps)
+        q = _rms_norm(h @ w[p + "self_attn.q_a_proj.weight"].T,
+                      w[p + "self_attn.q_a_layernorm.weight"], c.rms_norm_eps)
+        q = (q @ w[p + "self_attn.q_b_proj.weight"].T).view(batch, heads, c.qk_head_dim)
+        q_nope, q_pe = q[..., :c.qk_nope_head_dim], q[..., c.qk_nope_head_dim:]
+        kv = h @ w[p + "self_attn.kv_a_proj_with_mqa.weight"].T
+        c_kv = _rms_norm(kv[:, :c.kv_lora_rank], w[p + "self_attn.kv_a_layernorm.weight"],
+                         c.rms_norm_eps)
+        k_pe = self.rotary(kv[:, c.kv_lora_rank:], positions)
+        return q_nope, self.rotary(q_pe, positions), torch.cat((c_kv, k_pe), dim=-1)
 
+    def finish_layer(self, layer, x, attention_out):
+        """The residual stream after layer `layer`: o_proj of the attention's output
+        [batch, heads, v_head_dim], then the FFN."""
+        c, w, p = self.config, self.w, f"model.layers.{layer}."
+        x = x + attention_out.reshape(x.shape[0], -1) @ w[p + "self_attn.o_proj.weight"].T
+        h = _rms_norm(x, w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
+        gate = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T)
+        return x + (gate * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
 
-def _bf16(tensor):
+    def logits(self, x):
+        """[batch, vocab] from the residual stream after the last layer."""
+        x = _rms_norm(x, self.w["model.norm.weight"], self.config.rms_norm_eps)
+        return x @ self.w["lm_head.weight"].T
+
+def bf16_values(tensor):
     """tensor's values rounded to bf16 (to nearest even, as float_to_bf16_bits), held in
     float32."""
     return tensor.detach().to(torch.float32).to(torch.bfloat16).to(torch.float32)
