@@ -42,6 +42,8 @@ def main():
                              "DeepSeek-V3's dense layer")
     parser.add_argument("--intermediate-size", type=int, default=512)
     parser.add_argument("--q-lora-rank", type=int, default=192)
+    parser.add_argument("--experts", type=int, default=0,
+                        help="routed experts (a multiple of 8): MoE layers after the first")
     parser.add_argument("--micro-batches", default="1,2,3",
                         help="micro-batch counts to time through mlaserve, comma-separated")
     parser.add_argument("--server-flag", action="append", default=[],
@@ -49,7 +51,7 @@ def main():
     args = parser.parse_args()
     config = m.ModelConfig.tiny(layers=args.layers, hidden_size=args.hidden_size,
                                 intermediate_size=args.intermediate_size,
-                                q_lora_rank=args.q_lora_rank)
+                                q_lora_rank=args.q_lora_rank, experts=args.experts)
     model = m.DeepSeekModel(config, seed=args.seed, device=args.device)
     scratch = tempfile.mkdtemp(prefix="mlaserve-model-demo-")
     server = None
@@ -77,7 +79,10 @@ def main():
         print(f"model: DeepSeek-V3 architecture on {args.device}, {args.layers} layers, hidden "
               f"{config.hidden_size}, FFN {config.intermediate_size}, "
               f"{config.num_attention_heads} heads, latent "
-              f"{config.kv_lora_rank} + RoPE {config.qk_rope_head_dim}, seed {args.seed}; "
+              f"{config.kv_lora_rank} + RoPE {config.qk_rope_head_dim}, "
+              + (f"MoE after layer 0 ({config.n_routed_experts} experts, "
+                 f"{config.num_experts_per_tok} a token, 1 shared), " if args.experts else "")
+              + f"seed {args.seed}; "
               f"{args.sequences} sequences x {args.steps} tokens, greedy"
               + (f"; a shared prompt of {args.prompt_tokens - 1} tokens registered as a prefix"
                  if shared else ""))

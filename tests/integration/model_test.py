@@ -3,8 +3,9 @@ tiny configuration (2 layers, DeepSeek-V3's attention widths, seeded weights wri
 server's --weights), 4 sequences x 24 steps, local attention (PyTorch) against mlaserve's
 (one Decode call per layer and step, the step's KV row appended in it): on different
 prompts, on prompts sharing all but their last token (the shared part registered once as a
-prefix), and in 2 and 3 micro-batches run as a ping-pong (calls in flight while another
-micro-batch computes). Teacher-forced logits within the stated tolerance at every step; the
+prefix), in 2 and 3 micro-batches run as a ping-pong (calls in flight while another
+micro-batch computes), and with MoE layers (DeepSeek-V3's router, checked token by token
+against a plain loop). Teacher-forced logits within the stated tolerance at every step; the
 argmax equal wherever the reference's top-2 margin exceeds 4x the tolerance; free-running
 output identical up to the first near-tie at least; the output not degenerate. Also the
 weights' round trip through safetensors, and Client.decode_async against decode.
@@ -14,6 +15,7 @@ weights' round trip through safetensors, and Client.decode_async against decode.
 """
 
 import argparse
+import math
 import os
 import shutil
 import sys
@@ -70,6 +72,7 @@ def main():
             print(name, result)
             check_comparison(name, result, check)
         check_micro_batches(model, client, prompts, check)
+        check_moe(model, client, prompts, check)
         check_decode_async(client, config, check)
         check(not list(client.list_sequences()), "the back ends left sequences on the server")
         check(not list(client.list_prefixes()), "the back ends left prefixes on the server")
@@ -117,6 +120,55 @@ def check_micro_batches(model, client, prompts, check):
         check(all(b.calls == run.steps * layers for b in backends),
               f"{k} micro-batches: calls {[b.calls for b in backends]}, not "
               f"{run.steps * layers} each")
+
+
+def check_moe(dense, client, prompts, check):
+    """MoE layers after the first (32 experts in 8 groups): the router and the layer against a
+    token-by-token loop in float64 (sorting, not topk), then generation through the server
+    (the attention weights the dense model's, which the server holds)."""
+    config = m.ModelConfig.tiny(layers=2, experts=32)
+    model = m.DeepSeekModel(config, seed=2)
+    for name, tensor in dense.w.items():
+        if "self_attn" in name:
+            model.w[name] = tensor
+    h = torch.randn(12, config.hidden_size, generator=torch.Generator().manual_seed(3))
+    experts, weights = model.route(1, h)
+    p = "model.layers.1.mlp."
+    gate, bias = model.w[p + "gate.weight"].double(), model.w[p + "gate.e_score_correction_bias"]
+    per_group = config.n_routed_experts // config.n_group
+    for t in range(h.shape[0]):
+        scores = [1 / (1 + math.exp(-float(h[t].double() @ gate[e])))
+                  for e in range(config.n_routed_experts)]
+        choice = [scores[e] + float(bias[e]) for e in range(config.n_routed_experts)]
+        group_score = [sum(sorted(choice[g * per_group:(g + 1) * per_group])[-2:])
+                       for g in range(config.n_group)]
+        groups = sorted(range(config.n_group), key=lambda g: -group_score[g])[:config.topk_group]
+        allowed = [e for g in groups for e in range(g * per_group, (g + 1) * per_group)]
+        chosen = sorted(allowed, key=lambda e: -choice[e])[:config.num_experts_per_tok]
+        total = sum(scores[e] for e in chosen)
+        want = {e: scores[e] / total * config.routed_scaling_factor for e in chosen}
+        got = dict(zip(experts[t].tolist(), weights[t].tolist()))
+        check(set(got) == set(want), f"MoE token {t}: experts {sorted(got)} != {sorted(want)}")
+        check(all(abs(got[e] - want[e]) < 1e-5 for e in want if e in got),
+              f"MoE token {t}: weights {got} != {want}")
+    def mlp(prefix, x):
+        w = {n: model.w[prefix + n].double() for n in ("gate_proj.weight", "up_proj.weight",
+                                                        "down_proj.weight")}
+        g = x @ w["gate_proj.weight"].T
+        return (g * torch.sigmoid(g) * (x @ w["up_proj.weight"].T)) @ w["down_proj.weight"].T
+    out = model.ffn(1, h)
+    for t in range(h.shape[0]):
+        x = h[t].double()
+        want = mlp(p + "shared_experts.", x) + sum(
+            w * mlp(f"{p}experts.{e}.", x) for e, w in zip(experts[t].tolist(),
+                                                           weights[t].tolist()))
+        error = float((out[t].double() - want).abs().max() / want.abs().max())
+        check(error < 1e-5, f"MoE token {t}: the layer's output is {error} off a per-token sum")
+    result = m.compare_teacher_forced(model, m.LocalAttention(model),
+                                      m.MlaServeAttention(model, client), prompts, STEPS,
+                                      TOLERANCE)
+    print("MoE", result)
+    check_comparison("MoE", result, check)
 
 
 def check_decode_async(client, config, check):

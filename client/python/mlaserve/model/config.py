@@ -25,14 +25,39 @@ class ModelConfig:
     beta_slow: float = 1.0
     mscale: float = 1.0
     mscale_all_dim: float = 1.0
+    # Mixture of experts (DeepSeekMoE as V3 routes it): layers from first_k_dense_replace on
+    # run n_routed_experts experts (num_experts_per_tok chosen per token by sigmoid scores
+    # within the topk_group best of n_group groups) beside n_shared_experts always run; 0
+    # routed experts: every layer dense.
+    n_routed_experts: int = 256
+    n_shared_experts: int = 1
+    num_experts_per_tok: int = 8
+    moe_intermediate_size: int = 2048
+    n_group: int = 8
+    topk_group: int = 4
+    routed_scaling_factor: float = 2.5
+    norm_topk_prob: bool = True
+    first_k_dense_replace: int = 3
 
     @staticmethod
-    def tiny(layers=2, vocab_size=512, hidden_size=256, intermediate_size=512, q_lora_rank=192):
+    def tiny(layers=2, vocab_size=512, hidden_size=256, intermediate_size=512, q_lora_rank=192,
+             experts=0):
         """Few layers and narrow residual widths, DeepSeek-V3's attention widths (128 heads,
-        latent 512, RoPE 64, head 128: what the server serves)."""
+        latent 512, RoPE 64, head 128: what the server serves). Dense FFNs, or with `experts`
+        (a multiple of 8) MoE layers after the first: V3's routing (8 groups, the best 4,
+        min(8, experts / 4) experts a token, one shared expert) at a quarter of the FFN's
+        width per expert."""
+        if experts % 8:
+            raise ValueError(f"experts={experts}: a multiple of 8 (DeepSeek-V3's 8 groups)")
         return ModelConfig(vocab_size=vocab_size, hidden_size=hidden_size,
                            intermediate_size=intermediate_size, num_hidden_layers=layers,
-                           q_lora_rank=q_lora_rank)
+                           q_lora_rank=q_lora_rank, n_routed_experts=experts,
+                           num_experts_per_tok=min(8, max(1, experts // 4)),
+                           moe_intermediate_size=max(1, intermediate_size // 4),
+                           first_k_dense_replace=1 if experts else layers)
+
+    def is_moe_layer(self, layer):
+        return self.n_routed_experts > 0 and layer >= self.first_k_dense_replace
 
     @property
     def qk_head_dim(self):

@@ -92,9 +92,16 @@ class DeepSeekModel:
                 c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank)
             names[p + "self_attn.o_proj.weight"] = (c.hidden_size,
                                                     c.num_attention_heads * c.v_head_dim)
-            names[p + "mlp.gate_proj.weight"] = (c.intermediate_size, c.hidden_size)
-            names[p + "mlp.up_proj.weight"] = (c.intermediate_size, c.hidden_size)
-            names[p + "mlp.down_proj.weight"] = (c.hidden_size, c.intermediate_size)
+            if not c.is_moe_layer(i):
+                names.update(_mlp_names(p + "mlp.", c.hidden_size, c.intermediate_size))
+                continue
+            names[p + "mlp.gate.weight"] = (c.n_routed_experts, c.hidden_size)
+            names[p + "mlp.gate.e_score_correction_bias"] = (c.n_routed_experts,)
+            for e in range(c.n_routed_experts):
+                names.update(_mlp_names(f"{p}mlp.experts.{e}.", c.hidden_size,
+                                        c.moe_intermediate_size))
+            names.update(_mlp_names(p + "mlp.shared_experts.", c.hidden_size,
+                                    c.moe_intermediate_size * c.n_shared_experts))
         return names
 
     def _seeded(self, seed):
@@ -103,6 +110,8 @@ class DeepSeekModel:
         for name, shape in self._names().items():
             if name.endswith("norm.weight"):
                 tensor = torch.ones(shape)
+            elif name.endswith("e_score_correction_bias"):
+                tensor = 0.1 * torch.randn(shape, generator=generator)
             elif name == "model.embed_tokens.weight":
                 tensor = torch.randn(shape, generator=generator)
             else:
@@ -175,13 +184,62 @@ class DeepSeekModel:
         c, w, p = self.config, self.w, f"model.layers.{layer}."
         x = x + attention_out.reshape(x.shape[0], -1) @ w[p + "self_attn.o_proj.weight"].T
         h = _rms_norm(x, w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
-        gate = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T)
-        return x + (gate * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+        return x + self.ffn(layer, h)
+
+    def ffn(self, layer, h):
+        """Layer `layer`'s FFN on the normed stream h [tokens, hidden]: a dense SwiGLU MLP,
+        or (config.is_moe_layer) the shared experts plus each token's routed experts."""
+        if not self.config.is_moe_layer(layer):
+            return self._mlp(f"model.layers.{layer}.mlp.", h)
+        return self._moe(layer, h)
+
+    def _mlp(self, prefix, h):
+        """A SwiGLU MLP: down(silu(gate h) * up h)."""
+        w = self.w
+        gate = torch.nn.functional.silu(h @ w[prefix + "gate_proj.weight"].T)
+        return (gate * (h @ w[prefix + "up_proj.weight"].T)) @ w[prefix + "down_proj.weight"].T
+
+    def route(self, layer, h):
+        """DeepSeek-V3's router (modeling_deepseek.py's MoEGate, "noaux_tc"): sigmoid scores;
+        for the choice each gets its correction bias, each group of experts is ranked by the
+        sum of its two best, the topk_group best groups stay, and the num_experts_per_tok best
+        experts in them are chosen; their weights are the unbiased scores, normalised to sum
+        1 and times routed_scaling_factor. Returns (experts [tokens, k], weights [tokens, k])."""
+        c, p = self.config, f"model.layers.{layer}.mlp.gate."
+        tokens = h.shape[0]
+        scores = torch.sigmoid(h @ self.w[p + "weight"].T)
+        choice = scores + self.w[p + "e_score_correction_bias"]
+        groups = choice.view(tokens, c.n_group, -1).topk(2, dim=-1).values.sum(dim=-1)
+        kept = torch.zeros_like(groups).scatter_(1, groups.topk(c.topk_group, dim=-1).indices,
+                                                 1.0)
+        kept = kept.bool().repeat_interleave(c.n_routed_experts // c.n_group, dim=1)
+        experts = choice.masked_fill(~kept, 0.0).topk(c.num_experts_per_tok, dim=-1).indices
+        weights = scores.gather(1, experts)
+        if c.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return experts, weights * c.routed_scaling_factor
+
+    def _moe(self, layer, h):
+        """The shared experts on every token plus each token's routed experts, weighted."""
+        p = f"model.layers.{layer}.mlp."
+        experts, weights = self.route(layer, h)
+        out = self._mlp(p + "shared_experts.", h)
+        for e in experts.unique().tolist():
+            token, slot = (experts == e).nonzero(as_tuple=True)
+            routed = self._mlp(f"{p}experts.{e}.", h[token]) * weights[token, slot, None]
+            out = out.index_add(0, token, routed)
+        return out
 
     def logits(self, x):
         """[batch, vocab] from the residual stream after the last layer."""
         x = _rms_norm(x, self.w["model.norm.weight"], self.config.rms_norm_eps)
         return x @ self.w["lm_head.weight"].T
+
+def _mlp_names(prefix, hidden, intermediate):
+    return {prefix + "gate_proj.weight": (intermediate, hidden),
+            prefix + "up_proj.weight": (intermediate, hidden),
+            prefix + "down_proj.weight": (hidden, intermediate)}
+
 
 def bf16_values(tensor):
     """tensor's values rounded to bf16 (to nearest even, as float_to_bf16_bits), held in
