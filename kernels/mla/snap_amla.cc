@@ -1,7 +1,6 @@
 #include "kernels/mla/snap_amla.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -61,34 +60,26 @@ int32_t SnapAmlaSoftmaxStep(float* row, const Fp8KeyBlock& keys, int count, floa
   const std::optional<AmlaRescale> rescale = AmlaAdvanceRow(row, count, {}, state.amla);
   if (!rescale.has_value()) return 0;
 
-  // SnapMLA's block-wise dynamic P quantisation: the exponent comes from this row's largest
-  // x_j = (p_j S16) sk_j in the block, not from the bound S16 max_k sk_k (a key of large scale
-  // and small p would otherwise spend e4m3's range on a value no key reaches), and never
-  // below the floor that keeps the accumulator from growing (see the header).
+  // p <= 1, so x_j = (p_j S16) sk_j <= S16 max_k sk_k: P's exponent comes from that bound,
+  // no per-row maximum needed, and never below the floor that keeps the accumulator from
+  // growing (see the header).
   const float s16 = state.amla.s16;
-  // x_j >= 0 (or NaN-free zero), so its bits order as integers: an integer max vectorises
-  // where a float max reduction would not (NaN semantics), and x_j is kept for the rounding.
-  uint32_t amax_bits = 0;
-  for (int j = 0; j < count; ++j) {
-    weights[j] = (row[j] * s16) * keys.scales[j];
-    amax_bits = std::max(amax_bits, std::bit_cast<uint32_t>(weights[j]));
-  }
-  const float amax = std::bit_cast<float>(amax_bits);
+  const float bound = s16 * keys.max_scale;
   const int32_t floor = was_started ? state.p_exponent + rescale->exponent_shift
                                     : std::numeric_limits<int32_t>::min();
   const int32_t exponent =
-      amax > 0.0f ? std::max(Fp8ScaleExponent(amax), floor) : (was_started ? floor : 0);
-  // Scaling by 2^-e is exact, so P8 rounds (p S16) sk 2^-e once.
+      bound > 0.0f ? std::max(Fp8ScaleExponent(bound), floor) : (was_started ? floor : 0);
+  // S16 * 2^-e is exact, so this is (p S16) sk 2^-e with one multiplication fewer.
   const float factor = s16 * PowerOfTwo(-exponent);
-  const float unscale = PowerOfTwo(-exponent);
   for (int j = 0; j < count; ++j) {
-    const float unrounded = row[j] * factor;  // p_j in the accumulator's units
-    const float p8 = Fp8E4m3::FromFloat(weights[j] * unscale).ToFloat();
-    // The weight P8 gives value row j; below e4m3's normal range (2^-6) the code keeps under
-    // 3 bits of it, or nothing, so there the unrounded p counts instead: a key whose P is
-    // lost to rounding (a small scale beside a large one) still holds its share of the
-    // softmax's mass, as a zero value row, rather than handing it to the larger rows.
-    weights[j] = p8 >= kFp8MinNormal ? p8 * keys.inverse_scales[j] : unrounded;
+    const float scaled = (row[j] * factor) * keys.scales[j];
+    const float p8 = Fp8E4m3::FromFloat(scaled).ToFloat();
+    // The weight P8 gives value row j, P8 / sk_j. Below e4m3's normal range (2^-6) the code
+    // keeps under 3 bits of it, or nothing, so there the unrounded value counts instead
+    // (p S16 2^-e, to fp32 rounding): a key whose P is lost to rounding (a small scale
+    // beside a large one) still holds its share of the softmax's mass, as a zero value row,
+    // rather than handing it to the larger rows.
+    weights[j] = (p8 >= kFp8MinNormal ? p8 : scaled) * keys.inverse_scales[j];
     row[j] = p8;
   }
   const float block_weight = RowSum(weights, count);

@@ -29,7 +29,7 @@ namespace mlaserve {
 //                  (V = sk_j * k8_j), P quantised per row and block
 //          w_i   = w_i (rescaled like acc_i) + sum_j w_ij,   the weights P8 gives:
 //                  w_ij = P8_ij * (1 / sk_j) where P8_ij >= 2^-6 (e4m3's normal range),
-//                  else p_ij * S16_i * 2^-e_i, the unrounded weight
+//                  else the unrounded ((p_ij S16_i) sk_j 2^-e_i) * (1 / sk_j)
 //   [C2]   acc_i = acc_i (rescaled by an int32 add on its bits) + P8_i . V8   (fp32)
 //   [V]    out_i = acc_i / w_i,  lse_i = m_i + ln l_i
 //
@@ -47,8 +47,10 @@ namespace mlaserve {
 // The P scale is a power of two, 2^e_i, so that it joins AMLA's integer-add rescale: the
 // accumulator holds O * S16 * 2^-e, and between blocks its bits get
 //     delta = (max(n_i - n_{i-1}, -30) - (e_i - e_{i-1})) * 2^23 + AMLA's mantissa fix.
-// e_i is the smallest exponent with max_j (p_ij S16_i) sk_j <= 448 * 2^e_i, SnapMLA's
-// block-wise dynamic quantisation (P never saturates), but never
+// e_i is the smallest exponent with S16_i * max_j sk_j <= 448 * 2^e_i, a bound of every
+// (p S16) sk_j since p <= 1 (P never saturates, and no per-row maximum is needed: e4m3 is
+// a floating-point format, so a power-of-two scale changes P8 only where values leave its
+// normal range, which the weights above allow for), but never
 // below e_{i-1} + max(n_i - n_{i-1}, -30), so the shift is never positive and the accumulator
 // never grows past what the running max allows (a block far below the running max loses the
 // fp8 codes below 2^-9 of that max, as it would against a per-tensor P scale). A shift under

@@ -250,6 +250,7 @@ void VectorProgram::Fp8Softmax(const AttentionTask& t, const Fp8Keys& fp8, const
                  {VecClass::kUnary, e},   // * S16 2^-e (a scalar per row)
                  {VecClass::kBinary, e},  // * sk_j (V's scale into P)
                  {VecClass::kUnary, e},   // cast to e4m3
+                 {VecClass::kBinary, e},  // P8, or the unrounded value where P8 < 2^-6
                  {VecClass::kBinary, e},  // weights P / sk_j, as P * (1 / sk_j)
                  {VecClass::kReduce, e},  // their sum
                  {VecClass::kUnary, rc},
