@@ -173,7 +173,8 @@ def check_moe(dense, client, prompts, check):
 
 def check_decode_async(client, config, check):
     """Two calls in flight at once answer what decode() answers, bit for bit; a call's
-    error (an unknown sequence) comes from result() with its code."""
+    error (an unknown sequence) comes from result() with its code; without a server the
+    retries end within the deadline."""
     rng = np.random.default_rng()
     width = config.kv_row_width
     rows = mlaserve.float_to_bf16_bits(rng.standard_normal((40, width)).astype(np.float32))
@@ -196,6 +197,19 @@ def check_decode_async(client, config, check):
         except grpc.RpcError as error:
             check(error.code() == grpc.StatusCode.NOT_FOUND,
                   f"decode_async on an unknown sequence: {error.code()}, not NOT_FOUND")
+        # No server: the call's UNAVAILABLE is retried in result() (decode()'s attempts and
+        # backoff), then raised within the client's deadline.
+        nobody = mlaserve.Client(f"127.0.0.1:{free_port()}", timeout=1.0)
+        began = time.monotonic()
+        try:
+            nobody.decode_async([query]).result()
+            check(False, "decode_async without a server answered")
+        except grpc.RpcError as error:
+            check(error.code() in (grpc.StatusCode.UNAVAILABLE,
+                                   grpc.StatusCode.DEADLINE_EXCEEDED),
+                  f"decode_async without a server: {error.code()}")
+        check(time.monotonic() - began < 5, "decode_async's retries outlived the deadline")
+        nobody.close()
     finally:
         client.release_sequence("async/s")
 

@@ -62,7 +62,6 @@ def generate_micro_batched(model, make_attention, prompts, steps, micro_batches,
     tokens = [list(p) for p in prompts]
     logits = []
     backends = [make_attention(i) for i in range(k)]
-    began = None
     try:
         for i, backend in enumerate(backends):
             backend.start(len(slices[i]), prefix=prefix)
