@@ -255,9 +255,6 @@ void GuardedListener::Closed(const AcceptedConnection& connection,
   {
     absl::MutexLock lock(&mu_);
     --stats_.connections_open;
-    stats_.streams += guard.counters().streams;
-    stats_.resets += guard.counters().resets;
-    stats_.refused_messages += guard.counters().refused_messages;
     // gRPC may have closed its descriptor and a newer connection taken the number already.
     auto peer = peers_.find(connection.grpc_served_fd);
     if (peer != peers_.end() && peer->second.connection == connection.id) peers_.erase(peer);
@@ -319,9 +316,22 @@ std::string GuardedListener::PeerOf(const std::string& grpc_peer) const {
   return it == peers_.end() ? grpc_peer : it->second.address;
 }
 
+void GuardedListener::Counted(const Http2Guard::Counters& added) {
+  streams_.fetch_add(added.streams, std::memory_order_relaxed);
+  resets_.fetch_add(added.resets, std::memory_order_relaxed);
+  refused_messages_.fetch_add(added.refused_messages, std::memory_order_relaxed);
+}
+
 GuardedListener::Stats GuardedListener::stats() const {
-  absl::MutexLock lock(&mu_);
-  return stats_;
+  Stats stats;
+  {
+    absl::MutexLock lock(&mu_);
+    stats = stats_;
+  }
+  stats.streams = streams_.load(std::memory_order_relaxed);
+  stats.resets = resets_.load(std::memory_order_relaxed);
+  stats.refused_messages = refused_messages_.load(std::memory_order_relaxed);
+  return stats;
 }
 
 }  // namespace mlaserve::listener

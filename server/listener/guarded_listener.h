@@ -51,7 +51,7 @@ class GuardedListener : public ConnectionOwner {
   struct Stats {
     int64_t connections_accepted = 0;
     int64_t connections_open = 0;
-    int64_t streams = 0;            // streams clients opened (counted as connections end)
+    int64_t streams = 0;            // streams clients opened, open connections' included
     int64_t resets = 0;             // RST_STREAM frames clients sent (same)
     int64_t refused_messages = 0;   // messages refused by their declared length
     int64_t closed_for_resets = 0;  // connections ended with GOAWAY, by reason
@@ -82,6 +82,7 @@ class GuardedListener : public ConnectionOwner {
   void Closed(const AcceptedConnection& connection, std::optional<GuardClose> closed_by,
               const Http2Guard& guard) override;
   void Handshaken(const AcceptedConnection& connection, const std::string& common_name) override;
+  void Counted(const Http2Guard::Counters& added) override;
 
  private:
   explicit GuardedListener(grpc::Server& server, GuardedListenerOptions options);
@@ -117,6 +118,10 @@ class GuardedListener : public ConnectionOwner {
   // Clients whose connection the guard ended, logged once each (bounded).
   absl::flat_hash_set<std::string> logged_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
+  // Added by the relay loops as bytes are read: atomics, not mu_, on that path.
+  std::atomic<int64_t> streams_{0};
+  std::atomic<int64_t> resets_{0};
+  std::atomic<int64_t> refused_messages_{0};
 };
 
 }  // namespace mlaserve::listener

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "openssl/err.h"
 #include "openssl/ssl.h"
@@ -71,6 +72,7 @@ struct RelayLoop::Connection {
   size_t to_client_sent = 0;
   size_t to_server_sent = 0;
   std::optional<GuardClose> closed_by;
+  Http2Guard::Counters reported;  // what ReportCounters has handed the owner
   // Nothing more is read: what is owed to the client goes out, then the connection ends.
   bool draining = false;
   absl::Time drain_deadline;
@@ -286,6 +288,7 @@ ssize_t RelayLoop::ReceiveFromClient(Connection& c, char* buffer, size_t size) {
 }
 
 void RelayLoop::ReadClient(Connection& c) {
+  absl::Cleanup report = [&] { ReportCounters(c); };
   char buffer[kReadChunk];
   // Under TLS, OpenSSL may hold decrypted bytes the socket no longer signals: read until it
   // has none, or until gRPC's side holds enough.
@@ -331,6 +334,15 @@ bool RelayLoop::SendToClient(Connection& c) {
   }
   Compact(c.out.to_client, c.to_client_sent);
   return true;
+}
+
+void RelayLoop::ReportCounters(Connection& c) {
+  const Http2Guard::Counters& now = c.guard.counters();
+  const Http2Guard::Counters added{now.streams - c.reported.streams, now.resets - c.reported.resets,
+                                   now.refused_messages - c.reported.refused_messages};
+  if (added.streams == 0 && added.resets == 0 && added.refused_messages == 0) return;
+  owner_.Counted(added);
+  c.reported = now;
 }
 
 void RelayLoop::ReadGrpc(Connection& c) {
@@ -426,6 +438,7 @@ void RelayLoop::Finish(uint64_t id) {
                 c.handshaken ? "" : ", before its TLS handshake finished",
                 c.info.grpc_fd < 0 ? ", gRPC's side closed" : "",
                 c.closed_by ? absl::StrCat(", the guard: ", GuardCloseName(*c.closed_by)) : "");
+  ReportCounters(c);
   owner_.Closed(c.info, c.closed_by, c.guard);
   connections_.erase(it);
 }

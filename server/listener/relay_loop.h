@@ -43,6 +43,10 @@ class ConnectionOwner {
   // A TLS handshake finished, before any of the connection's bytes reach gRPC: the client
   // certificate's common name when one was presented and verified, else empty.
   virtual void Handshaken(const AcceptedConnection& connection, const std::string& common_name) = 0;
+  // What the connection's guard counted since the last call (streams opened, resets, refused
+  // messages), reported as the client's bytes are read, so that totals include connections
+  // still open: a framework's channel lives for weeks. All of it before Closed.
+  virtual void Counted(const Http2Guard::Counters& added) = 0;
 };
 
 // One thread moving bytes both ways between clients and gRPC through each connection's
@@ -66,6 +70,8 @@ class RelayLoop {
   void Run();
   void TakeNew();
   void ReadClient(Connection& c);
+  // Hands the owner what the guard counted since the last report.
+  void ReportCounters(Connection& c);
   // The client's bytes, decrypted under TLS: > 0 bytes, 0 when the client is gone, -1 when
   // nothing is there yet.
   ssize_t ReceiveFromClient(Connection& c, char* buffer, size_t size);

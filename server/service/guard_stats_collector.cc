@@ -27,11 +27,11 @@ std::vector<prometheus::MetricFamily> GuardStatsCollector::Collect() const {
              "Request messages refused RESOURCE_EXHAUSTED by their declared length",
              MetricType::Counter, "", value(stats.refused_messages)),
       Family("mlaserve_http2_guard_streams_total",
-             "Streams clients opened, counted as their connections end", MetricType::Counter, "",
+             "Streams clients opened, counted as their bytes are read", MetricType::Counter, "",
              value(stats.streams)),
       Family("mlaserve_http2_guard_resets_total",
-             "RST_STREAM frames clients sent, counted as their connections end",
-             MetricType::Counter, "", value(stats.resets)),
+             "RST_STREAM frames clients sent, counted as their bytes are read", MetricType::Counter,
+             "", value(stats.resets)),
   };
 }
 

@@ -83,6 +83,20 @@ TEST(Http2GuardTest, ManyUnaryCallsBesideTwoHundredOpenStreamsOnOneConnectionAre
   EXPECT_EQ(stats.refused_messages, 0);
 }
 
+// A framework's channel stays open for weeks: the streams it opens reach the guard's totals
+// (and /metrics) while its connection is still open, not when it ends.
+TEST(Http2GuardTest, AnOpenConnectionsStreamsAreCountedBeforeItEnds) {
+  IntegrationServer server(SmallEngineOptions(TinyModel()));
+  const listener::GuardedListener* guard = server.server().guard();
+  ASSERT_NE(guard, nullptr);
+  const int64_t before = guard->stats().streams;
+  auto client = server.NewClient();  // one channel, kept open past the checks
+  constexpr int kCalls = 25;
+  for (int i = 0; i < kCalls; ++i) ASSERT_TRUE(client->GetServerInfo().ok());
+  EXPECT_GE(guard->stats().streams - before, kCalls);
+  EXPECT_GE(guard->stats().connections_open, 1);
+}
+
 // gRPC serves the guard's connections as "fd:N"; the server still tells clients apart by
 // their address: a client's stream limit counts all its connections (two channels here).
 TEST(Http2GuardTest, AClientsStreamLimitCountsItsConnectionsBehindTheGuard) {
