@@ -75,12 +75,16 @@ GoldenOutput GoldenHeadSpace(const engine::ModelConfig& model, const UpProjectio
 // FlashMLA's 8e-3, about 4.5 sigma; these tests draw fresh data every run over thousands of
 // elements, where a 4.5-sigma element is a matter of time, so the absolute bound is doubled
 // (as the engine's hybrid-vs-absorb pair check does) and the cosine bound, which catches any
-// systematic error (wrong weights, rows or mask), stays tight.
+// systematic error (wrong weights, rows or mask), stays tight. A head-space LSE is a score
+// moved by the bf16 cast of the absorbed query; against a lone key (a one-row sequence) no
+// softmax averages it, and with the seeded model weights it was measured at 2.5e-3 rms (180
+// fresh draws of 16 heads, worst 8.5e-3), so the kernels' 1e-2 (4 sigma) failed about once in
+// a few hundred runs; 2e-2 is 8 sigma, and a wrong row or weight moves an LSE by O(1).
 inline constexpr testing::Tolerance kLatentOutTolerance = testing::FlashMlaOutTolerance(1.0);
 inline constexpr testing::Tolerance kLatentLseTolerance = testing::kFlashMlaLseTolerance;
 inline constexpr testing::Tolerance kHeadSpaceOutTolerance{
     2 * testing::FlashMlaOutTolerance(1.0).abs_tol, 2.01 / 128, 4e-5};
-inline constexpr testing::Tolerance kHeadSpaceLseTolerance{1e-2, 8.01 / 65536, 0.0};
+inline constexpr testing::Tolerance kHeadSpaceLseTolerance{2e-2, 8.01 / 65536, 0.0};
 
 }  // namespace mlaserve::integration
 
