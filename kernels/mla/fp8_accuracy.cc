@@ -63,9 +63,8 @@ KvDataSampler::KvDataSampler(KvDataSet set, int dl, int dr, Rng& rng, double sca
       // Each RoPE channel of the keys is 10^2..10^3 times wider than the content; the query's
       // matching channel is narrower by as much (times 5.6), so the RoPE term of a score
       // carries about twice the content term's spread, as position does in a real layer.
-      std::uniform_real_distribution<double> decades(2.0, 3.0);
       for (int c = dl; c < dl + dr; ++c) {
-        key_sigma_[c] = std::pow(10.0, decades(rng));
+        key_sigma_[c] = std::pow(10.0, UniformReal(2.0, 3.0, rng));
         query_sigma_[c] = 5.6 / key_sigma_[c];
       }
       break;
@@ -73,7 +72,7 @@ KvDataSampler::KvDataSampler(KvDataSet set, int dl, int dr, Rng& rng, double sca
     case KvDataSet::kHeavyTailed: {
       // Divided by their RMS (E[exp(2 N(0, s^2))] = exp(2 s^2)), so that the content's RMS is
       // 1 as in the other sets: the scale sets the scores' spread, the set their shape.
-      std::normal_distribution<double> log_sigma(0.0, kChannelLogSigma);
+      NormalSampler<double> log_sigma(0.0, kChannelLogSigma);
       const double rms = std::exp(kChannelLogSigma * kChannelLogSigma);
       for (int c = 0; c < dl; ++c) key_sigma_[c] = std::exp(log_sigma(rng)) / rms;
       for (int c = dl; c < dl + dr; ++c) {
@@ -87,7 +86,7 @@ KvDataSampler::KvDataSampler(KvDataSet set, int dl, int dr, Rng& rng, double sca
 
 void KvDataSampler::FillKeys(std::span<Bf16> rows, Rng& rng) const {
   const int width = dl_ + dr_;
-  std::normal_distribution<double> normal(0.0, 1.0);
+  NormalSampler<double> normal(0.0, 1.0);
   std::student_t_distribution<double> student(3.0);
   const bool heavy = set_ == KvDataSet::kHeavyTailed;
   double token_scale = scale_;
@@ -105,7 +104,7 @@ void KvDataSampler::FillKeys(std::span<Bf16> rows, Rng& rng) const {
 
 void KvDataSampler::FillQueries(std::span<Bf16> rows, Rng& rng) const {
   const int width = dl_ + dr_;
-  std::normal_distribution<double> normal(0.0, 1.0);
+  NormalSampler<double> normal(0.0, 1.0);
   for (size_t i = 0; i < rows.size(); ++i) {
     rows[i] = Bf16::FromFloat(static_cast<float>(normal(rng) * query_sigma_[i % width] * scale_));
   }

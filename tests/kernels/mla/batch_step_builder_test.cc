@@ -214,7 +214,7 @@ TEST(BatchStepsTest, ValidationCatchesAReferencePastItsBuffer) {
 // The merge of n parts against the fp64 formula: exact up to fp32 rounding.
 TEST(CombineLsePartsTest, MatchesTheFp64FormulaAndTheTwoPartMerge) {
   Rng rng(11);
-  std::normal_distribution<double> normal;
+  NormalSampler<double> normal;
   constexpr int kDv = 64;
   for (int parts : {1, 2, 3, 7, 32}) {
     std::vector<std::vector<float>> outs(parts, std::vector<float>(kDv));

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/core/fp8_paged_kv_cache.h"
+#include "kernels/core/random_fill.h"
 #include "kernels/core/tiling.h"
 #include "kernels/mla/fp8_accuracy.h"
 #include "kernels/reference/golden_attention.h"
@@ -264,11 +265,11 @@ TEST(SnapAmlaTest, ScoresEqualExactAttentionOverTheQuantisedOperands) {
 
 TEST(SnapAmlaTest, ScaleExponentIsTheSmallestThatFitsUnder448) {
   Rng rng(std::random_device{}());
-  std::uniform_real_distribution<double> log2_amax(-100.0, 100.0);
   std::vector<float> samples = {
       448.0f, 448.0f * 2, 448.0f / 2, std::nextafter(448.0f, 0.0f), std::nextafter(448.0f, 1e9f),
       1e-30f, 3e30f};
-  for (int i = 0; i < 10000; ++i) samples.push_back(static_cast<float>(std::exp2(log2_amax(rng))));
+  for (int i = 0; i < 10000; ++i)
+    samples.push_back(static_cast<float>(std::exp2(UniformReal(-100.0, 100.0, rng))));
   for (const float amax : samples) {
     const int32_t e = Fp8ScaleExponent(amax);
     EXPECT_LE(amax, std::ldexp(448.0, e)) << amax;
@@ -278,8 +279,7 @@ TEST(SnapAmlaTest, ScaleExponentIsTheSmallestThatFitsUnder448) {
 
 TEST(SnapAmlaTest, SoftmaxStepWritesFp8ValuesAndNeverGrowsTheAccumulator) {
   Rng rng(std::random_device{}());
-  std::normal_distribution<float> score(0.0f, 6.0f);
-  std::uniform_real_distribution<double> log2_scale(-12.0, 4.0);
+  NormalSampler<float> score(0.0f, 6.0f);
   constexpr int kCount = 512;
   SnapAmlaRowState state;
   for (int block = 0; block < 40; ++block) {
@@ -287,7 +287,7 @@ TEST(SnapAmlaTest, SoftmaxStepWritesFp8ValuesAndNeverGrowsTheAccumulator) {
     // The running max jumps up now and then; key scales span 16 binades.
     const float offset = block % 7 == 3 ? 40.0f * block : 0.0f;
     for (float& s : row) s = score(rng) + offset;
-    for (float& s : scales) s = static_cast<float>(std::exp2(log2_scale(rng)));
+    for (float& s : scales) s = static_cast<float>(std::exp2(UniformReal(-12.0, 4.0, rng)));
     const int32_t previous_exponent = state.p_exponent;
     const bool started = state.amla.started;
     std::vector<float> weights(kCount), inverse(kCount);

@@ -115,7 +115,7 @@ TEST(ModelWeightsTest, SeededKNopeHasUnitVarianceForUnitLatents) {
   ASSERT_TRUE(w.ok());
   const UpProjection up = w->Layer(0);
   Rng rng(11);
-  std::normal_distribution<double> normal;
+  NormalSampler<double> normal;
   double sum_sq = 0;
   int n = 0;
   for (int t = 0; t < 64; ++t) {
