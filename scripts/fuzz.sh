@@ -21,9 +21,10 @@ scratch="$(mktemp -d "${TMPDIR:-/tmp}/mlaserve-fuzz.XXXXXX")"
 trap 'rm -rf "$scratch"' EXIT
 crashes="$root/build-asan/fuzz-crashes"
 
-status=0
-for h in "${harnesses[@]}"; do
-  seeds=("$root/tests/fuzz/corpus/$h")
+# One harness: its report on stdout, and on a crash the log's tail on stderr, exit 1.
+fuzz_one() {
+  local h="$1"
+  local seeds=("$root/tests/fuzz/corpus/$h")
   case "$h" in
     device_profile_fuzzer) seeds=("$root/kernels/npu/profiles") ;;
     flagfile_fuzzer) seeds=("$root/deploy") ;;
@@ -36,11 +37,27 @@ for h in "${harnesses[@]}"; do
     cp "$scratch/$h"-* "$crashes/" 2>/dev/null || true
     echo "fuzz: $h FAILED (inputs kept in $crashes):" >&2
     tail -40 "$scratch/$h.log" >&2
-    status=1
-    continue
+    return 1
   fi
+  local runs cov
   runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$scratch/$h.log" | grep -o '[0-9]*$')
   cov=$(grep -o 'cov: [0-9]* ft: [0-9]*' "$scratch/$h.log" | tail -1)
   echo "fuzz: $h ok, $runs runs in ${seconds} s, $cov"
+}
+
+# libFuzzer runs one process on one core: as many harnesses at once as there are cores, so
+# make test's fuzzing stage takes its time divided by the cores, not the sum.
+jobs_at_once="$(nproc)"
+for h in "${harnesses[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs_at_once" ]; do wait -n || true; done
+  (
+    if fuzz_one "$h" >"$scratch/$h.report" 2>&1; then echo 0; else echo 1; fi >"$scratch/$h.status"
+  ) &
+done
+wait
+status=0
+for h in "${harnesses[@]}"; do
+  cat "$scratch/$h.report"
+  [ "$(cat "$scratch/$h.status" 2>/dev/null)" = 0 ] || status=1
 done
 exit $status
