@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Python smoke test: the mlaserve-server binary as a user starts it, the Python client's
-example, the FlashMLA-compatible entry point against a numpy reference, the metrics
-endpoint, and a graceful stop on SIGTERM.
+example, the FlashMLA-compatible entry point against a numpy reference, the batch form of
+Decode (batch_cases.py), the metrics endpoint, and a graceful stop on SIGTERM.
 
     /usr/bin/python3 tests/integration/python_smoke_test.py --server build/bin/mlaserve-server \
         --example client/python/examples/decode_example.py   (PYTHONPATH=build/python)
@@ -24,6 +24,7 @@ import numpy as np
 import mlaserve
 from mlaserve import flash_mla
 
+import batch_cases  # beside this script
 import flash_mla_cases  # beside this script
 from harness import close
 
@@ -288,6 +289,7 @@ def main():
                 check_fp8(target, info.model.heads, info.model.softmax_scale,
                           np.random.default_rng(), failures)
                 check_flash_mla_calls_fit_messages(failures)
+                batch_cases.check_decode_batch(target, np.random.default_rng(), failures)
                 # Fresh data every run; the seed is printed to replay a failure.
                 flash_mla_cases.check_flash_mla_cases(
                     target, int(np.random.default_rng().integers(1 << 31)), failures)

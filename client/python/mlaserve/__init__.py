@@ -13,6 +13,7 @@ version this client was built with.
 
 from mlaserve._version import __version__
 
+from mlaserve.batch import BatchResult, batch_request
 from mlaserve.bfloat16 import bf16_bits_to_float, float_to_bf16_bits, round_to_bf16
 from mlaserve.client import (Client, DecodeResult, PendingDecode, StreamError, head_query,
                              latent_query)
@@ -20,12 +21,14 @@ from mlaserve.cluster import ClusterClient, ClusterError
 from mlaserve.tensors import from_tensor, to_tensor
 
 __all__ = [
+    "BatchResult",
     "Client",
     "ClusterClient",
     "ClusterError",
     "DecodeResult",
     "PendingDecode",
     "StreamError",
+    "batch_request",
     "bf16_bits_to_float",
     "float_to_bf16_bits",
     "from_tensor",

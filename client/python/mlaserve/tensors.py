@@ -23,14 +23,9 @@ def wire_dtype(dtype):
     return dtype
 
 
-def to_tensor(array, dtype=None):
-    """A numpy array as a wire Tensor.
-
-    numpy has no bfloat16, so a uint16 array is taken as bf16 bit patterns (see
-    mlaserve.bfloat16). Without `dtype` the array's own type is kept: uint16 -> BF16,
-    float16 -> FP16, float32/float64 -> FP32. With `dtype` float arrays are converted to it
-    (bf16 and fp16 round to nearest even, as the server would).
-    """
+def wire_array(array, dtype=None):
+    """A numpy array as (DType value, contiguous little-endian array of the wire's element
+    type), converted as to_tensor() describes."""
     array = np.asarray(array)
     if array.dtype == np.uint16:
         if dtype is not None and wire_dtype(dtype) != BF16:
@@ -47,19 +42,36 @@ def to_tensor(array, dtype=None):
             data = array.astype(np.float16)
         else:
             data = array.astype(np.float32)
-    data = np.ascontiguousarray(data).astype(data.dtype.newbyteorder("<"), copy=False)
-    return tensor_pb2.Tensor(dtype=target, shape=list(array.shape), data=data.tobytes())
+    return target, np.ascontiguousarray(data).astype(data.dtype.newbyteorder("<"), copy=False)
+
+
+def to_tensor(array, dtype=None):
+    """A numpy array as a wire Tensor.
+
+    numpy has no bfloat16, so a uint16 array is taken as bf16 bit patterns (see
+    mlaserve.bfloat16). Without `dtype` the array's own type is kept: uint16 -> BF16,
+    float16 -> FP16, float32/float64 -> FP32. With `dtype` float arrays are converted to it
+    (bf16 and fp16 round to nearest even, as the server would).
+    """
+    target, data = wire_array(array, dtype)
+    return tensor_pb2.Tensor(dtype=target, shape=list(data.shape), data=data.tobytes())
 
 
 def from_tensor(tensor):
     """A wire Tensor as a float32 numpy array of its shape (exact for every dtype)."""
-    shape = tuple(tensor.shape)
-    if tensor.dtype == BF16:
-        values = bf16_bits_to_float(np.frombuffer(tensor.data, dtype="<u2"))
-    elif tensor.dtype == FP16:
-        values = np.frombuffer(tensor.data, dtype="<f2").astype(np.float32)
-    elif tensor.dtype == FP32:
-        values = np.frombuffer(tensor.data, dtype="<f4").astype(np.float32)
+    return from_bytes(tensor.dtype, tensor.data, tuple(tensor.shape))
+
+
+def from_bytes(dtype, data, shape):
+    """Raw wire bytes of a DType as a float32 numpy array of `shape` (exact for every dtype)."""
+    if dtype == BF16:
+        values = bf16_bits_to_float(np.frombuffer(data, dtype="<u2"))
+    elif dtype == FP16:
+        values = np.frombuffer(data, dtype="<f2").astype(np.float32)
+    elif dtype == FP32:
+        values = np.frombuffer(data, dtype="<f4").astype(np.float32, copy=False)
+        if not values.flags.writeable:  # over immutable bytes: the caller gets its own copy
+            values = values.copy()
     else:
-        raise ValueError(f"tensor has no valid dtype ({tensor.dtype})")
+        raise ValueError(f"tensor has no valid dtype ({dtype})")
     return values.reshape(shape)

@@ -9,7 +9,6 @@ import time
 import numpy as np
 import torch
 
-from mlaserve.client import head_query
 from mlaserve.model.deepseek import bf16_values
 
 
@@ -133,14 +132,12 @@ class MlaServeAttention:
     def submit(self, layer, q_nope, q_pe, rows, positions):
         q_nope, q_pe, rows = _wire(q_nope), _wire(q_pe), _wire(rows)  # waits for them
         began = time.perf_counter()
-        queries = [head_query(sequence_id, layer, q_nope[b:b + 1], q_pe[b:b + 1],
-                              append_rows=rows[b:b + 1], append_position=int(positions[b]))
-                   for b, sequence_id in enumerate(self.ids)]
-        sent = time.perf_counter()
-        pending = self.client.decode_async(queries, output_dtype="fp32",
-                                           softmax_scale=self.model.config.softmax_scale)
+        pending = self.client.decode_batch_async(
+            self.ids, layer, q_nope=q_nope[:, None], q_pe=q_pe[:, None],
+            append_rows=rows[:, None], append_positions=positions, output_dtype="fp32",
+            softmax_scale=self.model.config.softmax_scale)
         self.client_seconds += time.perf_counter() - began
-        return _PendingLayer(self, pending, sent)
+        return _PendingLayer(self, pending, began)
 
     def attend(self, layer, q_nope, q_pe, rows, positions):
         return self.submit(layer, q_nope, q_pe, rows, positions).result()
@@ -160,15 +157,15 @@ class _PendingLayer:
 
     def result(self):
         waited = time.perf_counter()
-        results = self.pending.result()
+        answer = self.pending.result()
         done = time.perf_counter()
         b = self.backend
         b.calls += 1
         b.wait_seconds += done - waited
         b.call_seconds += done - self.sent
-        plan = results[0].plan
+        plan = answer.plans[0]
         b.server_seconds += 1e-6 * (plan.queue_us + plan.prepare_us + plan.device_host_us)
-        out = torch.from_numpy(np.stack([r.out[0] for r in results])).to(b.model.device)
+        out = torch.from_numpy(answer.out[:, 0]).to(b.model.device)
         b.client_seconds += time.perf_counter() - done
         return out
 

@@ -1,0 +1,100 @@
+"""Client.decode_batch (mlaserve.batch) against the list form on a real server, for
+python_smoke_test: the same request bytes as head_query/latent_query in one DecodeRequest,
+the same answers stacked (bit for bit in fp32), the async form alike; a batch's shapes that
+do not agree raise ValueError naming the argument before anything is sent; a field the
+server refuses is named with its query's index and changes nothing."""
+
+import grpc
+import numpy as np
+
+import mlaserve
+from mlaserve.batch import batch_request
+from mlaserve.client import _decode_request
+
+
+def check_decode_batch(target, rng, failures):
+    client = mlaserve.Client(target)
+    model = client.server_info().model
+    width, heads = model.kv_row_width, model.heads
+    lengths = [1, 37, 70]
+    ids = [f"batch/{i}" for i in range(len(lengths))]
+    try:
+        for sequence_id, length in zip(ids, lengths):
+            client.create_sequence(sequence_id)
+            client.append_kv(sequence_id, 1, 0, rng.standard_normal((length, width)), "bf16")
+        sq = 2
+        q_nope = rng.standard_normal((len(ids), sq, heads, model.dn))
+        q_pe = rng.standard_normal((len(ids), sq, heads, model.dr))
+        rows = rng.standard_normal((len(ids), sq, width))
+        arrays = dict(q_nope=q_nope, q_pe=q_pe, append_rows=rows, append_positions=lengths)
+        as_list = [mlaserve.head_query(ids[b], 1, q_nope[b], q_pe[b], append_rows=rows[b],
+                                       append_position=lengths[b], dtype="bf16")
+                   for b in range(len(ids))]
+        if (batch_request(ids, 1, dtype="bf16", output_dtype="fp32", **arrays)
+                .SerializeToString() != _decode_request(as_list, "fp32", None).SerializeToString()):
+            failures.append("decode_batch: its request is not the list form's")
+
+        batch = client.decode_batch(ids, 1, dtype="bf16", output_dtype="fp32", **arrays)
+        # The rows were appended by the batch; the list form's same appends are retries.
+        listed = client.decode(as_list, output_dtype="fp32")
+        if (batch.out.shape != (len(ids), sq, heads, model.dv)
+                or batch.lse.shape != (len(ids), sq, heads) or len(batch.plans) != len(ids)):
+            failures.append(f"decode_batch: out {batch.out.shape}, lse {batch.lse.shape}")
+        elif not (np.array_equal(batch.out, np.stack([r.out for r in listed]))
+                  and np.array_equal(batch.lse, np.stack([r.lse for r in listed]))):
+            failures.append("decode_batch answered otherwise than decode")
+        pending = client.decode_batch_async(ids, 1, dtype="bf16", output_dtype="fp32", **arrays)
+        again = pending.result()
+        if not (np.array_equal(again.out, batch.out) and np.array_equal(again.lse, batch.lse)):
+            failures.append("decode_batch_async answered otherwise than decode_batch")
+        lengths_now = [list(client.get_sequence(i).layer_lengths) for i in ids]
+
+        latent = rng.standard_normal((len(ids), 1, heads, width))
+        batch = client.decode_batch(ids, 1, latent=latent, dtype="bf16", output_dtype="fp32")
+        listed = client.decode([mlaserve.latent_query(ids[b], 1, latent[b], dtype="bf16")
+                                for b in range(len(ids))], output_dtype="fp32")
+        if batch.out.shape != (len(ids), 1, heads, model.dl) or not np.array_equal(
+                batch.out, np.stack([r.out for r in listed])):
+            failures.append("decode_batch in latent space answered otherwise than decode")
+
+        refused = [
+            ("q_pe", dict(arrays, q_pe=q_pe[:2])),
+            ("q_pe", dict(arrays, q_pe=q_pe[:, :1])),
+            ("append_rows and append_positions", dict(arrays, append_positions=None)),
+            ("append_positions", dict(arrays, append_positions=lengths[:2])),
+            ("latent", dict(arrays, latent=latent)),
+            ("q_nope and q_pe", dict(q_nope=q_nope)),
+        ]
+        for name, kwargs in refused:
+            try:
+                client.decode_batch(ids, 1, **kwargs)
+                failures.append(f"decode_batch took a batch whose {name} does not fit")
+            except ValueError as error:
+                if name not in str(error):
+                    failures.append(f"decode_batch's error does not name {name}: {error}")
+        try:
+            client.decode_batch([], 1, latent=latent[:0])
+            failures.append("decode_batch took no sequences")
+        except ValueError as error:
+            if "sequence_ids" not in str(error):
+                failures.append(f"decode_batch's error does not name sequence_ids: {error}")
+
+        # The server's checks name the query: q_pe one element too narrow, with new rows
+        # that must not be appended.
+        try:
+            client.decode_batch(ids, 1, q_nope=q_nope, q_pe=q_pe[..., 1:],
+                                append_rows=rows, append_positions=[n + sq for n in lengths])
+            failures.append("the server took a batch with a narrow q_pe")
+        except grpc.RpcError as error:
+            if (error.code() != grpc.StatusCode.INVALID_ARGUMENT
+                    or "queries[0].head.q_pe" not in error.details()):
+                failures.append(f"a narrow q_pe: {error.code()} {error.details()}")
+        if [list(client.get_sequence(i).layer_lengths) for i in ids] != lengths_now:
+            failures.append("a refused batch changed its sequences")
+    finally:
+        for sequence_id in ids:
+            try:
+                client.release_sequence(sequence_id)
+            except grpc.RpcError:
+                pass
+        client.close()
