@@ -283,7 +283,7 @@ class Client:
         q_nope [B, sq, heads, dn] and q_pe [B, sq, heads, dr], or latent [B, sq, heads,
         dl + dr]; append_rows [B, n, dl + dr] at append_positions [B]) -> BatchResult
         (out [B, sq, heads, width], lse [B, sq, heads], plans). The same call as decode() with
-        B queries, at a third of its Python time: what a framework sends per layer."""
+        B queries, at about half its Python time: what a framework sends per layer."""
         request = batch_request(sequence_ids, layer, q_nope, q_pe, latent, append_rows,
                                 append_positions, dtype, first_head, output_dtype, softmax_scale)
         return batch_result(self._call(self._stub.Decode, request, timeout))
