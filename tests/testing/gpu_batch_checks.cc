@@ -10,6 +10,7 @@
 #include "kernels/mla/batch_step_builder.h"
 #include "kernels/mla/fp8_accuracy.h"
 #include "tests/testing/attention_checks.h"
+#include "tests/testing/fp8_batch_check.h"
 
 namespace mlaserve::testing {
 
@@ -93,6 +94,7 @@ void ExpectGpuBatchMatchesGolden(gpu::GpuRuntime& runtime, const NamedScenario& 
   gpu::GpuBatchExecutor executor(runtime);
   auto run = executor.Run(built->steps, inputs->resolver());
   ASSERT_TRUE(run.ok()) << run.status();
+  Fp8BatchCheck fp8_check;
   for (size_t g = 0; g < built->answers.size(); ++g) {
     const bool fp8 = s->batch().groups[g].kv_dtype == KvDtype::kFp8;
     for (size_t m = 0; m < built->answers[g].size(); ++m) {
@@ -112,12 +114,10 @@ void ExpectGpuBatchMatchesGolden(gpu::GpuRuntime& runtime, const NamedScenario& 
         EXPECT_TRUE(AllClose(answer.lse, golden.lse, kGpuLseTolerance, false));
         continue;
       }
-      const AttentionErrors e = CompareWithGolden(answer.out, answer.lse, golden);
-      EXPECT_LE(e.rel_l2, 5e-2);
-      EXPECT_LE(e.cos_dist, 1e-3);
-      EXPECT_LE(e.lse_max_err, 2e-2);
+      fp8_check.AddMember(answer, golden);
     }
   }
+  fp8_check.ExpectBatchWithinBounds();
 }
 
 }  // namespace mlaserve::testing

@@ -72,19 +72,19 @@ def batch_request(sequence_ids, layer, q_nope=None, q_pe=None, latent=None, appe
         query.layer = layer
         query.sq = int(sq)
         if head:
-            _fill(query.head.q_nope, queries[0], b)
-            _fill(query.head.q_pe, queries[1], b)
+            _fill(query.head.q_nope, *queries[0][1:], b)
+            _fill(query.head.q_pe, *queries[1][1:], b)
             query.head.first_head = first_head
         else:
-            _fill(query.latent, queries[0], b)
+            _fill(query.latent, *queries[0][1:], b)
         if append_rows is not None:
-            _fill(query.append_rows, ("append_rows", rows_dtype, rows), b)
+            _fill(query.append_rows, rows_dtype, rows, b)
             query.append_position = positions[b]
     return request
 
 
-def _fill(tensor, converted, b):
-    _, dtype, data = converted
+def _fill(tensor, dtype, data, b):
+    """`tensor` := sequence b's slice of the batch's converted array `data`."""
     tensor.dtype = dtype
     tensor.shape.extend(data.shape[1:])
     tensor.data = data[b].tobytes()
