@@ -412,6 +412,26 @@ absl::StatusOr<std::vector<DecodeOutput>> MlaServeClient::Decode(
   return outputs;
 }
 
+absl::Status MlaServeClient::DecodeBatch(const DecodeBatchRequest& request,
+                                         DecodeBatchOutput& output) {
+  RETURN_IF_ERROR(CheckDecodeBatch(request));
+  output.plans.clear();
+  const int64_t sequences = request.sequences();
+  const size_t per_sequence = BatchBytes(request, 0, 1);
+  int64_t per_call = sequences;
+  if (options_.decode_call_bytes > 0 && per_sequence > 0) {
+    per_call = std::clamp<int64_t>(
+        options_.decode_call_bytes / static_cast<int64_t>(per_sequence), 1, sequences);
+  }
+  for (int64_t first = 0; first < sequences; first += per_call) {
+    const int64_t count = std::min(per_call, sequences - first);
+    ASSIGN_OR_RETURN(v1::DecodeResponse response,
+                     DecodeRaw(PackedDecodeRequest(request, first, count)));
+    RETURN_IF_ERROR(ReadBatchAnswers(request, response, first, count, output));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::DecodeResponse> MlaServeClient::DecodeRaw(const v1::DecodeRequest& request) {
   return DecodeRaw(request, options_.timeout);
 }

@@ -170,6 +170,9 @@ class MlaServeClient final : public ServingClient {
   // without effect, as appends are idempotent by position).
   absl::StatusOr<std::vector<DecodeOutput>> Decode(std::vector<v1::DecodeQuery> queries,
                                                    v1::DType output_dtype = v1::DTYPE_BF16);
+  // The packed form, in consecutive calls of at most options.decode_call_bytes of queries
+  // and rows (at least one sequence each), answered into the caller's memory.
+  absl::Status DecodeBatch(const DecodeBatchRequest& request, DecodeBatchOutput& output) override;
   // The call as it is on the wire, for callers that build requests themselves.
   absl::StatusOr<v1::DecodeResponse> DecodeRaw(const v1::DecodeRequest& request) override;
   // Same, with a deadline of its own instead of options.timeout.

@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "client/decode_batch.h"
 #include "mlaserve/v1/mlaserve.grpc.pb.h"
 
 namespace mlaserve::client {
@@ -33,6 +34,11 @@ class ServingClient {
   virtual absl::Status AppendKv(std::span<const KvAppend> appends) = 0;
   // One result per query, in request order.
   virtual absl::StatusOr<v1::DecodeResponse> DecodeRaw(const v1::DecodeRequest& request) = 0;
+  // One layer's queries of B sequences as stacked tensors, answered into the caller's memory
+  // (decode_batch.h). The client check's INVALID_ARGUMENT naming the argument, or the call's
+  // status. This default sends the list form through DecodeRaw (a cluster routes each
+  // query); a single server's client sends the packed form, or uses a data plane.
+  virtual absl::Status DecodeBatch(const DecodeBatchRequest& request, DecodeBatchOutput& output);
 };
 
 }  // namespace mlaserve::client

@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "server/service/call_deadline.h"
+#include "server/service/decode_answers.h"
+#include "server/service/decode_codec.h"
 #include "server/service/status_mapping.h"
 #include "server/service/wire_message.h"
 
@@ -116,14 +118,29 @@ void DecodeStreamReactor::Dispatch(std::unique_ptr<v1::DecodeStreamRequest> requ
         std::min(deadline, arrival + absl::Microseconds(static_cast<int64_t>(
                                          std::min<uint64_t>(request->timeout_us(), INT64_MAX))));
   }
-  v1::DecodeResponse* body = response->mutable_response();
-  v1::DecodeRequest& decode = *request->mutable_request();
+  absl::StatusOr<std::unique_ptr<ParsedDecode>> call = ParseDecodeRequest(request->request());
+  if (!call.ok()) {
+    SetStatus(call.status(), response->mutable_status());
+    metrics_.RecordRpc("DecodeStream.request", call.status().code(), absl::Now() - arrival);
+    Answer(*response);
+    return;
+  }
+  (*call)->keep_alive = std::shared_ptr<v1::DecodeStreamRequest>(std::move(request));
   dispatcher_.Dispatch(
-      decode, tenant_, deadline, [context = context_] { return context->IsCancelled(); }, body,
-      [this, arrival, request = std::move(request),
-       response = std::move(response)](absl::Status status) mutable {
-        request.reset();  // the engine is done with its bytes
-        if (!status.ok()) response->clear_response();
+      *std::move(call), tenant_, deadline, [context = context_] { return context->IsCancelled(); },
+      [this, arrival, response = std::move(response)](
+          absl::StatusOr<AnsweredDecode> answered) mutable {
+        absl::Status status = answered.status();
+        if (answered.ok()) {
+          absl::StatusOr<grpc::ByteBuffer> bytes =
+              WriteDecodeResponse(*answered, response->request_id());
+          status = bytes.status();
+          if (bytes.ok()) {
+            metrics_.RecordRpc("DecodeStream.request", status.code(), absl::Now() - arrival);
+            Queue(std::make_unique<grpc::ByteBuffer>(*std::move(bytes)));
+            return;
+          }
+        }
         SetStatus(status, response->mutable_status());
         metrics_.RecordRpc("DecodeStream.request", status.code(), absl::Now() - arrival);
         Answer(*response);
@@ -133,6 +150,10 @@ void DecodeStreamReactor::Dispatch(std::unique_ptr<v1::DecodeStreamRequest> requ
 void DecodeStreamReactor::Answer(const Response& response) {
   auto bytes = std::make_unique<grpc::ByteBuffer>();
   SerializeWireMessage(response, bytes.get());  // outside the lock
+  Queue(std::move(bytes));
+}
+
+void DecodeStreamReactor::Queue(std::unique_ptr<grpc::ByteBuffer> bytes) {
   std::lock_guard lock(mu_);
   --in_flight_;
   if (!write_failed_) {

@@ -53,7 +53,9 @@ class DecodeStreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   using Response = v1::DecodeStreamResponse;
 
   void Dispatch(std::unique_ptr<v1::DecodeStreamRequest> request);
+  // Serializes an answer and queues it; Queue takes one already written.
   void Answer(const Response& response);
+  void Queue(std::unique_ptr<grpc::ByteBuffer> bytes);
   void StartReadLocked();
   // Reads the next request unless the stream holds max_in_flight requests and answers.
   void MaybeReadLocked();

@@ -334,25 +334,28 @@ grpc::ServerUnaryReactor* MlaServeService::Decode(grpc::CallbackServerContext* c
   const absl::Time start = absl::Now();
   StampInstance(context);
   if (!calls_.BeginUnary()) return Refuse(context, "Decode", start);
-  // The engine reads the request's tensors in place until it answers.
-  struct Call {
-    v1::DecodeRequest request;
-    v1::DecodeResponse response;
-  };
   absl::StatusOr<Tenant*> tenant = Admit(*context, kDecode, "Decode");
   if (!tenant.ok()) return Answer(context, "Decode", start, tenant.status());
-  auto call = std::make_unique<Call>();
-  if (absl::Status parsed = ParseWireMessage(*request_bytes, "request", &call->request);
+  // The engine reads the request's tensors in place until it answers.
+  auto request = std::make_shared<v1::DecodeRequest>();
+  if (absl::Status parsed = ParseWireMessage(*request_bytes, "request", request.get());
       !parsed.ok()) {
     return Answer(context, "Decode", start, parsed);
   }
+  absl::StatusOr<std::unique_ptr<ParsedDecode>> call = ParseDecodeRequest(*request);
+  if (!call.ok()) return Answer(context, "Decode", start, call.status());
+  (*call)->keep_alive = std::move(request);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  Call& ref = *call;
   dispatcher_.Dispatch(
-      ref.request, *tenant, CallDeadline(*context), [context] { return context->IsCancelled(); },
-      &ref.response,
-      [this, reactor, start, response_bytes, call = std::move(call)](absl::Status status) {
-        if (status.ok()) SerializeWireMessage(call->response, response_bytes);
+      *std::move(call), *tenant, CallDeadline(*context),
+      [context] { return context->IsCancelled(); },
+      [this, reactor, start, response_bytes](absl::StatusOr<AnsweredDecode> answered) {
+        absl::Status status = answered.status();
+        if (answered.ok()) {
+          absl::StatusOr<grpc::ByteBuffer> bytes = WriteDecodeResponse(*answered);
+          status = bytes.status();
+          if (bytes.ok()) *response_bytes = *std::move(bytes);
+        }
         metrics_.RecordRpc("Decode", status.code(), absl::Now() - start);
         reactor->Finish(ToGrpcStatus(status));
         calls_.EndUnary();

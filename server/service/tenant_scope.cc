@@ -76,17 +76,16 @@ absl::Status ScopeIds(Tenant* tenant, v1::AppendKvChunk& chunk, absl::string_vie
   return Scope(tenant, absl::StrCat(field, ".sequence_id"), chunk.mutable_sequence_id());
 }
 
-absl::Status ScopeIds(Tenant* tenant, v1::DecodeRequest& request) {
+absl::Status ScopeIds(Tenant* tenant, ParsedDecode& call) {
   if (tenant == nullptr) return absl::OkStatus();
-  for (int i = 0; i < request.queries_size(); ++i) {
-    v1::DecodeQuery& q = *request.mutable_queries(i);
-    if (q.has_append_rows() && (tenant->rights & kWrite) == 0) {
+  for (size_t i = 0; i < call.queries.size(); ++i) {
+    engine::DecodeQuery& q = call.queries[i];
+    if (!q.append_rows.empty() && (tenant->rights & kWrite) == 0) {
       tenant->permission_denials.fetch_add(1, std::memory_order_relaxed);
       return absl::PermissionDeniedError(
           absl::StrCat("queries[", i, "].append: tenant '", tenant->name, "' has no write right"));
     }
-    RETURN_IF_ERROR(
-        Scope(tenant, absl::StrCat("queries[", i, "].sequence_id"), q.mutable_sequence_id()));
+    RETURN_IF_ERROR(Scope(tenant, absl::StrCat("queries[", i, "].sequence_id"), &q.sequence_id));
   }
   return absl::OkStatus();
 }
@@ -94,13 +93,6 @@ absl::Status ScopeIds(Tenant* tenant, v1::DecodeRequest& request) {
 void UnscopeIds(Tenant* tenant, v1::Sequence& sequence) {
   Unscope(tenant, sequence.mutable_sequence_id());
   Unscope(tenant, sequence.mutable_prefix_id());
-}
-
-void UnscopeIds(Tenant* tenant, v1::DecodeResponse& response) {
-  if (tenant == nullptr) return;
-  for (v1::DecodeResult& result : *response.mutable_results()) {
-    Unscope(tenant, result.mutable_plan()->mutable_prefix_id());
-  }
 }
 
 absl::Status UnscopeStatus(Tenant* tenant, const absl::Status& status) {

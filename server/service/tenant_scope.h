@@ -5,6 +5,7 @@
 #include "absl/strings/string_view.h"
 #include "mlaserve/v1/decode.pb.h"
 #include "mlaserve/v1/kv_cache.pb.h"
+#include "server/service/decode_codec.h"
 #include "server/service/tenancy.h"
 
 namespace mlaserve::service {
@@ -23,10 +24,11 @@ absl::Status ScopeIds(Tenant* tenant, v1::ReleaseSequenceRequest& request);
 absl::Status ScopeIds(Tenant* tenant, v1::GetSequenceRequest& request);
 // `field`: "chunks[i]".
 absl::Status ScopeIds(Tenant* tenant, v1::AppendKvChunk& chunk, absl::string_view field);
-absl::Status ScopeIds(Tenant* tenant, v1::DecodeRequest& request);
+// A decode call's sequence ids; appends need the write right. Fields are named as the list
+// form's ("queries[i].sequence_id"); the dispatcher renames them for a packed call.
+absl::Status ScopeIds(Tenant* tenant, ParsedDecode& call);
 
 void UnscopeIds(Tenant* tenant, v1::Sequence& sequence);
-void UnscopeIds(Tenant* tenant, v1::DecodeResponse& response);
 absl::Status UnscopeStatus(Tenant* tenant, const absl::Status& status);
 
 // PERMISSION_DENIED naming the tenant and the right `rpc` needs, unless it has `right`.

@@ -1,5 +1,6 @@
 #include "server/service/tensor_codec.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -101,8 +102,8 @@ absl::StatusOr<std::size_t> ElementSize(const v1::Tensor& tensor, absl::string_v
 }
 
 // The number of elements the tensor's shape declares, once it is known not to be negative nor
-// to overflow (checked before the product is formed) and to match the bytes it carries.
-absl::StatusOr<int64_t> CountElements(const v1::Tensor& tensor, std::size_t element_size,
+// to overflow (checked before the product is formed).
+absl::StatusOr<int64_t> CountDeclared(const v1::Tensor& tensor, std::size_t element_size,
                                       absl::string_view field) {
   const std::span<const int64_t> shape(tensor.shape().data(), tensor.shape().size());
   const int64_t max_elements =
@@ -119,6 +120,13 @@ absl::StatusOr<int64_t> CountElements(const v1::Tensor& tensor, std::size_t elem
     }
     elements *= extent;
   }
+  return elements;
+}
+
+// ... and that it matches the bytes it carries.
+absl::StatusOr<int64_t> CountElements(const v1::Tensor& tensor, std::size_t element_size,
+                                      absl::string_view field) {
+  ASSIGN_OR_RETURN(const int64_t elements, CountDeclared(tensor, element_size, field));
   if (static_cast<uint64_t>(elements) * element_size != tensor.data().size()) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": ", tensor.data().size(), " bytes != ", elements, " elements of ",
@@ -127,7 +135,31 @@ absl::StatusOr<int64_t> CountElements(const v1::Tensor& tensor, std::size_t elem
   return elements;
 }
 
+class InlineBytes final : public TensorBytes {
+ public:
+  absl::StatusOr<absl::string_view> Bytes(const v1::Tensor& tensor, absl::string_view field,
+                                          uint64_t size) override {
+    if (tensor.has_region_offset()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".region_offset: only the same-host data plane reads a caller's "
+                              "registered memory; over gRPC a tensor's bytes are in `data`"));
+    }
+    if (size != tensor.data().size()) {
+      const std::size_t element_size = DTypeSize(tensor.dtype());
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": ", tensor.data().size(), " bytes != ", size / element_size, " elements of ",
+          v1::DType_Name(tensor.dtype()), " (", size, " bytes)"));
+    }
+    return absl::string_view(tensor.data());
+  }
+};
+
 }  // namespace
+
+TensorBytes& InlineTensorBytes() {
+  static InlineBytes* const source = new InlineBytes();  // stateless
+  return *source;
+}
 
 absl::StatusOr<Bf16Tensor> DecodeToBf16(const v1::Tensor& tensor, std::span<const int64_t> expected,
                                         absl::string_view field) {
@@ -144,16 +176,17 @@ absl::StatusOr<Bf16Tensor> DecodeToBf16(const v1::Tensor& tensor, std::span<cons
 }
 
 absl::StatusOr<Bf16Data> ViewAsBf16(const v1::Tensor& tensor, int rank, absl::string_view field,
-                                    std::vector<std::vector<Bf16>>& storage) {
+                                    std::vector<std::vector<Bf16>>& storage, TensorBytes& source) {
   ASSIGN_OR_RETURN(const std::size_t element_size, ElementSize(tensor, field));
   const std::span<const int64_t> shape(tensor.shape().data(), tensor.shape().size());
   if (static_cast<int>(shape.size()) != rank) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeToString(shape), " has ",
                                                    shape.size(), " dimensions, not ", rank));
   }
-  ASSIGN_OR_RETURN(const int64_t elements, CountElements(tensor, element_size, field));
+  ASSIGN_OR_RETURN(const int64_t elements, CountDeclared(tensor, element_size, field));
+  ASSIGN_OR_RETURN(const absl::string_view data,
+                   source.Bytes(tensor, field, static_cast<uint64_t>(elements) * element_size));
   Bf16Data out{nullptr, std::vector<int64_t>(shape.begin(), shape.end())};
-  const std::string& data = tensor.data();
   // An empty tensor points at the request's (never null, never read) bytes: an empty vector's
   // data() may be null, and callers copy zero bytes from what they get.
   if (elements == 0 || (tensor.dtype() == v1::DTYPE_BF16 &&
@@ -184,50 +217,86 @@ absl::StatusOr<Bf16Data> ViewAsBf16(const v1::Tensor& tensor, int rank, absl::st
   return out;
 }
 
-void EncodeValues(const void* values, ElementType type, int64_t count,
-                  std::span<const int64_t> shape, v1::DType dtype, v1::Tensor* out) {
-  if (DTypeSize(dtype) == 0) dtype = v1::DTYPE_FP32;
+namespace {
+
+void EncodeFloatsTo(const float* values, int64_t count, v1::DType dtype, void* out) {
+  switch (dtype) {
+    case v1::DTYPE_BF16:
+      NarrowToBf16(values, count, static_cast<Bf16*>(out));
+      return;
+    case v1::DTYPE_FP16:
+      for (int64_t i = 0; i < count; ++i) {
+        const uint16_t bits = Fp16::FromFloat(values[i]).bits;
+        std::memcpy(static_cast<char*>(out) + 2 * i, &bits, 2);
+      }
+      return;
+    default:  // DTYPE_FP32
+      if (count > 0) std::memcpy(out, values, static_cast<size_t>(count) * sizeof(float));
+      return;
+  }
+}
+
+void SetDeclaration(v1::DType dtype, std::span<const int64_t> shape, v1::Tensor* out) {
+  out->set_dtype(dtype);
+  out->mutable_shape()->Assign(shape.begin(), shape.end());
+}
+
+}  // namespace
+
+namespace {
+
+// `out` aligned for `dtype`.
+void EncodeAligned(const void* values, ElementType type, int64_t count, v1::DType dtype,
+                   void* out) {
   if (type == ElementType::kFp32) {
-    EncodeFloats(
-        std::span<const float>(static_cast<const float*>(values), static_cast<size_t>(count)),
-        shape, dtype, out);
+    EncodeFloatsTo(static_cast<const float*>(values), count, dtype, out);
     return;
   }
   const auto* bf16 = static_cast<const Bf16*>(values);
   if (dtype == v1::DTYPE_BF16) {
-    out->set_dtype(dtype);
-    out->mutable_shape()->Assign(shape.begin(), shape.end());
-    out->set_data(reinterpret_cast<const char*>(bf16), static_cast<size_t>(count) * 2);
+    if (count > 0) std::memcpy(out, bf16, static_cast<size_t>(count) * 2);
     return;
   }
   std::vector<float> wide(static_cast<size_t>(count));
   WidenBf16(bf16, count, wide.data());
-  EncodeFloats(wide, shape, dtype, out);
+  EncodeFloatsTo(wide.data(), count, dtype, out);
+}
+
+}  // namespace
+
+void EncodeValuesTo(const void* values, ElementType type, int64_t count, v1::DType dtype,
+                    void* out) {
+  // Callers pass a validated output dtype; anything else is encoded losslessly.
+  if (DTypeSize(dtype) == 0) dtype = v1::DTYPE_FP32;
+  const size_t element = DTypeSize(dtype);
+  if (reinterpret_cast<uintptr_t>(out) % element == 0) {
+    EncodeAligned(values, type, count, dtype, out);
+    return;
+  }
+  // A message's bytes start anywhere: through an aligned buffer, a cache's worth at a time.
+  constexpr int64_t kChunk = 2048;
+  alignas(64) unsigned char buffer[kChunk * sizeof(float)];
+  const size_t in_size = type == ElementType::kFp32 ? sizeof(float) : sizeof(Bf16);
+  for (int64_t i = 0; i < count; i += kChunk) {
+    const int64_t n = std::min(kChunk, count - i);
+    EncodeAligned(static_cast<const char*>(values) + i * in_size, type, n, dtype, buffer);
+    std::memcpy(static_cast<char*>(out) + i * element, buffer, static_cast<size_t>(n) * element);
+  }
+}
+
+void EncodeValues(const void* values, ElementType type, int64_t count,
+                  std::span<const int64_t> shape, v1::DType dtype, v1::Tensor* out) {
+  if (DTypeSize(dtype) == 0) dtype = v1::DTYPE_FP32;
+  SetDeclaration(dtype, shape, out);
+  std::string* data = out->mutable_data();
+  data->resize(static_cast<size_t>(count) * DTypeSize(dtype));
+  EncodeValuesTo(values, type, count, dtype, data->data());
 }
 
 void EncodeFloats(std::span<const float> values, std::span<const int64_t> shape, v1::DType dtype,
                   v1::Tensor* out) {
-  // Callers pass a validated output dtype; anything else is encoded losslessly.
-  if (DTypeSize(dtype) == 0) dtype = v1::DTYPE_FP32;
-  out->set_dtype(dtype);
-  out->mutable_shape()->Assign(shape.begin(), shape.end());
-  std::string* data = out->mutable_data();
-  data->resize(values.size() * DTypeSize(dtype));
-  switch (dtype) {
-    case v1::DTYPE_BF16:
-      NarrowToBf16(values.data(), static_cast<int64_t>(values.size()),
-                   reinterpret_cast<Bf16*>(data->data()));
-      return;
-    case v1::DTYPE_FP16:
-      for (std::size_t i = 0; i < values.size(); ++i) {
-        const uint16_t bits = Fp16::FromFloat(values[i]).bits;
-        std::memcpy(data->data() + 2 * i, &bits, 2);
-      }
-      return;
-    default:  // DTYPE_FP32
-      std::memcpy(data->data(), values.data(), values.size() * sizeof(float));
-      return;
-  }
+  EncodeValues(values.data(), ElementType::kFp32, static_cast<int64_t>(values.size()), shape,
+               dtype, out);
 }
 
 }  // namespace mlaserve::service

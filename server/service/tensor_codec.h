@@ -40,18 +40,39 @@ struct Bf16Tensor {
 absl::StatusOr<Bf16Tensor> DecodeToBf16(const v1::Tensor& tensor, std::span<const int64_t> expected,
                                         absl::string_view field);
 
+// Where a tensor's bytes are: in the message (`data`, gRPC), or at `region_offset` of the
+// caller's registered memory (the same-host data plane), whose source copies them out first
+// so that what is checked is what the engine reads.
+class TensorBytes {
+ public:
+  virtual ~TensorBytes() = default;
+  // The `size` bytes of `tensor` (its dtype and shape already checked), or INVALID_ARGUMENT
+  // starting with `field`.
+  virtual absl::StatusOr<absl::string_view> Bytes(const v1::Tensor& tensor,
+                                                  absl::string_view field, uint64_t size) = 0;
+};
+
+// The bytes in the message: `data`, of exactly the declared size; a region_offset is refused.
+TensorBytes& InlineTensorBytes();
+
 // A wire tensor's dtype and byte length checked against its own shape, and its values as
-// bf16: a view of the message's bytes when they are bf16 (nothing copied; the message must
-// outlive the view), otherwise converted (round to nearest even) into a vector appended to
+// bf16: a view of the tensor's bytes when they are bf16 (nothing copied; they must outlive
+// the view), otherwise converted (round to nearest even) into a vector appended to
 // `storage`. Extents and values are the caller's to check (the engine's, for Decode).
 // INVALID_ARGUMENT starting with `field` for an unknown dtype, a rank other than `rank`, a
-// negative or overflowing extent, or a byte length that does not match.
+// negative or overflowing extent, or bytes that do not match.
 struct Bf16Data {
   const Bf16* data = nullptr;
   std::vector<int64_t> shape;
 };
 absl::StatusOr<Bf16Data> ViewAsBf16(const v1::Tensor& tensor, int rank, absl::string_view field,
-                                    std::vector<std::vector<Bf16>>& storage);
+                                    std::vector<std::vector<Bf16>>& storage,
+                                    TensorBytes& source = InlineTensorBytes());
+
+// Writes `count` values, bf16 or fp32, to `out` (count * DTypeSize(dtype) bytes) as `dtype`
+// (BF16, FP16 or FP32; narrowing rounds to nearest even).
+void EncodeValuesTo(const void* values, ElementType type, int64_t count, v1::DType dtype,
+                    void* out);
 
 // Writes `count` values, bf16 or fp32, into `out` as `dtype` (BF16, FP16 or FP32; narrowing
 // rounds to nearest even; bf16 to BF16 and fp32 to FP32 are plain copies) with `shape`.

@@ -4,6 +4,8 @@
 #include <future>
 
 #include "absl/time/clock.h"
+#include "server/service/decode_answers.h"
+#include "server/service/decode_codec.h"
 #include "tests/fuzz/fuzz_engine.h"
 
 namespace mlaserve::fuzz {
@@ -15,14 +17,22 @@ void DecodeOnce(v1::DecodeRequest request, uint64_t timeout_us) {
     deadline = std::min(deadline, absl::Now() + absl::Microseconds(static_cast<int64_t>(
                                                     std::min<uint64_t>(timeout_us, 30000000))));
   }
-  v1::DecodeResponse response;
-  std::promise<absl::Status> answered;
-  fixture.dispatcher().Dispatch(
-      request, /*tenant=*/nullptr, deadline, [] { return false; }, &response,
-      [&answered](absl::Status status) { answered.set_value(std::move(status)); });
-  answered.get_future().get().IgnoreError();  // any status is a fine answer to a fuzzed request
+  absl::StatusOr<std::unique_ptr<service::ParsedDecode>> call =
+      service::ParseDecodeRequest(request);
+  if (call.ok()) {
+    std::promise<void> answered;
+    fixture.dispatcher().Dispatch(
+        *std::move(call), /*tenant=*/nullptr, deadline, [] { return false; },
+        [&answered](absl::StatusOr<service::AnsweredDecode> answers) {
+          // Any status is a fine answer to a fuzzed request; answers must encode.
+          if (answers.ok()) service::WriteDecodeResponse(*answers).IgnoreError();
+          answered.set_value();
+        });
+    answered.get_future().get();
+  }
   bool appended = false;
   for (const v1::DecodeQuery& query : request.queries()) appended |= query.has_append_rows();
+  appended |= request.packed().has_append_rows();
   if (appended) fixture.Reset();
 }
 

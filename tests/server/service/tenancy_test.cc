@@ -163,10 +163,13 @@ TEST(TenantScopeTest, RightsAreCheckedByName) {
   EXPECT_TRUE(absl::IsPermissionDenied(denied));
   EXPECT_EQ(denied.message(), "AppendKv: tenant 'r' has no write right");
   EXPECT_EQ(reader.permission_denials.load(), 1);
-  v1::DecodeRequest decode;
-  decode.add_queries()->set_sequence_id("s");
-  decode.mutable_queries(0)->mutable_append_rows();
+  ParsedDecode decode;
+  decode.queries.emplace_back().sequence_id = "s";
+  const std::vector<Bf16> row(576);
+  decode.queries[0].append_rows =
+      *TensorView<const Bf16, 2>::Create(std::span<const Bf16>(row), {1, 576});
   EXPECT_TRUE(absl::IsPermissionDenied(ScopeIds(&reader, decode)));
+  EXPECT_EQ(decode.queries[0].sequence_id, "s");  // refused: nothing namespaced
   EXPECT_TRUE(CheckRight(nullptr, kWrite, "AppendKv").ok());
 }
 
