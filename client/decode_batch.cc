@@ -45,20 +45,20 @@ absl::Status CheckStacked(const BatchTensor& tensor, absl::string_view name, siz
                                       " sequences first, got shape ", Shape(tensor.shape)));
   }
   for (int64_t extent : tensor.shape) {
-    if (extent < 0) return Invalid(name, absl::StrCat("shape ", Shape(tensor.shape), " is negative"));
+    if (extent < 0)
+      return Invalid(name, absl::StrCat("shape ", Shape(tensor.shape), " is negative"));
   }
   if (tensor.data == nullptr && tensor.elements() > 0) return Invalid(name, "no data");
   return absl::OkStatus();
 }
 
 // Sequences [first, first + count) of a stacked tensor, as a wire tensor.
-void SliceInto(const BatchTensor& tensor, int64_t first, int64_t count, v1::Tensor* wire) {
+void SliceInto(const BatchTensor& tensor, int64_t first, int64_t count, v1::Tensor* wire,
+               PlaceTensor place) {
   wire->set_dtype(tensor.dtype);
   wire->add_shape(count);
   for (size_t d = 1; d < tensor.shape.size(); ++d) wire->add_shape(tensor.shape[d]);
-  const size_t per = tensor.bytes() / static_cast<size_t>(tensor.shape[0]);
-  wire->set_data(static_cast<const char*>(tensor.data) + per * static_cast<size_t>(first),
-                 per * static_cast<size_t>(count));
+  place(tensor, first, count, wire);
 }
 
 void SetOptions(const DecodeBatchRequest& request, v1::DecodeRequest& wire) {
@@ -74,10 +74,9 @@ absl::Status CopyOut(const v1::Tensor& tensor, v1::DType dtype, absl::string_vie
   if (tensor.dtype() != dtype || tensor.shape_size() == 0 ||
       (stacked ? tensor.shape(0) != count : count != 1) ||
       tensor.data().size() % static_cast<size_t>(count) != 0) {
-    return absl::InternalError(absl::StrCat("the server answered ", name, " with shape [",
-                                            absl::StrJoin(tensor.shape(), ","), "] of ",
-                                            v1::DType_Name(tensor.dtype()), " for ", count,
-                                            " sequences"));
+    return absl::InternalError(absl::StrCat(
+        "the server answered ", name, " with shape [", absl::StrJoin(tensor.shape(), ","), "] of ",
+        v1::DType_Name(tensor.dtype()), " for ", count, " sequences"));
   }
   const size_t per = tensor.data().size() / static_cast<size_t>(count);
   if (into.size() != per * static_cast<size_t>(sequences)) {
@@ -93,15 +92,19 @@ absl::Status CopyOut(const v1::Tensor& tensor, v1::DType dtype, absl::string_vie
 
 }  // namespace
 
+void CopyIntoMessage(const BatchTensor& tensor, int64_t first, int64_t count, v1::Tensor* wire) {
+  const size_t per = tensor.bytes() / static_cast<size_t>(tensor.shape[0]);
+  wire->set_data(static_cast<const char*>(tensor.data) + per * static_cast<size_t>(first),
+                 per * static_cast<size_t>(count));
+}
+
 int64_t BatchTensor::elements() const {
   int64_t n = 1;
   for (int64_t extent : shape) n *= extent;
   return shape.empty() ? 0 : n;
 }
 
-size_t BatchTensor::bytes() const {
-  return static_cast<size_t>(elements()) * DTypeBytes(dtype);
-}
+size_t BatchTensor::bytes() const { return static_cast<size_t>(elements()) * DTypeBytes(dtype); }
 
 int64_t DecodeBatchRequest::sq() const {
   const BatchTensor& q = head_space() ? q_nope : latent;
@@ -145,13 +148,14 @@ absl::Status CheckDecodeBatch(const DecodeBatchRequest& request) {
   if (request.append_rows.present()) {
     if (absl::Status s = CheckStacked(request.append_rows, "append_rows", 3, b); !s.ok()) return s;
     if (static_cast<int64_t>(request.append_positions.size()) != b) {
-      return Invalid("append_positions", absl::StrCat("want ", b, " positions, got ",
-                                                      request.append_positions.size()));
+      return Invalid("append_positions",
+                     absl::StrCat("want ", b, " positions, got ", request.append_positions.size()));
     }
   }
   if (DTypeBytes(OutputDType(request.output_dtype)) == 0) {
-    return Invalid("output_dtype", absl::StrCat(v1::DType_Name(request.output_dtype),
-                                                " is not one of DTYPE_BF16, DTYPE_FP16, DTYPE_FP32"));
+    return Invalid("output_dtype",
+                   absl::StrCat(v1::DType_Name(request.output_dtype),
+                                " is not one of DTYPE_BF16, DTYPE_FP16, DTYPE_FP32"));
   }
   return absl::OkStatus();
 }
@@ -169,7 +173,7 @@ size_t BatchBytes(const DecodeBatchRequest& request, int64_t first, int64_t coun
 }
 
 v1::DecodeRequest PackedDecodeRequest(const DecodeBatchRequest& request, int64_t first,
-                                      int64_t count) {
+                                      int64_t count, PlaceTensor place) {
   v1::DecodeRequest wire;
   SetOptions(request, wire);
   v1::PackedQueries& packed = *wire.mutable_packed();
@@ -178,14 +182,14 @@ v1::DecodeRequest PackedDecodeRequest(const DecodeBatchRequest& request, int64_t
   }
   packed.set_layer(request.layer);
   if (request.head_space()) {
-    SliceInto(request.q_nope, first, count, packed.mutable_head()->mutable_q_nope());
-    SliceInto(request.q_pe, first, count, packed.mutable_head()->mutable_q_pe());
+    SliceInto(request.q_nope, first, count, packed.mutable_head()->mutable_q_nope(), place);
+    SliceInto(request.q_pe, first, count, packed.mutable_head()->mutable_q_pe(), place);
     packed.mutable_head()->set_first_head(request.first_head);
   } else {
-    SliceInto(request.latent, first, count, packed.mutable_latent());
+    SliceInto(request.latent, first, count, packed.mutable_latent(), place);
   }
   if (request.append_rows.present()) {
-    SliceInto(request.append_rows, first, count, packed.mutable_append_rows());
+    SliceInto(request.append_rows, first, count, packed.mutable_append_rows(), place);
     for (int64_t b = first; b < first + count; ++b) {
       packed.add_append_positions(request.append_positions[static_cast<size_t>(b)]);
     }
@@ -237,7 +241,8 @@ absl::Status ReadBatchAnswers(const DecodeBatchRequest& request, v1::DecodeRespo
       return absl::InternalError(absl::StrCat("the server answered ", packed.plans_size(),
                                               " plans for ", count, " sequences"));
     }
-    if (absl::Status s = CopyOut(packed.out(), dtype, "out", output.out, sequences, first, count, true);
+    if (absl::Status s =
+            CopyOut(packed.out(), dtype, "out", output.out, sequences, first, count, true);
         !s.ok()) {
       return s;
     }
@@ -250,8 +255,8 @@ absl::Status ReadBatchAnswers(const DecodeBatchRequest& request, v1::DecodeRespo
     return absl::OkStatus();
   }
   if (response.results_size() != count) {
-    return absl::InternalError(absl::StrCat("the server answered ", response.results_size(),
-                                            " queries of ", count));
+    return absl::InternalError(
+        absl::StrCat("the server answered ", response.results_size(), " queries of ", count));
   }
   for (int64_t b = 0; b < count; ++b) {
     v1::DecodeResult& result = *response.mutable_results(static_cast<int>(b));

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "mlaserve/v1/decode.pb.h"
@@ -81,10 +82,17 @@ absl::Status CheckDecodeBatch(const DecodeBatchRequest& request);
 // batch under a message limit.
 size_t BatchBytes(const DecodeBatchRequest& request, int64_t first, int64_t count);
 
+// Where a stacked tensor's bytes for sequences [first, first + count) go once its dtype and
+// shape are in `wire`: copied into its data (gRPC), or named by region_offset where the
+// caller put them in a registered region (the same-host data plane).
+using PlaceTensor = absl::FunctionRef<void(const BatchTensor& tensor, int64_t first, int64_t count,
+                                           v1::Tensor* wire)>;
+void CopyIntoMessage(const BatchTensor& tensor, int64_t first, int64_t count, v1::Tensor* wire);
+
 // The request for sequences [first, first + count), packed or as a list of queries (for
-// servers and clusters that route per query). Bytes are copied into the message.
+// servers and clusters that route per query; its bytes are copied into the message).
 v1::DecodeRequest PackedDecodeRequest(const DecodeBatchRequest& request, int64_t first,
-                                      int64_t count);
+                                      int64_t count, PlaceTensor place = CopyIntoMessage);
 v1::DecodeRequest ListDecodeRequest(const DecodeBatchRequest& request, int64_t first,
                                     int64_t count);
 

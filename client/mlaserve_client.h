@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -12,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "client/dataplane/shm_channel.h"
 #include "client/serving_client.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
@@ -58,6 +60,13 @@ struct ClientOptions {
   // server with --auth_tokens_file (docs/api.md, "Tenants"); empty: none. Over plaintext it
   // travels in the clear: use it with TLS.
   std::string bearer_token;
+  // Where DecodeBatch goes (docs/api.md, "Data planes"): kAuto takes the server's same-host
+  // data plane when it offers one on this host and falls back to gRPC otherwise (and for a
+  // call too large for a slot, or refused UNAVAILABLE, which gRPC's retries then wait out);
+  // kGrpc stays on gRPC; kShm needs the plane (calls fail when it cannot be opened).
+  enum class DataPlane { kAuto, kGrpc, kShm };
+  DataPlane data_plane = DataPlane::kAuto;
+  ShmChannelOptions shm;
 };
 
 // One KV append: rows [n][dl + dr] for one layer of one sequence, starting at
@@ -183,12 +192,24 @@ class MlaServeClient final : public ServingClient {
   // stream lives as long as the worker).
   std::unique_ptr<DecodeStream> OpenDecodeStream(absl::Duration timeout = absl::InfiniteDuration());
 
+  // A ticket for a data plane of `kind` (FAILED_PRECONDITION if the server has none).
+  absl::StatusOr<v1::OpenDataPlaneResponse> OpenDataPlane(absl::string_view kind, uint32_t version);
+  // The same-host plane DecodeBatch uses, opened on first use (and again after a restart);
+  // FAILED_PRECONDITION when the server offers none on this host.
+  absl::StatusOr<std::shared_ptr<ShmChannel>> SharedMemoryPlane();
+
   v1::MlaServe::Stub& stub() { return *stub_; }
 
  private:
+  // DecodeBatch over gRPC's packed form.
+  absl::Status DecodeBatchOverGrpc(const DecodeBatchRequest& request, DecodeBatchOutput& output);
+
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::MlaServe::Stub> stub_;
   const ClientOptions options_;
+  std::mutex plane_mu_;
+  std::shared_ptr<ShmChannel> shm_;                     // guarded by plane_mu_
+  absl::Time open_plane_after_ = absl::InfinitePast();  // guarded by plane_mu_
 };
 
 // The client's one grpc::Status -> absl::Status conversion (same code numbers).

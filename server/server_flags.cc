@@ -29,6 +29,7 @@
 #include "common/command_line.h"
 #include "common/status_macros.h"
 #include "kernels/core/matmul.h"
+#include "server/data_plane_flags.h"
 #include "server/engine/devices/pool_sizing.h"
 #include "server/engine/model/model_config.h"
 
@@ -405,6 +406,7 @@ absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv,
   }
   server.max_message_bytes = int64_t{max_message_mb} << 20;
   RETURN_IF_ERROR(ParseConnectionFlags(server));
+  RETURN_IF_ERROR(ParseDataPlaneFlags(engine, server));
 
   ASSIGN_OR_RETURN(config.log_level, ParseLogLevel(absl::GetFlag(FLAGS_log_level)));
   const int drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);

@@ -16,7 +16,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CHECKOUT = os.path.normpath(os.path.join(HERE, "..", ".."))
 PROTO_ROOT = os.path.join(CHECKOUT, "proto")
 # The messages mlaserve.v1 holds; the service's stubs come from mlaserve.proto.
-PROTOS = ["tensor", "server_info", "kv_cache", "decode", "admin", "mlaserve", "kv_state"]
+PROTOS = ["tensor", "decode", "data_plane", "server_info", "kv_cache", "admin", "mlaserve",
+          "kv_state"]
 
 
 def server_version():

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/mlaserve_client.h"
 #include "common/host_port.h"
 #include "common/status_macros.h"
@@ -152,6 +153,11 @@ grpc::ServerUnaryReactor* MlaServeService::GetServerInfo(grpc::CallbackServerCon
       [this](const v1::GetServerInfoRequest&, v1::GetServerInfoResponse* info) {
         *info = MakeServerInfo(engine_.Info(), options_.max_message_bytes);
         *info->mutable_state() = options_.state;
+        if (options_.data_planes) {
+          for (v1::DataPlane& plane : options_.data_planes()) {
+            *info->add_data_planes() = std::move(plane);
+          }
+        }
         return absl::OkStatus();
       });
 }
@@ -317,6 +323,36 @@ grpc::ServerUnaryReactor* MlaServeService::MigrateSequences(grpc::CallbackServer
     if (request.stop_after() && result.ok()) options_.stop_server();
   });
   return reactor;
+}
+
+grpc::ServerUnaryReactor* MlaServeService::OpenDataPlane(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
+  return Unary<v1::OpenDataPlaneRequest, v1::OpenDataPlaneResponse>(
+      context, "OpenDataPlane", kDecode, request, response,
+      [this](const v1::OpenDataPlaneRequest& r, v1::OpenDataPlaneResponse* opened,
+             Tenant* tenant) -> absl::Status {
+        std::vector<v1::DataPlane> planes;
+        if (options_.data_planes && options_.tickets != nullptr) planes = options_.data_planes();
+        std::vector<std::string> kinds;
+        for (v1::DataPlane& plane : planes) {
+          kinds.push_back(plane.kind());
+          if (plane.kind() != r.kind()) continue;
+          if (plane.version() != r.version()) {
+            return absl::FailedPreconditionError(
+                absl::StrCat("version: the client speaks ", r.kind(), " data-plane version ",
+                             r.version(), "; this server speaks version ", plane.version()));
+          }
+          opened->set_ticket(options_.tickets->Issue(tenant));
+          opened->set_ticket_ttl_s(absl::ToDoubleSeconds(options_.tickets->ttl()));
+          *opened->mutable_plane() = std::move(plane);
+          opened->set_instance_id(options_.state.instance_id());
+          return absl::OkStatus();
+        }
+        return absl::FailedPreconditionError(absl::StrCat(
+            "kind: this server offers no '", r.kind(),
+            "' data plane (it offers: ", kinds.empty() ? "none" : absl::StrJoin(kinds, ", "), ")"));
+      });
 }
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* MlaServeService::AppendKv(

@@ -18,6 +18,7 @@
 #include "mlaserve/v1/server_info.pb.h"
 #include "server/engine/engine.h"
 #include "server/service/call_registry.h"
+#include "server/service/data_plane_tickets.h"
 #include "server/service/decode_dispatcher.h"
 #include "server/service/moved_sequences.h"
 #include "server/service/service_metrics.h"
@@ -45,6 +46,10 @@ struct ServiceOptions {
   // The client's address for a call's gRPC peer (GuardedListener::PeerOf, whose connections
   // gRPC names "fd:N"); unset, the peer as gRPC gives it.
   std::function<std::string(const std::string&)> peer_of;
+  // The data planes beside gRPC (GetServerInfo.data_planes), and the tickets OpenDataPlane
+  // hands out for them; unset, none.
+  std::function<std::vector<v1::DataPlane>()> data_planes;
+  DataPlaneTickets* tickets = nullptr;
 };
 
 // The initial-metadata key that carries the server's instance id on every call's answer, so
@@ -53,22 +58,24 @@ inline constexpr char kInstanceIdMetadata[] = "mlaserve-instance-id";
 
 // Every method of mlaserve.v1.MlaServe in its raw form: the service parses requests and
 // serializes answers itself (wire_message.h says why).
-using RawMlaServe = v1::MlaServe::WithRawCallbackMethod_MigrateSequences<
-    v1::MlaServe::WithRawCallbackMethod_ListPrefixes<
-        v1::MlaServe::WithRawCallbackMethod_ListSequences<
-            v1::MlaServe::WithRawCallbackMethod_GetStats<
-                v1::MlaServe::WithRawCallbackMethod_GetServerInfo<
-                    v1::MlaServe::WithRawCallbackMethod_RegisterPrefix<
-                        v1::MlaServe::WithRawCallbackMethod_ReleasePrefix<
-                            v1::MlaServe::WithRawCallbackMethod_CreateSequence<
-                                v1::MlaServe::WithRawCallbackMethod_ForkSequence<
-                                    v1::MlaServe::WithRawCallbackMethod_ReleaseSequence<
-                                        v1::MlaServe::WithRawCallbackMethod_GetSequence<
-                                            v1::MlaServe::WithRawCallbackMethod_AppendKv<
-                                                v1::MlaServe::WithRawCallbackMethod_Decode<
-                                                    v1::MlaServe::
-                                                        WithRawCallbackMethod_DecodeStream<
-                                                            v1::MlaServe::Service>>>>>>>>>>>>>>;
+using RawMlaServe = v1::MlaServe::WithRawCallbackMethod_OpenDataPlane<
+    v1::MlaServe::WithRawCallbackMethod_MigrateSequences<
+        v1::MlaServe::WithRawCallbackMethod_ListPrefixes<
+            v1::MlaServe::WithRawCallbackMethod_ListSequences<
+                v1::MlaServe::WithRawCallbackMethod_GetStats<
+                    v1::MlaServe::WithRawCallbackMethod_GetServerInfo<
+                        v1::MlaServe::WithRawCallbackMethod_RegisterPrefix<
+                            v1::MlaServe::WithRawCallbackMethod_ReleasePrefix<
+                                v1::MlaServe::WithRawCallbackMethod_CreateSequence<
+                                    v1::MlaServe::WithRawCallbackMethod_ForkSequence<
+                                        v1::MlaServe::WithRawCallbackMethod_ReleaseSequence<
+                                            v1::MlaServe::WithRawCallbackMethod_GetSequence<
+                                                v1::MlaServe::WithRawCallbackMethod_AppendKv<
+                                                    v1::MlaServe::WithRawCallbackMethod_Decode<
+                                                        v1::MlaServe::
+                                                            WithRawCallbackMethod_DecodeStream<
+                                                                v1::MlaServe::
+                                                                    Service>>>>>>>>>>>>>>>;
 
 // mlaserve.v1.MlaServe on gRPC's callback API: no call holds a thread while the engine
 // batches it. KV calls run on the callback thread (they are bounded metadata updates and
@@ -128,6 +135,12 @@ class MlaServeService final : public RawMlaServe {
   grpc::ServerUnaryReactor* MigrateSequences(grpc::CallbackServerContext* context,
                                              const grpc::ByteBuffer* request,
                                              grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* OpenDataPlane(grpc::CallbackServerContext* context,
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
+
+  // The path every Decode takes, for the data planes beside gRPC.
+  DecodeDispatcher& dispatcher() { return dispatcher_; }
 
  private:
   // A unary call answered on the callback thread: admits the caller (tenant, `right`),

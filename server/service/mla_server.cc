@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/host_id.h"
 #include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -121,7 +122,26 @@ absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factor
     };
   }
   server->stop_server_ = options.stop_server;
+  server->tickets_ = std::make_unique<DataPlaneTickets>();
+  service_options.tickets = server->tickets_.get();
+  service_options.data_planes = [self] {
+    std::vector<v1::DataPlane> planes;
+    if (self->shm_plane_ != nullptr) planes.push_back(self->shm_plane_->Advertised());
+    return planes;
+  };
   server->service_ = std::make_unique<MlaServeService>(*server->engine_, *metrics, service_options);
+  if (!options.data_plane_socket.empty()) {
+    dataplane::ShmDataPlaneOptions plane;
+    plane.address = options.data_plane_socket;
+    plane.caps = options.data_plane_caps;
+    plane.poll = options.data_plane_poll;
+    plane.instance_id = server->state_.instance_id();
+    plane.host_id = HostId();
+    ASSIGN_OR_RETURN(
+        server->shm_plane_,
+        dataplane::ShmDataPlane::Start(std::move(plane), server->service_->dispatcher(),
+                                       *server->tickets_, *metrics, server->engine_->Info().model));
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -268,6 +288,7 @@ absl::Status MlaServer::Shutdown(absl::Duration timeout) {
   // No new connections; open ones stay relayed while their calls finish.
   if (listener_ != nullptr) listener_->StopAccepting();
   server_->GetHealthCheckService()->Shutdown();
+  if (shm_plane_ != nullptr) shm_plane_->Drain();
   const int streams = service_->BeginDrain();
   // What the drain cuts, so that "drained cleanly" is not the only word on it.
   if (streams > 0) {
@@ -284,6 +305,7 @@ absl::Status MlaServer::Shutdown(absl::Duration timeout) {
   server_->Shutdown(
       absl::ToChronoTime(idle ? std::min(deadline, absl::Now() + kFlushGrace) : deadline));
   const absl::Status drained = engine_->Drain(deadline);
+  shm_plane_.reset();  // its calls ended with the engine's drain
   metrics_endpoint_.reset();
   listener_.reset();  // after the endpoint, whose scrapes read it
   if (state_keeper_ == nullptr) return drained;

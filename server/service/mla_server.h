@@ -14,6 +14,8 @@
 #include "absl/time/time.h"
 #include "common/heap_releaser.h"
 #include "grpcpp/server.h"
+#include "server/dataplane/region_budget.h"
+#include "server/dataplane/shm_data_plane.h"
 #include "server/engine/engine.h"
 #include "server/listener/guarded_listener.h"
 #include "server/listener/http2_guard_limits.h"
@@ -84,6 +86,13 @@ struct ServerOptions {
   // Freed memory is handed back to the kernel this often (HeapReleaser; 0: never), so RSS
   // follows the memory in use instead of what the allocator's arenas once held.
   absl::Duration heap_release_interval = absl::Seconds(60);
+
+  // The same-host data plane (docs/deploy.md, "Data planes"): its unix socket (a path, or
+  // "@name" for an abstract one; "" for none), the caps on the memory clients register, and
+  // how long its poller keeps scanning after a call before it sleeps.
+  std::string data_plane_socket;
+  dataplane::RegionBudget::Caps data_plane_caps;
+  absl::Duration data_plane_poll = absl::ZeroDuration();
 };
 
 // The whole server in one object, for main and for in-process tests: the engine (with its
@@ -118,6 +127,8 @@ class MlaServer {
     return metrics_endpoint_ != nullptr ? metrics_endpoint_->mode() : "disabled";
   }
   engine::Engine& engine() { return *engine_; }
+  // The same-host data plane; null when it is off.
+  const dataplane::ShmDataPlane* shm_plane() const { return shm_plane_.get(); }
   const ServiceMetrics& metrics() const { return *metrics_; }
 
   // Runs a head-space and a latent decode on a scratch sequence, so the first client does
@@ -159,8 +170,10 @@ class MlaServer {
   std::function<void()> stop_server_;
   std::atomic<bool> fault_reported_{false};
   mutable std::mutex fault_mu_;
-  absl::Status fault_;  // guarded by fault_mu_
+  absl::Status fault_;                         // guarded by fault_mu_
+  std::unique_ptr<DataPlaneTickets> tickets_;  // the service hands them out
   std::unique_ptr<MlaServeService> service_;
+  std::unique_ptr<dataplane::ShmDataPlane> shm_plane_;  // calls the service's dispatcher
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<PemCredentials> guard_credentials_;    // TLS files for the guard's relay
   std::unique_ptr<listener::GuardedListener> listener_;  // null: gRPC listens itself

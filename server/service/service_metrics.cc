@@ -168,14 +168,16 @@ std::vector<prometheus::MetricFamily> ProcessMetricFamilies() {
 
 ServiceMetrics::ServiceMetrics()
     : registry_(std::make_shared<RegistryWithProcessMetrics>()),
-      requests_(prometheus::BuildCounter()
-                    .Name("mlaserve_requests_total")
-                    .Help("Finished RPCs by method and gRPC status code")
-                    .Register(*registry_)),
-      request_seconds_(prometheus::BuildHistogram()
-                           .Name("mlaserve_request_duration_seconds")
-                           .Help("Time from receiving an RPC to answering it, by method")
-                           .Register(*registry_)),
+      requests_(
+          prometheus::BuildCounter()
+              .Name("mlaserve_requests_total")
+              .Help("Finished RPCs by method, gRPC status code and transport (grpc, shm, ucx)")
+              .Register(*registry_)),
+      request_seconds_(
+          prometheus::BuildHistogram()
+              .Name("mlaserve_request_duration_seconds")
+              .Help("Time from receiving an RPC to answering it, by method and transport")
+              .Register(*registry_)),
       decode_queries_(prometheus::BuildCounter()
                           .Name("mlaserve_decode_queries_total")
                           .Help("Answered decode queries by query space and formulation")
@@ -257,10 +259,15 @@ void ServiceMetrics::RecordHeapRelease(absl::Duration took) {
   heap_release_seconds_.Increment(absl::ToDoubleSeconds(took));
 }
 
-void ServiceMetrics::RecordRpc(absl::string_view rpc, absl::StatusCode code,
-                               absl::Duration elapsed) {
-  requests_.Add({{"rpc", std::string(rpc)}, {"code", absl::StatusCodeToString(code)}}).Increment();
-  request_seconds_.Add({{"rpc", std::string(rpc)}}, LatencyBuckets())
+void ServiceMetrics::RecordRpc(absl::string_view rpc, absl::StatusCode code, absl::Duration elapsed,
+                               absl::string_view transport) {
+  requests_
+      .Add({{"rpc", std::string(rpc)},
+            {"code", absl::StatusCodeToString(code)},
+            {"transport", std::string(transport)}})
+      .Increment();
+  request_seconds_
+      .Add({{"rpc", std::string(rpc)}, {"transport", std::string(transport)}}, LatencyBuckets())
       .Observe(absl::ToDoubleSeconds(elapsed));
 }
 

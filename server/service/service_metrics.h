@@ -36,8 +36,10 @@ class ServiceMetrics {
 
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 
-  // One finished RPC (a DecodeStream request counts as one "DecodeStream.request").
-  void RecordRpc(absl::string_view rpc, absl::StatusCode code, absl::Duration elapsed);
+  // One finished RPC (a DecodeStream request counts as one "DecodeStream.request"), by the
+  // transport that carried it: "grpc", or a data plane ("shm", "ucx") for a Decode.
+  void RecordRpc(absl::string_view rpc, absl::StatusCode code, absl::Duration elapsed,
+                 absl::string_view transport = "grpc");
   // One answered decode query: how it was planned and where its time went.
   void RecordDecodeAnswer(const engine::PlanInfo& plan, engine::QuerySpace space);
   // One device batch (EngineOptions::on_batch).

@@ -1,0 +1,306 @@
+#include "client/dataplane/shm_channel.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/unix_socket.h"
+
+namespace mlaserve::client {
+namespace {
+
+constexpr uint64_t kAlign = 64;
+constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
+// Most a sleeping caller waits before it looks whether the server is still there.
+constexpr absl::Duration kLiveCheck = absl::Milliseconds(50);
+
+uint64_t AlignUp(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+absl::Status Errno(absl::string_view what) {
+  return absl::UnavailableError(absl::StrCat("data plane: ", what, ": ", std::strerror(errno)));
+}
+
+// Sleeps while `word` holds `expected`, at most `timeout`.
+void FutexWait(std::atomic<uint32_t>& word, uint32_t expected, absl::Duration timeout) {
+  const timespec relative = absl::ToTimespec(timeout);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT, expected, &relative, nullptr,
+          0);
+}
+
+bool PeerGone(int socket) {
+  pollfd fd{socket, POLLIN | POLLRDHUP, 0};
+  return poll(&fd, 1, 0) > 0 && (fd.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0;
+}
+
+// A call's places in its slot's share of the region, 64-byte aligned.
+class SlotLayout {
+ public:
+  SlotLayout(uint64_t start, uint64_t end) : next_(start), end_(end) {}
+  uint64_t Take(uint64_t bytes) {
+    const uint64_t at = AlignUp(next_);
+    next_ = at + bytes;
+    return at;
+  }
+  bool fits() const { return next_ <= end_; }
+  uint64_t used(uint64_t start) const { return next_ - start; }
+
+ private:
+  uint64_t next_;
+  const uint64_t end_;
+};
+
+uint64_t AnswerBytes(const v1::Tensor& tensor) {
+  uint64_t bytes = tensor.dtype() == v1::DTYPE_FP32 ? 4 : 2;
+  for (const int64_t extent : tensor.shape()) bytes *= static_cast<uint64_t>(extent);
+  return bytes;
+}
+
+uint64_t AnswerCapacity(int64_t sequences) { return 4096 + 256 * static_cast<uint64_t>(sequences); }
+
+}  // namespace
+
+bool ShmChannel::Fits(const DecodeBatchRequest& request, const DecodeBatchOutput& output) const {
+  uint64_t bytes = output.out.size() + output.lse.size_bytes() +
+                   AnswerCapacity(request.sequences()) + 1024 + 16 * kAlign;
+  for (const BatchTensor* t :
+       {&request.q_nope, &request.q_pe, &request.latent, &request.append_rows}) {
+    bytes += t->bytes();
+  }
+  for (const std::string& id : request.sequence_ids) bytes += id.size() + 4;
+  return bytes <= slot_bytes_;
+}
+
+absl::StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Open(
+    const v1::OpenDataPlaneResponse& opened, ShmChannelOptions options) {
+  if (options.slots < 1 || options.slots > shm::kMaxSlots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slots: ", options.slots, " is outside [1, ", shm::kMaxSlots, "]"));
+  }
+  const uint64_t bytes = std::max(options.region_bytes, shm::DataOffset(options.slots) + 4096);
+  const int memfd = memfd_create("mlaserve-data-plane", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (memfd < 0) return Errno("memfd_create");
+  struct Closes {
+    int fd;
+    ~Closes() { close(fd); }
+  } closes{memfd};
+  if (ftruncate(memfd, static_cast<off_t>(bytes)) != 0 ||
+      fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return Errno("sizing the region");
+  }
+  void* mapped = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+  if (mapped == MAP_FAILED) return Errno("mmap");
+  auto* base = static_cast<uint8_t*>(mapped);
+  auto* header = new (base) shm::RegionHeader{};
+  std::memcpy(header->magic, shm::kShmMagic, sizeof(header->magic));
+  header->version = shm::kShmVersion;
+  header->slot_count = options.slots;
+  header->region_bytes = bytes;
+  header->slots_offset = shm::kSlotsOffset;
+  header->data_offset = shm::DataOffset(options.slots);
+  for (uint32_t i = 0; i < options.slots; ++i) {
+    new (base + shm::kSlotsOffset + i * sizeof(shm::Slot)) shm::Slot{};
+  }
+  options.region_bytes = bytes;
+  absl::StatusOr<int> socket = ConnectUnix(opened.plane().address());
+  if (!socket.ok()) {
+    munmap(base, bytes);
+    return socket.status();
+  }
+  v1::ShmHello hello;
+  hello.set_version(shm::kShmVersion);
+  hello.set_ticket(opened.ticket());
+  absl::Status status = absl::OkStatus();
+  if (!SendUnixMessage(*socket, hello.SerializeAsString(), memfd)) {
+    status = Errno("sending the hello");
+  } else {
+    pollfd fd{*socket, POLLIN, 0};
+    v1::ShmWelcome welcome;
+    std::optional<UnixMessage> answer;
+    if (poll(&fd, 1, static_cast<int>(absl::ToInt64Milliseconds(kHandshakeTimeout))) > 0) {
+      answer = ReceiveUnixMessage(*socket, 4096).message;
+    }
+    if (!answer.has_value() || !welcome.ParseFromString(answer->bytes)) {
+      status = absl::UnavailableError("data plane: the server sent no welcome");
+    } else if (welcome.status().code() != 0) {
+      status = absl::Status(static_cast<absl::StatusCode>(welcome.status().code()),
+                            welcome.status().message());
+    }
+    if (answer.has_value() && answer->fd >= 0) close(answer->fd);
+  }
+  if (!status.ok()) {
+    close(*socket);
+    munmap(base, bytes);
+    return status;
+  }
+  return std::unique_ptr<ShmChannel>(new ShmChannel(*socket, base, options, opened.instance_id()));
+}
+
+ShmChannel::ShmChannel(int socket, uint8_t* base, ShmChannelOptions options,
+                       std::string instance_id)
+    : socket_(socket),
+      base_(base),
+      options_(options),
+      instance_id_(std::move(instance_id)),
+      slot_bytes_((options.region_bytes - shm::DataOffset(options.slots)) / options.slots / kAlign *
+                  kAlign) {
+  for (uint32_t i = 0; i < options.slots; ++i) free_slots_.push_back(options.slots - 1 - i);
+}
+
+ShmChannel::~ShmChannel() {
+  close(socket_);
+  munmap(base_, options_.region_bytes);
+}
+
+bool ShmChannel::broken() const {
+  std::lock_guard lock(mu_);
+  return broken_;
+}
+
+void ShmChannel::MarkBroken() {
+  std::lock_guard lock(mu_);
+  broken_ = true;
+  slot_freed_.notify_all();
+}
+
+absl::StatusOr<uint32_t> ShmChannel::AcquireSlot(absl::Time deadline) {
+  std::unique_lock lock(mu_);
+  while (free_slots_.empty() && !broken_) {
+    if (slot_freed_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("data plane: every one of its ", options_.slots, " slots stayed busy"));
+    }
+  }
+  if (broken_) return absl::UnavailableError("data plane: the server closed it");
+  const uint32_t slot = free_slots_.back();
+  free_slots_.pop_back();
+  return slot;
+}
+
+void ShmChannel::ReleaseSlot(uint32_t slot) {
+  std::lock_guard lock(mu_);
+  free_slots_.push_back(slot);
+  slot_freed_.notify_one();
+}
+
+void ShmChannel::Ring(uint32_t slot) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (header().server_sleeping.load(std::memory_order_relaxed) == 0) return;
+  const std::string doorbell(reinterpret_cast<const char*>(&slot), sizeof(slot));
+  SendUnixMessage(socket_, doorbell);  // a full socket already holds a doorbell for it
+}
+
+absl::Status ShmChannel::AwaitAnswer(uint32_t index, absl::Time deadline) {
+  shm::Slot& s = slot(index);
+  const absl::Time spin_until = absl::Now() + options_.spin;
+  while (s.state.load(std::memory_order_acquire) != shm::kDone) {
+    const absl::Time now = absl::Now();
+    if (now < spin_until) continue;
+    if (now >= deadline) return absl::DeadlineExceededError("data plane: no answer in time");
+    s.client_waiting.store(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    const uint32_t seen = s.state.load(std::memory_order_acquire);
+    if (seen != shm::kDone) FutexWait(s.state, seen, std::min(kLiveCheck, deadline - now));
+    s.client_waiting.store(0, std::memory_order_relaxed);
+    if (s.state.load(std::memory_order_acquire) != shm::kDone && PeerGone(socket_)) {
+      return absl::UnavailableError(
+          "data plane: the server closed it (it stopped or restarted); open it again");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmChannel::Decode(const DecodeBatchRequest& request, DecodeBatchOutput& output,
+                                absl::Duration timeout) {
+  if (absl::Status checked = CheckDecodeBatch(request); !checked.ok()) return checked;
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::StatusOr<uint32_t> acquired = AcquireSlot(deadline);
+  if (!acquired.ok()) return acquired.status();
+  const uint32_t index = *acquired;
+  const uint64_t start = shm::DataOffset(options_.slots) + index * slot_bytes_;
+  SlotLayout layout(start, start + slot_bytes_);
+  v1::DataPlaneCall call;
+  // Each tensor's bytes go to its place in the slot, named in the message by offset.
+  auto place = [&](const BatchTensor& tensor, int64_t, int64_t, v1::Tensor* wire) {
+    const uint64_t at = layout.Take(tensor.bytes());
+    if (layout.fits() && tensor.bytes() > 0) std::memcpy(base_ + at, tensor.data, tensor.bytes());
+    wire->set_region_offset(at);
+  };
+  *call.mutable_request() = PackedDecodeRequest(request, 0, request.sequences(), place);
+  call.set_out_bytes(output.out.size());
+  call.set_out_offset(layout.Take(output.out.size()));
+  call.set_lse_bytes(output.lse.size_bytes());
+  call.set_lse_offset(layout.Take(output.lse.size_bytes()));
+  call.set_timeout_us(
+      static_cast<uint64_t>(std::max<int64_t>(1, absl::ToInt64Microseconds(timeout))));
+  const uint64_t answer_capacity = AnswerCapacity(request.sequences());
+  const uint64_t answer_offset = layout.Take(answer_capacity);
+  const std::string descriptor = call.SerializeAsString();
+  const uint64_t call_offset = layout.Take(descriptor.size());
+  if (!layout.fits()) {
+    ReleaseSlot(index);
+    return absl::FailedPreconditionError(
+        absl::StrCat("data plane: the call takes ", layout.used(start), " bytes; a slot holds ",
+                     slot_bytes_, " (raise region_bytes or lower slots)"));
+  }
+  std::memcpy(base_ + call_offset, descriptor.data(), descriptor.size());
+  shm::Slot& s = slot(index);
+  s.call_offset.store(call_offset, std::memory_order_relaxed);
+  s.call_bytes.store(static_cast<uint32_t>(descriptor.size()), std::memory_order_relaxed);
+  s.answer_offset.store(answer_offset, std::memory_order_relaxed);
+  s.answer_capacity.store(answer_capacity, std::memory_order_relaxed);
+  s.answer_bytes.store(0, std::memory_order_relaxed);
+  s.cancel.store(0, std::memory_order_relaxed);
+  s.state.store(shm::kSubmitted, std::memory_order_release);
+  Ring(index);
+  absl::Status waited = AwaitAnswer(index, deadline);
+  if (absl::IsDeadlineExceeded(waited)) {
+    // The server abandons it at its next look; the slot is reused once it says so.
+    s.cancel.store(1, std::memory_order_relaxed);
+    waited = AwaitAnswer(index, absl::Now() + absl::Seconds(1));
+    if (waited.ok()) waited = absl::DeadlineExceededError("data plane: no answer in time");
+  }
+  if (absl::IsUnavailable(waited)) MarkBroken();
+  if (!waited.ok()) {
+    // A slot whose call may still run stays out of use; one answered is free again.
+    if (s.state.load(std::memory_order_acquire) == shm::kDone) {
+      s.state.store(shm::kIdle, std::memory_order_relaxed);
+      ReleaseSlot(index);
+    }
+    return waited;
+  }
+  const uint64_t answer_bytes = s.answer_bytes.load(std::memory_order_relaxed);
+  const auto code = static_cast<absl::StatusCode>(s.status_code.load(std::memory_order_relaxed));
+  v1::DataPlaneAnswer answer;
+  absl::Status status = absl::OkStatus();
+  if (answer_bytes == 0 || answer_bytes > answer_capacity ||
+      !answer.ParseFromArray(base_ + answer_offset, static_cast<int>(answer_bytes))) {
+    status = absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kInternal : code,
+                          "data plane: the server wrote no readable answer");
+  } else if (answer.status().code() != 0) {
+    status = absl::Status(static_cast<absl::StatusCode>(answer.status().code()),
+                          answer.status().message());
+  } else if (const v1::Tensor& out = answer.response().packed().out();
+             AnswerBytes(out) != output.out.size()) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("out: ", output.out.size(), " bytes; the answers take ", AnswerBytes(out)));
+  } else {
+    output.plans.assign(answer.response().packed().plans().begin(),
+                        answer.response().packed().plans().end());
+    std::memcpy(output.out.data(), base_ + call.out_offset(), output.out.size());
+    std::memcpy(output.lse.data(), base_ + call.lse_offset(), output.lse.size_bytes());
+  }
+  s.state.store(shm::kIdle, std::memory_order_relaxed);
+  ReleaseSlot(index);
+  return status;
+}
+
+}  // namespace mlaserve::client

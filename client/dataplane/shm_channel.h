@@ -1,0 +1,83 @@
+#ifndef MLASERVE_CLIENT_DATAPLANE_SHM_CHANNEL_H_
+#define MLASERVE_CLIENT_DATAPLANE_SHM_CHANNEL_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/decode_batch.h"
+#include "common/shm_layout.h"
+#include "mlaserve/v1/data_plane.pb.h"
+
+namespace mlaserve::client {
+
+struct ShmChannelOptions {
+  // The region registered with the server, shared by `slots` calls at a time (each slot's
+  // share holds one call's queries, rows and answers).
+  uint64_t region_bytes = uint64_t{256} << 20;
+  uint32_t slots = 8;
+  // How long a caller spins on its answer before it sleeps on a futex (the server wakes it).
+  absl::Duration spin = absl::Microseconds(50);
+};
+
+// The client's side of the same-host data plane: a memfd region registered once with the
+// server's unix socket, then each packed Decode written into a free slot's share of it and
+// answered there (docs/api.md, "Data planes"). Thread-safe: up to `slots` calls at once,
+// more wait for a slot.
+class ShmChannel {
+ public:
+  // Registers a new region with the plane OpenDataPlane answered (its ticket spent here).
+  // The server's refusal as it gives it (FAILED_PRECONDITION for another version, ...).
+  static absl::StatusOr<std::unique_ptr<ShmChannel>> Open(const v1::OpenDataPlaneResponse& opened,
+                                                          ShmChannelOptions options = {});
+  ~ShmChannel();
+  ShmChannel(const ShmChannel&) = delete;
+  ShmChannel& operator=(const ShmChannel&) = delete;
+
+  // One packed call within `timeout`, answered into `output` (CheckDecodeBatch's and the
+  // server's statuses as over gRPC). FAILED_PRECONDITION if the call does not fit a slot
+  // (the caller sends it over gRPC instead); UNAVAILABLE once the server has closed the
+  // plane (a restart: open another).
+  absl::Status Decode(const DecodeBatchRequest& request, DecodeBatchOutput& output,
+                      absl::Duration timeout);
+
+  // Whether the call fits a slot's share of the region (with room to spare: Decode may still
+  // find it does not).
+  bool Fits(const DecodeBatchRequest& request, const DecodeBatchOutput& output) const;
+  bool broken() const;
+  const std::string& instance_id() const { return instance_id_; }
+  uint64_t slot_bytes() const { return slot_bytes_; }
+
+ private:
+  ShmChannel(int socket, uint8_t* base, ShmChannelOptions options, std::string instance_id);
+  shm::RegionHeader& header() const { return *reinterpret_cast<shm::RegionHeader*>(base_); }
+  shm::Slot& slot(uint32_t i) const {
+    return reinterpret_cast<shm::Slot*>(base_ + shm::kSlotsOffset)[i];
+  }
+  absl::StatusOr<uint32_t> AcquireSlot(absl::Time deadline);
+  void ReleaseSlot(uint32_t slot);
+  // Waits for the slot's answer: OK, DEADLINE_EXCEEDED or UNAVAILABLE (the server is gone).
+  absl::Status AwaitAnswer(uint32_t slot, absl::Time deadline);
+  void Ring(uint32_t slot);
+  void MarkBroken();
+
+  const int socket_;
+  uint8_t* const base_;
+  const ShmChannelOptions options_;
+  const std::string instance_id_;
+  const uint64_t slot_bytes_;
+  mutable std::mutex mu_;
+  std::condition_variable slot_freed_;
+  std::vector<uint32_t> free_slots_;  // guarded by mu_
+  bool broken_ = false;               // guarded by mu_
+};
+
+}  // namespace mlaserve::client
+
+#endif  // MLASERVE_CLIENT_DATAPLANE_SHM_CHANNEL_H_

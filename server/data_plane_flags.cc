@@ -1,0 +1,87 @@
+#include "server/data_plane_flags.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+ABSL_FLAG(std::string, data_plane_socket, "auto",
+          "The same-host data plane's unix socket: a path, @name (abstract), none, or auto "
+          "($RUNTIME_DIRECTORY/data-plane.sock under systemd, else @mlaserve-data-plane-PID)");
+ABSL_FLAG(std::string, data_plane_poll_us, "auto",
+          "How long the data plane's poller keeps scanning for calls after the last one before "
+          "it sleeps, microseconds; auto: 50 when a usable CPU is left beside the devices' "
+          "threads, else 0 (clients then wake it through the socket)");
+ABSL_FLAG(int, data_plane_region_mb, 1024, "Most memory one data-plane client may register, MiB");
+ABSL_FLAG(int, data_plane_tenant_mb, 4096,
+          "Most memory one tenant's data-plane clients may "
+          "register together, MiB");
+ABSL_FLAG(int, data_plane_memory_mb, 16384,
+          "Most memory all data-plane clients may register together, MiB");
+
+namespace mlaserve {
+namespace {
+
+absl::Status BadDataPlaneFlag(absl::string_view flag, absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", problem));
+}
+
+absl::StatusOr<uint64_t> Mebibytes(absl::string_view flag, int value) {
+  if (value < 1) return BadDataPlaneFlag(flag, absl::StrCat(value, " must be positive"));
+  return uint64_t{static_cast<unsigned>(value)} << 20;
+}
+
+std::string DefaultSocket() {
+  if (const char* runtime = std::getenv("RUNTIME_DIRECTORY"); runtime != nullptr && *runtime) {
+    const std::string directories(runtime);  // systemd lists them with ':'
+    return directories.substr(0, directories.find(':')) + "/data-plane.sock";
+  }
+  return absl::StrCat("@mlaserve-data-plane-", getpid());
+}
+
+}  // namespace
+
+absl::Status ParseDataPlaneFlags(const engine::EngineOptions& engine,
+                                 service::ServerOptions& server) {
+  const std::string socket = absl::GetFlag(FLAGS_data_plane_socket);
+  if (socket.empty())
+    return BadDataPlaneFlag("data_plane_socket", "empty; none turns the plane off");
+  server.data_plane_socket = socket == "none" ? "" : socket == "auto" ? DefaultSocket() : socket;
+  auto& caps = server.data_plane_caps;
+  absl::StatusOr<uint64_t> region =
+      Mebibytes("data_plane_region_mb", absl::GetFlag(FLAGS_data_plane_region_mb));
+  absl::StatusOr<uint64_t> tenant =
+      Mebibytes("data_plane_tenant_mb", absl::GetFlag(FLAGS_data_plane_tenant_mb));
+  absl::StatusOr<uint64_t> total =
+      Mebibytes("data_plane_memory_mb", absl::GetFlag(FLAGS_data_plane_memory_mb));
+  for (const auto* parsed : {&region, &tenant, &total}) {
+    if (!parsed->ok()) return parsed->status();
+  }
+  caps.region_bytes = *region;
+  caps.tenant_bytes = *tenant;
+  caps.total_bytes = *total;
+  const std::string poll = absl::GetFlag(FLAGS_data_plane_poll_us);
+  if (poll == "auto") {
+    // The poller spins only on a CPU the devices leave free (a GPU's host path is one thread).
+    const int busy = engine.devices * engine.host_threads_per_device + 1;
+    const int usable = engine.sizing.usable_cpus > 0
+                           ? engine.sizing.usable_cpus
+                           : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+    server.data_plane_poll = usable >= busy + (engine.gpu.empty() ? 0 : 1) ? absl::Microseconds(50)
+                                                                           : absl::ZeroDuration();
+    return absl::OkStatus();
+  }
+  int64_t us = 0;
+  if (!absl::SimpleAtoi(poll, &us) || us < 0 || us > 1000000) {
+    return BadDataPlaneFlag("data_plane_poll_us",
+                            absl::StrCat("'", poll, "' is not auto or 0 to 1000000"));
+  }
+  server.data_plane_poll = absl::Microseconds(us);
+  return absl::OkStatus();
+}
+
+}  // namespace mlaserve

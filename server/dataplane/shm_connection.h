@@ -1,0 +1,94 @@
+#ifndef MLASERVE_SERVER_DATAPLANE_SHM_CONNECTION_H_
+#define MLASERVE_SERVER_DATAPLANE_SHM_CONNECTION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/unix_socket.h"
+#include "server/dataplane/mapped_region.h"
+#include "server/dataplane/region_budget.h"
+#include "server/engine/model/model_config.h"
+#include "server/service/data_plane_tickets.h"
+#include "server/service/decode_answers.h"
+#include "server/service/decode_codec.h"
+
+namespace mlaserve::dataplane {
+
+// One client of the shared-memory plane: its socket, its registered region and tenant, and
+// which of its slots the server is running. Its region stays mapped while a call of it runs,
+// even after the client has gone (the answer is then written to memory nobody reads).
+class ShmConnection {
+ public:
+  ShmConnection(int fd, PeerCredentials peer, RegionBudget& budget);
+  ~ShmConnection();  // closes the socket, gives the region's bytes back
+  ShmConnection(const ShmConnection&) = delete;
+  ShmConnection& operator=(const ShmConnection&) = delete;
+
+  int fd() const { return fd_; }
+  const PeerCredentials& peer() const { return peer_; }
+  bool registered() const { return region_ != nullptr; }
+  const MappedRegion& region() const { return *region_; }
+  service::Tenant* tenant() const { return tenant_; }
+  uint64_t registered_bytes() const { return registered() ? region_->bytes() : 0; }
+
+  // The hello (a ShmHello with the region's memfd): the ticket spent, the region mapped and
+  // counted. Answers the client a ShmWelcome either way; on an error the caller closes.
+  absl::Status Register(UnixMessage hello, service::DataPlaneTickets& tickets,
+                        const std::string& instance_id);
+
+  // A call published in `slot`, copied out of the region and checked (what is checked is what
+  // the engine reads: a client that rewrites its region meanwhile changes nothing here).
+  struct TakenCall {
+    std::unique_ptr<service::ParsedDecode> call;
+    absl::Time deadline = absl::InfiniteFuture();
+    uint8_t* out = nullptr;  // where the answers go, checked against their size
+    uint8_t* lse = nullptr;
+    uint64_t out_offset = 0;
+    uint64_t lse_offset = 0;
+  };
+  // Claims `slot` if the client published a call there (false otherwise, or when the slot
+  // is already running a call: a second doorbell for it is refused, counted in
+  // refused_doorbells). Then the call, or the status to answer it with.
+  bool Claim(uint32_t slot);
+  absl::StatusOr<TakenCall> Take(uint32_t slot, const engine::ModelConfig& model);
+
+  // Writes the slot's answer (the answers, or `status`) and wakes the client; the slot is
+  // free to run another call after. `record` sees the status the client gets, before it can.
+  void Answer(uint32_t slot, const absl::StatusOr<service::AnsweredDecode>& answered,
+              const TakenCall* taken, absl::FunctionRef<void(const absl::Status&)> record);
+
+  // The client left (its socket closed): its calls in flight are cancelled.
+  void MarkGone() { gone_.store(true, std::memory_order_relaxed); }
+  bool gone() const { return gone_.load(std::memory_order_relaxed); }
+  bool Cancelled(uint32_t slot) const;
+  int64_t refused_doorbells() const { return refused_doorbells_.load(); }
+  int calls_in_flight() const { return in_flight_count_.load(); }
+
+ private:
+  const int fd_;
+  const PeerCredentials peer_;
+  RegionBudget& budget_;
+  std::unique_ptr<MappedRegion> region_;
+  service::Tenant* tenant_ = nullptr;
+  std::unique_ptr<std::atomic<bool>[]> in_flight_;
+  // Each slot's answer area, read once when its call is claimed.
+  struct AnswerArea {
+    uint64_t offset = 0;
+    uint64_t capacity = 0;
+  };
+  std::vector<AnswerArea> answer_areas_;
+  std::atomic<int> in_flight_count_{0};
+  std::atomic<bool> gone_{false};
+  std::atomic<int64_t> refused_doorbells_{0};
+};
+
+}  // namespace mlaserve::dataplane
+
+#endif  // MLASERVE_SERVER_DATAPLANE_SHM_CONNECTION_H_

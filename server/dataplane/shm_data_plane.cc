@@ -1,0 +1,257 @@
+#include "server/dataplane/shm_data_plane.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/shm_layout.h"
+#include "common/unix_socket.h"
+#include "spdlog/spdlog.h"
+
+namespace mlaserve::dataplane {
+namespace {
+
+// A hello is a ticket and a version; a doorbell is a few bytes.
+constexpr size_t kMaxSocketMessage = 4096;
+// A client that connects and says nothing is closed after this (it holds one of max_clients).
+constexpr absl::Duration kHelloTimeout = absl::Seconds(10);
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShmDataPlane>> ShmDataPlane::Start(
+    ShmDataPlaneOptions options, service::DecodeDispatcher& dispatcher,
+    service::DataPlaneTickets& tickets, service::ServiceMetrics& metrics,
+    const engine::ModelConfig& model) {
+  absl::StatusOr<int> listener = ListenUnix(options.address);
+  if (!listener.ok()) {
+    return absl::Status(listener.status().code(),
+                        absl::StrCat("--data_plane_socket: ", listener.status().message()));
+  }
+  const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  return std::unique_ptr<ShmDataPlane>(
+      new ShmDataPlane(std::move(options), *listener, wake, dispatcher, tickets, metrics, model));
+}
+
+ShmDataPlane::ShmDataPlane(ShmDataPlaneOptions options, int listener, int wake,
+                           service::DecodeDispatcher& dispatcher,
+                           service::DataPlaneTickets& tickets, service::ServiceMetrics& metrics,
+                           const engine::ModelConfig& model)
+    : options_(std::move(options)),
+      listener_(listener),
+      wake_(wake),
+      epoll_(epoll_create1(EPOLL_CLOEXEC)),
+      dispatcher_(dispatcher),
+      tickets_(tickets),
+      metrics_(metrics),
+      model_(model),
+      budget_(options_.caps) {
+  for (const int fd : {listener_, wake_}) {
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.fd = fd;
+    epoll_ctl(epoll_, EPOLL_CTL_ADD, fd, &event);
+  }
+  poller_ = std::thread([this] { Poll(); });
+}
+
+ShmDataPlane::~ShmDataPlane() {
+  stopping_.store(true);
+  const uint64_t one = 1;
+  (void)!write(wake_, &one, sizeof(one));
+  poller_.join();
+  for (auto& [fd, connection] : by_fd_) connection->MarkGone();
+  by_fd_.clear();
+  ready_.clear();
+  close(listener_);
+  if (!options_.address.empty() && options_.address[0] != '@') unlink(options_.address.c_str());
+  close(epoll_);
+  close(wake_);
+}
+
+v1::DataPlane ShmDataPlane::Advertised() const {
+  v1::DataPlane plane;
+  plane.set_kind("shm");
+  plane.set_address(options_.address);
+  plane.set_version(shm::kShmVersion);
+  plane.set_host_id(options_.host_id);
+  return plane;
+}
+
+int64_t ShmDataPlane::refused_doorbells() const { return refused_by_closed_.load(); }
+
+void ShmDataPlane::Poll() {
+  absl::Time last_call = absl::Now();
+  absl::flat_hash_map<int, absl::Time> hello_by;  // unregistered clients' deadlines
+  epoll_event events[64];
+  while (!stopping_.load(std::memory_order_relaxed)) {
+    if (ScanRegions()) {
+      last_call = absl::Now();
+      continue;
+    }
+    // Within the poll window the sockets are only glanced at; past it the poller sleeps, and
+    // clients that see it asleep ring their socket after publishing a call.
+    const bool spinning =
+        options_.poll > absl::ZeroDuration() && absl::Now() - last_call < options_.poll;
+    if (!spinning) {
+      SetSleeping(true);
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      if (ScanRegions()) {  // published before the clients could see the poller asleep
+        SetSleeping(false);
+        last_call = absl::Now();
+        continue;
+      }
+    }
+    const int n = epoll_wait(epoll_, events, 64, spinning ? 0 : 1000);
+    if (!spinning) SetSleeping(false);
+    for (int i = 0; i < n; ++i) {
+      const int fd = events[i].data.fd;
+      if (fd == wake_) continue;
+      if (fd == listener_) {
+        Accept();
+        continue;
+      }
+      auto it = by_fd_.find(fd);
+      if (it == by_fd_.end()) continue;
+      std::shared_ptr<ShmConnection> connection = it->second;
+      ReadSocket(connection);
+      if ((events[i].events & (EPOLLHUP | EPOLLERR | EPOLLRDHUP)) != 0) Close(fd);
+    }
+    const absl::Time now = absl::Now();
+    for (auto& [fd, connection] : by_fd_) {
+      if (!connection->registered()) hello_by.try_emplace(fd, now + kHelloTimeout);
+    }
+    std::vector<int> late;
+    for (auto it = hello_by.begin(); it != hello_by.end(); ++it) {
+      auto connection = by_fd_.find(it->first);
+      if (connection == by_fd_.end() || connection->second->registered()) {
+        late.push_back(-1 - it->first);  // done with: forget
+      } else if (it->second < now) {
+        late.push_back(it->first);
+      }
+    }
+    for (const int fd : late) {
+      hello_by.erase(fd >= 0 ? fd : -1 - fd);
+      if (fd >= 0) {
+        spdlog::info("data plane: closing a client that sent no hello within {}",
+                     absl::FormatDuration(kHelloTimeout));
+        Close(fd);
+      }
+    }
+  }
+}
+
+bool ShmDataPlane::ScanRegions() {
+  bool found = false;
+  for (size_t c = 0; c < ready_.size(); ++c) {
+    const std::shared_ptr<ShmConnection> connection = ready_[c];
+    const uint32_t slots = connection->region().slot_count();
+    for (uint32_t slot = 0; slot < slots; ++slot) {
+      if (connection->Claim(slot)) {
+        RunCall(connection, slot);
+        found = true;
+      }
+    }
+  }
+  return found;
+}
+
+void ShmDataPlane::RunCall(const std::shared_ptr<ShmConnection>& connection, uint32_t slot) {
+  const absl::Time start = absl::Now();
+  service::ServiceMetrics& metrics = metrics_;
+  absl::StatusOr<ShmConnection::TakenCall> taken =
+      draining_.load() ? absl::UnavailableError("the server is shutting down; call another replica")
+                       : connection->Take(slot, model_);
+  if (!taken.ok()) {
+    connection->Answer(slot, taken.status(), nullptr, [&](const absl::Status& status) {
+      metrics.RecordRpc("Decode", status.code(), absl::Now() - start, "shm");
+    });
+    return;
+  }
+  auto held = std::make_shared<ShmConnection::TakenCall>(*std::move(taken));
+  std::unique_ptr<service::ParsedDecode> call = std::move(held->call);
+  dispatcher_.Dispatch(
+      std::move(call), connection->tenant(), held->deadline,
+      [connection, slot] { return connection->Cancelled(slot); },
+      [connection, slot, held, start, &metrics](absl::StatusOr<service::AnsweredDecode> answered) {
+        connection->Answer(slot, answered, held.get(), [&](const absl::Status& status) {
+          metrics.RecordRpc("Decode", status.code(), absl::Now() - start, "shm");
+        });
+      });
+}
+
+void ShmDataPlane::SetSleeping(bool sleeping) {
+  for (const std::shared_ptr<ShmConnection>& connection : ready_) {
+    connection->region().header().server_sleeping.store(sleeping ? 1 : 0,
+                                                        std::memory_order_relaxed);
+  }
+}
+
+void ShmDataPlane::Accept() {
+  for (;;) {
+    const int fd = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return;
+    if (static_cast<int>(by_fd_.size()) >= options_.max_clients) {
+      spdlog::warn("data plane: refusing a client: {} clients already (the most it takes)",
+                   by_fd_.size());
+      close(fd);
+      continue;
+    }
+    epoll_event event{};
+    event.events = EPOLLIN | EPOLLRDHUP;
+    event.data.fd = fd;
+    epoll_ctl(epoll_, EPOLL_CTL_ADD, fd, &event);
+    by_fd_[fd] = std::make_shared<ShmConnection>(fd, PeerOf(fd), budget_);
+  }
+}
+
+void ShmDataPlane::ReadSocket(const std::shared_ptr<ShmConnection>& connection) {
+  for (;;) {
+    UnixReceive received = ReceiveUnixMessage(connection->fd(), kMaxSocketMessage);
+    if (received.would_block) return;
+    if (!received.message.has_value()) {
+      Close(connection->fd());
+      return;
+    }
+    if (connection->registered()) {
+      // A doorbell: its calls are found by the scan. Anything passed with it is closed.
+      if (received.message->fd >= 0) close(received.message->fd);
+      continue;
+    }
+    const absl::Status registered =
+        connection->Register(*std::move(received.message), tickets_, options_.instance_id);
+    const PeerCredentials& peer = connection->peer();
+    if (!registered.ok()) {
+      spdlog::info("data plane: refused a client (pid {}, uid {}): {}", peer.pid, peer.uid,
+                   registered.ToString());
+      Close(connection->fd());
+      return;
+    }
+    ready_.push_back(connection);
+    clients_.fetch_add(1, std::memory_order_relaxed);
+    spdlog::debug("data plane: client pid {} uid {} registered {} bytes, {} slots", peer.pid,
+                  peer.uid, connection->registered_bytes(), connection->region().slot_count());
+  }
+}
+
+void ShmDataPlane::Close(int fd) {
+  auto it = by_fd_.find(fd);
+  if (it == by_fd_.end()) return;
+  const std::shared_ptr<ShmConnection> connection = it->second;
+  connection->MarkGone();
+  epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
+  by_fd_.erase(it);
+  auto ready = std::find(ready_.begin(), ready_.end(), connection);
+  if (ready != ready_.end()) {
+    ready_.erase(ready);
+    clients_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  refused_by_closed_.fetch_add(connection->refused_doorbells(), std::memory_order_relaxed);
+  // Its region stays mapped until its calls in flight have answered.
+}
+
+}  // namespace mlaserve::dataplane
