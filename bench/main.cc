@@ -38,7 +38,8 @@ ABSL_FLAG(
     "16,32,64,128,256,512,1024)");
 ABSL_FLAG(int, heads, 128, "kernel: query heads");
 ABSL_FLAG(std::string, device, "",
-          "kernel, typhoon: a GPU to run on instead of the emulated NPU (cuda:N, or fake-gpu); "
+          "kernel, typhoon, service: a GPU to run on instead of the emulated NPU (cuda:N, or "
+          "fake-gpu); "
           "kernel's batch defaults to 96 and page size to 64 there, repeats to 20 for both");
 ABSL_FLAG(std::vector<std::string>, sq, {"1"},
           "kernel: query tokens per request (comma-separated)");
@@ -59,7 +60,9 @@ ABSL_FLAG(int, shared, 4096, "typhoon: tokens of the shared prefix (Ls)");
 ABSL_FLAG(int, suffix, 512, "typhoon: tokens of each query's own suffix (Ln)");
 ABSL_FLAG(int, layers, 2, "service: model layers served");
 ABSL_FLAG(int, devices, 2, "service: emulated devices in the pool");
-ABSL_FLAG(int, rounds, 2, "service: direct and gRPC runs, alternating, per path");
+ABSL_FLAG(int, rounds, 2, "service: runs per path, the paths alternating");
+ABSL_FLAG(std::vector<std::string>, paths, {},
+          "service: the paths compared (default direct,grpc,guarded,packed,shm)");
 ABSL_FLAG(int, workers, 1, "service: concurrent callers");
 ABSL_FLAG(int, sequences, 8, "service: sequences per caller, all in every call");
 ABSL_FLAG(int, prefix_tokens, 1024, "service: shared system prompt tokens");
@@ -198,7 +201,9 @@ absl::Status Run(const std::string& command) {
     o.layers = absl::GetFlag(FLAGS_layers);
     o.profile = absl::GetFlag(FLAGS_profile);
     o.devices = absl::GetFlag(FLAGS_devices);
+    o.gpu = absl::GetFlag(FLAGS_device);
     o.rounds = absl::GetFlag(FLAGS_rounds);
+    if (!absl::GetFlag(FLAGS_paths).empty()) o.paths = absl::GetFlag(FLAGS_paths);
     o.workload.workers = absl::GetFlag(FLAGS_workers);
     o.workload.sequences = absl::GetFlag(FLAGS_sequences);
     o.workload.prefix_tokens = absl::GetFlag(FLAGS_prefix_tokens);

@@ -2,8 +2,13 @@
 
 #include "bench/host_description.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <map>
 #include <memory>
+#include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -52,6 +57,11 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFor(const ServiceCommandOptio
   e.kv.budget_bytes = int64_t{2} << 30;  // the server's default
   e.devices = o.devices;
   if (!o.profile.empty()) e.profile = o.profile;
+  if (!o.gpu.empty()) {
+    e.gpu = o.gpu;
+    e.devices = 1;
+    e.kv.budget_bytes = 0;  // what the GPU's memory allows
+  }
   return e;
 }
 
@@ -65,14 +75,21 @@ absl::StatusOr<loadgen::LoadSummary> RunDirect(const ServiceCommandOptions& o,
   return loadgen::Summarize(result);
 }
 
-absl::StatusOr<loadgen::LoadSummary> RunOverGrpc(const ServiceCommandOptions& o,
-                                                 const loadgen::WorkloadOptions& w, bool guarded,
-                                                 double* empty_rpc_us) {
+// One path through the server: gRPC listening itself ("grpc") or behind the guard, a message
+// per query or packed, or the same-host data plane ("shm").
+absl::StatusOr<loadgen::LoadSummary> RunThroughServer(const ServiceCommandOptions& o,
+                                                      const loadgen::WorkloadOptions& w,
+                                                      const std::string& path,
+                                                      double* empty_rpc_us) {
   ASSIGN_OR_RETURN(engine::EngineOptions options, EngineOptionsFor(o));
   service::ServerOptions server_options;
   server_options.listen_address = "127.0.0.1:0";
-  server_options.http2_guard = guarded;
+  server_options.http2_guard = path != "grpc";
   server_options.metrics_address = "";
+  if (path == "shm") {
+    server_options.data_plane_socket = absl::StrCat("@mlaserve-bench-", getpid());
+    server_options.data_plane_poll = absl::Microseconds(200);  // the server's default
+  }
   ASSIGN_OR_RETURN(
       std::unique_ptr<service::MlaServer> server,
       service::MlaServer::Start(engine::CreateEngine, std::move(options), server_options));
@@ -80,9 +97,12 @@ absl::StatusOr<loadgen::LoadSummary> RunOverGrpc(const ServiceCommandOptions& o,
   server->SetServing(true);
   client::ClientOptions client_options;
   client_options.timeout = absl::Seconds(120);
+  client_options.data_plane = path == "shm" ? client::ClientOptions::DataPlane::kShm
+                                            : client::ClientOptions::DataPlane::kGrpc;
   auto client =
       client::MlaServeClient::Connect(absl::StrCat("127.0.0.1:", server->port()), client_options);
-  ASSIGN_OR_RETURN(auto target, loadgen::GrpcLoadTarget::Create(std::move(client)));
+  const bool packed = path == "packed" || path == "shm";
+  ASSIGN_OR_RETURN(auto target, loadgen::GrpcLoadTarget::Create(std::move(client), packed));
   ASSIGN_OR_RETURN(loadgen::LoadResult result, loadgen::RunWorkload(*target, w));
   loadgen::LoadSummary summary = loadgen::Summarize(result);
   auto probe_client =
@@ -108,13 +128,12 @@ absl::Status RunServiceCommand(const ServiceCommandOptions& o, std::ostream& out
   spdlog::set_level(spdlog::level::warn);  // the in-process server's lifecycle lines
   std::vector<PathResult> results;
   for (int round = 0; round < std::max(1, o.rounds); ++round) {
-    // gRPC listening itself, and behind the HTTP/2 guard's relay (the server's default).
-    for (const std::string path : {"direct", "grpc", "guarded"}) {
+    for (const std::string& path : o.paths) {
       loadgen::WorkloadOptions w = o.workload;
       w.run_id = absl::StrCat("bench-", path, "-", round);
       double empty_rpc_us = 0;
       absl::StatusOr<loadgen::LoadSummary> s =
-          path == "direct" ? RunDirect(o, w) : RunOverGrpc(o, w, path == "guarded", &empty_rpc_us);
+          path == "direct" ? RunDirect(o, w) : RunThroughServer(o, w, path, &empty_rpc_us);
       if (!s.ok()) return s.status();
       if (s->failed_calls > 0) {
         return absl::InternalError(absl::StrCat(path, ": ", s->failed_calls, " calls failed"));
@@ -122,10 +141,21 @@ absl::Status RunServiceCommand(const ServiceCommandOptions& o, std::ostream& out
       results.push_back({path, round, *s, empty_rpc_us});
     }
   }
-  double best_direct = 0, best_grpc = 0, best_guarded = 0;
+  std::map<std::string, double> best;  // each path's best throughput over the rounds
   for (const PathResult& r : results) {
-    double& best = r.path == "direct" ? best_direct : r.path == "grpc" ? best_grpc : best_guarded;
-    best = std::max(best, r.summary.queries_per_s);
+    best[r.path] = std::max(best[r.path], r.summary.queries_per_s);
+  }
+  // Throughput ratios of neighbouring paths (where both ran).
+  const std::pair<const char*, const char*> kRatios[] = {{"grpc", "direct"},
+                                                         {"guarded", "grpc"},
+                                                         {"packed", "guarded"},
+                                                         {"shm", "packed"},
+                                                         {"shm", "direct"}};
+  std::vector<std::tuple<std::string, std::string, double>> ratios;
+  for (const auto& [over, under] : kRatios) {
+    if (best.count(over) > 0 && best.count(under) > 0 && best[under] > 0) {
+      ratios.emplace_back(over, under, best[over] / best[under]);
+    }
   }
   const loadgen::WorkloadOptions& w = o.workload;
   // The wire's own round trip for the same bytes, idle between calls as long as a direct call
@@ -157,22 +187,23 @@ absl::Status RunServiceCommand(const ServiceCommandOptions& o, std::ostream& out
       if (r.path != "direct") row["empty_rpc_us"] = r.empty_rpc_us;
       out << row.dump() << "\n";
     }
-    out << nlohmann::json{{"grpc_over_direct", best_grpc / best_direct},
-                          {"guarded_over_grpc", best_guarded / best_grpc},
-                          {"wire",
-                           {{"request_bytes", probe.request_bytes},
-                            {"response_bytes", probe.response_bytes},
-                            {"round_trip_us", {{"p50", wire.p50}, {"p99", wire.p99}}}}}}
-               .dump()
-        << "\n";
+    nlohmann::json summary;
+    for (const auto& [over, under, ratio] : ratios) summary[over + "_over_" + under] = ratio;
+    summary["wire"] = nlohmann::json{{"request_bytes", probe.request_bytes},
+                                     {"response_bytes", probe.response_bytes},
+                                     {"round_trip_us", {{"p50", wire.p50}, {"p99", wire.p99}}}};
+    out << summary.dump() << "\n";
     return absl::OkStatus();
   }
   out << absl::StrFormat(
-      "service overhead: %s (%d layers) on %d x %s, %d workers x %d sequences, prefix %d + own %d "
+      "service overhead: %s (%d layers) on %s, %d workers x %d sequences, prefix %d + own %d "
       "tokens, "
       "sq %d, %.0f s per run\n",
-      o.model, o.layers, o.devices, o.profile.empty() ? "default" : o.profile, w.workers,
-      w.sequences, w.prefix_tokens, w.context_tokens, w.sq, absl::ToDoubleSeconds(w.duration));
+      o.model, o.layers,
+      !o.gpu.empty() ? o.gpu
+                     : absl::StrCat(o.devices, " x ", o.profile.empty() ? "default" : o.profile),
+      w.workers, w.sequences, w.prefix_tokens, w.context_tokens, w.sq,
+      absl::ToDoubleSeconds(w.duration));
   out << HostDescription() << "\n";
   out << absl::StrFormat("%-7s %5s %10s %10s %10s %12s %12s %12s %8s %12s\n", "path", "round",
                          "queries/s", "lat_p50_ms", "lat_p99_ms", "queue_p50_us", "ovhd_p50_us",
@@ -186,16 +217,18 @@ absl::Status RunServiceCommand(const ServiceCommandOptions& o, std::ostream& out
   }
   out << absl::StrFormat("%-7s %5s %10s %10s %10s %12s %12.1f %12.1f %8s %12s\n", "wire", "-", "-",
                          "-", "-", "-", wire.p50, wire.p99, "-", "-");
-  out << absl::StrFormat(
-      "gRPC / direct throughput (best of %d each): %.3f; behind the HTTP/2 guard / gRPC alone: "
-      "%.3f\n",
-      std::max(1, o.rounds), best_grpc / best_direct, best_guarded / best_grpc);
+  out << absl::StrFormat("throughput ratios (best of %d each):", std::max(1, o.rounds));
+  for (const auto& [over, under, ratio] : ratios) {
+    out << absl::StrFormat(" %s/%s %.3f", over, under, ratio);
+  }
+  out << "\n";
   out << absl::StrFormat(
       "wire: TCP round trip on loopback of the call's %.2f MB out and %.2f MB back, idle %.1f ms "
       "between calls as the callers are; the floor under the gRPC edge (ovhd grpc - direct).\n"
       "empty_rpc_us: GetServerInfo with the same idle gaps, gRPC's own cost for a call\n"
-      "grpc: gRPC listening itself (--http2_guard=false); guarded: behind the HTTP/2 guard's "
-      "relay, the server's default\n",
+      "grpc: a message per query, gRPC listening itself (--http2_guard=false); guarded: the "
+      "same behind the HTTP/2 guard's relay, the server's default; packed: one packed message "
+      "a call behind the guard; shm: the same-host data plane\n",
       probe.request_bytes / 1e6, probe.response_bytes / 1e6, direct_latency_ms);
   return absl::OkStatus();
 }

@@ -13,9 +13,9 @@ ABSL_FLAG(std::string, data_plane_socket, "auto",
           "The same-host data plane's unix socket: a path, @name (abstract), none, or auto "
           "($RUNTIME_DIRECTORY/data-plane.sock under systemd, else @mlaserve-data-plane-PID)");
 ABSL_FLAG(std::string, data_plane_poll_us, "auto",
-          "How long the data plane's poller keeps scanning for calls after the last one before "
-          "it sleeps, microseconds; auto: 50 when a usable CPU is left beside the devices' "
-          "threads, else 0 (clients then wake it through the socket)");
+          "How long the data plane's poller keeps scanning for calls after one arrived or was "
+          "answered before it sleeps (clients then wake it through the socket), microseconds; "
+          "it never spins while a call runs. auto: 200; 0: never");
 ABSL_FLAG(int, data_plane_region_mb, 1024, "Most memory one data-plane client may register, MiB");
 ABSL_FLAG(int, data_plane_tenant_mb, 4096,
           "Most memory one tenant's data-plane clients may "
@@ -45,8 +45,7 @@ std::string DefaultSocket() {
 
 }  // namespace
 
-absl::Status ParseDataPlaneFlags(const engine::EngineOptions& engine,
-                                 service::ServerOptions& server) {
+absl::Status ParseDataPlaneFlags(service::ServerOptions& server) {
   const std::string socket = absl::GetFlag(FLAGS_data_plane_socket);
   if (socket.empty())
     return BadDataPlaneFlag("data_plane_socket", "empty; none turns the plane off");
@@ -66,13 +65,9 @@ absl::Status ParseDataPlaneFlags(const engine::EngineOptions& engine,
   caps.total_bytes = *total;
   const std::string poll = absl::GetFlag(FLAGS_data_plane_poll_us);
   if (poll == "auto") {
-    // The poller spins only on a CPU the devices leave free (a GPU's host path is one thread).
-    const int busy = engine.devices * engine.host_threads_per_device + 1;
-    const int usable = engine.sizing.usable_cpus > 0
-                           ? engine.sizing.usable_cpus
-                           : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
-    server.data_plane_poll = usable >= busy + (engine.gpu.empty() ? 0 : 1) ? absl::Microseconds(50)
-                                                                           : absl::ZeroDuration();
+    // Long enough for a framework's next call to find the poller awake; it spins only while
+    // no call runs, so the devices never share their CPUs with it.
+    server.data_plane_poll = absl::Microseconds(200);
     return absl::OkStatus();
   }
   int64_t us = 0;

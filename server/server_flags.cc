@@ -406,7 +406,7 @@ absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv,
   }
   server.max_message_bytes = int64_t{max_message_mb} << 20;
   RETURN_IF_ERROR(ParseConnectionFlags(server));
-  RETURN_IF_ERROR(ParseDataPlaneFlags(engine, server));
+  RETURN_IF_ERROR(ParseDataPlaneFlags(server));
 
   ASSIGN_OR_RETURN(config.log_level, ParseLogLevel(absl::GetFlag(FLAGS_log_level)));
   const int drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);

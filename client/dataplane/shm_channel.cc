@@ -200,21 +200,41 @@ void ShmChannel::Ring(uint32_t slot) {
 
 absl::Status ShmChannel::AwaitAnswer(uint32_t index, absl::Time deadline) {
   shm::Slot& s = slot(index);
-  const absl::Time spin_until = absl::Now() + options_.spin;
-  while (s.state.load(std::memory_order_acquire) != shm::kDone) {
-    const absl::Time now = absl::Now();
-    if (now < spin_until) continue;
-    if (now >= deadline) return absl::DeadlineExceededError("data plane: no answer in time");
+  const absl::Time start = absl::Now();
+  // Sleeping costs a wake-up (tens of microseconds) when the answer comes; spinning costs a
+  // CPU. So the caller sleeps through most of what recent calls took, then spins around when
+  // the answer is due, then sleeps again if it is late.
+  const absl::Duration expected = absl::Nanoseconds(expected_ns_.load(std::memory_order_relaxed));
+  const absl::Time spin_from = start + expected * 0.9 - options_.spin;
+  const absl::Time spin_until = std::max(start, spin_from) + 2 * options_.spin + expected * 0.1;
+  auto done = [&] { return s.state.load(std::memory_order_acquire) == shm::kDone; };
+  auto sleep_until = [&](absl::Time until) {
     s.client_waiting.store(1, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     const uint32_t seen = s.state.load(std::memory_order_acquire);
-    if (seen != shm::kDone) FutexWait(s.state, seen, std::min(kLiveCheck, deadline - now));
+    if (seen != shm::kDone) {
+      FutexWait(s.state, seen, std::max(absl::ZeroDuration(), until - absl::Now()));
+    }
     s.client_waiting.store(0, std::memory_order_relaxed);
-    if (s.state.load(std::memory_order_acquire) != shm::kDone && PeerGone(socket_)) {
+  };
+  while (!done() && absl::Now() < std::min(spin_from, deadline)) {
+    sleep_until(std::min({spin_from, deadline, absl::Now() + kLiveCheck}));
+  }
+  while (!done() && absl::Now() < std::min(spin_until, deadline)) {
+  }
+  while (!done()) {
+    const absl::Time now = absl::Now();
+    if (now >= deadline) return absl::DeadlineExceededError("data plane: no answer in time");
+    sleep_until(std::min(deadline, now + kLiveCheck));
+    if (!done() && PeerGone(socket_)) {
       return absl::UnavailableError(
           "data plane: the server closed it (it stopped or restarted); open it again");
     }
   }
+  // What this call took, for the next one's guess (recent calls weigh most).
+  const int64_t took = absl::ToInt64Nanoseconds(absl::Now() - start);
+  const int64_t before = expected_ns_.load(std::memory_order_relaxed);
+  expected_ns_.store(before == 0 ? took : (3 * before + took) / 4, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 

@@ -1,6 +1,7 @@
 #ifndef MLASERVE_CLIENT_DATAPLANE_SHM_CHANNEL_H_
 #define MLASERVE_CLIENT_DATAPLANE_SHM_CHANNEL_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -22,8 +23,9 @@ struct ShmChannelOptions {
   // share holds one call's queries, rows and answers).
   uint64_t region_bytes = uint64_t{256} << 20;
   uint32_t slots = 8;
-  // How long a caller spins on its answer before it sleeps on a futex (the server wakes it).
-  absl::Duration spin = absl::Microseconds(50);
+  // How long a caller spins around when its answer is due (from what recent calls took)
+  // before it sleeps on a futex until the server wakes it.
+  absl::Duration spin = absl::Microseconds(100);
 };
 
 // The client's side of the same-host data plane: a memfd region registered once with the
@@ -76,6 +78,8 @@ class ShmChannel {
   std::condition_variable slot_freed_;
   std::vector<uint32_t> free_slots_;  // guarded by mu_
   bool broken_ = false;               // guarded by mu_
+  // What calls have recently taken to answer, for when to spin (AwaitAnswer).
+  std::atomic<int64_t> expected_ns_{0};
 };
 
 }  // namespace mlaserve::client

@@ -21,10 +21,10 @@ namespace {
 // MultiTarget over them (docs/loadgen.md, "Several servers").
 absl::StatusOr<std::unique_ptr<LoadTarget>> LoadTargetFor(
     std::vector<std::unique_ptr<client::MlaServeClient>> clients,
-    const std::vector<std::string>& names, MultiTarget::Spread spread) {
+    const std::vector<std::string>& names, MultiTarget::Spread spread, bool packed) {
   std::vector<std::unique_ptr<LoadTarget>> targets;
   for (auto& client : clients) {
-    auto target = GrpcLoadTarget::Create(std::move(client));
+    auto target = GrpcLoadTarget::Create(std::move(client), packed);
     if (!target.ok()) return target.status();
     targets.push_back(*std::move(target));
   }
@@ -57,7 +57,8 @@ nlohmann::json ServerJson(client::ServingClient& client) {
 
 // The cluster of --etcd-endpoints through the cluster client (docs/cluster.md).
 absl::StatusOr<Destination> ClusterDestination(const client::ClientOptions& options,
-                                               const ClusterFlags& flags, int workers) {
+                                               const ClusterFlags& flags, int workers,
+                                               bool packed) {
   client::ClusterOptions cluster;
   cluster.etcd_endpoints = absl::StrSplit(flags.etcd_endpoints, ',');
   cluster.cluster = flags.cluster;
@@ -101,7 +102,7 @@ absl::StatusOr<Destination> ClusterDestination(const client::ClientOptions& opti
   destination.name = absl::StrCat("cluster '", flags.cluster, "' (", addresses.size(),
                                   " servers: ", absl::StrJoin(addresses, ","), ")");
   absl::StatusOr<std::unique_ptr<GrpcLoadTarget>> target =
-      GrpcLoadTarget::Create(*std::move(client));
+      GrpcLoadTarget::Create(*std::move(client), packed);
   if (!target.ok()) return target.status();
   if (!flags.client_per_rank || workers <= 1) {
     destination.target = *std::move(target);
@@ -114,7 +115,7 @@ absl::StatusOr<Destination> ClusterDestination(const client::ClientOptions& opti
         client::ClusterClient::Connect(cluster);
     if (!own.ok()) return own.status();
     absl::StatusOr<std::unique_ptr<GrpcLoadTarget>> rank_target =
-        GrpcLoadTarget::Create(*std::move(own));
+        GrpcLoadTarget::Create(*std::move(own), packed);
     if (!rank_target.ok()) return rank_target.status();
     ranks.push_back(*std::move(rank_target));
   }
@@ -126,7 +127,8 @@ absl::StatusOr<Destination> ClusterDestination(const client::ClientOptions& opti
 // The servers of --target.
 absl::StatusOr<Destination> TargetDestination(
     std::vector<std::unique_ptr<client::MlaServeClient>> clients,
-    const std::vector<std::string>& names, const std::string& target, const std::string& spread) {
+    const std::vector<std::string>& names, const std::string& target, const std::string& spread,
+    bool packed) {
   if (spread != "prefix" && spread != "sequence") {
     return absl::InvalidArgumentError(
         absl::StrCat("--spread: '", spread, "' is neither prefix nor sequence"));
@@ -145,7 +147,8 @@ absl::StatusOr<Destination> TargetDestination(
   destination.name = target;
   absl::StatusOr<std::unique_ptr<LoadTarget>> load_target = LoadTargetFor(
       std::move(clients), names,
-      spread == "sequence" ? MultiTarget::Spread::kSequenceHash : MultiTarget::Spread::kPrefixHash);
+      spread == "sequence" ? MultiTarget::Spread::kSequenceHash : MultiTarget::Spread::kPrefixHash,
+      packed);
   if (!load_target.ok()) return load_target.status();
   destination.target = *std::move(load_target);
   return destination;

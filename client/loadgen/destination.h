@@ -40,15 +40,17 @@ struct ClusterFlags {
 nlohmann::json ServerJson(client::ServingClient& client);
 
 // The cluster through the cluster client; with client_per_rank and several workers, one
-// client per rank (0 workers: the servers' default ranks).
+// client per rank (0 workers: the servers' default ranks). `packed`: each step as one packed
+// call (GrpcLoadTarget::Create).
 absl::StatusOr<Destination> ClusterDestination(const client::ClientOptions& options,
-                                               const ClusterFlags& flags, int workers);
+                                               const ClusterFlags& flags, int workers, bool packed);
 
 // The servers of --target (`names`, connected as `clients`), spread by "prefix" or
 // "sequence" (INVALID_ARGUMENT naming --spread otherwise).
 absl::StatusOr<Destination> TargetDestination(
     std::vector<std::unique_ptr<client::MlaServeClient>> clients,
-    const std::vector<std::string>& names, const std::string& target, const std::string& spread);
+    const std::vector<std::string>& names, const std::string& target, const std::string& spread,
+    bool packed);
 
 }  // namespace mlaserve::loadgen
 

@@ -1,5 +1,6 @@
 #include "client/loadgen/grpc_load_target.h"
 
+#include "client/loadgen/batch_decode.h"
 #include "client/tensor_helpers.h"
 
 namespace mlaserve::loadgen {
@@ -13,16 +14,18 @@ v1::Tensor Rows(std::span<const Bf16> values, std::initializer_list<int64_t> sha
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GrpcLoadTarget>> GrpcLoadTarget::Create(
-    std::unique_ptr<client::ServingClient> client) {
+    std::unique_ptr<client::ServingClient> client, bool packed) {
   absl::StatusOr<v1::GetServerInfoResponse> info = client->GetServerInfo();
   if (!info.ok()) return info.status();
   const v1::ModelInfo& m = info->model();
   TargetModel model{
       m.name(),    m.layers(), m.heads(), m.dn(), m.dr(), m.dl(), info->limits().max_batch(),
       std::nullopt};
+  model.dv = m.dv();
   if (info->default_kv_dtype() == v1::KV_DTYPE_FP8) model.default_kv_dtype = KvDtype::kFp8;
   if (info->default_kv_dtype() == v1::KV_DTYPE_BF16) model.default_kv_dtype = KvDtype::kBf16;
-  return std::unique_ptr<GrpcLoadTarget>(new GrpcLoadTarget(std::move(client), std::move(model)));
+  return std::unique_ptr<GrpcLoadTarget>(
+      new GrpcLoadTarget(std::move(client), std::move(model), packed));
 }
 
 namespace {
@@ -62,6 +65,7 @@ absl::Status GrpcLoadTarget::AppendKv(const std::string& id, int layer, int64_t 
 
 absl::StatusOr<std::vector<LoadAnswer>> GrpcLoadTarget::Decode(
     const std::vector<LoadQuery>& queries) {
+  if (packed_) return DecodeAsBatch(*client_, model_, queries);
   v1::DecodeRequest request;
   for (const LoadQuery& q : queries) {
     v1::DecodeQuery wire =
@@ -77,12 +81,7 @@ absl::StatusOr<std::vector<LoadAnswer>> GrpcLoadTarget::Decode(
   absl::StatusOr<v1::DecodeResponse> response = client_->DecodeRaw(request);
   if (!response.ok()) return response.status();
   std::vector<LoadAnswer> answers;
-  for (const v1::DecodeResult& r : response->results()) {
-    const v1::DecodePlan& p = r.plan();
-    answers.push_back({p.formulation() == v1::FORMULATION_HYBRID, p.group_size(), p.batch_size(),
-                       p.queue_us(), p.device_modeled_us(), p.device_host_us(),
-                       p.absorb_kv_dtype() == v1::KV_DTYPE_FP8});
-  }
+  for (const v1::DecodeResult& r : response->results()) answers.push_back(ToLoadAnswer(r.plan()));
   return answers;
 }
 

@@ -15,8 +15,10 @@ namespace mlaserve::loadgen {
 class GrpcLoadTarget final : public LoadTarget {
  public:
   // Asks the server for its model once; every tensor the target sends is shaped by it.
+  // `packed`: each step's queries go as one packed call (ServingClient::DecodeBatch: gRPC's
+  // packed form, or the data plane the client's options choose) instead of the list form.
   static absl::StatusOr<std::unique_ptr<GrpcLoadTarget>> Create(
-      std::unique_ptr<client::ServingClient> client);
+      std::unique_ptr<client::ServingClient> client, bool packed = false);
 
   absl::StatusOr<TargetModel> Model() override { return model_; }
   absl::Status RegisterPrefix(const std::string& id, std::span<const Bf16> latent, int tokens,
@@ -30,11 +32,12 @@ class GrpcLoadTarget final : public LoadTarget {
   absl::StatusOr<std::vector<LoadAnswer>> Decode(const std::vector<LoadQuery>& queries) override;
 
  private:
-  GrpcLoadTarget(std::unique_ptr<client::ServingClient> client, TargetModel model)
-      : client_(std::move(client)), model_(std::move(model)) {}
+  GrpcLoadTarget(std::unique_ptr<client::ServingClient> client, TargetModel model, bool packed)
+      : client_(std::move(client)), model_(std::move(model)), packed_(packed) {}
 
   std::unique_ptr<client::ServingClient> client_;
   const TargetModel model_;
+  const bool packed_;
 };
 
 }  // namespace mlaserve::loadgen

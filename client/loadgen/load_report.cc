@@ -86,6 +86,7 @@ nlohmann::json ToJson(const LoadResult& r, const LoadSummary& s) {
       {"context_tokens", o.context_tokens},
       {"sq", o.sq},
       {"space", o.head_space ? "head" : "latent"},
+      {"transport", o.transport},
       {"kv_dtype", o.kv_dtype.has_value()                 ? KvDtypeName(*o.kv_dtype)
                    : r.model.default_kv_dtype.has_value() ? KvDtypeName(*r.model.default_kv_dtype)
                                                           : "server default"},
@@ -116,16 +117,27 @@ std::string KvFormatPhrase(std::optional<KvDtype> asked, std::optional<KvDtype> 
   return "in the server's default format";
 }
 
+namespace {
+
+std::string TransportPhrase(const std::string& transport) {
+  if (transport == "grpc") return "gRPC (a message per query)";
+  if (transport == "packed") return "gRPC (packed)";
+  if (transport == "shm") return "the same-host data plane";
+  return transport;
+}
+
+}  // namespace
+
 void PrintReport(const LoadResult& r, const LoadSummary& s, const std::string& target,
                  std::ostream& out) {
   const WorkloadOptions& o = r.options;
   out << absl::StrFormat("mlaserve load test against %s\n", target);
   out << absl::StrFormat(
       "  workload   %s, %d workers x %d sequences, system prompt %d + own %d tokens, sq %d, "
-      "%s-space q, KV %s, %.1f s\n",
+      "%s-space q, KV %s, over %s, %.1f s\n",
       r.model.name, o.workers, o.sequences, o.prefix_tokens, o.context_tokens, o.sq,
       o.head_space ? "head" : "latent", KvFormatPhrase(o.kv_dtype, r.model.default_kv_dtype),
-      s.wall_s);
+      TransportPhrase(o.transport), s.wall_s);
   out << absl::StrFormat("  calls      %d ok, %d failed (after %d warm-up calls)",
                          s.calls - s.failed_calls, s.failed_calls, s.warmup_calls);
   for (const auto& [code, n] : s.errors) out << absl::StrFormat("  [%s x%d]", code, n);

@@ -27,7 +27,11 @@ struct TargetModel {
   // The format a sequence created without one is held in (GetServerInfo's default_kv_dtype);
   // unset where the server does not say.
   std::optional<KvDtype> default_kv_dtype;
+  // The width of a head-space answer; 0 where the target does not say (then dn, as in every
+  // preset).
+  int dv = 0;
   int dk() const { return dl + dr; }
+  int head_width() const { return dv > 0 ? dv : dn; }
 };
 
 // One decode query of a load step: head space (q_nope, q_pe) or latent (q_latent), with the

@@ -78,6 +78,10 @@ ABSL_FLAG(int, prefix_tokens, 1024,
           "tokens of the system prompt every sequence starts on (0: none)");
 ABSL_FLAG(int, context_tokens, 128, "tokens of each sequence's own prompt");
 ABSL_FLAG(int, sq, 1, "query tokens per query (MTP)");
+ABSL_FLAG(std::string, transport, "auto",
+          "how each step's call travels: grpc (a message per query), packed (one packed "
+          "message over gRPC), shm (packed, over the server's same-host data plane), or auto "
+          "(packed, over the data plane when the server offers one on this host)");
 ABSL_FLAG(std::string, space, "head", "query space: head (q_nope, q_pe) or latent (FlashMLA's q)");
 ABSL_FLAG(int, layers, 0, "layers each step visits (0: every layer the server serves)");
 ABSL_FLAG(std::string, kv_dtype, "",
@@ -527,6 +531,17 @@ int main(int argc, char** argv) {
     }
     client_options.bearer_token = token;
   }
+  const std::string transport = absl::GetFlag(FLAGS_transport);
+  if (transport != "grpc" && transport != "packed" && transport != "shm" && transport != "auto") {
+    std::cerr << "--transport: '" << transport << "' is not grpc, packed, shm or auto\n";
+    return 2;
+  }
+  const bool packed = transport != "grpc";
+  client_options.data_plane = transport == "shm" ? mlaserve::client::ClientOptions::DataPlane::kShm
+                              : transport == "auto"
+                                  ? mlaserve::client::ClientOptions::DataPlane::kAuto
+                                  : mlaserve::client::ClientOptions::DataPlane::kGrpc;
+  o.transport = transport;
   // A soak counts every failed call, so the client must not hide one behind a retry.
   if (absl::GetFlag(FLAGS_soak)) client_options.max_attempts = 1;
   const bool cluster = !absl::GetFlag(FLAGS_etcd_endpoints).empty();
@@ -551,12 +566,17 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  if (transport == "auto") {
+    // What auto found, for the report: the plane, or gRPC's packed form.
+    o.transport = !cluster && clients.front()->SharedMemoryPlane().ok() ? "shm" : "packed";
+  }
   const mlaserve::client::ClientTls tls = client_options.tls;
   if (absl::GetFlag(FLAGS_soak)) return RunSoakMode(*clients.front(), target, tls);
   absl::StatusOr<mlaserve::loadgen::Destination> destination =
-      cluster ? mlaserve::loadgen::ClusterDestination(client_options, ClusterFlags(), o.workers)
-              : mlaserve::loadgen::TargetDestination(std::move(clients), names, target,
-                                                     absl::GetFlag(FLAGS_spread));
+      cluster
+          ? mlaserve::loadgen::ClusterDestination(client_options, ClusterFlags(), o.workers, packed)
+          : mlaserve::loadgen::TargetDestination(std::move(clients), names, target,
+                                                 absl::GetFlag(FLAGS_spread), packed);
   if (!destination.ok()) {
     std::cerr << "mlaserve-loadgen: " << destination.status() << "\n";
     return absl::IsInvalidArgument(destination.status()) ? 2 : 1;

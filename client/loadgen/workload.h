@@ -31,7 +31,9 @@ struct WorkloadOptions {
   absl::Duration duration = absl::Seconds(10);
   uint64_t seed = 1;
   std::string run_id = "loadgen";  // prefixes every id, so runs never collide
-  Progress* progress = nullptr;    // told of every call, if set
+  // How the calls travel, for the report: grpc, packed, shm (what --transport=auto found).
+  std::string transport = "grpc";
+  Progress* progress = nullptr;  // told of every call, if set
 };
 
 // One Decode call as the worker saw it.

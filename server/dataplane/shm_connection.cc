@@ -23,10 +23,13 @@ absl::Status Invalid(absl::string_view field, absl::string_view problem) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", problem));
 }
 
-// Tensors named by region_offset, each copied out of the region before anything reads it.
+// Tensors named by region_offset, each copied out of the region before anything reads it,
+// into the slot's arena.
 class RegionCopy final : public service::TensorBytes {
  public:
-  explicit RegionCopy(const MappedRegion& region) : region_(region) {}
+  RegionCopy(const MappedRegion& region, SlotArena& arena) : region_(region), arena_(arena) {
+    arena_.Reset();
+  }
 
   absl::StatusOr<absl::string_view> Bytes(const v1::Tensor& tensor, absl::string_view field,
                                           uint64_t size) override {
@@ -38,17 +41,14 @@ class RegionCopy final : public service::TensorBytes {
     }
     ASSIGN_OR_RETURN(const uint8_t* bytes, region_.Data(tensor.region_offset(), size,
                                                         absl::StrCat(field, ".region_offset")));
-    std::unique_ptr<char[]>& copy = copies_->emplace_back(new char[size > 0 ? size : 1]);
-    if (size > 0) std::memcpy(copy.get(), bytes, size);
-    return absl::string_view(copy.get(), size);
+    char* copy = arena_.Take(size);
+    if (size > 0) std::memcpy(copy, bytes, size);
+    return absl::string_view(copy, size);
   }
-
-  std::shared_ptr<const void> TakeCopies() { return std::move(copies_); }
 
  private:
   const MappedRegion& region_;
-  std::shared_ptr<std::vector<std::unique_ptr<char[]>>> copies_ =
-      std::make_shared<std::vector<std::unique_ptr<char[]>>>();
+  SlotArena& arena_;
 };
 
 void SetStatus(const absl::Status& status, v1::RequestStatus* wire) {
@@ -61,6 +61,18 @@ void Wake(std::atomic<uint32_t>& word) {
 }
 
 }  // namespace
+
+char* SlotArena::Take(uint64_t size) {
+  if (next_ == chunks_.size()) chunks_.push_back({nullptr, 0});
+  Chunk& chunk = chunks_[next_++];
+  if (chunk.size < size) {
+    // 64-byte aligned (the views read bf16, the kernels like whole cache lines); a call of the
+    // same shape next time finds it big enough.
+    chunk.bytes.reset(static_cast<char*>(::operator new[](size, std::align_val_t{64})));
+    chunk.size = size;
+  }
+  return chunk.bytes.get();
+}
 
 ShmConnection::ShmConnection(int fd, PeerCredentials peer, RegionBudget& budget)
     : fd_(fd), peer_(peer), budget_(budget) {}
@@ -94,6 +106,7 @@ absl::Status ShmConnection::Register(UnixMessage hello, service::DataPlaneTicket
     in_flight_.reset(new std::atomic<bool>[region->slot_count()]);
     for (uint32_t i = 0; i < region->slot_count(); ++i) in_flight_[i] = false;
     answer_areas_.resize(region->slot_count());
+    arenas_.resize(region->slot_count());
     region_ = std::move(region);
     return absl::OkStatus();
   }();
@@ -141,10 +154,10 @@ absl::StatusOr<ShmConnection::TakenCall> ShmConnection::Take(uint32_t slot,
   if (!call.request().has_packed()) {
     return Invalid("request.packed", "missing; the shared-memory plane carries the packed form");
   }
-  RegionCopy source(*region_);
+  // The slot's arena holds the copies until its call ends (the slot runs one call at a time).
+  RegionCopy source(*region_, arenas_[slot]);
   TakenCall taken;
   ASSIGN_OR_RETURN(taken.call, service::ParseDecodeRequest(call.request(), source));
-  taken.call->keep_alive = source.TakeCopies();
   const engine::DecodeQuery& first = taken.call->queries.front();
   const uint64_t rows = static_cast<uint64_t>(taken.call->queries.size()) *
                         static_cast<uint64_t>(first.sq) *

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,27 @@
 #include "server/service/decode_codec.h"
 
 namespace mlaserve::dataplane {
+
+// Memory a slot's call copies its tensors into, kept from call to call: a framework's calls
+// have the same shapes step after step, so after the first they allocate (and fault in)
+// nothing.
+class SlotArena {
+ public:
+  void Reset() { next_ = 0; }
+  // `size` bytes, valid until the next Reset.
+  char* Take(uint64_t size);
+
+ private:
+  struct AlignedDelete {
+    void operator()(char* p) const { ::operator delete[](p, std::align_val_t{64}); }
+  };
+  struct Chunk {
+    std::unique_ptr<char[], AlignedDelete> bytes;
+    uint64_t size = 0;
+  };
+  std::vector<Chunk> chunks_;
+  size_t next_ = 0;
+};
 
 // One client of the shared-memory plane: its socket, its registered region and tenant, and
 // which of its slots the server is running. Its region stays mapped while a call of it runs,
@@ -84,6 +106,7 @@ class ShmConnection {
     uint64_t capacity = 0;
   };
   std::vector<AnswerArea> answer_areas_;
+  std::vector<SlotArena> arenas_;
   std::atomic<int> in_flight_count_{0};
   std::atomic<bool> gone_{false};
   std::atomic<int64_t> refused_doorbells_{0};

@@ -85,32 +85,44 @@ v1::DataPlane ShmDataPlane::Advertised() const {
 int64_t ShmDataPlane::refused_doorbells() const { return refused_by_closed_.load(); }
 
 void ShmDataPlane::Poll() {
-  absl::Time last_call = absl::Now();
   absl::flat_hash_map<int, absl::Time> hello_by;  // unregistered clients' deadlines
   epoll_event events[64];
   while (!stopping_.load(std::memory_order_relaxed)) {
     if (ScanRegions()) {
-      last_call = absl::Now();
+      last_activity_ns_.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
       continue;
     }
-    // Within the poll window the sockets are only glanced at; past it the poller sleeps, and
-    // clients that see it asleep ring their socket after publishing a call.
-    const bool spinning =
-        options_.poll > absl::ZeroDuration() && absl::Now() - last_call < options_.poll;
+    // The poller spins for a window after the last call arrived or was answered, but only
+    // while no call is running: a running call's device wants the CPUs. Past the window it
+    // sleeps on the sockets, and clients that see it asleep ring theirs after publishing.
+    const int64_t since =
+        absl::GetCurrentTimeNanos() - last_activity_ns_.load(std::memory_order_relaxed);
+    const bool spinning = options_.poll > absl::ZeroDuration() &&
+                          calls_in_flight_.load(std::memory_order_relaxed) == 0 &&
+                          since < absl::ToInt64Nanoseconds(options_.poll);
     if (!spinning) {
       SetSleeping(true);
+      poller_asleep_.store(true);
       std::atomic_thread_fence(std::memory_order_seq_cst);
       if (ScanRegions()) {  // published before the clients could see the poller asleep
+        poller_asleep_.store(false);
         SetSleeping(false);
-        last_call = absl::Now();
+        last_activity_ns_.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
         continue;
       }
     }
     const int n = epoll_wait(epoll_, events, 64, spinning ? 0 : 1000);
-    if (!spinning) SetSleeping(false);
+    if (!spinning) {
+      poller_asleep_.store(false);
+      SetSleeping(false);
+    }
     for (int i = 0; i < n; ++i) {
       const int fd = events[i].data.fd;
-      if (fd == wake_) continue;
+      if (fd == wake_) {
+        uint64_t count;
+        (void)!read(wake_, &count, sizeof(count));
+        continue;
+      }
       if (fd == listener_) {
         Accept();
         continue;
@@ -121,27 +133,42 @@ void ShmDataPlane::Poll() {
       ReadSocket(connection);
       if ((events[i].events & (EPOLLHUP | EPOLLERR | EPOLLRDHUP)) != 0) Close(fd);
     }
-    const absl::Time now = absl::Now();
-    for (auto& [fd, connection] : by_fd_) {
-      if (!connection->registered()) hello_by.try_emplace(fd, now + kHelloTimeout);
+    CloseSilentClients(hello_by);
+  }
+}
+
+void ShmDataPlane::CloseSilentClients(absl::flat_hash_map<int, absl::Time>& hello_by) {
+  const absl::Time now = absl::Now();
+  for (auto& [fd, connection] : by_fd_) {
+    if (!connection->registered()) hello_by.try_emplace(fd, now + kHelloTimeout);
+  }
+  std::vector<int> late;
+  for (auto it = hello_by.begin(); it != hello_by.end();) {
+    auto connection = by_fd_.find(it->first);
+    if (connection == by_fd_.end() || connection->second->registered()) {
+      hello_by.erase(it++);
+    } else if (it->second < now) {
+      late.push_back(it->first);
+      hello_by.erase(it++);
+    } else {
+      ++it;
     }
-    std::vector<int> late;
-    for (auto it = hello_by.begin(); it != hello_by.end(); ++it) {
-      auto connection = by_fd_.find(it->first);
-      if (connection == by_fd_.end() || connection->second->registered()) {
-        late.push_back(-1 - it->first);  // done with: forget
-      } else if (it->second < now) {
-        late.push_back(it->first);
-      }
-    }
-    for (const int fd : late) {
-      hello_by.erase(fd >= 0 ? fd : -1 - fd);
-      if (fd >= 0) {
-        spdlog::info("data plane: closing a client that sent no hello within {}",
-                     absl::FormatDuration(kHelloTimeout));
-        Close(fd);
-      }
-    }
+  }
+  for (const int fd : late) {
+    spdlog::info("data plane: closing a client that sent no hello within {}",
+                 absl::FormatDuration(kHelloTimeout));
+    Close(fd);
+  }
+}
+
+void ShmDataPlane::CallEnded() {
+  last_activity_ns_.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
+  // The last running call: a poller asleep may spin again for the next one (its wake-up is
+  // off every client's path: the answer is already out).
+  if (calls_in_flight_.fetch_sub(1) == 1 && options_.poll > absl::ZeroDuration() &&
+      poller_asleep_.load()) {
+    const uint64_t one = 1;
+    (void)!write(wake_, &one, sizeof(one));
   }
 }
 
@@ -172,15 +199,18 @@ void ShmDataPlane::RunCall(const std::shared_ptr<ShmConnection>& connection, uin
     });
     return;
   }
+  calls_in_flight_.fetch_add(1);
   auto held = std::make_shared<ShmConnection::TakenCall>(*std::move(taken));
   std::unique_ptr<service::ParsedDecode> call = std::move(held->call);
   dispatcher_.Dispatch(
       std::move(call), connection->tenant(), held->deadline,
       [connection, slot] { return connection->Cancelled(slot); },
-      [connection, slot, held, start, &metrics](absl::StatusOr<service::AnsweredDecode> answered) {
+      [this, connection, slot, held, start,
+       &metrics](absl::StatusOr<service::AnsweredDecode> answered) {
         connection->Answer(slot, answered, held.get(), [&](const absl::Status& status) {
           metrics.RecordRpc("Decode", status.code(), absl::Now() - start, "shm");
         });
+        CallEnded();
       });
 }
 

@@ -25,8 +25,9 @@ struct ShmDataPlaneOptions {
   // The unix socket: a path (under the unit's RuntimeDirectory=) or "@name" (abstract).
   std::string address;
   RegionBudget::Caps caps;
-  // How long the poller keeps scanning the regions after the last call before it sleeps on
-  // the sockets (clients then ring them): 0 when every usable CPU already runs a device.
+  // How long the poller keeps scanning the regions after a call arrived or was answered
+  // before it sleeps on the sockets (clients then ring them). It never spins while a call
+  // runs (the devices then want the CPUs); 0: it never spins.
   absl::Duration poll = absl::ZeroDuration();
   int max_clients = 256;
   std::string instance_id;
@@ -64,6 +65,10 @@ class ShmDataPlane {
   bool ScanRegions();
   void RunCall(const std::shared_ptr<ShmConnection>& connection, uint32_t slot);
   void SetSleeping(bool sleeping);
+  // A call's answer is out (from an engine thread).
+  void CallEnded();
+  // Closes clients that sent no hello within kHelloTimeout.
+  void CloseSilentClients(absl::flat_hash_map<int, absl::Time>& hello_by);
   void Accept();
   void ReadSocket(const std::shared_ptr<ShmConnection>& connection);
   void Close(int fd);
@@ -80,6 +85,9 @@ class ShmDataPlane {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> draining_{false};
   std::atomic<int> clients_{0};
+  std::atomic<int> calls_in_flight_{0};
+  std::atomic<int64_t> last_activity_ns_{0};  // a call's arrival or answer
+  std::atomic<bool> poller_asleep_{false};
   // The poller's alone; registered clients are also in `ready_` for the scan.
   absl::flat_hash_map<int, std::shared_ptr<ShmConnection>> by_fd_;
   std::vector<std::shared_ptr<ShmConnection>> ready_;

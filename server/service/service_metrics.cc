@@ -245,7 +245,7 @@ ServiceMetrics::ServiceMetrics()
   const google::protobuf::ServiceDescriptor* service =
       file != nullptr && file->service_count() == 1 ? file->service(0) : nullptr;
   for (int i = 0; service != nullptr && i < service->method_count(); ++i) {
-    requests_.Add({{"rpc", service->method(i)->name()}, {"code", "OK"}});
+    requests_.Add({{"rpc", service->method(i)->name()}, {"code", "OK"}, {"transport", "grpc"}});
   }
   for (const char* space : {"head", "latent"}) {
     for (const char* formulation : {"hybrid", "absorb"}) {

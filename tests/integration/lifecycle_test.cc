@@ -65,7 +65,9 @@ TEST(LifecycleTest, ServingHealthAndMetricsAfterWarmUp) {
   ASSERT_TRUE(server.client().Decode({LatentOn("s", server.model(), rng)}).ok());
   ASSERT_GT(server.server().metrics_port(), 0);
   const std::string metrics = Scrape(server.server().metrics_port());
-  EXPECT_THAT(metrics, HasSubstr("mlaserve_requests_total{code=\"OK\",rpc=\"Decode\"} 1"));
+  EXPECT_THAT(
+      metrics,
+      HasSubstr("mlaserve_requests_total{code=\"OK\",rpc=\"Decode\",transport=\"grpc\"} 1"));
   EXPECT_THAT(metrics, HasSubstr("mlaserve_decode_queue_seconds_count"));
   EXPECT_THAT(metrics, HasSubstr("mlaserve_batch_queries_count"));
   EXPECT_THAT(metrics, HasSubstr("mlaserve_sequences 1"));

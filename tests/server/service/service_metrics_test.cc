@@ -62,10 +62,12 @@ TEST(ServiceMetricsTest, CountersArePresentFromTheStart) {
   for (const prometheus::MetricFamily& family : metrics.registry()->Collect()) {
     for (const prometheus::ClientMetric& metric : family.metric) {
       if (family.name == "mlaserve_requests_total") {
-        ASSERT_EQ(metric.label.size(), 2u);
+        ASSERT_EQ(metric.label.size(), 3u);
         EXPECT_EQ(metric.label[0].name, "code");
         EXPECT_EQ(metric.label[0].value, "OK");
         rpcs.insert(metric.label[1].value);
+        EXPECT_EQ(metric.label[2].name, "transport");
+        EXPECT_EQ(metric.label[2].value, "grpc");
         EXPECT_EQ(metric.counter.value, 0);
       }
       if (family.name == "mlaserve_decode_queries_total") {
@@ -75,7 +77,7 @@ TEST(ServiceMetricsTest, CountersArePresentFromTheStart) {
     }
   }
   for (const char* rpc : {"Decode", "DecodeStream", "AppendKv", "CreateSequence", "GetServerInfo",
-                          "ListSequences", "RegisterPrefix", "ReleaseSequence"}) {
+                          "ListSequences", "RegisterPrefix", "ReleaseSequence", "OpenDataPlane"}) {
     EXPECT_TRUE(rpcs.count(rpc)) << rpc;
   }
   EXPECT_EQ(decode_series, 4);
