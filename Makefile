@@ -103,8 +103,10 @@ demo-model: build
 	@PYTHONPATH=build/python /usr/bin/python3 scripts/model_demo.py $(ARGS)
 
 # The systemd service (docs/deploy.md). PREFIX and DESTDIR pass through the environment.
+# GPU=1 installs the CUDA build (build-gpu/, configured if need be) with mlaserve-gpu@N;
+# without GPU, build-gpu/ when it was built with CUDA, else build/.
 install: deps
-	@deploy/install.sh
+	@GPU=$(GPU) deploy/install.sh
 
 uninstall:
 	@deploy/uninstall.sh
