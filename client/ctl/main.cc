@@ -26,6 +26,7 @@
 #include "client/ctl/drain.h"
 #include "client/health_check.h"
 #include "client/mlaserve_client.h"
+#include "client/transport_hint.h"
 #include "cluster/etcd_client.h"
 #include "cluster/member_record.h"
 #include "common/command_line.h"
@@ -78,7 +79,13 @@ constexpr char kUsage[] =
     "              room), then stop it; clients follow them (docs/cluster.md)\n"
     "Under tenants a caller sees its own prefixes and sequences only (docs/api.md).";
 
-int Fail(const absl::Status& status) {
+// Whether --tls_ca made this a TLS client: a connection failure then reads differently.
+bool client_tls = false;
+
+// `from_target`: the failure of a call to --target (not to etcd, whose TLS flags are others).
+int Fail(const absl::Status& failure, bool from_target = true) {
+  const absl::Status status =
+      from_target ? mlaserve::client::ExplainTransportError(failure, client_tls) : failure;
   std::cerr << "mlaserve-ctl: " << absl::StatusCodeToString(status.code()) << ": "
             << status.message() << "\n";
   return 2;
@@ -287,7 +294,7 @@ absl::StatusOr<std::vector<mlaserve::cluster::MemberRecord>> ReadMembers() {
 
 int Members(bool json) {
   absl::StatusOr<std::vector<mlaserve::cluster::MemberRecord>> members = ReadMembers();
-  if (!members.ok()) return Fail(members.status());
+  if (!members.ok()) return Fail(members.status(), /*from_target=*/false);
   if (json) {
     std::cout << "{\"members\": [";
     for (size_t i = 0; i < members->size(); ++i) {
@@ -308,7 +315,7 @@ int Members(bool json) {
 
 int Drain(MlaServeClient& client, bool json) {
   absl::StatusOr<std::vector<mlaserve::cluster::MemberRecord>> members = ReadMembers();
-  if (!members.ok()) return Fail(members.status());
+  if (!members.ok()) return Fail(members.status(), /*from_target=*/false);
   const std::string target = absl::GetFlag(FLAGS_target);
   absl::StatusOr<v1::GetServerInfoResponse> info = client.GetServerInfo();
   if (!info.ok()) return Fail(info.status());
@@ -385,6 +392,7 @@ int main(int argc, char** argv) {
     if (!tls.ok()) return Fail(tls.status());
     options.tls = *std::move(tls);
     options.tls.server_name = absl::GetFlag(FLAGS_tls_server_name);
+    client_tls = true;
   } else if (!absl::GetFlag(FLAGS_tls_cert).empty()) {
     std::cerr << "mlaserve-ctl: --tls_cert: needs --tls_ca\n";
     return 2;
