@@ -8,8 +8,9 @@
   * exit codes: every sentence that states an exit code is one of EXIT_CLAIMS, whose number
     is read from the doc and compared with what the binary returns in that case;
   * metrics: every `mlaserve_*` name in the docs and the Grafana dashboard (CMake targets
-    aside, and glibc's heap series under a sanitizer's malloc) is on /metrics of a server with emulated devices, one with tenants, or one on the
-    fake GPU, each after load;
+    aside, and glibc's heap series under a sanitizer's malloc) is on /metrics of a server with
+    emulated devices, one with tenants, or one on the fake GPU, each after load; and every
+    series those servers export is in docs/api.md's metrics table;
   * snippets: every fenced block marked `<!-- docs-test: runs -->` on the line above runs
     against a real server (python blocks with the build's Python client; the documented
     address 127.0.0.1:50051 is the test server's).
@@ -217,6 +218,36 @@ def check_metrics(source, bin_dir, servers, failures, sanitizer_malloc):
                 failures.append(f"{rel(source, path)}:{line_of(text, m.start())}: {name} is "
                                 f"not exported by any of the servers")
     print(f"metrics: {checked} names checked against {len(exported)} exported families")
+    check_metrics_table(source, exported, failures)
+
+
+def metrics_table(source):
+    """{name: line} of every series docs/api.md's metrics table names (a row's first cell)."""
+    path = os.path.join(source, "docs", "api.md")
+    text = read_doc(path)
+    start = text.find("\n## Metrics\n")
+    end = text.find("\n## ", start + 1)
+    if start < 0:
+        return {}
+    names = {}
+    for m in re.finditer(r"^\|([^|\n]*)\|", text[start:end if end > 0 else len(text)], re.M):
+        for name in re.findall(r"`([a-z_][a-z0-9_]*)`", m.group(1)):
+            names.setdefault(name, line_of(text, start + m.start()))
+    return names
+
+
+def check_metrics_table(source, exported, failures):
+    """Every family the servers export has a row (the reverse of the check above: a series
+    added to the server and left out of the table fails here)."""
+    table = metrics_table(source)
+    if not table:
+        failures.append("docs/api.md: no metrics table under '## Metrics'")
+        return
+    missing = sorted(exported - set(table))
+    for name in missing:
+        failures.append(f"docs/api.md: {name} is exported but not in the metrics table")
+    print(f"metrics table: {len(exported) - len(missing)} of {len(exported)} exported families "
+          f"in docs/api.md's table")
 
 
 # ---------------------------------------------------------------------------------------------
