@@ -49,6 +49,11 @@ std::string Hint(const absl::Status& status, bool client_tls) {
     return "the server may not speak TLS: drop --tls_ca (and --tls_cert/--tls_key) for a "
            "plaintext server";
   }
+  if (client_tls && absl::StrContains(said, "is not in peer certificate")) {
+    return "the server's certificate does not name the address dialled: add it to the "
+           "certificate's subjectAltName (an IP address as IP:, docs/deploy.md, \"Transport "
+           "security\"), or pass --tls_server_name with a name it carries";
+  }
   if (client_tls && absl::StrContains(said, "handshake")) {
     return "the TLS handshake failed: check that --tls_ca signed the server's certificate, that "
            "the certificate names the address dialled (else --tls_server_name), and --tls_cert/"

@@ -38,6 +38,15 @@ TEST(TransportHintTest, ATlsClientResetByAMutualTlsServerIsToldToPassACertificat
       << said;
 }
 
+TEST(TransportHintTest, ACertificateWithoutTheAddressDialledIsToldToNameIt) {
+  const std::string said = Explained(
+      absl::StatusCode::kUnavailable,
+      "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:60005: Peer name "
+      "127.0.0.1 is not in peer certificate",
+      true);
+  EXPECT_NE(said.find("does not name the address dialled"), std::string::npos) << said;
+}
+
 TEST(TransportHintTest, AnotherHandshakeFailureNamesWhatToCheck) {
   const std::string said = Explained(
       absl::StatusCode::kUnavailable,

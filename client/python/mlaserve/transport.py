@@ -26,6 +26,10 @@ def hint(code, details, client_tls):
                 "its --tls_client_ca signed)")
     if client_tls and any(w in said for w in _TLS_INTO_PLAINTEXT):
         return "the server may not speak TLS: leave out tls_ca= (and tls_cert=/tls_key=)"
+    if client_tls and "is not in peer certificate" in said:
+        return ("the server's certificate does not name the address dialled: add it to the "
+                "certificate's subjectAltName (an IP address as IP:), or pass tls_server_name= "
+                "with a name it carries")
     if client_tls and "handshake" in said:
         return ("the TLS handshake failed: check that tls_ca= signed the server's certificate, "
                 "that it names the address dialled (else tls_server_name=), and tls_cert=/"
