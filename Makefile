@@ -4,7 +4,7 @@ PRESET ?= default
 BUILD_DIR := build
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps bench-deps configure build test test-tsan test-asan fuzz format format-check demo demo-cluster demo-model install uninstall clean
+.PHONY: all deps bench-deps configure build build-gpu test test-gpu test-tsan test-asan fuzz format format-check demo demo-cluster demo-model install uninstall clean
 
 # The concurrency tests that also run under ThreadSanitizer (engine and emulator; Debian's
 # gRPC and abseil are not TSan-instrumented, so the gRPC edge stays out).
@@ -12,8 +12,14 @@ TSAN_TESTS := engine_test\.(EngineStressTest|StressTest|KvStoreStateConcurrencyT
 
 all: build
 
+# SKIP_DEPS=1 installs nothing: for a machine whose dependencies come some other way (built
+# from source, an image, another package manager); CMake then finds them or says which is not.
 deps:
+ifeq ($(SKIP_DEPS),)
 	@scripts/install_deps.sh
+else
+	@echo "deps: SKIP_DEPS=$(SKIP_DEPS): installing no packages"
+endif
 
 # What the benchmarks need: since the FlashMLA tests run on torch, the same as `deps`.
 bench-deps: deps
@@ -24,6 +30,26 @@ configure: deps
 
 build: configure
 	@cmake --build --preset $(PRESET) -j $(JOBS)
+
+# The CUDA build (README, "On a GPU machine"): the same packages as `build`, then the `gpu`
+# preset (MLASERVE_CUDA=ON) into build-gpu/. NVIDIA's driver and CUDA toolkit are the
+# machine's own; cmake/Cuda.cmake checks the version and the architectures. CMAKE_ARGS passes
+# configure options (and configures again): CMAKE_ARGS=-DCMAKE_CUDA_ARCHITECTURES=80.
+build-gpu: deps
+	@if [ ! -f build-gpu/build.ninja ] || [ -n "$(CMAKE_ARGS)" ]; then cmake --preset gpu $(CMAKE_ARGS); fi
+	@cmake --build --preset gpu -j $(JOBS)
+
+# The GPU tests on GPU 0, none allowed to skip: the suite labelled gpu (kernels against the
+# golden, one process each), the server's golden tests on cuda:0, and the Python client with
+# its FlashMLA drop-in against a server on the GPU (PYTHON: an interpreter with grpcio, numpy
+# and torch). Four GPU tests at a time, as the runs of record (docs/testing.md) ran them.
+PYTHON ?= /usr/bin/python3
+test-gpu: build-gpu
+	@cd build-gpu && MLASERVE_REQUIRE_GPU=1 ctest -L gpu -j 4 --timeout 300 --output-on-failure
+	@MLASERVE_REQUIRE_GPU=1 MLASERVE_TEST_GPU=cuda:0 build-gpu/bin/integration_test --gtest_filter='*Gpu*'
+	@PYTHONPATH=build-gpu/python $(PYTHON) tests/integration/python_smoke_test.py \
+	  --server build-gpu/bin/mlaserve-server --devices=cuda:0 \
+	  --example client/python/examples/decode_example.py
 
 test: format-check build
 	@ctest --preset $(PRESET) -j $(JOBS)
@@ -77,8 +103,10 @@ demo-model: build
 	@PYTHONPATH=build/python /usr/bin/python3 scripts/model_demo.py $(ARGS)
 
 # The systemd service (docs/deploy.md). PREFIX and DESTDIR pass through the environment.
+# GPU=1 installs the CUDA build (build-gpu/, configured if need be) with mlaserve-gpu@N;
+# without GPU, build-gpu/ when it was built with CUDA, else build/.
 install: deps
-	@deploy/install.sh
+	@GPU=$(GPU) deploy/install.sh
 
 uninstall:
 	@deploy/uninstall.sh

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "bench/host_description.h"
 #include "common/status_macros.h"
 #include "kernels/mla/accuracy_protocol.h"
 #include "kernels/mla/amla.h"
@@ -33,9 +34,9 @@ absl::Status RunAccuracyCommand(const AccuracyCommandOptions& options, std::ostr
   if (!options.json) {
     out << absl::StrFormat(
         "AMLA accuracy sweep: G=%d Dk=%d Dv=%d context=%d, bf16 inputs, scale=1/sqrt(%d), "
-        "%d seed(s) per distribution\n"
+        "%d seed(s) per distribution\n%s\n"
         "error = ||out_bf16 - golden_fp64||_F / ||golden||_F, mean over seeds\n\n",
-        shape.rows, shape.dk, shape.dv, shape.context, shape.dk, options.seeds);
+        shape.rows, shape.dk, shape.dv, shape.context, shape.dk, options.seeds, HostDescription());
     out << absl::StrFormat("%-8s %6s  %12s %12s %9s  %14s %14s\n", "dist", "param", "base_err",
                            "amla_err", "amla/base", "listing_err", "uncomp_err");
   }

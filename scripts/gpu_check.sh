@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# On a GPU machine, from the project's root: build with the CUDA device, run the GPU suite
-# (no test may skip: MLASERVE_REQUIRE_GPU=1), then the kernel benchmark. Logs go to $OUT (or
-# ./gpu-check/). Extra arguments are stages to run: build tests bench (default: all three).
-# On the machine the device tool lends: ../shared/gpu-machine/README.md (carry .gpu, whose
-# build.sh unpacks the Debian packages that machine lacks); elsewhere set BUILD="cmake ..."
+# On a GPU machine, from the project's root: build with the CUDA device (make build-gpu), run
+# the GPU suite (no test may skip: MLASERVE_REQUIRE_GPU=1), the kernel benchmark and the
+# service beside the CPU. Logs go to $OUT (or ./gpu-check/). Extra arguments are stages to
+# run: build tests bench service (the default), compare typhoon profile. make's variables
+# pass through the environment: SKIP_DEPS=1, CMAKE_ARGS="..." (README, "On a GPU machine");
+# PYTHON: the interpreter with grpcio, numpy and torch for the Python client's tests.
 set -uo pipefail
 out=${OUT:-gpu-check}
 mkdir -p "$out"
 stages=${*:-build tests bench service}
-export LD_LIBRARY_PATH=/opt/deb/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+python=${PYTHON:-/usr/bin/python3}
 export MLASERVE_REQUIRE_GPU=1
 status=0
 for stage in $stages; do
@@ -17,11 +18,7 @@ for stage in $stages; do
       nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv \
         | tee "$out/gpu.txt"
       start=$(date +%s)
-      if [ -f .gpu/build.sh ]; then
-        bash .gpu/build.sh -DMLASERVE_CUDA=ON > "$out/build.log" 2>&1
-      else
-        cmake --preset gpu > "$out/build.log" 2>&1 && cmake --build build-gpu -j "$(nproc)" >> "$out/build.log" 2>&1
-      fi || { tail -40 "$out/build.log"; exit 1; }
+      make build-gpu > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
       echo "build: $(( $(date +%s) - start )) s"
       ;;
     tests)
@@ -34,9 +31,8 @@ for stage in $stages; do
         > "$out/gpu-service-tests.log" 2>&1
       rc=$?; status=$((status | rc))
       grep -E "^\[  (PASSED|FAILED) " "$out/gpu-service-tests.log"
-      # The Python client and its FlashMLA drop-in against a server on the GPU (the machine's
-      # own python3, with torch).
-      PYTHONPATH=build-gpu/python python3 tests/integration/python_smoke_test.py \
+      # The Python client and its FlashMLA drop-in against a server on the GPU.
+      PYTHONPATH=build-gpu/python "$python" tests/integration/python_smoke_test.py \
         --server build-gpu/bin/mlaserve-server --devices=cuda:0 \
         --example client/python/examples/decode_example.py > "$out/gpu-python.log" 2>&1
       rc=$?; status=$((status | rc))

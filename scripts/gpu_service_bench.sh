@@ -8,7 +8,6 @@ out=${OUT:-gpu-check}
 mkdir -p "$out"
 seconds=${1:-15}
 bin=build-gpu/bin
-export LD_LIBRARY_PATH=/opt/deb/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 cores=$(nproc)
 
 # Starts a server with the given flags and waits until it serves: sets server_pid and port.

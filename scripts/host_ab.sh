@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# A commit's CPU serving path against this tree's, side by side on one machine (the GPU
-# machine's 16-core host or this one; docs/performance.md section 11): one sequence at light
-# load in head and latent space, alternating, two rounds; then this tree alone: one device's
-# host threads on a 72-query batch (bench/pool_sizing.py's threads stage) and the small-batch
-# grid beside PyTorch (mlaserve-bench peers).
-#   here, once:   scripts/host_ab.sh prepare COMMIT        (writes .gpu/base/, git-ignored)
-#   then:         scripts/host_ab.sh run [light threads peers]   (reports in $OUT)
-# On the GPU machine carry .gpu (its build.sh and packages); elsewhere the tree's build/ is
-# used and the base is built beside it.
+# A commit's CPU serving path against this tree's, side by side on one machine
+# (docs/performance.md section 11): one sequence at light load in head and latent space,
+# alternating, two rounds; then this tree alone: one device's host threads on a 72-query batch
+# (bench/pool_sizing.py's threads stage) and the small-batch grid beside PyTorch
+# (mlaserve-bench peers).
+#   once, in a checkout:  scripts/host_ab.sh prepare COMMIT   (writes build-ab/base/, ignored)
+#   then:                 scripts/host_ab.sh run [light threads peers]   (reports in $OUT)
+# This tree is the one in build/ (make build); the base is built beside it with the same
+# CMAKE_ARGS from the environment (a machine whose dependencies live in a prefix of their own:
+# CMAKE_ARGS=-DCMAKE_PREFIX_PATH=DIR). PYTHON: the interpreter with torch for `peers`.
 set -uo pipefail
 case "${1:-}" in
   prepare)
     commit=${2:?usage: scripts/host_ab.sh prepare COMMIT}
-    rm -rf .gpu/base && mkdir -p .gpu/base
-    git archive "$commit" | tar -x -C .gpu/base
-    git rev-parse --short "$commit" > .gpu/base/COMMIT
+    rm -rf build-ab/base && mkdir -p build-ab/base
+    git archive "$commit" | tar -x -C build-ab/base
+    git rev-parse --short "$commit" > build-ab/base/COMMIT
     exit 0 ;;
   run) shift ;;
   *) echo "usage: scripts/host_ab.sh prepare COMMIT | run [stages]" >&2; exit 2 ;;
@@ -23,24 +24,13 @@ stages=${*:-light threads peers}
 out=${OUT:-host-ab}
 mkdir -p "$out"
 jobs=$(nproc)
-extra=()
-if [ -f .gpu/build.sh ] && command -v nvidia-smi > /dev/null; then  # the lent GPU machine
-  bash .gpu/build.sh -DMLASERVE_CUDA=OFF > "$out/build.log" 2>&1 || { tail -20 "$out/build.log"; exit 1; }
-  new=build-gpu/bin
-  lib=/opt/deb/usr/lib/x86_64-linux-gnu
-  export PATH=/opt/deb/usr/bin:$PATH LD_LIBRARY_PATH=$lib LIBRARY_PATH=$lib
-  export PKG_CONFIG_PATH=$lib/pkgconfig:/opt/deb/usr/share/pkgconfig
-  extra=(-DCMAKE_PREFIX_PATH=/opt/deb/usr -DMLASERVE_WERROR=OFF
-         "-DCMAKE_CXX_FLAGS=-isystem /opt/deb/usr/include/x86_64-linux-gnu")
-  python=python3
-else
-  [ -x build/bin/mlaserve-server ] || { echo "host_ab: build the tree first (make build)" >&2; exit 1; }
-  new=build/bin
-  python=/usr/bin/python3
-fi
+eval "extra=(${CMAKE_ARGS:-})"  # quoted as on a shell command line, as make passes them
+[ -x build/bin/mlaserve-server ] || { echo "host_ab: build the tree first (make build)" >&2; exit 1; }
+new=build/bin
+python=${PYTHON:-/usr/bin/python3}
 base=/tmp/mlaserve-base-build
 if [[ " $stages " == *" light "* ]]; then
-  cmake -S .gpu/base -B $base -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLASERVE_CUDA=OFF \
+  cmake -S build-ab/base -B $base -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLASERVE_CUDA=OFF \
     "${extra[@]}" > "$out/build-base.log" 2>&1 &&
   cmake --build $base -j "$jobs" --target mlaserve-server mlaserve-loadgen \
     >> "$out/build-base.log" 2>&1 || { tail -20 "$out/build-base.log"; exit 1; }
@@ -69,7 +59,7 @@ for stage in $stages; do
         for side in base new; do
           bin=$new
           [ $side = base ] && bin=$base/bin
-          echo "== $side ($( [ $side = base ] && cat .gpu/base/COMMIT || echo 'this tree')), round $round"
+          echo "== $side ($( [ $side = base ] && cat build-ab/base/COMMIT || echo 'this tree')), round $round"
           light $bin
         done
       done 2>&1 | tee "$out/light.txt" ;;

@@ -26,22 +26,29 @@ TOLERANCE = 0.05
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--server", default="build/bin/mlaserve-server")
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--sequences", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=128)
-    parser.add_argument("--prompt-tokens", type=int, default=4)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--server", default="build/bin/mlaserve-server",
+                        help="the mlaserve-server binary to start")
+    parser.add_argument("--layers", type=int, default=2,
+                        help="decoder layers of the model (the server serves as many)")
+    parser.add_argument("--sequences", type=int, default=8, help="sequences decoded as a batch")
+    parser.add_argument("--steps", type=int, default=128,
+                        help="tokens generated per sequence after its prompt")
+    parser.add_argument("--prompt-tokens", type=int, default=4,
+                        help="prompt length: all but the last are decoded as steps before "
+                             "generation starts (and counted in the steps timed)")
     parser.add_argument("--shared-prompt", action="store_true",
                         help="prompts that agree but for their last token, the shared part "
                              "prefilled once and registered as a prefix on the server")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the model's weights")
     parser.add_argument("--device", default="cpu", help="where the model runs (cuda:0)")
     parser.add_argument("--hidden-size", type=int, default=256,
                         help="7168 with --intermediate-size 18432 and --q-lora-rank 1536: "
                              "DeepSeek-V3's dense layer")
-    parser.add_argument("--intermediate-size", type=int, default=512)
-    parser.add_argument("--q-lora-rank", type=int, default=192)
+    parser.add_argument("--intermediate-size", type=int, default=512, help="the FFN's width")
+    parser.add_argument("--q-lora-rank", type=int, default=192,
+                        help="the query's low-rank width (q_a_proj)")
     parser.add_argument("--experts", type=int, default=0,
                         help="routed experts (a multiple of 8): MoE layers after the first")
     parser.add_argument("--micro-batches", default="1,2,3",
@@ -101,7 +108,12 @@ def main():
                   f"{len(set(mine))} distinct")
         rest = run(m.NoAttention(model))
         local = run(m.LocalAttention(model))  # again, warm
-        print(f"time per output token ({args.sequences} sequences, {local.steps} steps):")
+        # A step is one token through the model, prompt or generated: with shared prompts the
+        # prompt's all-but-last tokens are prefilled instead and only its last is a step.
+        prompt_steps = local.steps - args.steps
+        print(f"time per output token ({args.sequences} sequences, {local.steps} steps: "
+              f"{prompt_steps} prompt token{'s' if prompt_steps != 1 else ''} decoded before "
+              f"the {args.steps} generated, each timed as a step):")
         rest_ms = 1000 * rest.seconds / rest.steps
         local_ms = 1000 * local.seconds / local.steps
         attention_ms = max(0.0, local_ms - rest_ms)

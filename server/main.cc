@@ -20,6 +20,7 @@
 #include <systemd/sd-daemon.h>
 
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cluster/etcd_client.h"
@@ -138,7 +139,11 @@ int main(int argc, char** argv) {
     spdlog::error("cannot start: {}", std::string(server.status().message()));
     return EXIT_FAILURE;
   }
-  spdlog::info("listening: gRPC on port {} ({}, {}{}), metrics {}", (*server)->port(),
+  // A unix socket has no port (gRPC reports 1 for it): the log names its path instead.
+  const bool unix_socket = absl::StartsWith(config->server.listen_address, "unix:");
+  spdlog::info("listening: gRPC on {} ({}, {}{}), metrics {}",
+               unix_socket ? std::string(config->server.listen_address)
+                           : absl::StrCat("port ", (*server)->port()),
                config->server.listen_address, config->server.tls.mode(),
                (*server)->guard() != nullptr  ? ", behind the HTTP/2 guard"
                : config->server.tls.enabled() ? ", no HTTP/2 guard: TLS listeners are gRPC's own"

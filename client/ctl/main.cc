@@ -26,6 +26,7 @@
 #include "client/ctl/drain.h"
 #include "client/health_check.h"
 #include "client/mlaserve_client.h"
+#include "client/transport_hint.h"
 #include "cluster/etcd_client.h"
 #include "cluster/member_record.h"
 #include "common/command_line.h"
@@ -78,7 +79,13 @@ constexpr char kUsage[] =
     "              room), then stop it; clients follow them (docs/cluster.md)\n"
     "Under tenants a caller sees its own prefixes and sequences only (docs/api.md).";
 
-int Fail(const absl::Status& status) {
+// Whether --tls_ca made this a TLS client: a connection failure then reads differently.
+bool client_tls = false;
+
+// `from_target`: the failure of a call to --target (not to etcd, whose TLS flags are others).
+int Fail(const absl::Status& failure, bool from_target = true) {
+  const absl::Status status =
+      from_target ? mlaserve::client::ExplainTransportError(failure, client_tls) : failure;
   std::cerr << "mlaserve-ctl: " << absl::StatusCodeToString(status.code()) << ": "
             << status.message() << "\n";
   return 2;
@@ -166,22 +173,39 @@ int Health(MlaServeClient& client, bool json) {
   return *status == mlaserve::client::ServingStatus::kServing ? 0 : 1;
 }
 
-// Pages through a listing until its end or --limit.
+// A listing as far as --limit, and whether the server holds more entries than it shows.
+template <typename Entry>
+struct Listing {
+  std::vector<Entry> entries;
+  bool more = false;
+};
+
+// Pages through a listing until its end or --limit (one entry past it tells whether more exist).
 template <typename Entry, typename Response, typename Call, typename Entries>
-absl::StatusOr<std::vector<Entry>> ListAll(Call call, Entries entries) {
+absl::StatusOr<Listing<Entry>> ListAll(Call call, Entries entries) {
   const int limit = absl::GetFlag(FLAGS_limit);
-  std::vector<Entry> all;
+  Listing<Entry> all;
   std::string token;
   do {
     absl::StatusOr<Response> page = call(absl::GetFlag(FLAGS_page_size), token);
     if (!page.ok()) return page.status();
     for (const auto& entry : entries(*page)) {
-      if (limit > 0 && static_cast<int>(all.size()) >= limit) return all;
-      all.push_back(entry);
+      if (limit > 0 && static_cast<int>(all.entries.size()) >= limit) {
+        all.more = true;
+        return all;
+      }
+      all.entries.push_back(entry);
     }
     token = page->next_page_token();
   } while (!token.empty());
   return all;
+}
+
+// The table's last line: the count, and how to see the rest when --limit cut the listing.
+std::string CountLine(size_t shown, bool more, const char* what) {
+  if (!more) return absl::StrCat(shown, " ", what, "\n");
+  return absl::StrCat(shown, " ", what, " shown; the server holds more (--limit ",
+                      absl::GetFlag(FLAGS_limit), "; --limit 0 lists all)\n");
 }
 
 int Prefixes(MlaServeClient& client, bool json) {
@@ -191,19 +215,21 @@ int Prefixes(MlaServeClient& client, bool json) {
   if (!prefixes.ok()) return Fail(prefixes.status());
   if (json) {
     v1::ListPrefixesResponse all;
-    for (const v1::PrefixSummary& p : *prefixes) *all.add_prefixes() = p;
+    for (const v1::PrefixSummary& p : prefixes->entries) *all.add_prefixes() = p;
+    // As the RPC says it: more entries follow the last one shown.
+    if (prefixes->more) all.set_next_page_token(all.prefixes().rbegin()->prefix_id());
     std::cout << Json(all);
     return 0;
   }
   std::cout << absl::StrFormat("%-32s %-24s %8s %8s %6s %8s %s\n", "PREFIX", "PARENT", "TOKENS",
                                "OWN", "FORMAT", "PAGES", "REFERENCED");
-  for (const v1::PrefixSummary& p : *prefixes) {
+  for (const v1::PrefixSummary& p : prefixes->entries) {
     std::cout << absl::StrFormat("%-32s %-24s %8d %8d %6s %8d %s\n", p.prefix_id(),
                                  p.parent_id().empty() ? "-" : p.parent_id(), p.tokens(),
                                  p.own_tokens(), Dtype(p.kv_dtype()), p.pages(),
                                  p.referenced() ? "yes" : "no");
   }
-  std::cout << prefixes->size() << " prefix(es)\n";
+  std::cout << CountLine(prefixes->entries.size(), prefixes->more, "prefix(es)");
   return 0;
 }
 
@@ -215,19 +241,22 @@ int Sequences(MlaServeClient& client, bool json) {
   if (!sequences.ok()) return Fail(sequences.status());
   if (json) {
     v1::ListSequencesResponse all;
-    for (const v1::SequenceSummary& s : *sequences) *all.add_sequences() = s;
+    for (const v1::SequenceSummary& s : sequences->entries) *all.add_sequences() = s;
+    if (sequences->more) {
+      all.set_next_page_token(all.sequences().rbegin()->sequence().sequence_id());
+    }
     std::cout << Json(all);
     return 0;
   }
   std::cout << absl::StrFormat("%-32s %-24s %10s %6s %8s %s\n", "SEQUENCE", "PREFIX", "LENGTH",
                                "FORMAT", "PAGES", "SHARED");
-  for (const v1::SequenceSummary& s : *sequences) {
+  for (const v1::SequenceSummary& s : sequences->entries) {
     const v1::Sequence& q = s.sequence();
     std::cout << absl::StrFormat("%-32s %-24s %10s %6s %8d %d\n", q.sequence_id(),
                                  q.prefix_id().empty() ? "-" : q.prefix_id(), Lengths(q),
                                  Dtype(q.kv_dtype()), s.pages(), s.shared_pages());
   }
-  std::cout << sequences->size() << " sequence(s)\n";
+  std::cout << CountLine(sequences->entries.size(), sequences->more, "sequence(s)");
   return 0;
 }
 
@@ -287,7 +316,7 @@ absl::StatusOr<std::vector<mlaserve::cluster::MemberRecord>> ReadMembers() {
 
 int Members(bool json) {
   absl::StatusOr<std::vector<mlaserve::cluster::MemberRecord>> members = ReadMembers();
-  if (!members.ok()) return Fail(members.status());
+  if (!members.ok()) return Fail(members.status(), /*from_target=*/false);
   if (json) {
     std::cout << "{\"members\": [";
     for (size_t i = 0; i < members->size(); ++i) {
@@ -308,7 +337,7 @@ int Members(bool json) {
 
 int Drain(MlaServeClient& client, bool json) {
   absl::StatusOr<std::vector<mlaserve::cluster::MemberRecord>> members = ReadMembers();
-  if (!members.ok()) return Fail(members.status());
+  if (!members.ok()) return Fail(members.status(), /*from_target=*/false);
   const std::string target = absl::GetFlag(FLAGS_target);
   absl::StatusOr<v1::GetServerInfoResponse> info = client.GetServerInfo();
   if (!info.ok()) return Fail(info.status());
@@ -385,6 +414,7 @@ int main(int argc, char** argv) {
     if (!tls.ok()) return Fail(tls.status());
     options.tls = *std::move(tls);
     options.tls.server_name = absl::GetFlag(FLAGS_tls_server_name);
+    client_tls = true;
   } else if (!absl::GetFlag(FLAGS_tls_cert).empty()) {
     std::cerr << "mlaserve-ctl: --tls_cert: needs --tls_ca\n";
     return 2;

@@ -34,6 +34,7 @@
 #include "client/loadgen/soak_report.h"
 #include "client/loadgen/workload.h"
 #include "client/mlaserve_client.h"
+#include "client/transport_hint.h"
 #include "common/command_line.h"
 #include "kernels/core/cpu_features.h"
 #include "kernels/core/matmul.h"
@@ -561,8 +562,12 @@ int main(int argc, char** argv) {
       return 2;
     }
     clients.push_back(mlaserve::client::MlaServeClient::Connect(name, client_options));
-    if (!clients.back()->WaitForConnected(absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s)))) {
-      std::cerr << "mlaserve-loadgen: cannot connect to " << name << "\n";
+    if (const absl::Status connected = mlaserve::client::WaitForServer(
+            *clients.back(), absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s)),
+            client_options.tls.enabled());
+        !connected.ok()) {
+      std::cerr << "mlaserve-loadgen: cannot connect to " << name << ": " << connected.message()
+                << "\n";
       return 1;
     }
   }

@@ -9,7 +9,8 @@
    its flag files, device and state directory), setting by setting: no GPU needed;
 2. deploy/install.sh into a scratch DESTDIR installs every file where the unit and the
    binary expect it, twice (idempotent) and without overwriting an edited flag file, and
-   deploy/uninstall.sh removes it all but the configuration;
+   deploy/uninstall.sh removes it all but the configuration; the GPU unit only from a tree
+   with CUDA, and no build without CUDA over an enabled GPU instance (gpu_install.py);
 3. the installed binary, started the way the unit starts it (the installed flag file, an
    unprivileged user when run as root, NoNewPrivileges and MemoryDenyWriteExecute through
    their kernel equivalents, NOTIFY_SOCKET on a datagram socket this test reads), sends
@@ -32,6 +33,7 @@ import tempfile
 import time
 import urllib.request
 
+from gpu_install import check_gpu_install
 from unit_runner import NotifySocket, Server, mdwe_supported, server_env
 
 # The server runs with the example flag file but a small model, loopback and free ports,
@@ -175,9 +177,15 @@ def check_gpu_unit(unit_text, gpu_text, prefix, known_flags, failures):
 
 # --- 2. Install ---------------------------------------------------------------------------
 
+def run_install(source_dir, build_dir, prefix, destdir, **extra):
+    # GPU only as the caller says: not a GPU=1 of the environment the test runs in.
+    env = {k: v for k, v in os.environ.items() if k != "GPU"}
+    env.update(DESTDIR=destdir, PREFIX=prefix, BUILD_DIR=build_dir, **extra)
+    return run([os.path.join(source_dir, "deploy", "install.sh"), "--no-build"], env=env)
+
+
 def install(source_dir, build_dir, prefix, destdir, failures):
-    env = dict(os.environ, DESTDIR=destdir, PREFIX=prefix, BUILD_DIR=build_dir)
-    result = run([os.path.join(source_dir, "deploy", "install.sh"), "--no-build"], env=env)
+    result = run_install(source_dir, build_dir, prefix, destdir)
     failures.check(result.returncode == 0, f"install.sh failed:\n{result.stdout}")
     return result.stdout
 
@@ -198,7 +206,7 @@ def check_install(source_dir, build_dir, prefix, destdir, failures):
         "guide": f"{root}/share/doc/mlaserve/deploy.md",
         "unit": f"{destdir}/etc/systemd/system/mlaserve.service",
         "template unit": f"{destdir}/etc/systemd/system/mlaserve@.service",
-        "GPU unit": f"{destdir}/etc/systemd/system/mlaserve-gpu@.service",
+        # The example only: the GPU unit goes to /etc from a build with CUDA (gpu_install.py).
         "example GPU unit": f"{root}/share/doc/mlaserve/mlaserve-gpu@.service",
         "flags": f"{destdir}/etc/mlaserve/mlaserve.flags",
     }
@@ -227,10 +235,8 @@ def check_install(source_dir, build_dir, prefix, destdir, failures):
         "\nStateDirectory=mlaserve\n", "\nStateDirectory=mlaserve/%i\n")
     failures.check(template.split("\n", 2)[2] == derived,
                    "the template unit differs from the unit in more than the instance name")
-    with open(expected["GPU unit"]) as f:
-        gpu_unit = f.read()
     with open(expected["example GPU unit"]) as f:
-        failures.check(f.read() == gpu_unit, "the GPU unit in /etc differs from the installed example")
+        gpu_unit = f.read()
     failures.check(oct(os.stat(expected["flags"]).st_mode & 0o777) == "0o644",
                    "the flag file must be readable by the service's dynamic user")
 
@@ -469,13 +475,16 @@ def main():
             check_unit(installed["template unit"], installed["binary"], scratch, failures,
                        name="mlaserve@a.service")
             # The GPU template as GPU 3's instance: its DeviceAllow= must resolve to GPU 3.
-            check_unit(installed["GPU unit"], installed["binary"], scratch, failures,
+            check_unit(installed["example GPU unit"], installed["binary"], scratch, failures,
                        name="mlaserve-gpu@3.service", max_exposure=MAX_GPU_EXPOSURE,
                        device_acl=[entry.replace("%i", "3").replace(" ", ":")
                                    for entry in NVIDIA_DEVICE_ALLOW])
             check_lifecycle(installed, unit_environment, scratch, failures)
             check_under_strace(installed, args.prefix, unit_environment, scratch, failures)
             check_uninstall(source_dir, args.prefix, destdir, installed, failures)
+            check_gpu_install(
+                lambda tree, dest, **env: run_install(source_dir, tree, args.prefix, dest, **env),
+                build_dir, args.prefix, scratch, failures)
     for failure in failures:
         print("FAILED:", failure)
     print(f"deploy test: {'failed' if failures else 'all checks passed'} "

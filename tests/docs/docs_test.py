@@ -8,14 +8,17 @@
   * exit codes: every sentence that states an exit code is one of EXIT_CLAIMS, whose number
     is read from the doc and compared with what the binary returns in that case;
   * metrics: every `mlaserve_*` name in the docs and the Grafana dashboard (CMake targets
-    aside, and glibc's heap series under a sanitizer's malloc) is on /metrics of a server with emulated devices, one with tenants, or one on the
-    fake GPU, each after load;
-  * snippets: every fenced block marked `<!-- docs-test: runs -->` on the line above runs
-    against a real server (python blocks with the build's Python client; the documented
-    address 127.0.0.1:50051 is the test server's).
+    aside, and glibc's heap series under a sanitizer's malloc) is on /metrics of a server with
+    emulated devices, one with tenants, or one on the fake GPU, each after load; and every
+    series those servers export is in docs/api.md's metrics table;
+  * snippets: every fenced block marked `<!-- docs-test: runs -->` on the line above runs:
+    python blocks against a real server with the build's Python client (the documented
+    address 127.0.0.1:50051 is the test server's), sh blocks under bash -euo pipefail in an
+    empty scratch directory of their own; docs/deploy.md's, which makes TLS certificates, is
+    then served and called (tls_walkthrough.py).
 
-Beside it: doc_text.py (reading the docs), doc_servers.py (the servers it starts) and
-exit_codes.py (the exit-code claims and their cases).
+Beside it: doc_text.py (reading the docs), doc_servers.py (the servers it starts),
+exit_codes.py (the exit-code claims and their cases) and tls_walkthrough.py.
 
     /usr/bin/python3 tests/docs/docs_test.py --source . --bin build/bin  (PYTHONPATH=build/python)
 """
@@ -33,6 +36,7 @@ from doc_servers import Servers, load, run  # noqa: E402  (beside this script)
 from doc_text import (RUN_MARK, iter_lines, join_continuations, line_of, read_doc,  # noqa: E402
                       rel, user_docs)
 from exit_codes import check_exit_codes  # noqa: E402
+from tls_walkthrough import check_tls_walkthrough  # noqa: E402
 
 DOCUMENTED_TARGET = "127.0.0.1:50051"
 # Series of glibc's allocator, absent where a sanitizer's malloc serves the server.
@@ -217,6 +221,36 @@ def check_metrics(source, bin_dir, servers, failures, sanitizer_malloc):
                 failures.append(f"{rel(source, path)}:{line_of(text, m.start())}: {name} is "
                                 f"not exported by any of the servers")
     print(f"metrics: {checked} names checked against {len(exported)} exported families")
+    check_metrics_table(source, exported, failures)
+
+
+def metrics_table(source):
+    """{name: line} of every series docs/api.md's metrics table names (a row's first cell)."""
+    path = os.path.join(source, "docs", "api.md")
+    text = read_doc(path)
+    start = text.find("\n## Metrics\n")
+    end = text.find("\n## ", start + 1)
+    if start < 0:
+        return {}
+    names = {}
+    for m in re.finditer(r"^\|([^|\n]*)\|", text[start:end if end > 0 else len(text)], re.M):
+        for name in re.findall(r"`([a-z_][a-z0-9_]*)`", m.group(1)):
+            names.setdefault(name, line_of(text, start + m.start()))
+    return names
+
+
+def check_metrics_table(source, exported, failures):
+    """Every family the servers export has a row (the reverse of the check above: a series
+    added to the server and left out of the table fails here)."""
+    table = metrics_table(source)
+    if not table:
+        failures.append("docs/api.md: no metrics table under '## Metrics'")
+        return
+    missing = sorted(exported - set(table))
+    for name in missing:
+        failures.append(f"docs/api.md: {name} is exported but not in the metrics table")
+    print(f"metrics table: {len(exported) - len(missing)} of {len(exported)} exported families "
+          f"in docs/api.md's table")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,21 +276,34 @@ def marked_snippets(source):
 
 
 def check_snippets(source, servers, failures):
+    """Runs every marked snippet; returns the directory docs/deploy.md's sh snippet ran in."""
     _, target, _ = servers.get("plain")
     snippets = marked_snippets(source)
-    for doc, line, language, code in snippets:
-        if language != "python":
-            failures.append(f"{doc}:{line}: a marked snippet must be a python block "
+    deploy_dir = None
+    for n, (doc, line, language, code) in enumerate(snippets):
+        if language == "python":
+            done = subprocess.run([sys.executable, "-"],
+                                  input=code.replace(DOCUMENTED_TARGET, target),
+                                  capture_output=True, text=True, timeout=120)
+        elif language == "sh":
+            # In an empty directory of its own, inside the test's scratch (removed at the end).
+            where = os.path.join(servers.scratch, f"snippet-{n}")
+            os.mkdir(where)
+            done = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=where,
+                                  capture_output=True, text=True, timeout=120)
+            if doc == os.path.join("docs", "deploy.md"):
+                deploy_dir = where
+        else:
+            failures.append(f"{doc}:{line}: a marked snippet must be a python or sh block "
                             f"({language or code})")
             continue
-        done = subprocess.run([sys.executable, "-"], input=code.replace(DOCUMENTED_TARGET, target),
-                              capture_output=True, text=True, timeout=120)
         print(f"snippet {doc}:{line}: exit {done.returncode}: {done.stdout.strip()[-200:]}")
         if done.returncode != 0:
             failures.append(f"{doc}:{line}: the snippet failed: {done.stderr.strip()[-600:]}")
     if not snippets:
         failures.append(f"no snippet is marked {RUN_MARK}")
     print(f"snippets: {len(snippets)} run")
+    return deploy_dir
 
 
 def main():
@@ -273,7 +320,8 @@ def main():
             check_flags(args.source, args.bin, failures)
             check_metrics(args.source, args.bin, servers, failures, args.sanitizer_malloc)
             check_exit_codes(args.source, args.bin, servers, failures)
-            check_snippets(args.source, servers, failures)
+            made = check_snippets(args.source, servers, failures)
+            check_tls_walkthrough(args.bin, made, failures)
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
             failures.append(f"error: {e}")
         finally:

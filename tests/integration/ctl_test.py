@@ -2,9 +2,11 @@
 """mlaserve-ctl against the server binary: info, health, prefixes, sequences and stats as
 tables and as JSON, checked against what the test put in the server through the Python
 client; paging through more entries than one call returns; exit status 0 on success and 2
-with a message that says what is wrong on errors (a bad command or flag, no server). Then a
-server left to size its own pool (no --devices) under an affinity mask of one CPU: info
-reports one usable CPU and a pool of one device, chosen by the auto rule.
+with a message that says what is wrong on errors (a bad command or flag, no server); --limit
+says when more entries exist than it listed. Then a server left to size its own pool (no
+--devices) under an affinity mask of one CPU: info reports one usable CPU and a pool of one
+device, chosen by the auto rule; and a server on a unix socket, which its start-up line names
+(no port) and mlaserve-ctl reaches.
 
     /usr/bin/python3 tests/integration/ctl_test.py --server build/bin/mlaserve-server \
         --ctl build/bin/mlaserve-ctl   (PYTHONPATH=build/python)
@@ -15,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 
@@ -87,12 +90,21 @@ def main():
         on_ids = [s["sequence"]["sequence_id"] for s in on_system.get("sequences", [])]
         if on_ids != ["req-0", "req-2", "req-4", "req-6"]:
             failures.append(f"sequences --prefix=system: {on_ids}")
-        limited = json.loads(ctl("sequences", "--json", "--limit=2").stdout)["sequences"]
-        if len(limited) != 2:
-            failures.append(f"sequences --limit=2 listed {len(limited)}")
+        limited = json.loads(ctl("sequences", "--json", "--limit=2").stdout)
+        if len(limited["sequences"]) != 2 or limited.get("next_page_token") != \
+                limited["sequences"][-1]["sequence"]["sequence_id"]:
+            failures.append(f"sequences --limit=2 --json: {limited}")
+        # --limit at the count, with pages of its size: nothing more, so nothing said of more.
+        for argv, more in ((["--limit=2"], True), (["--limit=8", "--page_size=4"], False),
+                           (["--limit=7", "--page_size=7"], True)):
+            shown = ctl("sequences", *argv).stdout.strip().splitlines()[-1]
+            if ("the server holds more" in shown) != more:
+                failures.append(f"sequences {' '.join(argv)}: last line {shown!r}")
+        if "next_page_token" in json.loads(ctl("sequences", "--json", "--limit=8").stdout):
+            failures.append("sequences --limit=8 --json of 8: a next_page_token")
         table = ctl("sequences").stdout
         print(table)
-        if "req-1-beam" not in table or "8 sequence(s)" not in table:
+        if "req-1-beam" not in table or not table.rstrip().endswith("\n8 sequence(s)"):
             failures.append(f"sequences table: {table}")
 
         stats = json.loads(ctl("stats", "--json").stdout)
@@ -120,6 +132,7 @@ def main():
     finally:
         server.stop()
     check_auto_pool(args, failures)
+    check_unix_socket(args, failures)
     for failure in failures:
         print("FAIL:", failure, file=sys.stderr)
     if not failures:
@@ -152,6 +165,30 @@ def check_auto_pool(args, failures):
         failures.append(f"one CPU: {type(e).__name__}: {e}")
     finally:
         server.stop()
+
+
+def check_unix_socket(args, failures):
+    """--listen=unix:PATH: the start-up line names the socket, and mlaserve-ctl reaches it."""
+    with tempfile.TemporaryDirectory(prefix="mlaserve-ctl-unix-") as d:
+        address = f"unix:{d}/mlaserve.sock"
+        server = Server(args.server, [f"--listen={address}", "--metrics_listen=", "--layers=1",
+                                      "--devices=1", "--kv_budget=64MiB"])
+        try:
+            if not server.ready(60):
+                raise RuntimeError("the unix-socket server did not become ready: " +
+                                   "".join(server.log))
+            listening = next((line for line in server.log if "listening:" in line), "")
+            if f"gRPC on {address} (" not in listening:
+                failures.append(f"unix socket: the start-up line does not name it: {listening!r}")
+            run = subprocess.run([args.ctl, f"--target={address}", "health"],
+                                 capture_output=True, text=True, timeout=60)
+            if run.returncode != 0 or run.stdout.strip() != "SERVING":
+                failures.append(f"unix socket: health exit {run.returncode}: {run.stdout!r} "
+                                f"{run.stderr!r}")
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+            failures.append(f"unix socket: {type(e).__name__}: {e}")
+        finally:
+            server.stop()
 
 
 if __name__ == "__main__":

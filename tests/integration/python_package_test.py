@@ -1,10 +1,11 @@
-"""The Python package as users install it (docs/api.md, "Clients"): `pip install
-./client/python` from a copy of the checkout into a fresh virtual environment (Debian's
-python3-venv, with the system's site packages for grpcio, protobuf and numpy, no index and no
-build isolation: nothing is downloaded), then, from a folder outside the checkout, the
-installed package imported (generated stubs, mlaserve.flash_mla, the cluster client) with
-the server's version, and a real server called through it: GetServerInfo and a decode
-against a float64 reference. The copy, the environment and the server go at the end.
+"""The Python package as users install it (docs/api.md, "Clients"): the venv recipe that README
+and docs/api.md both show (the same lines in each, or the test fails), run as written from a
+copy of the checkout, its environment in a scratch folder and pip told to use no index and no
+cache (PIP_NO_INDEX: nothing may be downloaded; Debian's python3-torch, 1.13.0a0, must meet
+the [torch] extra). Then, from a folder outside the checkout, the installed package imported
+(generated stubs, mlaserve.flash_mla with torch, the cluster client) with the server's version,
+and a real server called through it: GetServerInfo and a decode against a float64 reference.
+The copy, the environment and the server go at the end.
 
     /usr/bin/python3 tests/integration/python_package_test.py --source . \\
         --server build/bin/mlaserve-server
@@ -21,11 +22,32 @@ import time
 
 from harness import Server, free_port, report
 
+# Where the recipe puts its environment; the test puts it in its scratch folder.
+RECIPE_ENV = "~/mlaserve-env"
+
+
+def venv_recipe(source):
+    """The lines of the fenced sh block that makes the venv, the same in README and api.md."""
+    found = {}
+    for doc in ("README.md", os.path.join("docs", "api.md")):
+        with open(os.path.join(source, doc)) as f:
+            blocks = re.findall(r"^```sh\n(.*?)^```", f.read(), re.M | re.S)
+        found[doc] = [b for b in blocks if "-m venv --system-site-packages" in b]
+        if len(found[doc]) != 1:
+            raise RuntimeError(f"{doc}: {len(found[doc])} venv recipes, not one")
+    if len({blocks[0] for blocks in found.values()}) != 1:
+        raise RuntimeError(f"README.md and docs/api.md show different venv recipes: {found}")
+    lines = [line for line in found["README.md"][0].splitlines() if line.strip()]
+    if not all(RECIPE_ENV in line for line in lines):
+        raise RuntimeError(f"a recipe line outside {RECIPE_ENV}: {lines}")
+    return lines
+
 CHECK = r'''
 import sys
 import numpy as np
 import mlaserve
-import mlaserve.flash_mla  # noqa: F401 (imports without torch installed? it must say why)
+import mlaserve.flash_mla  # noqa: F401
+import torch  # the [torch] extra's
 from mlaserve.v1 import mlaserve_pb2_grpc  # noqa: F401
 assert mlaserve.__file__.startswith(sys.prefix), mlaserve.__file__
 client = mlaserve.Client(sys.argv[1])
@@ -68,15 +90,16 @@ def main():
         shutil.copytree(os.path.join(args.source, "proto"), os.path.join(checkout, "proto"))
         shutil.copy(os.path.join(args.source, "CMakeLists.txt"), checkout)
         venv = os.path.join(scratch, "venv")
-        subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", venv],
-                       check=True)
+        offline = dict(os.environ, PIP_NO_INDEX="1", PIP_NO_CACHE_DIR="1",
+                       PIP_DISABLE_PIP_VERSION_CHECK="1")
+        offline.pop("PYTHONPATH", None)
+        for line in venv_recipe(args.source):
+            ran = subprocess.run(["bash", "-c", line.replace(RECIPE_ENV, venv)], cwd=checkout,
+                                 env=offline, capture_output=True, text=True, timeout=300)
+            print(f"$ {line}\n{ran.stdout[-300:]}", end="")
+            if ran.returncode != 0:
+                raise RuntimeError(f"{line}: exit {ran.returncode}:\n{ran.stdout}\n{ran.stderr}")
         python = os.path.join(venv, "bin", "python")
-        installed = subprocess.run(
-            [python, "-m", "pip", "install", "--no-index", "--no-build-isolation", "--no-cache-dir",
-             "--disable-pip-version-check", "--quiet",
-             "./client/python"], cwd=checkout, capture_output=True, text=True)
-        if installed.returncode != 0:
-            raise RuntimeError(f"pip install failed:\n{installed.stdout}\n{installed.stderr}")
         shown = subprocess.run([python, "-m", "pip", "show", "mlaserve"], capture_output=True,
                                text=True, check=True).stdout
         requires = re.search(r"^Requires: (.*)$", shown, re.M)

@@ -2,22 +2,31 @@
 """The server binary under mutual TLS with certificates made by openssl at run time, and
 every client that can reach it: the Python client, the FlashMLA-compatible entry point, the
 health probe (deploy/mlaserve-health) and mlaserve-loadgen. A plaintext client and a client
-without a certificate are refused.
+without a certificate are refused. A client and a server that disagree about TLS are told
+so: mlaserve-ctl, mlaserve-loadgen and the Python client, plaintext against the TLS server
+and with TLS against a plaintext one, each fail with what to change (a plaintext loadgen at
+once, not after its connect timeout).
 
     /usr/bin/python3 tests/integration/tls_clients_test.py --server build/bin/mlaserve-server \
-        --loadgen build/bin/mlaserve-loadgen --health deploy/mlaserve-health  (PYTHONPATH=build/python)
+        --loadgen build/bin/mlaserve-loadgen --ctl build/bin/mlaserve-ctl \
+        --health deploy/mlaserve-health  (PYTHONPATH=build/python)
 """
 
 import argparse
 import subprocess
 import sys
 import tempfile
+import time
 
 import grpc
 import numpy as np
 
 import mlaserve
-from harness import free_port, make_pki
+from harness import Server, free_port, make_pki
+
+EXPECT_TLS = "the server may expect TLS"
+NOT_TLS = "the server may not speak TLS"
+NEEDS_CERTIFICATE = "the server may require a client certificate"
 from mlaserve import flash_mla
 
 
@@ -25,6 +34,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--server", required=True)
     parser.add_argument("--loadgen", required=True)
+    parser.add_argument("--ctl", required=True)
     parser.add_argument("--health", required=True)
     args = parser.parse_args()
     failures = []
@@ -63,7 +73,12 @@ def main():
                         c.server_info()
                     failures.append(f"a {name} client was answered")
                 except grpc.RpcError as e:
-                    print(f"{name} client refused: {e.code()}")
+                    print(f"{name} client refused: {e.code()}: {e.details()}")
+                    needle = EXPECT_TLS if name == "plaintext" else NEEDS_CERTIFICATE
+                    if needle not in e.details():
+                        failures.append(f"the {name} Python client was not told {needle!r}: "
+                                        f"{e.details()}")
+            check_plaintext_tools(args, target, failures)
 
             flash_mla.configure(target=target, **tls)
             seqlens = np.array([50], dtype=np.int32)
@@ -88,9 +103,60 @@ def main():
         finally:
             server.terminate()
             server.wait(timeout=60)
+        check_tls_into_plaintext(args, tls, failures)
     for failure in failures:
         print("FAIL:", failure, file=sys.stderr)
     return 1 if failures else 0
+
+
+def tool(argv, needle, failures, what, within=None):
+    """Runs a tool that must fail with `needle` in what it prints (within `within` s)."""
+    started = time.monotonic()
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - started
+    said = (run.stderr + run.stdout).strip().splitlines()
+    print(f"{what}: exit {run.returncode} after {took:.1f} s: {said[-1] if said else ''}")
+    if run.returncode == 0 or needle not in run.stderr:
+        failures.append(f"{what}: exit {run.returncode}, no {needle!r} in: {run.stderr[-500:]}")
+    if within is not None and took > within:
+        failures.append(f"{what}: took {took:.1f} s, more than {within} s")
+
+
+def check_plaintext_tools(args, target, failures):
+    """mlaserve-ctl and mlaserve-loadgen without --tls_ca against the TLS server."""
+    tool([args.ctl, f"--target={target}", "--timeout_s=5", "info"], EXPECT_TLS, failures,
+         "plaintext mlaserve-ctl against TLS")
+    # The connect timeout is the default 30 s: a TLS disagreement must end the wait at once.
+    tool([args.loadgen, f"--target={target}", "--duration_s=1"], EXPECT_TLS, failures,
+         "plaintext mlaserve-loadgen against TLS", within=15)
+
+
+def check_tls_into_plaintext(args, tls, failures):
+    """Every client with TLS against a plaintext server."""
+    target = f"127.0.0.1:{free_port()}"
+    server = Server(args.server, [f"--listen={target}", "--metrics_listen=", "--layers=1",
+                                  "--devices=1", "--kv_budget=64MiB"])
+    try:
+        if not server.ready(60):
+            failures.append("the plaintext server did not start: " + "".join(server.log[-20:]))
+            return
+        flags = [f"--tls_ca={tls['tls_ca']}"]
+        tool([args.ctl, f"--target={target}", "--timeout_s=5", *flags, "info"], NOT_TLS,
+             failures, "mlaserve-ctl with TLS against plaintext")
+        tool([args.loadgen, f"--target={target}", "--duration_s=1", *flags], NOT_TLS, failures,
+             "mlaserve-loadgen with TLS against plaintext", within=15)
+        try:
+            with mlaserve.Client(target, timeout=3, max_attempts=1,
+                                 tls_ca=tls["tls_ca"]) as client:
+                client.server_info()
+            failures.append("a TLS Python client was answered by a plaintext server")
+        except grpc.RpcError as e:
+            print(f"Python client with TLS against plaintext: {e.code()}: {e.details()}")
+            if NOT_TLS not in e.details():
+                failures.append(f"the TLS Python client was not told the server may not speak "
+                                f"TLS: {e.details()}")
+    finally:
+        server.stop()
 
 
 if __name__ == "__main__":

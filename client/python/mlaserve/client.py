@@ -10,6 +10,7 @@ import numpy as np
 from mlaserve.batch import batch_request, batch_result
 from mlaserve.fp8 import quantize_rows
 from mlaserve.tensors import BF16, FP16, from_tensor, to_tensor, wire_dtype
+from mlaserve.transport import explain
 from mlaserve.v1 import (admin_pb2, decode_pb2, kv_cache_pb2, mlaserve_pb2_grpc,
                          server_info_pb2, tensor_pb2)
 
@@ -103,6 +104,7 @@ class Client:
             if tls_server_name:
                 options.append(("grpc.ssl_target_name_override", tls_server_name))
             self._channel = grpc.secure_channel(target, credentials, options=options)
+        self._tls = tls_ca is not None
         self._stub = mlaserve_pb2_grpc.MlaServeStub(self._channel)
         self._timeout = timeout
         self._max_attempts = max_attempts
@@ -136,10 +138,10 @@ class Client:
                               metadata=self._metadata)
             except grpc.RpcError as error:
                 if error.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self._max_attempts:
-                    raise
+                    raise explain(error, self._tls) from error
                 pause = backoff * random.uniform(0.5, 1.0)
                 if time.monotonic() + pause >= deadline:
-                    raise
+                    raise explain(error, self._tls) from error
                 time.sleep(pause)
                 backoff = min(2 * backoff, self._max_backoff)
                 attempt += 1
@@ -353,7 +355,7 @@ class PendingDecode:
         except grpc.RpcError as error:
             remaining = self._deadline - time.monotonic()
             if error.code() != grpc.StatusCode.UNAVAILABLE or remaining <= 0:
-                raise
+                raise explain(error, self._client._tls) from error
             response = self._client._call(self._client._stub.Decode, self._request, remaining)
         return self._answer(response)
 
