@@ -74,8 +74,9 @@ char* SlotArena::Take(uint64_t size) {
   return chunk.bytes.get();
 }
 
-ShmConnection::ShmConnection(int fd, PeerCredentials peer, RegionBudget& budget)
-    : fd_(fd), peer_(peer), budget_(budget) {}
+ShmConnection::ShmConnection(int fd, PeerCredentials peer, RegionBudget& budget,
+                             std::atomic<int64_t>& refused_doorbells)
+    : fd_(fd), peer_(peer), budget_(budget), refused_doorbells_(refused_doorbells) {}
 
 ShmConnection::~ShmConnection() {
   if (region_ != nullptr) budget_.Give(tenant_, region_->bytes());

@@ -48,7 +48,9 @@ class SlotArena {
 // even after the client has gone (the answer is then written to memory nobody reads).
 class ShmConnection {
  public:
-  ShmConnection(int fd, PeerCredentials peer, RegionBudget& budget);
+  // `refused_doorbells` counts doorbells for a slot already running a call (Claim).
+  ShmConnection(int fd, PeerCredentials peer, RegionBudget& budget,
+                std::atomic<int64_t>& refused_doorbells);
   ~ShmConnection();  // closes the socket, gives the region's bytes back
   ShmConnection(const ShmConnection&) = delete;
   ShmConnection& operator=(const ShmConnection&) = delete;
@@ -76,8 +78,8 @@ class ShmConnection {
     uint64_t lse_offset = 0;
   };
   // Claims `slot` if the client published a call there (false otherwise, or when the slot
-  // is already running a call: a second doorbell for it is refused, counted in
-  // refused_doorbells). Then the call, or the status to answer it with.
+  // is already running a call: a second doorbell for it is refused, and counted). Then the
+  // call, or the status to answer it with.
   bool Claim(uint32_t slot);
   absl::StatusOr<TakenCall> Take(uint32_t slot, const engine::ModelConfig& model);
 
@@ -90,7 +92,6 @@ class ShmConnection {
   void MarkGone() { gone_.store(true, std::memory_order_relaxed); }
   bool gone() const { return gone_.load(std::memory_order_relaxed); }
   bool Cancelled(uint32_t slot) const;
-  int64_t refused_doorbells() const { return refused_doorbells_.load(); }
   int calls_in_flight() const { return in_flight_count_.load(); }
 
  private:
@@ -109,7 +110,7 @@ class ShmConnection {
   std::vector<SlotArena> arenas_;
   std::atomic<int> in_flight_count_{0};
   std::atomic<bool> gone_{false};
-  std::atomic<int64_t> refused_doorbells_{0};
+  std::atomic<int64_t>& refused_doorbells_;
 };
 
 }  // namespace mlaserve::dataplane

@@ -82,7 +82,7 @@ v1::DataPlane ShmDataPlane::Advertised() const {
   return plane;
 }
 
-int64_t ShmDataPlane::refused_doorbells() const { return refused_by_closed_.load(); }
+int64_t ShmDataPlane::refused_doorbells() const { return refused_doorbells_.load(); }
 
 void ShmDataPlane::Poll() {
   absl::flat_hash_map<int, absl::Time> hello_by;  // unregistered clients' deadlines
@@ -235,7 +235,7 @@ void ShmDataPlane::Accept() {
     event.events = EPOLLIN | EPOLLRDHUP;
     event.data.fd = fd;
     epoll_ctl(epoll_, EPOLL_CTL_ADD, fd, &event);
-    by_fd_[fd] = std::make_shared<ShmConnection>(fd, PeerOf(fd), budget_);
+    by_fd_[fd] = std::make_shared<ShmConnection>(fd, PeerOf(fd), budget_, refused_doorbells_);
   }
 }
 
@@ -280,7 +280,6 @@ void ShmDataPlane::Close(int fd) {
     ready_.erase(ready);
     clients_.fetch_sub(1, std::memory_order_relaxed);
   }
-  refused_by_closed_.fetch_add(connection->refused_doorbells(), std::memory_order_relaxed);
   // Its region stays mapped until its calls in flight have answered.
 }
 

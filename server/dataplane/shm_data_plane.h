@@ -54,6 +54,8 @@ class ShmDataPlane {
   void Drain() { draining_.store(true); }
   int clients() const { return clients_.load(std::memory_order_relaxed); }
   uint64_t registered_bytes() const { return budget_.total(); }
+  uint64_t registered_bytes_limit() const { return budget_.caps().total_bytes; }
+  // Doorbells for a slot already running a call, over all clients so far.
   int64_t refused_doorbells() const;
 
  private:
@@ -91,7 +93,7 @@ class ShmDataPlane {
   // The poller's alone; registered clients are also in `ready_` for the scan.
   absl::flat_hash_map<int, std::shared_ptr<ShmConnection>> by_fd_;
   std::vector<std::shared_ptr<ShmConnection>> ready_;
-  std::atomic<int64_t> refused_by_closed_{0};
+  std::atomic<int64_t> refused_doorbells_{0};  // every client's, counted by its connection
   std::thread poller_;
 };
 

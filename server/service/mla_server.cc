@@ -20,6 +20,7 @@
 #include "grpcpp/server_builder.h"
 #include "kernels/core/tensor_view.h"
 #include "openssl/ssl.h"
+#include "server/dataplane/data_plane_stats_collector.h"
 #include "server/engine/owned_decode_query.h"
 #include "server/service/guard_stats_collector.h"
 #include "server/service/pem_credentials.h"
@@ -193,6 +194,10 @@ absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factor
     if (server->listener_ != nullptr) {
       collectables.push_back(std::make_shared<GuardStatsCollector>(*server->listener_));
     }
+    if (server->shm_plane_ != nullptr) {
+      collectables.push_back(
+          std::make_shared<dataplane::DataPlaneStatsCollector>(*server->shm_plane_));
+    }
     ASSIGN_OR_RETURN(
         server->metrics_endpoint_,
         MetricsEndpoint::Start(options.metrics_address, options.tls, std::move(collectables)));
@@ -305,9 +310,9 @@ absl::Status MlaServer::Shutdown(absl::Duration timeout) {
   server_->Shutdown(
       absl::ToChronoTime(idle ? std::min(deadline, absl::Now() + kFlushGrace) : deadline));
   const absl::Status drained = engine_->Drain(deadline);
-  shm_plane_.reset();  // its calls ended with the engine's drain
   metrics_endpoint_.reset();
-  listener_.reset();  // after the endpoint, whose scrapes read it
+  shm_plane_.reset();  // after the endpoint, whose scrapes read it; its calls ended with the drain
+  listener_.reset();   // after the endpoint, whose scrapes read it
   if (state_keeper_ == nullptr) return drained;
   // Nothing changes the store any more: this save is the state the next start resumes.
   const absl::Time save_start = absl::Now();

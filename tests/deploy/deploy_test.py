@@ -59,6 +59,7 @@ GPU_UNIT_DIFFERENCES = {
     ("Service", "ExecStart"): ["{prefix}/bin/mlaserve-server --flagfile=/etc/mlaserve/mlaserve.flags "
                                "--flagfile=/etc/mlaserve/gpu%i.flags --devices=cuda:0"],
     ("Service", "StateDirectory"): ["mlaserve/gpu%i"],
+    ("Service", "RuntimeDirectory"): ["mlaserve/gpu%i"],
     ("Service", "PrivateDevices"): ["no"],
     ("Service", "DevicePolicy"): ["closed"],
     ("Service", "DeviceAllow"): NVIDIA_DEVICE_ALLOW,
@@ -232,7 +233,8 @@ def check_install(source_dir, build_dir, prefix, destdir, failures):
         template = f.read()
     derived = unit.replace("Description=mlaserve: ", "Description=mlaserve %i: ").replace(
         "--flagfile=/etc/mlaserve/mlaserve.flags", "--flagfile=/etc/mlaserve/%i.flags").replace(
-        "\nStateDirectory=mlaserve\n", "\nStateDirectory=mlaserve/%i\n")
+        "\nStateDirectory=mlaserve\n", "\nStateDirectory=mlaserve/%i\n").replace(
+        "\nRuntimeDirectory=mlaserve\n", "\nRuntimeDirectory=mlaserve/%i\n")
     failures.check(template.split("\n", 2)[2] == derived,
                    "the template unit differs from the unit in more than the instance name")
     with open(expected["example GPU unit"]) as f:

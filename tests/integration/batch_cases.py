@@ -1,8 +1,9 @@
 """Client.decode_batch (mlaserve.batch) against the list form on a real server, for
-python_smoke_test: the same request bytes as head_query/latent_query in one DecodeRequest,
-the same answers stacked (bit for bit in fp32), the async form alike; a batch's shapes that
-do not agree raise ValueError naming the argument before anything is sent; a field the
-server refuses is named with its query's index and changes nothing."""
+python_smoke_test: its request in the packed form carrying the arrays' own bytes, the same
+answers as head_query/latent_query in one list-form call (bit for bit in fp32), the async
+form alike; a batch's shapes that do not agree raise ValueError naming the argument before
+anything is sent; a field the server refuses is named with its packed field's index and
+changes nothing."""
 
 import grpc
 import numpy as np
@@ -30,9 +31,14 @@ def check_decode_batch(target, rng, failures):
         as_list = [mlaserve.head_query(ids[b], 1, q_nope[b], q_pe[b], append_rows=rows[b],
                                        append_position=lengths[b], dtype="bf16")
                    for b in range(len(ids))]
-        if (batch_request(ids, 1, dtype="bf16", output_dtype="fp32", **arrays)
-                .SerializeToString() != _decode_request(as_list, "fp32", None).SerializeToString()):
-            failures.append("decode_batch: its request is not the list form's")
+        packed = batch_request(ids, 1, dtype="bf16", output_dtype="fp32", **arrays).packed
+        listed_request = _decode_request(as_list, "fp32", None)
+        if (list(packed.sequence_ids) != ids or list(packed.head.q_nope.shape) != list(q_nope.shape)
+                or packed.head.q_nope.data != b"".join(
+                    q.head.q_nope.data for q in listed_request.queries)
+                or packed.append_rows.data != b"".join(
+                    q.append_rows.data for q in listed_request.queries)):
+            failures.append("decode_batch: its packed request does not carry the list form's bytes")
 
         batch = client.decode_batch(ids, 1, dtype="bf16", output_dtype="fp32", **arrays)
         # The rows were appended by the batch; the list form's same appends are retries.
@@ -87,7 +93,7 @@ def check_decode_batch(target, rng, failures):
             failures.append("the server took a batch with a narrow q_pe")
         except grpc.RpcError as error:
             if (error.code() != grpc.StatusCode.INVALID_ARGUMENT
-                    or "queries[0].head.q_pe" not in error.details()):
+                    or "packed.head.q_pe[0]" not in error.details()):
                 failures.append(f"a narrow q_pe: {error.code()} {error.details()}")
         if [list(client.get_sequence(i).layer_lengths) for i in ids] != lengths_now:
             failures.append("a refused batch changed its sequences")

@@ -2,11 +2,9 @@
 
 What a framework's decode loop sends once per layer and step: q [B, sq, heads, d] for B
 sequences, their new KV rows [B, n, dl + dr] appended first, the answers back as
-out [B, sq, heads, width] and lse [B, sq, heads]. The wire message is the same as B
-head_query/latent_query messages in one DecodeRequest (byte for byte), but it is built in
-place, each query's bytes copied once into the request, and the answers are joined into one
-array: 1.8-2.5x less Python time than the list form at 8 sequences
-(bench/python_client_cost.py, docs/performance.md section 13).
+out [B, sq, heads, width] and lse [B, sq, heads]. It travels in DecodeRequest's packed form
+(PackedQueries: one tensor per field, each array's bytes copied once into the message) and
+comes back as PackedResults, whose tensors are the answer arrays as they are.
 """
 
 import collections
@@ -63,40 +61,48 @@ def batch_request(sequence_ids, layer, q_nope=None, q_pe=None, latent=None, appe
         if len(positions) != count:
             raise ValueError(f"append_positions: want {count} positions, got {len(positions)}")
 
-    request = decode_pb2.DecodeRequest(output_dtype=wire_dtype(output_dtype))
+    request = decode_pb2.DecodeRequest()
+    request.options.output_dtype = wire_dtype(output_dtype)
     if softmax_scale is not None:
-        request.softmax_scale = float(softmax_scale)
-    for b, sequence_id in enumerate(ids):
-        query = request.queries.add()
-        query.sequence_id = sequence_id
-        query.layer = layer
-        query.sq = int(sq)
-        if head:
-            _fill(query.head.q_nope, *queries[0][1:], b)
-            _fill(query.head.q_pe, *queries[1][1:], b)
-            query.head.first_head = first_head
-        else:
-            _fill(query.latent, *queries[0][1:], b)
-        if append_rows is not None:
-            _fill(query.append_rows, rows_dtype, rows, b)
-            query.append_position = positions[b]
+        request.options.softmax_scale = float(softmax_scale)
+    packed = request.packed
+    packed.sequence_ids.extend(ids)
+    packed.layer = layer
+    if head:
+        _fill(packed.head.q_nope, *queries[0][1:])
+        _fill(packed.head.q_pe, *queries[1][1:])
+        packed.head.first_head = first_head
+    else:
+        _fill(packed.latent, *queries[0][1:])
+    if append_rows is not None:
+        _fill(packed.append_rows, rows_dtype, rows)
+        packed.append_positions.extend(positions)
     return request
 
 
-def _fill(tensor, dtype, data, b):
-    """`tensor` := sequence b's slice of the batch's converted array `data`."""
+def _fill(tensor, dtype, data):
+    """`tensor` := the batch's converted array `data`, as it is."""
     tensor.dtype = dtype
-    tensor.shape.extend(data.shape[1:])
-    tensor.data = data[b].tobytes()
+    tensor.shape.extend(data.shape)
+    tensor.data = data.tobytes()
 
 
 def batch_result(response):
-    """A DecodeResponse of a batch_request as a BatchResult (its results all of one shape)."""
+    """A DecodeResponse of a batch_request as a BatchResult."""
+    if response.HasField("packed"):
+        packed = response.packed
+        return BatchResult(_array(packed.out), _array(packed.lse), list(packed.plans))
+    # A server older than the packed form answers a list (it would not have parsed the
+    # request, so this is for list-form responses handed here by other code).
     results = response.results
     count = len(results)
     return BatchResult(_stacked([r.out for r in results], count),
                        _stacked([r.lse for r in results], count),
                        [r.plan for r in results])
+
+
+def _array(tensor):
+    return from_bytes(tensor.dtype, tensor.data, tuple(tensor.shape))
 
 
 def _stacked(tensors, count):
