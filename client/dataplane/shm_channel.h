@@ -20,9 +20,10 @@ namespace mlaserve::client {
 
 struct ShmChannelOptions {
   // The region registered with the server, shared by `slots` calls at a time (each slot's
-  // share holds one call's queries, rows and answers).
-  uint64_t region_bytes = uint64_t{256} << 20;
-  uint32_t slots = 8;
+  // share holds one call's queries, rows and answers: 16 MiB each by default, a 72-sequence
+  // head-space call takes 6). Its pages are touched only as calls use them.
+  uint64_t region_bytes = uint64_t{512} << 20;
+  uint32_t slots = 32;
   // How long a caller spins around when its answer is due (from what recent calls took)
   // before it sleeps on a futex until the server wakes it.
   absl::Duration spin = absl::Microseconds(100);

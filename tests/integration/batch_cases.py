@@ -15,6 +15,10 @@ from mlaserve.client import _decode_request
 
 def check_decode_batch(target, rng, failures):
     client = mlaserve.Client(target)
+    # The build tree's package has the C++ client: decode_batch then goes over the server's
+    # same-host data plane, and every check below is of that path.
+    if mlaserve.native.available() and not client.on_data_plane():
+        failures.append("decode_batch: the C++ client did not open the server's data plane")
     model = client.server_info().model
     width, heads = model.kv_row_width, model.heads
     lengths = [1, 37, 70]

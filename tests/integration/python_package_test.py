@@ -68,6 +68,12 @@ out = (weights / weights.sum(axis=1, keepdims=True)) @ k[:, :512]
 error = float(np.max(np.abs(result.out[0].astype(np.float64) - out)))
 print("max error", error)
 assert error < 2e-2, error
+# A pip-installed package has no C++ client: decode_batch goes over grpcio, and answers as
+# decode does.
+assert not mlaserve.native.available()
+assert not client.on_data_plane()
+batch = client.decode_batch(["pkg"], 0, latent=mlaserve.float_to_bf16_bits(q)[None])
+assert np.array_equal(batch.out[0], result.out), "decode_batch over grpcio"
 '''
 
 

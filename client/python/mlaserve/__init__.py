@@ -11,6 +11,14 @@ Generated messages and stubs are in `mlaserve.v1`. `mlaserve.__version__` is the
 version this client was built with.
 """
 
+# The C++ client, where it is built, before any generated message module: both register
+# mlaserve.v1's messages with protobuf's C++ descriptor pool, and Python's messages work only
+# when the C++ ones came first (mlaserve.native).
+try:
+    from mlaserve import _native  # noqa: F401
+except ImportError:
+    pass
+
 from mlaserve._version import __version__
 
 from mlaserve.batch import BatchResult, batch_request

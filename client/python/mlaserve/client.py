@@ -7,6 +7,7 @@ import time
 import grpc
 import numpy as np
 
+from mlaserve import native
 from mlaserve.batch import batch_request, batch_result
 from mlaserve.fp8 import quantize_rows
 from mlaserve.tensors import BF16, FP16, from_tensor, to_tensor, wire_dtype
@@ -85,13 +86,18 @@ class Client:
 
     def __init__(self, target="127.0.0.1:50051", timeout=30.0, max_attempts=4,
                  initial_backoff=0.025, max_backoff=1.0, append_chunk_bytes=1 << 20,
-                 tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None, token=None):
+                 tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None, token=None,
+                 data_plane="auto"):
         """tls_ca: path of the PEM CA that signed the server's certificate (TLS; plaintext
         without it). tls_cert, tls_key: the client's certificate and key, for a server that
         requires one (mutual TLS). tls_server_name: the name the server's certificate
         carries, when it is not the target's host. token: the tenant's bearer token, for a
         server with --auth_tokens_file (sent as `authorization: Bearer TOKEN` on every call;
-        in the clear without TLS)."""
+        in the clear without TLS). data_plane: how decode_batch travels where the C++ client
+        is built into the package (mlaserve.native): "auto" over the server's same-host data
+        plane when it offers one on this host, else gRPC's packed form through the C++
+        client; "shm" needs the plane; "grpc" always through grpcio (as without the
+        extension, and with TLS)."""
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         # Decode answers for large batches exceed gRPC's default 4 MiB receive limit.
         options = [("grpc.max_receive_message_length", -1)]
@@ -112,9 +118,32 @@ class Client:
         self._max_backoff = max_backoff
         self._append_chunk_bytes = append_chunk_bytes
         self._info = None
+        if data_plane not in ("auto", "shm", "grpc"):
+            raise ValueError(f"data_plane: {data_plane!r} is not auto, shm or grpc")
+        if data_plane == "shm" and not native.available():
+            raise ValueError("data_plane: 'shm' needs the C++ client (mlaserve._native), "
+                             "which this package was built without")
+        self._target, self._token, self._data_plane = target, token, data_plane
+        self._native = None  # made on the first decode_batch
 
     def close(self):
+        if self._native is not None:
+            self._native.close()
         self._channel.close()
+
+    def _native_batch(self):
+        """The C++ client decode_batch goes through, or None (not built, TLS, or asked not)."""
+        if self._native is None and native.available() and not self._tls and (
+                self._data_plane != "grpc"):
+            model = (self._info or self.server_info()).model
+            self._native = native.NativeBatch(self._target, model, self._data_plane,
+                                              self._token, self._timeout)
+        return self._native
+
+    def on_data_plane(self):
+        """Whether decode_batch goes over the server's same-host data plane."""
+        batch = self._native_batch()
+        return batch is not None and batch.on_data_plane()
 
     def __enter__(self):
         return self
@@ -285,7 +314,13 @@ class Client:
         q_nope [B, sq, heads, dn] and q_pe [B, sq, heads, dr], or latent [B, sq, heads,
         dl + dr]; append_rows [B, n, dl + dr] at append_positions [B]) -> BatchResult
         (out [B, sq, heads, width], lse [B, sq, heads], plans). The same call as decode() with
-        B queries, at about half its Python time: what a framework sends per layer."""
+        B queries, at about half its Python time: what a framework sends per layer. Through
+        the C++ client, and the data plane, where it is built (mlaserve.native)."""
+        batch = self._native_batch()
+        if batch is not None:
+            return batch.decode_batch(sequence_ids, layer, q_nope, q_pe, latent, append_rows,
+                                      append_positions, output_dtype, softmax_scale, first_head,
+                                      dtype)
         request = batch_request(sequence_ids, layer, q_nope, q_pe, latent, append_rows,
                                 append_positions, dtype, first_head, output_dtype, softmax_scale)
         return batch_result(self._call(self._stub.Decode, request, timeout))
@@ -295,6 +330,11 @@ class Client:
                            timeout=None, softmax_scale=None, first_head=0, dtype=None):
         """decode_batch() sent now, answered by the returned PendingDecode's result() (a
         BatchResult), as decode_async() is."""
+        batch = self._native_batch()
+        if batch is not None:
+            return batch.decode_batch_async(sequence_ids, layer, q_nope, q_pe, latent,
+                                            append_rows, append_positions, output_dtype,
+                                            softmax_scale, first_head, dtype)
         request = batch_request(sequence_ids, layer, q_nope, q_pe, latent, append_rows,
                                 append_positions, dtype, first_head, output_dtype, softmax_scale)
         return self._send(request, timeout, batch_result)
