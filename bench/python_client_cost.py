@@ -1,14 +1,17 @@
 #!/usr/bin/python3
-"""The Python client's own time per Decode call, the list form (head_query per sequence,
-Client.decode) against the batch form (stacked arrays, Client.decode_batch), side by side in
-one run (docs/performance.md, "The Python client's time per call").
+"""The Python client's own time per Decode call over grpcio, the list form (head_query per
+sequence, Client.decode) against the batch form (stacked arrays, Client.decode_batch, the
+packed message), side by side in one run (docs/performance.md, "The Python client's time
+per call"). bench/python_layer_call.py times the whole call against a server, the C++
+client over the data plane included.
 
 A framework calls once per layer and step, and its decode thread pays this time where no
 overlap hides it (docs/model.md). No server is needed: each form builds and serialises the
 request of one layer's B head-space queries (128 heads, DeepSeek-V3's widths, each with its
 step's KV row appended) as Client.decode sends it, and parses an answer of B fp32 outputs
 [1, 128, 128] with their LSEs into the arrays the caller uses (the list form's outputs
-stacked, as a framework stacks them). Both forms' requests are checked to be the same bytes.
+stacked, as a framework stacks them). Both forms' requests are checked to carry the same
+tensor bytes, and their answers to be the same arrays.
 Rounds alternate the forms; the best round of each counts.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/python_client_cost.py [--batches 1,8,64]
@@ -48,8 +51,10 @@ def forms(batch, rng):
                              append_positions=positions, output_dtype="fp32",
                              softmax_scale=0.1).SerializeToString()
 
-    if list_request() != batch_form_request():
-        raise SystemExit("the two forms' requests differ")
+    listed = decode_pb2.DecodeRequest.FromString(list_request())
+    packed = decode_pb2.DecodeRequest.FromString(batch_form_request()).packed
+    if packed.head.q_nope.data != b"".join(q.head.q_nope.data for q in listed.queries):
+        raise SystemExit("the two forms' requests carry different bytes")
 
     response = decode_pb2.DecodeResponse()
     for _ in range(batch):
@@ -61,13 +66,23 @@ def forms(batch, rng):
         result.lse.data = rng.standard_normal((1, HEADS)).astype(np.float32).tobytes()
         result.plan.queue_us = 10
     wire = response.SerializeToString()
+    # The same answers as the packed form carries them.
+    packed_response = decode_pb2.DecodeResponse()
+    out, lse = packed_response.packed.out, packed_response.packed.lse
+    out.dtype = lse.dtype = tensor_pb2.DTYPE_FP32
+    out.shape.extend([batch, 1, HEADS, DV])
+    out.data = b"".join(r.out.data for r in response.results)
+    lse.shape.extend([batch, 1, HEADS])
+    lse.data = b"".join(r.lse.data for r in response.results)
+    packed_response.packed.plans.extend(r.plan for r in response.results)
+    packed_wire = packed_response.SerializeToString()
 
     def list_answer():
         results = _results(decode_pb2.DecodeResponse.FromString(wire))
         return np.stack([r.out for r in results]), np.stack([r.lse for r in results])
 
     def batch_answer():
-        answer = batch_result(decode_pb2.DecodeResponse.FromString(wire))
+        answer = batch_result(decode_pb2.DecodeResponse.FromString(packed_wire))
         return answer.out, answer.lse
 
     for a, b in zip(list_answer(), batch_answer()):
