@@ -16,7 +16,7 @@ import numpy as np
 
 import mlaserve
 from mlaserve import fp8
-from mlaserve.v1 import admin_pb2, decode_pb2, kv_cache_pb2, tensor_pb2
+from mlaserve.v1 import admin_pb2, data_plane_pb2, decode_pb2, kv_cache_pb2, tensor_pb2
 
 HEADS, LAYERS, DN, DL, DR = 4, 2, 32, 64, 16
 WIDTH = DL + DR
@@ -31,6 +31,28 @@ def write(harness, name, data):
 
 def bf16(shape, rng):
     return mlaserve.float_to_bf16_bits(rng.standard_normal(shape) * 0.5)
+
+
+def shm_region(request):
+    """A registered region (common/shm_layout.h) of one slot whose call is `request`, a
+    packed latent call, with its tensor moved into the region: what a client publishes."""
+    size, data = 65536, 256 + 128
+    region = bytearray(size)
+    struct.pack_into("<8sIIQQQ", region, 0, b"MLASHM1\0", 1, 1, size, 256, data)
+    latent = request.packed.latent
+    q_at, out_at, lse_at, answer_at, call_at = 1024, 8192, 16384, 24576, 32768
+    region[q_at:q_at + len(latent.data)] = latent.data
+    call = data_plane_pb2.DataPlaneCall(request=request, timeout_us=5000000)
+    call.request.packed.latent.data = b""
+    call.request.packed.latent.region_offset = q_at
+    rows = 2 * 1 * HEADS
+    call.out_offset, call.out_bytes = out_at, rows * DL * 4
+    call.lse_offset, call.lse_bytes = lse_at, rows * 4
+    descriptor = call.SerializeToString()
+    region[call_at:call_at + len(descriptor)] = descriptor
+    # slot 0: state submitted, call_bytes, call_offset, answer_offset, answer_capacity
+    struct.pack_into("<IIIIQQQ", region, 256, 1, 0, 0, len(descriptor), call_at, answer_at, 4096)
+    return bytes(region)
 
 
 def main():
@@ -67,6 +89,26 @@ def main():
     write("decode_fuzzer", "seed-4", request.SerializeToString())
     stream = decode_pb2.DecodeStreamRequest(request_id=4, request=request, timeout_us=5000000)
     write("decode_stream_fuzzer", "seed-4", stream.SerializeToString())
+
+    # The packed form: sequences "s" and "f" at layer 1 in latent space, and in head space
+    # with each appending a row at its end. Its own generator keeps the other seeds as they were.
+    packed_rng = np.random.default_rng(3)
+    packed = decode_pb2.DecodeRequest()
+    packed.packed.sequence_ids.extend(["s", "f"])
+    packed.packed.layer = 1
+    packed.packed.latent.CopyFrom(mlaserve.to_tensor(bf16((2, 1, HEADS, WIDTH), packed_rng)))
+    packed.options.output_dtype = tensor_pb2.DTYPE_FP32
+    write("decode_fuzzer", "seed-5", packed.SerializeToString())
+    appending = decode_pb2.DecodeRequest()
+    appending.packed.sequence_ids.extend(["s", "f"])
+    appending.packed.head.q_nope.CopyFrom(mlaserve.to_tensor(bf16((2, 2, HEADS, DN), packed_rng)))
+    appending.packed.head.q_pe.CopyFrom(mlaserve.to_tensor(bf16((2, 2, HEADS, DR), packed_rng)))
+    appending.packed.append_rows.CopyFrom(mlaserve.to_tensor(bf16((2, 2, WIDTH), packed_rng)))
+    appending.packed.append_positions.extend([32, 30])
+    write("decode_fuzzer", "seed-6", appending.SerializeToString())
+    stream = decode_pb2.DecodeStreamRequest(request_id=6, request=appending, timeout_us=5000000)
+    write("decode_stream_fuzzer", "seed-6", stream.SerializeToString())
+    write("shm_call_fuzzer", "seed-0", shm_region(packed))
 
     prefix = kv_cache_pb2.RegisterPrefixRequest(
         prefix_id="q", parent_id="p",

@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
+#include "server/service/tenancy.h"
 #include "tests/integration/batch_scenario.h"
 #include "tests/integration/data_plane_server.h"
 
@@ -205,6 +206,61 @@ TEST(DataPlaneLifeTest, AClientThatDiesWithACallInFlightLeavesNothingBehind) {
   auto shm = server.NewClient(Over(client::ClientOptions::DataPlane::kShm));
   client::DecodeBatchBuffers buffers(scenario.request(), scenario.width());
   EXPECT_TRUE(shm->DecodeBatch(scenario.request(), buffers.output).ok());
+}
+
+TEST(DataPlaneLifeTest, ADrainAnswersTheCallsInFlightAndRefusesNewOnes) {
+  IntegrationServer server(SmallEngineOptions(TinyModel()), "", WithDataPlane());
+  Rng rng(std::random_device{}());
+  BatchScenario scenario(server.client(), server.model(), "drain", 64, engine::QuerySpace::kHead, 2,
+                         1, rng);
+  auto shm = server.NewClient(Over(client::ClientOptions::DataPlane::kShm));
+  client::DecodeBatchBuffers buffers(scenario.request(), scenario.width());
+  ASSERT_TRUE(shm->SharedMemoryPlane().ok());
+  absl::Status in_flight;
+  std::thread call([&] { in_flight = shm->DecodeBatch(scenario.request(), buffers.output); });
+  absl::SleepFor(absl::Milliseconds(2));  // the call is out (64 head-space queries take longer)
+  EXPECT_TRUE(server.server().Shutdown(absl::Seconds(10)).ok());
+  call.join();
+  EXPECT_TRUE(in_flight.ok()) << in_flight;  // answered, not cut
+  const absl::Status after = shm->DecodeBatch(scenario.request(), buffers.output);
+  EXPECT_FALSE(after.ok());
+}
+
+TEST(DataPlaneLifeTest, ATenantReachesOnlyItsOwnSequencesOverThePlane) {
+  const std::string json =
+      absl::StrCat(R"({"tenants": [{"name": "alpha", "token_sha256": ")",
+                   service::TokenHash("alpha-token"), R"("}, {"name": "beta", "token_sha256": ")",
+                   service::TokenHash("beta-token"), R"("}, {"name": "reader", "token_sha256": ")",
+                   service::TokenHash("reader-token"), R"(", "rights": ["read", "decode"]}]})");
+  absl::StatusOr<std::unique_ptr<service::Tenancy>> tenancy =
+      service::Tenancy::FromTokensFile(json, "tokens.json", {64});
+  ASSERT_TRUE(tenancy.ok()) << tenancy.status();
+  service::ServerOptions options = WithDataPlane();
+  options.tenancy = *std::move(tenancy);
+  IntegrationServer server(SmallEngineOptions(TinyModel()), "", options);
+  auto client_of = [&](const char* token, client::ClientOptions::DataPlane plane) {
+    client::ClientOptions o = Over(plane);
+    o.bearer_token = token;
+    return server.NewClient(o);
+  };
+  auto alpha = client_of("alpha-token", client::ClientOptions::DataPlane::kShm);
+  Rng rng(std::random_device{}());
+  BatchScenario scenario(*client_of("alpha-token", client::ClientOptions::DataPlane::kGrpc),
+                         server.model(), "t", 2, engine::QuerySpace::kLatent, 1, 1, rng);
+  client::DecodeBatchBuffers buffers(scenario.request(), scenario.width());
+  EXPECT_TRUE(alpha->DecodeBatch(scenario.request(), buffers.output).ok());
+  // The same ids from another tenant name its own (absent) sequences, never alpha's.
+  auto beta = client_of("beta-token", client::ClientOptions::DataPlane::kShm);
+  absl::Status status = beta->DecodeBatch(scenario.request(), buffers.output);
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(status.message(), "packed.sequence_ids[0]: 't/0' is not a sequence");
+  // A tenant without the write right may not append over the plane either.
+  auto reader = client_of("reader-token", client::ClientOptions::DataPlane::kShm);
+  status = reader->DecodeBatch(scenario.request(), buffers.output);
+  EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(status.message()), StartsWith("packed.append_rows: tenant 'reader'"));
+  // Both reached the server over the plane, not by falling back to gRPC.
+  EXPECT_EQ(server.server().shm_plane()->clients(), 3);
 }
 
 }  // namespace
