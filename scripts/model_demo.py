@@ -53,6 +53,9 @@ def main():
                         help="routed experts (a multiple of 8): MoE layers after the first")
     parser.add_argument("--micro-batches", default="1,2,3",
                         help="micro-batch counts to time through mlaserve, comma-separated")
+    parser.add_argument("--data-plane", default="auto", choices=("auto", "shm", "grpc"),
+                        help="how the model's calls travel: the C++ client and the server's "
+                             "same-host data plane where the package has it, or grpcio")
     parser.add_argument("--server-flag", action="append", default=[],
                         help="passed to the server (e.g. --server-flag=--devices=cuda:0)")
     args = parser.parse_args()
@@ -71,7 +74,7 @@ def main():
                                       *args.server_flag])
         if not server.ready(120):
             raise SystemExit("the server did not start:\n" + "".join(server.log[-20:]))
-        client = mlaserve.Client(target)
+        client = mlaserve.Client(target, data_plane=args.data_plane)
         prompts = [[(7 * (0 if args.shared_prompt and i + 1 < args.prompt_tokens else b) +
                      3 * i + 1) % config.vocab_size for i in range(args.prompt_tokens)]
                    for b in range(args.sequences)]

@@ -11,13 +11,18 @@ Generated messages and stubs are in `mlaserve.v1`. `mlaserve.__version__` is the
 version this client was built with.
 """
 
-# The C++ client, where it is built, before any generated message module: both register
-# mlaserve.v1's messages with protobuf's C++ descriptor pool, and Python's messages work only
-# when the C++ ones came first (mlaserve.native).
-try:
-    from mlaserve import _native  # noqa: F401
-except ImportError:
-    pass
+# The C++ client, where it is built, before any generated message module when Python's
+# protobuf is its C++ implementation: both then register mlaserve.v1's messages with one C++
+# descriptor pool, and Python's messages work only when the C++ ones came first. Under the
+# upb or pure-Python implementations they never meet, and the module loads on first use
+# (mlaserve.native), so a process that never takes the data plane never loads it.
+from google.protobuf.internal import api_implementation as _protobuf_implementation
+
+if _protobuf_implementation.Type() == "cpp":
+    try:
+        from mlaserve import _native  # noqa: F401
+    except ImportError:
+        pass
 
 from mlaserve._version import __version__
 

@@ -13,17 +13,24 @@ import numpy as np
 
 from mlaserve.batch import BatchResult
 from mlaserve.bfloat16 import bf16_bits_to_float
-from mlaserve.tensors import wire_array
+from mlaserve.tensors import BF16, FP16, FP32, wire_array, wire_dtype
 from mlaserve.v1 import decode_pb2
 
-try:
-    from mlaserve import _native  # imported first by mlaserve/__init__.py, which says why
-except ImportError:  # a pip-installed package, or a build without pybind11
-    _native = None
+_native = None  # the extension, once loaded
+_tried = False
 
 
 def available():
-    """Whether the C++ client is built into this package."""
+    """Whether the C++ client is built into this package (loading it on the first ask;
+    mlaserve/__init__.py loads it earlier under protobuf's C++ implementation, and says why)."""
+    global _native, _tried
+    if not _tried:
+        _tried = True
+        try:
+            from mlaserve import _native as module
+            _native = module
+        except ImportError:  # a pip-installed package, or a build without pybind11
+            _native = None
     return _native is not None
 
 
@@ -60,6 +67,11 @@ def _in_place(array, dtype):
     return wire_array(array, dtype)[1]
 
 
+# The arrays the C++ side writes each output dtype's answers into (bf16 as its bits).
+_OUTPUT_TYPES = {"bf16": np.uint16, "fp16": np.float16, "fp32": np.float32}
+_OUTPUT_NAMES = {BF16: "bf16", FP16: "fp16", FP32: "fp32"}
+
+
 class NativeBatch:
     """Client.decode_batch and decode_batch_async on the C++ client."""
 
@@ -81,13 +93,18 @@ class NativeBatch:
                      softmax_scale=None, first_head=0, dtype=None):
         head = latent is None
         width = self._model.dv if head else self._model.dl
+        q = _in_place(q_nope if head else latent, dtype)
+        sequences, sq, heads = q.shape[:3] if q.ndim == 4 else (len(sequence_ids), 0, 0)
+        output_dtype = _OUTPUT_NAMES[wire_dtype(output_dtype)]
+        out = np.empty((sequences, sq, heads, width), _OUTPUT_TYPES[output_dtype])
+        lse = np.empty((sequences, sq, heads), np.float32)
         # A refusal raises NativeCallError (the C++ side raises it with the status).
-        out, lse, plans = self._client.decode_batch(
-            list(sequence_ids), layer, _in_place(q_nope, dtype), _in_place(q_pe, dtype),
-            _in_place(latent, dtype), _in_place(append_rows, dtype),
+        plans = self._client.decode_batch(
+            list(sequence_ids), layer, q if head else None, _in_place(q_pe, dtype),
+            None if head else q, _in_place(append_rows, dtype),
             [] if append_positions is None else [int(p) for p in
                                                  np.asarray(append_positions).reshape(-1)],
-            first_head, output_dtype, softmax_scale, width)
+            first_head, output_dtype, softmax_scale, out, lse)
         if out.dtype == np.uint16:
             out = bf16_bits_to_float(out)
         else:

@@ -5,7 +5,6 @@
 // here, over the same-host data plane when the server offers one on this host, else over
 // gRPC's packed form. The GIL is released while a call is on its way.
 
-#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -85,14 +84,15 @@ class NativeClient {
     return client_->SharedMemoryPlane().ok();
   }
 
-  // (out, lse, plans): out [B, sq, heads, width] as uint16 (bf16 bits), float16 or float32,
-  // lse float32 [B, sq, heads], plans the DecodePlan messages' bytes.
-  py::tuple DecodeBatch(std::vector<std::string> sequence_ids, int layer,
-                        std::optional<py::buffer> q_nope, std::optional<py::buffer> q_pe,
-                        std::optional<py::buffer> latent, std::optional<py::buffer> append_rows,
-                        std::vector<int64_t> append_positions, int first_head,
-                        const std::string& output_dtype, std::optional<float> softmax_scale,
-                        int width) {
+  // The answers into `out` [B, sq, heads, width] (uint16 for bf16 bits, float16 or float32
+  // by output_dtype) and `lse` [B, sq, heads] float32, arrays the caller made (through the
+  // buffer protocol, which every numpy speaks); returns the DecodePlan messages' bytes.
+  py::list DecodeBatch(std::vector<std::string> sequence_ids, int layer,
+                       std::optional<py::buffer> q_nope, std::optional<py::buffer> q_pe,
+                       std::optional<py::buffer> latent, std::optional<py::buffer> append_rows,
+                       std::vector<int64_t> append_positions, int first_head,
+                       const std::string& output_dtype, std::optional<float> softmax_scale,
+                       py::buffer out, py::buffer lse) {
     client::DecodeBatchRequest request;
     request.sequence_ids = std::move(sequence_ids);
     request.layer = layer;
@@ -107,29 +107,23 @@ class NativeClient {
     if (absl::Status checked = client::CheckDecodeBatch(request); !checked.ok()) {
       throw py::value_error(std::string(checked.message()));
     }
-    const std::vector<py::ssize_t> out_shape{request.sequences(), request.sq(), request.heads(),
-                                             width};
-    py::array out = request.output_dtype == v1::DTYPE_FP32
-                        ? py::array(py::dtype("float32"), out_shape)
-                        : py::array(py::dtype(request.output_dtype == v1::DTYPE_FP16 ? "float16"
-                                                                                      : "uint16"),
-                                    out_shape);
-    py::array_t<float> lse(std::vector<py::ssize_t>{request.sequences(), request.sq(),
-                                                    request.heads()});
+    const py::buffer_info out_info = out.request(/*writable=*/true);
+    const py::buffer_info lse_info = lse.request(/*writable=*/true);
+    if (lse_info.itemsize != sizeof(float)) throw py::value_error("lse: not float32");
     client::DecodeBatchOutput output{
-        std::span<std::byte>(static_cast<std::byte*>(out.mutable_data()),
-                             static_cast<size_t>(out.nbytes())),
-        std::span<float>(lse.mutable_data(), static_cast<size_t>(lse.size())),
+        std::span<std::byte>(static_cast<std::byte*>(out_info.ptr),
+                             static_cast<size_t>(out_info.size * out_info.itemsize)),
+        std::span<float>(static_cast<float*>(lse_info.ptr), static_cast<size_t>(lse_info.size)),
         {}};
     absl::Status status;
     {
-      py::gil_scoped_release unlocked;  // the arrays stay alive: this frame holds them
+      py::gil_scoped_release unlocked;  // the arrays stay alive: the caller holds them
       status = client_->DecodeBatch(request, output);
     }
     if (!status.ok()) Raise(status);
     py::list plans;
     for (const v1::DecodePlan& plan : output.plans) plans.append(py::bytes(plan.SerializeAsString()));
-    return py::make_tuple(out, lse, plans);
+    return plans;
   }
 
  private:
@@ -150,7 +144,7 @@ PYBIND11_MODULE(_native, module) {
            py::arg("latent") = py::none(), py::arg("append_rows") = py::none(),
            py::arg("append_positions") = std::vector<int64_t>{}, py::arg("first_head") = 0,
            py::arg("output_dtype") = "bf16", py::arg("softmax_scale") = py::none(),
-           py::arg("width") = 0);
+           py::arg("out"), py::arg("lse"));
 }
 
 }  // namespace mlaserve::python
