@@ -6,21 +6,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/serving_client.h"
+#include "client/tensor_helpers.h"
 
 namespace mlaserve::client {
 namespace {
-
-size_t DTypeBytes(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_BF16:
-    case v1::DTYPE_FP16:
-      return 2;
-    case v1::DTYPE_FP32:
-      return 4;
-    default:
-      return 0;
-  }
-}
 
 v1::DType OutputDType(v1::DType dtype) {
   return dtype == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_BF16 : dtype;

@@ -26,6 +26,9 @@ v1::Tensor FloatTensor(std::span<const float> values, std::span<const int64_t> s
 // not match its dtype and shape.
 absl::StatusOr<std::vector<float>> TensorToFloats(const v1::Tensor& tensor);
 
+// Bytes of one element of `dtype`; 0 for DTYPE_UNSPECIFIED and values outside the enum.
+size_t DTypeBytes(v1::DType dtype);
+
 // Elements a tensor's shape holds.
 int64_t ElementCount(const v1::Tensor& tensor);
 // Entries [first, first + count) of the outermost dimension (rows of [n][..], tokens of

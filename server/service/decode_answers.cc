@@ -1,8 +1,8 @@
 #include "server/service/decode_answers.h"
 
 #include <array>
-#include <initializer_list>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -41,8 +41,7 @@ struct TensorMessage {
   size_t Size() const {
     size_t size = WireWriter::VarintFieldSize(kTensorDtype, dtype);
     if (rank > 0) {
-      size +=
-          WireWriter::LengthDelimitedSize(kTensorShape, WireWriter::PackedVarintsSize(shape()));
+      size += WireWriter::LengthDelimitedSize(kTensorShape, WireWriter::PackedVarintsSize(shape()));
     }
     if (data_bytes > 0) size += WireWriter::LengthDelimitedSize(kTensorData, data_bytes);
     return size;
@@ -154,8 +153,8 @@ uint64_t AnsweredDecode::OutBytes(size_t i) const {
 absl::Status CheckAnswers(const AnsweredDecode& answered) {
   const std::vector<engine::DecodeQuery>& queries = answered.call->queries;
   if (answered.answers.size() != queries.size()) {
-    return absl::InternalError(absl::StrCat("the engine answered ", answered.answers.size(),
-                                            " of ", queries.size(), " queries"));
+    return absl::InternalError(absl::StrCat("the engine answered ", answered.answers.size(), " of ",
+                                            queries.size(), " queries"));
   }
   for (size_t i = 0; i < queries.size(); ++i) {
     const engine::DecodeAnswer& answer = answered.answers[i];
@@ -174,7 +173,7 @@ absl::Status CheckAnswers(const AnsweredDecode& answered) {
 v1::DecodePlan WirePlan(const engine::PlanInfo& plan, Tenant* tenant) {
   v1::DecodePlan wire;
   wire.set_formulation(plan.formulation == engine::Formulation::kHybrid ? v1::FORMULATION_HYBRID
-                                                                         : v1::FORMULATION_ABSORB);
+                                                                        : v1::FORMULATION_ABSORB);
   wire.set_prefix_id(tenant != nullptr ? std::string(engine::ClientPart(plan.prefix_id))
                                        : plan.prefix_id);
   wire.set_group_size(plan.group_size);
@@ -213,9 +212,9 @@ absl::StatusOr<grpc::ByteBuffer> WriteDecodeResponse(const AnsweredDecode& answe
     plans.back().ByteSizeLong();  // caches the sizes the writers read
   }
   const bool packed = answered.call->form == DecodeForm::kPacked;
-  const size_t response = packed ? WireWriter::LengthDelimitedSize(
-                                       kResponsePacked, PackedResultsSize(answered, plans))
-                                 : ListSize(answered, plans);
+  const size_t response =
+      packed ? WireWriter::LengthDelimitedSize(kResponsePacked, PackedResultsSize(answered, plans))
+             : ListSize(answered, plans);
   size_t total = response;
   if (stream_request_id) {
     total = WireWriter::VarintFieldSize(kStreamRequestId, *stream_request_id) +

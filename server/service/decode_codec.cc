@@ -7,9 +7,9 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/match.h"
 #include "common/status_macros.h"
 
 namespace mlaserve::service {
@@ -60,8 +60,8 @@ ElementType AnswerType(v1::DType output_dtype) {
 
 template <int kRank>
 absl::StatusOr<TensorView<const Bf16, kRank>> View(const v1::Tensor& tensor, bool present,
-                                                   const std::string& field,
-                                                   ParsedDecode& parsed, TensorBytes& source) {
+                                                   const std::string& field, ParsedDecode& parsed,
+                                                   TensorBytes& source) {
   if (!present) return Invalid(field, "missing");
   ASSIGN_OR_RETURN(Bf16Data decoded, ViewAsBf16(tensor, kRank, field, parsed.converted, source));
   typename TensorView<const Bf16, kRank>::Index shape;
@@ -136,8 +136,7 @@ TensorView<const Bf16, kRank - 1> Slice(const TensorView<const Bf16, kRank>& sta
       std::span<const Bf16>(first, static_cast<size_t>(elements)), shape);
 }
 
-absl::Status ParsePacked(const v1::PackedQueries& wire, ParsedDecode& parsed,
-                         TensorBytes& source) {
+absl::Status ParsePacked(const v1::PackedQueries& wire, ParsedDecode& parsed, TensorBytes& source) {
   const int64_t sequences = wire.sequence_ids_size();
   if (sequences == 0) return Invalid("packed.sequence_ids", "empty; a Decode needs a sequence");
   TensorView<const Bf16, 4> q_nope, q_pe, latent;
@@ -150,8 +149,8 @@ absl::Status ParsePacked(const v1::PackedQueries& wire, ParsedDecode& parsed,
       break;
     }
     case v1::PackedQueries::kLatent: {
-      ASSIGN_OR_RETURN(latent, Stacked<4>(wire.latent(), true, "packed.latent", sequences, parsed,
-                                          source));
+      ASSIGN_OR_RETURN(latent,
+                       Stacked<4>(wire.latent(), true, "packed.latent", sequences, parsed, source));
       break;
     }
     default:
@@ -162,10 +161,10 @@ absl::Status ParsePacked(const v1::PackedQueries& wire, ParsedDecode& parsed,
     ASSIGN_OR_RETURN(rows, Stacked<3>(wire.append_rows(), true, "packed.append_rows", sequences,
                                       parsed, source));
     if (wire.append_positions_size() != sequences) {
-      return Invalid("packed.append_positions",
-                     absl::StrCat(wire.append_positions_size(),
-                                  " positions; append_rows holds rows for ", sequences,
-                                  " sequences, one position each"));
+      return Invalid(
+          "packed.append_positions",
+          absl::StrCat(wire.append_positions_size(), " positions; append_rows holds rows for ",
+                       sequences, " sequences, one position each"));
     }
   } else if (wire.append_positions_size() > 0) {
     return Invalid("packed.append_rows", "missing; append_positions is set");
@@ -220,8 +219,7 @@ std::string PackedName(absl::string_view index, absl::string_view suffix) {
       const absl::string_view rest = suffix.substr(rename.list.size());
       // ".append" must not swallow ".append_rows": the next character ends the name.
       if (!rest.empty() && (absl::ascii_isalnum(rest[0]) || rest[0] == '_')) continue;
-      return absl::StrCat(rename.packed, rename.indexed ? absl::StrCat("[", index, "]") : "",
-                          rest);
+      return absl::StrCat(rename.packed, rename.indexed ? absl::StrCat("[", index, "]") : "", rest);
     }
   }
   return absl::StrCat("packed.sequence_ids[", index, "]", suffix);

@@ -128,8 +128,8 @@ void DecodeStreamReactor::Dispatch(std::unique_ptr<v1::DecodeStreamRequest> requ
   (*call)->keep_alive = std::shared_ptr<v1::DecodeStreamRequest>(std::move(request));
   dispatcher_.Dispatch(
       *std::move(call), tenant_, deadline, [context = context_] { return context->IsCancelled(); },
-      [this, arrival, response = std::move(response)](
-          absl::StatusOr<AnsweredDecode> answered) mutable {
+      [this, arrival,
+       response = std::move(response)](absl::StatusOr<AnsweredDecode> answered) mutable {
         absl::Status status = answered.status();
         if (answered.ok()) {
           absl::StatusOr<grpc::ByteBuffer> bytes =

@@ -141,14 +141,15 @@ class InlineBytes final : public TensorBytes {
                                           uint64_t size) override {
     if (tensor.has_region_offset()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(field, ".region_offset: only the same-host data plane reads a caller's "
-                              "registered memory; over gRPC a tensor's bytes are in `data`"));
+          absl::StrCat(field,
+                       ".region_offset: only the same-host data plane reads a caller's "
+                       "registered memory; over gRPC a tensor's bytes are in `data`"));
     }
     if (size != tensor.data().size()) {
       const std::size_t element_size = DTypeSize(tensor.dtype());
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": ", tensor.data().size(), " bytes != ", size / element_size, " elements of ",
-          v1::DType_Name(tensor.dtype()), " (", size, " bytes)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": ", tensor.data().size(), " bytes != ", size / element_size,
+                       " elements of ", v1::DType_Name(tensor.dtype()), " (", size, " bytes)"));
     }
     return absl::string_view(tensor.data());
   }
@@ -295,8 +296,8 @@ void EncodeValues(const void* values, ElementType type, int64_t count,
 
 void EncodeFloats(std::span<const float> values, std::span<const int64_t> shape, v1::DType dtype,
                   v1::Tensor* out) {
-  EncodeValues(values.data(), ElementType::kFp32, static_cast<int64_t>(values.size()), shape,
-               dtype, out);
+  EncodeValues(values.data(), ElementType::kFp32, static_cast<int64_t>(values.size()), shape, dtype,
+               out);
 }
 
 }  // namespace mlaserve::service

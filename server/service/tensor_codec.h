@@ -48,8 +48,8 @@ class TensorBytes {
   virtual ~TensorBytes() = default;
   // The `size` bytes of `tensor` (its dtype and shape already checked), or INVALID_ARGUMENT
   // starting with `field`.
-  virtual absl::StatusOr<absl::string_view> Bytes(const v1::Tensor& tensor,
-                                                  absl::string_view field, uint64_t size) = 0;
+  virtual absl::StatusOr<absl::string_view> Bytes(const v1::Tensor& tensor, absl::string_view field,
+                                                  uint64_t size) = 0;
 };
 
 // The bytes in the message: `data`, of exactly the declared size; a region_offset is refused.

@@ -105,10 +105,11 @@ void BatchScenario::ExpectGolden(const std::vector<std::byte>& out,
                                slice(q_pe_, model_.dr), sq_);
     } else {
       const size_t n = rows * static_cast<size_t>(model_.dk_latent());
-      golden = GoldenLatent(model_, rows_[b],
-                            std::vector<Bf16>(latent_.begin() + static_cast<ptrdiff_t>(b * n),
-                                              latent_.begin() + static_cast<ptrdiff_t>((b + 1) * n)),
-                            sq_);
+      golden =
+          GoldenLatent(model_, rows_[b],
+                       std::vector<Bf16>(latent_.begin() + static_cast<ptrdiff_t>(b * n),
+                                         latent_.begin() + static_cast<ptrdiff_t>((b + 1) * n)),
+                       sq_);
     }
     std::vector<float> answer(per_out);
     std::memcpy(answer.data(), out.data() + b * per_out * sizeof(float), per_out * sizeof(float));

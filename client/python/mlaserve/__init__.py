@@ -16,11 +16,13 @@ version this client was built with.
 # descriptor pool, and Python's messages work only when the C++ ones came first. Under the
 # upb or pure-Python implementations they never meet, and the module loads on first use
 # (mlaserve.native), so a process that never takes the data plane never loads it.
+import importlib as _importlib
+
 from google.protobuf.internal import api_implementation as _protobuf_implementation
 
 if _protobuf_implementation.Type() == "cpp":
     try:
-        from mlaserve import _native  # noqa: F401
+        _importlib.import_module("mlaserve._native")
     except ImportError:
         pass
 

@@ -1,4 +1,27 @@
-"""The cluster client's errors, apart so that its placement and etcd modules share them."""
+"""Errors the client raises of its own: a call's status that did not come from grpcio, and
+the cluster client's (apart so that its placement and etcd modules share them)."""
+
+import grpc
+
+
+class StatusError(grpc.RpcError):
+    """A call's status as grpc.RpcError gives it (code(), details()), where the client made
+    the error itself: callers catch it with grpcio's."""
+
+    def __init__(self, code, details):
+        super().__init__(f"{code}: {details}")
+        self._code = code
+        self._details = details
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+    def __str__(self):
+        return f"{self._code.name}: {self._details}"
+
 
 
 class ClusterError(Exception):

@@ -12,6 +12,7 @@ import grpc
 import numpy as np
 
 from mlaserve.batch import BatchResult
+from mlaserve.errors import StatusError
 from mlaserve.bfloat16 import bf16_bits_to_float
 from mlaserve.tensors import BF16, FP16, FP32, wire_array, wire_dtype
 from mlaserve.v1 import decode_pb2
@@ -34,24 +35,13 @@ def available():
     return _native is not None
 
 
-class NativeCallError(grpc.RpcError):
-    """A call the C++ client could not complete: the server's status, as grpc.RpcError gives
-    it (code(), details()), so callers catch both alike."""
+class NativeCallError(StatusError):
+    """A call the C++ client could not complete: its status (a grpc code number from the C++
+    side, and the message), caught as grpcio's errors are."""
 
     def __init__(self, code, message):
-        super().__init__(f"{code}: {message}")
-        self._code = next((c for c in grpc.StatusCode if c.value[0] == code),
-                          grpc.StatusCode.UNKNOWN)
-        self._message = message
-
-    def code(self):
-        return self._code
-
-    def details(self):
-        return self._message
-
-    def __str__(self):
-        return f"{self._code.name}: {self._message}"
+        super().__init__(next((c for c in grpc.StatusCode if c.value[0] == code),
+                              grpc.StatusCode.UNKNOWN), message)
 
 
 def _in_place(array, dtype):

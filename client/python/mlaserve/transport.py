@@ -7,6 +7,8 @@ argument names, to such a failure (the C++ tools do the same in client/transport
 
 import grpc
 
+from mlaserve.errors import StatusError
+
 _RESET = ("connection reset by peer", "endpoint read failed", "socket closed", "end of file",
           "broken pipe")
 _TLS_INTO_PLAINTEXT = ("wrong version number", "wrong_version_number", "packet length too long",
@@ -37,23 +39,12 @@ def hint(code, details, client_tls):
     return None
 
 
-class TransportError(grpc.RpcError):
+class TransportError(StatusError):
     """A grpc.RpcError (same code()) whose details() end with what to change; the original
     error is its __cause__."""
 
     def __init__(self, error, advice):
-        super().__init__(f"{error.code()}: {error.details()}; {advice}")
-        self._code = error.code()
-        self._details = f"{error.details()}; {advice}"
-
-    def code(self):
-        return self._code
-
-    def details(self):
-        return self._details
-
-    def __str__(self):
-        return f"{self._code.name}: {self._details}"
+        super().__init__(error.code(), f"{error.details()}; {advice}")
 
 
 def explain(error, client_tls):

@@ -55,9 +55,9 @@ v1::DType OutputDType(const std::string& name) {
 // The status as the Python client raises a server's refusal: (code number, message).
 [[noreturn]] void Raise(const absl::Status& status) {
   py::object error = py::module_::import("mlaserve.native").attr("NativeCallError");
-  PyErr_SetObject(error.ptr(),
-                  py::make_tuple(static_cast<int>(status.code()), std::string(status.message()))
-                      .ptr());
+  PyErr_SetObject(
+      error.ptr(),
+      py::make_tuple(static_cast<int>(status.code()), std::string(status.message())).ptr());
   throw py::error_already_set();
 }
 
@@ -122,7 +122,8 @@ class NativeClient {
     }
     if (!status.ok()) Raise(status);
     py::list plans;
-    for (const v1::DecodePlan& plan : output.plans) plans.append(py::bytes(plan.SerializeAsString()));
+    for (const v1::DecodePlan& plan : output.plans)
+      plans.append(py::bytes(plan.SerializeAsString()));
     return plans;
   }
 
@@ -143,8 +144,8 @@ PYBIND11_MODULE(_native, module) {
            py::arg("q_nope") = py::none(), py::arg("q_pe") = py::none(),
            py::arg("latent") = py::none(), py::arg("append_rows") = py::none(),
            py::arg("append_positions") = std::vector<int64_t>{}, py::arg("first_head") = 0,
-           py::arg("output_dtype") = "bf16", py::arg("softmax_scale") = py::none(),
-           py::arg("out"), py::arg("lse"));
+           py::arg("output_dtype") = "bf16", py::arg("softmax_scale") = py::none(), py::arg("out"),
+           py::arg("lse"));
 }
 
 }  // namespace mlaserve::python

@@ -94,8 +94,8 @@ class DecodeAnswersTest : public ::testing::Test {
   std::string Expected(size_t i, v1::DType dtype) const {
     std::string bytes;
     for (size_t j = 0; j < outs_[i].size(); ++j) {
-      const float value = answers_[i].out_type == ElementType::kFp32 ? outs_[i][j]
-                                                                      : outs_bf16_[i][j].ToFloat();
+      const float value =
+          answers_[i].out_type == ElementType::kFp32 ? outs_[i][j] : outs_bf16_[i][j].ToFloat();
       uint16_t half = 0;
       switch (dtype) {
         case v1::DTYPE_FP32:
