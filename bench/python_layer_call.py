@@ -6,7 +6,7 @@ same call over grpcio's packed message and the list form (Client.decode), side b
 run, rounds alternating (docs/performance.md, "14. Transports").
 
     PYTHONPATH=build/python /usr/bin/python3 bench/python_layer_call.py \\
-        --server build/bin/mlaserve-server [--batches 1,8] [--server-flag=--devices=cuda:0]
+        [--batches 1,8] [--server-flag=--devices=cuda:0] --server build/bin/mlaserve-server
 """
 
 import argparse
@@ -42,7 +42,8 @@ def start_server(binary, flags):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--server", required=True)
-    parser.add_argument("--server-flag", action="append", default=[])
+    parser.add_argument("--server-flag", action="append", default=[],
+                        help="a flag for the server, repeatable: --server-flag=--devices=cuda:0")
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--calls", type=int, default=200, help="per form and round")
     parser.add_argument("--rounds", type=int, default=3)

@@ -52,6 +52,7 @@ PYTHON_PROGRAMS = {
     "plot_sweep.py": "client/loadgen/plot_sweep.py",
     "pool_sizing.py": "bench/pool_sizing.py",
     "model_demo.py": "scripts/model_demo.py",
+    "python_layer_call.py": "bench/python_layer_call.py",
 }
 
 # Flags the docs show for tools that are not ours (the tool named for the reader of a failure).
