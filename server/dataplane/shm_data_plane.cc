@@ -82,6 +82,11 @@ v1::DataPlane ShmDataPlane::Advertised() const {
   return plane;
 }
 
+void ShmDataPlane::Drain() {
+  absl::MutexLock lock(&handing_mu_);  // waits for a call being handed to the engine
+  draining_ = true;
+}
+
 int64_t ShmDataPlane::refused_doorbells() const { return refused_doorbells_.load(); }
 
 void ShmDataPlane::Poll() {
@@ -190,9 +195,12 @@ bool ShmDataPlane::ScanRegions() {
 void ShmDataPlane::RunCall(const std::shared_ptr<ShmConnection>& connection, uint32_t slot) {
   const absl::Time start = absl::Now();
   service::ServiceMetrics& metrics = metrics_;
+  // A call is either refused here or handed to the engine before Drain returns: the engine's
+  // own drain, which follows, then waits for it instead of refusing it.
+  absl::MutexLock handing(&handing_mu_);
   absl::StatusOr<ShmConnection::TakenCall> taken =
-      draining_.load() ? absl::UnavailableError("the server is shutting down; call another replica")
-                       : connection->Take(slot, model_);
+      draining_ ? absl::UnavailableError("the server is shutting down; call another replica")
+                : connection->Take(slot, model_);
   if (!taken.ok()) {
     connection->Answer(slot, taken.status(), nullptr, [&](const absl::Status& status) {
       metrics.RecordRpc("Decode", status.code(), absl::Now() - start, "shm");

@@ -50,9 +50,12 @@ class ShmDataPlane {
   ~ShmDataPlane();
 
   v1::DataPlane Advertised() const;
-  // New calls are answered UNAVAILABLE from now on; calls in flight run on.
-  void Drain() { draining_.store(true); }
+  // New calls are answered UNAVAILABLE from now on; calls in flight run on. Every call taken
+  // before it is in the engine when it returns, so the engine's drain waits for them.
+  void Drain();
   int clients() const { return clients_.load(std::memory_order_relaxed); }
+  // Calls taken and not yet answered.
+  int calls_in_flight() const { return calls_in_flight_.load(std::memory_order_relaxed); }
   uint64_t registered_bytes() const { return budget_.total(); }
   uint64_t registered_bytes_limit() const { return budget_.caps().total_bytes; }
   // Doorbells for a slot already running a call, over all clients so far.
@@ -85,7 +88,9 @@ class ShmDataPlane {
   const engine::ModelConfig model_;
   RegionBudget budget_;
   std::atomic<bool> stopping_{false};
-  std::atomic<bool> draining_{false};
+  // Held while the poller takes a call and hands it to the engine, and by Drain.
+  absl::Mutex handing_mu_;
+  bool draining_ ABSL_GUARDED_BY(handing_mu_) = false;
   std::atomic<int> clients_{0};
   std::atomic<int> calls_in_flight_{0};
   std::atomic<int64_t> last_activity_ns_{0};  // a call's arrival or answer

@@ -218,7 +218,13 @@ TEST(DataPlaneLifeTest, ADrainAnswersTheCallsInFlightAndRefusesNewOnes) {
   ASSERT_TRUE(shm->SharedMemoryPlane().ok());
   absl::Status in_flight;
   std::thread call([&] { in_flight = shm->DecodeBatch(scenario.request(), buffers.output); });
-  absl::SleepFor(absl::Milliseconds(2));  // the call is out (64 head-space queries take longer)
+  // Drained once the server has taken the call (its 64 head-space queries take far longer
+  // than noticing that).
+  const dataplane::ShmDataPlane& plane = *server.server().shm_plane();
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (plane.calls_in_flight() == 0 && absl::Now() < deadline) {
+  }
+  EXPECT_EQ(plane.calls_in_flight(), 1);
   EXPECT_TRUE(server.server().Shutdown(absl::Seconds(10)).ok());
   call.join();
   EXPECT_TRUE(in_flight.ok()) << in_flight;  // answered, not cut
