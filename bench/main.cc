@@ -14,6 +14,7 @@
 #include "bench/accuracy_command.h"
 #include "bench/capacity_command.h"
 #include "bench/fp8_command.h"
+#include "bench/gpu_host_path_command.h"
 #include "bench/gpu_kernel_command.h"
 #include "bench/kernel_command.h"
 #include "bench/peers_command.h"
@@ -98,6 +99,8 @@ constexpr char kUsage[] =
     "  kernel     decode attention on the emulated NPU: modelled time, FU, host rate; with\n"
     "             --device=cuda:N on a GPU: device time, TFLOP/s, GB/s\n"
     "  typhoon    TyphoonMLA hybrid vs absorb-only on a shared prefix, per batch size\n"
+    "  hostpath   a head-space decode step on a CUDA GPU: projections on the tiled GEMM or the\n"
+    "             row kernel, launches enqueued or replayed as CUDA graphs, side by side\n"
     "  service    the same load direct on the engine and through gRPC: throughput ratio, overhead\n"
     "  peers      mlaserve's host kernels beside PyTorch on the CPU (fp32, bf16), alternating\n"
     "  capacity   KV-bound decode at a fixed budget: sequences held and queries/s, FP8 vs bf16\n"
@@ -168,6 +171,19 @@ absl::Status Run(const std::string& command) {
     o.repeats = absl::GetFlag(FLAGS_repeats);
     o.json = absl::GetFlag(FLAGS_json);
     return mlaserve::bench::RunKernelCommand(o, std::cout);
+  }
+  if (command == "hostpath") {
+    mlaserve::bench::GpuHostPathCommandOptions o;
+    if (!absl::GetFlag(FLAGS_device).empty()) o.device = absl::GetFlag(FLAGS_device);
+    ASSIGN_OR_RETURN(std::vector<int> batch, ParseInts(absl::GetFlag(FLAGS_batch), "batch"));
+    if (!batch.empty()) o.batch = batch;
+    o.heads = absl::GetFlag(FLAGS_heads);
+    ASSIGN_OR_RETURN(std::vector<int> sk, ParseInts(absl::GetFlag(FLAGS_sk), "sk"));
+    if (sk.size() != 1) return absl::InvalidArgumentError("--sk: hostpath takes one length");
+    if (absl::GetFlag(FLAGS_sk) != std::vector<std::string>{"4096"}) o.keys = sk.front();
+    if (absl::GetFlag(FLAGS_repeats) != 3) o.repeats = absl::GetFlag(FLAGS_repeats);
+    if (absl::GetFlag(FLAGS_rounds) != 2) o.rounds = absl::GetFlag(FLAGS_rounds);
+    return mlaserve::bench::RunGpuHostPathCommand(o, std::cout);
   }
   if (command == "typhoon") {
     mlaserve::bench::TyphoonCommandOptions o;

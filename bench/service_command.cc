@@ -205,18 +205,20 @@ absl::Status RunServiceCommand(const ServiceCommandOptions& o, std::ostream& out
       w.workers, w.sequences, w.prefix_tokens, w.context_tokens, w.sq,
       absl::ToDoubleSeconds(w.duration));
   out << HostDescription() << "\n";
-  out << absl::StrFormat("%-7s %5s %10s %10s %10s %12s %12s %12s %8s %12s\n", "path", "round",
-                         "queries/s", "lat_p50_ms", "lat_p99_ms", "queue_p50_us", "ovhd_p50_us",
-                         "ovhd_p99_us", "batch", "empty_rpc_us");
+  out << absl::StrFormat("%-7s %5s %10s %10s %10s %12s %10s %10s %12s %12s %8s %12s\n", "path",
+                         "round", "queries/s", "lat_p50_ms", "lat_p99_ms", "queue_p50_us",
+                         "dev_p50_ms", "dev_us", "ovhd_p50_us", "ovhd_p99_us", "batch",
+                         "empty_rpc_us");
   for (const PathResult& r : results) {
     const loadgen::LoadSummary& s = r.summary;
-    out << absl::StrFormat("%-7s %5d %10.1f %10.2f %10.2f %12.1f %12.1f %12.1f %8.1f %12s\n",
-                           r.path, r.round, s.queries_per_s, s.latency_ms.p50, s.latency_ms.p99,
-                           s.queue_us.p50, s.overhead_us.p50, s.overhead_us.p99, s.mean_batch_size,
-                           r.path != "direct" ? absl::StrFormat("%.1f", r.empty_rpc_us) : "-");
+    out << absl::StrFormat(
+        "%-7s %5d %10.1f %10.2f %10.2f %12.1f %10.3f %10.1f %12.1f %12.1f %8.1f %12s\n", r.path,
+        r.round, s.queries_per_s, s.latency_ms.p50, s.latency_ms.p99, s.queue_us.p50,
+        s.device_host_ms.p50, s.mean_device_modeled_us, s.overhead_us.p50, s.overhead_us.p99,
+        s.mean_batch_size, r.path != "direct" ? absl::StrFormat("%.1f", r.empty_rpc_us) : "-");
   }
-  out << absl::StrFormat("%-7s %5s %10s %10s %10s %12s %12.1f %12.1f %8s %12s\n", "wire", "-", "-",
-                         "-", "-", "-", wire.p50, wire.p99, "-", "-");
+  out << absl::StrFormat("%-7s %5s %10s %10s %10s %12s %10s %10s %12.1f %12.1f %8s %12s\n", "wire",
+                         "-", "-", "-", "-", "-", "-", "-", wire.p50, wire.p99, "-", "-");
   out << absl::StrFormat("throughput ratios (best of %d each):", std::max(1, o.rounds));
   for (const auto& [over, under, ratio] : ratios) {
     out << absl::StrFormat(" %s/%s %.3f", over, under, ratio);
@@ -225,6 +227,8 @@ absl::Status RunServiceCommand(const ServiceCommandOptions& o, std::ostream& out
   out << absl::StrFormat(
       "wire: TCP round trip on loopback of the call's %.2f MB out and %.2f MB back, idle %.1f ms "
       "between calls as the callers are; the floor under the gRPC edge (ovhd grpc - direct).\n"
+      "dev_p50_ms: the device's host time for a batch (queries in, answers out); dev_us: its "
+      "own time per batch (a GPU's kernels by its clock, an emulated device's model)\n"
       "empty_rpc_us: GetServerInfo with the same idle gaps, gRPC's own cost for a call\n"
       "grpc: a message per query, gRPC listening itself (--http2_guard=false); guarded: the "
       "same behind the HTTP/2 guard's relay, the server's default; packed: one packed message "

@@ -32,6 +32,8 @@ cudaError_t PrepareSeesawAttentionKernel(void** encode_tensor_map);
 cudaError_t EnqueueSeesawAttention(const gpu::Launch& launch, void* encode_tensor_map,
                                    cudaStream_t stream);
 cudaError_t EnqueueGemm(const gpu::Launch& launch, cudaStream_t stream);
+// A kGemm launch with gemv_rows > 0 on the row kernel (gemv_kernel.cu).
+cudaError_t EnqueueGemv(const gpu::Launch& launch, cudaStream_t stream);
 cudaError_t EnqueueCombine(const gpu::Launch& launch, cudaStream_t stream);
 cudaError_t EnqueueCopyRows(const gpu::Launch& launch, cudaStream_t stream);
 cudaError_t EnqueueFill(const gpu::Launch& launch, cudaStream_t stream);

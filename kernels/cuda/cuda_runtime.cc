@@ -43,8 +43,23 @@ std::string DriverVersion() {
 
 // Errors after which the context still works: the call failed, nothing ran.
 bool Recoverable(cudaError_t e) {
-  return e == cudaErrorMemoryAllocation || e == cudaErrorInvalidValue ||
-         e == cudaErrorInvalidConfiguration || e == cudaErrorNotSupported;
+  switch (e) {
+    case cudaErrorMemoryAllocation:
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidConfiguration:
+    case cudaErrorNotSupported:
+    // A graph capture the driver refused: the launches were not made, the device is fine.
+    case cudaErrorStreamCaptureUnsupported:
+    case cudaErrorStreamCaptureInvalidated:
+    case cudaErrorStreamCaptureUnjoined:
+    case cudaErrorStreamCaptureIsolation:
+    case cudaErrorStreamCaptureImplicit:
+    case cudaErrorStreamCaptureWrongThread:
+    case cudaErrorCapturedEvent:
+      return true;
+    default:
+      return false;
+  }
 }
 
 }  // namespace
@@ -57,16 +72,22 @@ struct CudaRuntime::Handles {
   cudaEvent_t finished = nullptr;
 };
 
-AttentionKernels AttentionKernelsFromEnvironment() {
-  const char* choice = std::getenv("MLASERVE_CUDA_ATTENTION");
-  const std::string name = choice == nullptr ? "" : choice;
-  if (name == "wgmma") return AttentionKernels::kWgmma;
-  if (name == "mma") return AttentionKernels::kMma;
-  return AttentionKernels::kBest;
+CudaOptions CudaOptions::FromEnvironment() {
+  const auto variable = [](const char* name) {
+    const char* value = std::getenv(name);
+    return std::string(value == nullptr ? "" : value);
+  };
+  CudaOptions options;
+  const std::string attention = variable("MLASERVE_CUDA_ATTENTION");
+  if (attention == "wgmma") options.attention = AttentionKernels::kWgmma;
+  if (attention == "mma") options.attention = AttentionKernels::kMma;
+  if (variable("MLASERVE_CUDA_ROW_KERNEL") == "off") options.row_kernel = false;
+  if (variable("MLASERVE_CUDA_GRAPHS") == "off") options.graphs = 0;
+  return options;
 }
 
-absl::StatusOr<std::unique_ptr<CudaRuntime>> CudaRuntime::Create(int ordinal,
-                                                                 AttentionKernels kernels) {
+absl::StatusOr<std::unique_ptr<CudaRuntime>> CudaRuntime::Create(int ordinal, CudaOptions options) {
+  const AttentionKernels kernels = options.attention;
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || ordinal < 0 || ordinal >= count) {
     cudaGetLastError();
@@ -90,7 +111,7 @@ absl::StatusOr<std::unique_ptr<CudaRuntime>> CudaRuntime::Create(int ordinal,
   if (cudaError_t e = PrepareAttentionKernels(); e != cudaSuccess) {
     return fail(e, "preparing the attention kernels");
   }
-  std::unique_ptr<CudaRuntime> runtime(new CudaRuntime(ordinal, std::move(handles)));
+  std::unique_ptr<CudaRuntime> runtime(new CudaRuntime(ordinal, options, std::move(handles)));
   cudaDeviceProp p{};
   if (cudaError_t e = cudaGetDeviceProperties(&p, ordinal); e != cudaSuccess) {
     return fail(e, "properties");
@@ -140,11 +161,15 @@ absl::StatusOr<std::unique_ptr<CudaRuntime>> CudaRuntime::Create(int ordinal,
   return runtime;
 }
 
-CudaRuntime::CudaRuntime(int ordinal, std::unique_ptr<Handles> handles)
-    : ordinal_(ordinal), handles_(std::move(handles)) {}
+CudaRuntime::CudaRuntime(int ordinal, CudaOptions options, std::unique_ptr<Handles> handles)
+    : ordinal_(ordinal),
+      options_(options),
+      handles_(std::move(handles)),
+      graphs_(options.graphs > 0 ? std::make_unique<LaunchGraphs>(options.graphs) : nullptr) {}
 
 CudaRuntime::~CudaRuntime() {
   cudaSetDevice(ordinal_);
+  graphs_.reset();
   for (cudaEvent_t e :
        {handles_->launched, handles_->computed, handles_->started, handles_->finished}) {
     if (e != nullptr) cudaEventDestroy(e);
@@ -242,47 +267,28 @@ absl::StatusOr<gpu::ProgramTiming> CudaRuntime::Run(const gpu::Program& program,
   }
   RETURN_IF_ERROR(Check(cudaEventRecord(h.launched, h.stream), "event"));
   for (const gpu::Launch& launch : program.launches) {
-    cudaError_t e = cudaSuccess;
-    switch (launch.kind) {
-      case gpu::LaunchKind::kCopyRows:
-        e = EnqueueCopyRows(launch, h.stream);
+    switch (RouteOf(launch)) {
+      case Route::kGemm:
+        ++counts_.gemm;
         break;
-      case gpu::LaunchKind::kFill:
-        e = EnqueueFill(launch, h.stream);
+      case Route::kGemv:
+        ++counts_.gemv;
         break;
-      case gpu::LaunchKind::kGemm:
-        e = EnqueueGemm(launch, h.stream);
+      case Route::kSeesaw:
+        ++counts_.seesaw;
         break;
-      case gpu::LaunchKind::kAttention: {
-        const bool latent_bf16 =
-            launch.keys == gpu::KeysKind::kPagedBf16 && launch.dk == 576 && launch.dv == 512;
-        // Tensor-map coordinates are 32-bit.
-        const bool whole_blocks =
-            launch.key_pool_rows > 0 && launch.key_pool_rows <= std::numeric_limits<int32_t>::max();
-        if (latent_bf16 && whole_blocks && encode_tensor_map_ != nullptr) {
-          e = EnqueueSeesawAttention(launch, encode_tensor_map_, h.stream);
-          ++attention_launches_.seesaw;
-        } else if (latent_bf16 && wgmma_attention_) {
-          e = EnqueueWgmmaAttention(launch, h.stream);
-          ++attention_launches_.wgmma;
-        } else {
-          e = EnqueueAttention(launch, h.stream);
-          ++attention_launches_.mma;
-        }
+      case Route::kWgmma:
+        ++counts_.wgmma;
         break;
-      }
-      case gpu::LaunchKind::kCombine:
-        e = EnqueueCombine(launch, h.stream);
+      case Route::kMma:
+        ++counts_.mma;
+        break;
+      default:
         break;
     }
-    if (e == cudaErrorNotSupported) {
-      return absl::UnimplementedError(absl::StrFormat(
-          "cuda:%d: no kernel for attention step '%s' (dk %d, dv %d, keys kind %d)", ordinal_,
-          launch.name, launch.dk, launch.dv, static_cast<int>(launch.keys)));
-    }
-    RETURN_IF_ERROR(
-        Check(e, absl::StrCat(gpu::LaunchKindName(launch.kind), " launch '", launch.name, "'")));
   }
+  RETURN_IF_ERROR(graphs_ != nullptr ? EnqueueThroughGraphs(program.launches)
+                                     : EnqueueLaunches(program.launches));
   RETURN_IF_ERROR(Check(cudaEventRecord(h.computed, h.stream), "event"));
   if (program.download_bytes > 0) {
     RETURN_IF_ERROR(
@@ -303,6 +309,121 @@ absl::StatusOr<gpu::ProgramTiming> CudaRuntime::Run(const gpu::Program& program,
   cudaEventElapsedTime(&ms, h.computed, h.finished);
   timing.download_ms = ms;
   return timing;
+}
+
+CudaRuntime::Route CudaRuntime::RouteOf(const gpu::Launch& launch) const {
+  switch (launch.kind) {
+    case gpu::LaunchKind::kCopyRows:
+      return Route::kCopyRows;
+    case gpu::LaunchKind::kFill:
+      return Route::kFill;
+    case gpu::LaunchKind::kGemm:
+      return options_.row_kernel && launch.gemv_rows > 0 ? Route::kGemv : Route::kGemm;
+    case gpu::LaunchKind::kAttention: {
+      const bool latent_bf16 =
+          launch.keys == gpu::KeysKind::kPagedBf16 && launch.dk == 576 && launch.dv == 512;
+      // Tensor-map coordinates are 32-bit.
+      const bool whole_blocks =
+          launch.key_pool_rows > 0 && launch.key_pool_rows <= std::numeric_limits<int32_t>::max();
+      if (latent_bf16 && whole_blocks && encode_tensor_map_ != nullptr) return Route::kSeesaw;
+      if (latent_bf16 && wgmma_attention_) return Route::kWgmma;
+      return Route::kMma;
+    }
+    case gpu::LaunchKind::kCombine:
+      return Route::kCombine;
+  }
+  return Route::kMma;
+}
+
+absl::Status CudaRuntime::EnqueueLaunches(std::span<const gpu::Launch> launches) {
+  cudaStream_t stream = handles_->stream;
+  for (const gpu::Launch& launch : launches) {
+    cudaError_t e = cudaSuccess;
+    switch (RouteOf(launch)) {
+      case Route::kCopyRows:
+        e = EnqueueCopyRows(launch, stream);
+        break;
+      case Route::kFill:
+        e = EnqueueFill(launch, stream);
+        break;
+      case Route::kGemm:
+        e = EnqueueGemm(launch, stream);
+        break;
+      case Route::kGemv:
+        e = EnqueueGemv(launch, stream);
+        break;
+      case Route::kSeesaw:
+        e = EnqueueSeesawAttention(launch, encode_tensor_map_, stream);
+        break;
+      case Route::kWgmma:
+        e = EnqueueWgmmaAttention(launch, stream);
+        break;
+      case Route::kMma:
+        e = EnqueueAttention(launch, stream);
+        break;
+      case Route::kCombine:
+        e = EnqueueCombine(launch, stream);
+        break;
+    }
+    if (e == cudaErrorNotSupported) {
+      return absl::UnimplementedError(absl::StrFormat(
+          "cuda:%d: no kernel for attention step '%s' (dk %d, dv %d, keys kind %d)", ordinal_,
+          launch.name, launch.dk, launch.dv, static_cast<int>(launch.keys)));
+    }
+    RETURN_IF_ERROR(
+        Check(e, absl::StrCat(gpu::LaunchKindName(launch.kind), " launch '", launch.name, "'")));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<cudaGraphExec_t> CudaRuntime::Capture(std::span<const gpu::Launch> launches) {
+  cudaStream_t stream = handles_->stream;
+  // Thread-local: the pool's other GPUs (other threads) go on allocating meanwhile.
+  RETURN_IF_ERROR(
+      Check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "graph capture"));
+  const absl::Status enqueued = EnqueueLaunches(launches);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  const auto destroy = [&] {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  };
+  if (!enqueued.ok()) {
+    destroy();
+    return enqueued;
+  }
+  if (absl::Status s = Check(ended, "graph capture"); !s.ok()) {
+    destroy();
+    return s;
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  destroy();
+  RETURN_IF_ERROR(Check(instantiated, "graph instantiation"));
+  return exec;
+}
+
+absl::Status CudaRuntime::EnqueueThroughGraphs(std::span<const gpu::Launch> launches) {
+  const std::string key = LaunchGraphs::Key(launches);
+  if (cudaGraphExec_t exec = graphs_->Find(key); exec != nullptr) {
+    ++counts_.graph_replays;
+    return Check(cudaGraphLaunch(exec, handles_->stream), "graph launch");
+  }
+  if (!graphs_->Sighted(key)) return EnqueueLaunches(launches);
+  absl::StatusOr<cudaGraphExec_t> exec = Capture(launches);
+  if (!exec.ok()) {
+    // A fault, or a launch without a kernel, is the program's answer; a capture the driver
+    // would not make (an error that leaves the device usable) turns graphs off for good.
+    if (!health().ok() || exec.status().code() == absl::StatusCode::kUnimplemented) {
+      return exec.status();
+    }
+    graphs_.reset();
+    graphs_off_ = exec.status();
+    return EnqueueLaunches(launches);
+  }
+  graphs_->Insert(key, *exec);
+  ++counts_.graphs_captured;
+  ++counts_.graph_replays;
+  return Check(cudaGraphLaunch(*exec, handles_->stream), "graph launch");
 }
 
 absl::Status CudaRuntime::InjectTrap() {

@@ -1,6 +1,7 @@
 #include "kernels/gpu/gpu_batch_executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 #include <vector>
 
@@ -46,6 +47,7 @@ absl::Status GpuBatchExecutor::EnsureHost(HostBuffer& buffer, int64_t bytes) {
 absl::StatusOr<GpuBatchExecutor::Result> GpuBatchExecutor::Run(const BatchSteps& steps,
                                                                const InputResolver& resolve,
                                                                std::span<const UploadCopy> copies) {
+  const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(const BatchLayout layout, LayOutBatch(steps, copies));
   if (layout.arena_bytes > arena_bytes_) {
     const int64_t bytes = Grown(arena_bytes_, layout.arena_bytes);
@@ -60,6 +62,8 @@ absl::StatusOr<GpuBatchExecutor::Result> GpuBatchExecutor::Run(const BatchSteps&
       const Program program,
       LowerBatch(steps, layout, arena_, resolve,
                  std::span<std::byte>(upload_.data, static_cast<size_t>(upload_.bytes)), copies));
+  const double lowering_us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   const ProgramIo io{
       std::span<const std::byte>(upload_.data, static_cast<size_t>(program.upload_bytes)),
       std::span<std::byte>(download_.data, static_cast<size_t>(program.download_bytes))};
@@ -67,6 +71,7 @@ absl::StatusOr<GpuBatchExecutor::Result> GpuBatchExecutor::Run(const BatchSteps&
   Result result;
   result.buffers = std::make_unique<DownloadedBuffers>(steps, layout, download_);
   result.timing = timing;
+  result.lowering_us = lowering_us;
   result.upload_bytes = program.upload_bytes;
   result.query_bytes = program.query_bytes;
   result.copied_bytes = program.copied_bytes;

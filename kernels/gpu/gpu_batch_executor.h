@@ -27,6 +27,7 @@ class GpuBatchExecutor {
     // The answers (kOutput buffers); inputs and scratch read as empty.
     std::unique_ptr<BatchBuffers> buffers;
     ProgramTiming timing;
+    double lowering_us = 0;    // the host's part before the upload: layout, records, staging
     int64_t upload_bytes = 0;  // host to device, all of it: records, queries, copies
     int64_t query_bytes = 0;
     int64_t copied_bytes = 0;

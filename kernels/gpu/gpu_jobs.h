@@ -64,6 +64,11 @@ struct GemmTile {
 };
 inline constexpr int kGemmTileRows = 64;
 inline constexpr int kGemmTileCols = 64;
+// The row kernel's bounds (Launch::gemv_rows): a decode batch's projections for a few
+// sequences (one query's absorb_q and project_out: 1 row a head, depth 128 and 512). From 8
+// rows on the tiled GEMM is as fast or faster (docs/performance.md 14.2).
+inline constexpr int kGemvMaxRows = 4;
+inline constexpr int kGemvMaxDepth = 512;
 
 // Where an attention tile's keys are.
 enum class KeysKind : int32_t {

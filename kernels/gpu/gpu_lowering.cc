@@ -23,6 +23,15 @@ int64_t AlignUp(int64_t x, int64_t alignment) {
 
 bool Aligned16(int64_t x) { return x % 16 == 0; }
 
+// Whether a GEMM job fits the row kernel (Launch::gemv_rows): few rows, a bounded depth, and
+// B read as whole 16-byte vectors along its contiguous dimension (depth when B is [n][k],
+// columns when it is [k][n]).
+bool FitsRowKernel(const GemmJob& j) {
+  const int64_t contiguous = j.transpose_b ? j.k : j.n;
+  return j.rows <= kGemvMaxRows && j.k <= kGemvMaxDepth && Aligned16(static_cast<int64_t>(j.b)) &&
+         j.ldb % 8 == 0 && contiguous % 8 == 0;
+}
+
 // What one thread block of a fill or a copy takes: 64 KiB.
 constexpr int64_t kFillJobWords = int64_t{16} << 10;
 constexpr int64_t kCopyJobBytes = int64_t{64} << 10;
@@ -161,6 +170,8 @@ class Lowerer {
   absl::Status EmitProjection(const ProjectionStep& step) {
     std::vector<GemmJob> jobs;
     std::vector<GemmTile> tiles;
+    int32_t most_rows = 0;
+    bool fits_row_kernel = true;
     for (const ProjectionJob& j : step.jobs) {
       // The GPU's GEMM reads the checkpoint's layout (the engine hands a GPU kv_b_proj as
       // loaded); the CPU matrix unit's tile layout is not one of its operand forms.
@@ -182,12 +193,15 @@ class Lowerer {
       job.transpose_b = j.transpose_b ? 1 : 0;
       job.c_bf16 = j.c_bf16 ? 1 : 0;
       jobs.push_back(job);
+      most_rows = std::max(most_rows, j.rows);
+      fits_row_kernel = fits_row_kernel && FitsRowKernel(job);
       for (int32_t r = 0; r < j.rows; r += kGemmTileRows) {
         for (int32_t c = 0; c < j.n; c += kGemmTileCols) tiles.push_back(GemmTile{index, r, c});
       }
     }
     if (tiles.empty()) return absl::OkStatus();
     Launch launch{.kind = LaunchKind::kGemm, .name = step.name};
+    launch.gemv_rows = fits_row_kernel ? most_rows : 0;
     launch.records = upload_.PutArray(jobs);
     launch.tiles = upload_.PutArray(tiles);
     launch.count = static_cast<int32_t>(tiles.size());

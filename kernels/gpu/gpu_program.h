@@ -28,10 +28,15 @@ const char* LaunchKindName(LaunchKind kind);
 
 struct Launch {
   LaunchKind kind = LaunchKind::kCopyRows;
-  std::string name;        // the step it lowers ("latent", "absorb_q", ...), for errors
-  DevicePtr tiles = 0;     // the per-block records: count of them
-  int32_t count = 0;       // thread blocks (copy and fill: jobs)
-  DevicePtr records = 0;   // kGemm, kCombine: the job records the tiles index
+  std::string name;       // the step it lowers ("latent", "absorb_q", ...), for errors
+  DevicePtr tiles = 0;    // the per-block records: count of them
+  int32_t count = 0;      // thread blocks (copy and fill: jobs)
+  DevicePtr records = 0;  // kGemm, kCombine: the job records the tiles index
+  // kGemm whose every job fits the row kernel (at most kGemvMaxRows rows, depth at most
+  // kGemvMaxDepth, B's rows and columns in whole 16-byte vectors): the most rows of any job,
+  // so that a runtime may read B once at memory bandwidth with the rows in registers instead
+  // of through 64-row tiles; 0 otherwise.
+  int32_t gemv_rows = 0;
   bool aligned16 = false;  // kCopyRows: every address, stride and length a multiple of 16
   // kAttention
   KeysKind keys = KeysKind::kPagedBf16;

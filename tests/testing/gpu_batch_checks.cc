@@ -84,7 +84,7 @@ Tolerance HeadSpaceOutTolerance(std::span<const double> golden) {
 }
 
 void ExpectGpuBatchMatchesGolden(gpu::GpuRuntime& runtime, const NamedScenario& scenario,
-                                 uint64_t seed) {
+                                 uint64_t seed, int runs) {
   SCOPED_TRACE(::testing::Message() << scenario.name << " seed " << seed);
   auto s = BatchScenario::Make(scenario.spec, seed);
   auto built = BuildBatchSteps(s->batch());
@@ -94,6 +94,19 @@ void ExpectGpuBatchMatchesGolden(gpu::GpuRuntime& runtime, const NamedScenario& 
   gpu::GpuBatchExecutor executor(runtime);
   auto run = executor.Run(built->steps, inputs->resolver());
   ASSERT_TRUE(run.ok()) << run.status();
+  for (int again = 1; again < runs; ++again) {
+    SCOPED_TRACE(::testing::Message() << "run " << again + 1);
+    auto repeat = executor.Run(built->steps, inputs->resolver());
+    ASSERT_TRUE(repeat.ok()) << repeat.status();
+    for (size_t g = 0; g < built->answers.size(); ++g) {
+      for (size_t m = 0; m < built->answers[g].size(); ++m) {
+        const AnswerValues first = ReadAnswer(*run->buffers, built->answers[g][m]);
+        const AnswerValues now = ReadAnswer(*repeat->buffers, built->answers[g][m]);
+        ASSERT_EQ(now.out, first.out) << "group " << g << " member " << m;
+        ASSERT_EQ(now.lse, first.lse) << "group " << g << " member " << m;
+      }
+    }
+  }
   Fp8BatchCheck fp8_check;
   for (size_t g = 0; g < built->answers.size(); ++g) {
     const bool fp8 = s->batch().groups[g].kv_dtype == KvDtype::kFp8;

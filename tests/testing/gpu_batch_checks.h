@@ -53,9 +53,11 @@ inline constexpr Tolerance kGpuLseTolerance{1e-2, 8.01 / 65536, 0.0};
 std::vector<NamedScenario> GpuScenarios();
 
 // Runs a scenario's batch on `runtime` through the GPU lowering (inputs resident, queries
-// uploaded) and checks every answer against the golden.
+// uploaded) and checks every answer against the golden. With `runs` > 1 the same executor
+// runs it that many times (as a decode step repeats its predecessor's launches) and every
+// run's answers must equal the first's bit for bit.
 void ExpectGpuBatchMatchesGolden(gpu::GpuRuntime& runtime, const NamedScenario& scenario,
-                                 uint64_t seed);
+                                 uint64_t seed, int runs = 1);
 
 }  // namespace mlaserve::testing
 

@@ -36,9 +36,9 @@ bool GpuRequired() {
 
 class CudaTest : public ::testing::Test {
  protected:
-  void SetUp() override { Open(AttentionKernels::kBest); }
-  void Open(AttentionKernels kernels) {
-    auto runtime = CudaRuntime::Create(0, kernels);
+  void SetUp() override { Open(CudaOptions{}); }
+  void Open(CudaOptions options) {
+    auto runtime = CudaRuntime::Create(0, options);
     if (!runtime.ok()) {
       if (GpuRequired()) FAIL() << "MLASERVE_REQUIRE_GPU=1 and no GPU: " << runtime.status();
       GTEST_SKIP() << "no CUDA GPU here (" << runtime.status() << ")";
@@ -69,12 +69,12 @@ class CudaOtherKernelsTest
     : public CudaTest,
       public ::testing::WithParamInterface<std::tuple<AttentionKernels, NamedScenario>> {
  protected:
-  void SetUp() override { Open(std::get<0>(GetParam())); }
+  void SetUp() override { Open(CudaOptions{.attention = std::get<0>(GetParam())}); }
 };
 
 TEST_P(CudaOtherKernelsTest, MatchTheGolden) {
   mlaserve::testing::ExpectGpuBatchMatchesGolden(*runtime_, std::get<1>(GetParam()), Seed());
-  EXPECT_EQ(runtime_->attention_launches().seesaw, 0);
+  EXPECT_EQ(runtime_->launch_counts().seesaw, 0);
 }
 
 std::vector<NamedScenario> OtherKernelScenarios() {
@@ -108,13 +108,57 @@ TEST_F(CudaTest, HopperRunsWholeBlocksOnTheSeesawKernel) {
       mlaserve::testing::ExpectGpuBatchMatchesGolden(*runtime_, s, 11);
     }
   }
-  EXPECT_GT(runtime_->attention_launches().seesaw, 0);
-  EXPECT_EQ(runtime_->attention_launches().wgmma, 0);
+  EXPECT_GT(runtime_->launch_counts().seesaw, 0);
+  EXPECT_EQ(runtime_->launch_counts().wgmma, 0);
   for (const NamedScenario& s : mlaserve::testing::StandardBatchScenarios()) {
     if (s.name == "HybridOneLevel")
       mlaserve::testing::ExpectGpuBatchMatchesGolden(*runtime_, s, 12);
   }
-  EXPECT_GT(runtime_->attention_launches().wgmma, 0);
+  EXPECT_GT(runtime_->launch_counts().wgmma, 0);
+}
+
+NamedScenario Scenario(const std::string& name) {
+  for (NamedScenario& s : mlaserve::testing::GpuScenarios()) {
+    if (s.name == name) return s;
+  }
+  ADD_FAILURE() << "no scenario " << name;
+  return {};
+}
+
+// A few sequences' projections (3 and 4 rows a head: absorb_q's B [k][n], project_out's
+// [n][k], the hybrid's fp32 absorb part and bf16 answers) run on the row kernel, six rows on
+// the tiled GEMM, and with the row kernel turned off all of them; each held to the golden.
+TEST_F(CudaTest, FewRowsProjectOnTheRowKernelAndManyOnTheTiledGemm) {
+  for (const char* name : {"AbsorbHead", "Model128HeadsHybrid"}) {
+    mlaserve::testing::ExpectGpuBatchMatchesGolden(*runtime_, Scenario(name), Seed());
+  }
+  EXPECT_GT(runtime_->launch_counts().gemv, 0);
+  EXPECT_EQ(runtime_->launch_counts().gemm, 0);
+  mlaserve::testing::ExpectGpuBatchMatchesGolden(*runtime_, Scenario("AbsorbHeadMtpBf16"), Seed());
+  EXPECT_GT(runtime_->launch_counts().gemm, 0);
+
+  Open(CudaOptions{.row_kernel = false});
+  for (const char* name : {"AbsorbHead", "Model128HeadsHybrid"}) {
+    mlaserve::testing::ExpectGpuBatchMatchesGolden(*runtime_, Scenario(name), Seed());
+  }
+  EXPECT_EQ(runtime_->launch_counts().gemv, 0);
+  EXPECT_GT(runtime_->launch_counts().gemm, 0);
+}
+
+// A batch run again replays its launches as one CUDA graph, captured at the second run, and
+// answers bit for bit as the first (direct) run did; with graphs off nothing is captured.
+TEST_F(CudaTest, ARepeatedBatchReplaysItsGraphWithTheSameAnswers) {
+  for (const char* name : {"AbsorbHead", "Model128HeadsLatentSplit", "Model128HeadsHybridFp8"}) {
+    const LaunchCounts before = runtime_->launch_counts();
+    mlaserve::testing::ExpectGpuBatchMatchesGolden(*runtime_, Scenario(name), Seed(), 4);
+    EXPECT_EQ(runtime_->launch_counts().graphs_captured - before.graphs_captured, 1) << name;
+    EXPECT_EQ(runtime_->launch_counts().graph_replays - before.graph_replays, 3) << name;
+  }
+  EXPECT_TRUE(runtime_->graphs_off().ok()) << runtime_->graphs_off();
+
+  Open(CudaOptions{.graphs = 0});
+  mlaserve::testing::ExpectGpuBatchMatchesGolden(*runtime_, Scenario("AbsorbHead"), Seed(), 3);
+  EXPECT_EQ(runtime_->launch_counts().graph_replays, 0);
 }
 
 // A GPU that faults is never trusted again: the fault's status, then every later call fails

@@ -143,18 +143,37 @@ TEST(GpuLoweringTest, UploadsQueriesAndCopiesOnly) {
 // reads whole 64-key blocks of one bf16 pool name the pool as rows of keys; a launch with one
 // tile starting mid-block (the absorb pass after a 700-token prefix) or on pages smaller than a
 // block names nothing.
-Launch OnlyPagedAttention(const NamedScenario& scenario) {
+// A scenario's batch lowered with its inputs at made-up device addresses (nothing runs).
+struct LoweredBatch {
+  BuiltBatch built;
+  Program program;
+  // Where the lowering was told each input is.
+  DevicePtr InputAddress(const StepBuffer& b) const {
+    return (DevicePtr{1} << 40) +
+           static_cast<DevicePtr>(&b - built.steps.buffers.data()) * (DevicePtr{1} << 32);
+  }
+};
+
+LoweredBatch Lowered(const NamedScenario& scenario) {
   auto s = BatchScenario::Make(scenario.spec, 4);
-  const BuiltBatch built = Built(*s);
-  auto layout = LayOutBatch(built.steps);
+  LoweredBatch lowered{Built(*s), {}};
+  const BatchSteps& steps = lowered.built.steps;
+  auto layout = LayOutBatch(steps);
   EXPECT_TRUE(layout.ok()) << layout.status();
   std::vector<std::byte> upload(static_cast<size_t>(layout->upload_bytes));
-  constexpr DevicePtr kInputs = DevicePtr{1} << 40;
   const auto resolve = [&](const StepBuffer& b) -> absl::StatusOr<DevicePtr> {
-    return kInputs + static_cast<DevicePtr>(&b - built.steps.buffers.data()) * (DevicePtr{1} << 32);
+    return lowered.InputAddress(b);
   };
-  auto program = LowerBatch(built.steps, *layout, DevicePtr{1} << 30, resolve, upload);
+  auto program = LowerBatch(steps, *layout, DevicePtr{1} << 30, resolve, upload);
   EXPECT_TRUE(program.ok()) << program.status();
+  if (program.ok()) lowered.program = *std::move(program);
+  return lowered;
+}
+
+Launch OnlyPagedAttention(const NamedScenario& scenario) {
+  const LoweredBatch lowered = Lowered(scenario);
+  const BuiltBatch& built = lowered.built;
+  const Program* program = &lowered.program;
   std::vector<Launch> paged;
   for (const Launch& l : program->launches) {
     if (l.kind == LaunchKind::kAttention && l.keys == KeysKind::kPagedBf16) paged.push_back(l);
@@ -165,7 +184,7 @@ Launch OnlyPagedAttention(const NamedScenario& scenario) {
   for (const StepBuffer& b : built.steps.buffers) {
     if (b.name != "KV pool") continue;
     if (paged[0].key_pool_rows > 0) {
-      EXPECT_EQ(paged[0].key_pool, *resolve(b));
+      EXPECT_EQ(paged[0].key_pool, lowered.InputAddress(b));
       EXPECT_EQ(paged[0].key_pool_rows, b.elements / 576);
       EXPECT_EQ(paged[0].key_row_stride, 576 * 2);
     }
@@ -173,22 +192,47 @@ Launch OnlyPagedAttention(const NamedScenario& scenario) {
   return paged[0];
 }
 
+NamedScenario Named(const std::string& name) {
+  for (NamedScenario& s : mlaserve::testing::StandardBatchScenarios()) {
+    if (s.name == name) return s;
+  }
+  ADD_FAILURE() << "no scenario " << name;
+  return mlaserve::testing::StandardBatchScenarios()[0];
+}
+
 TEST(GpuLoweringTest, AttentionOverWholeKeyBlocksNamesThePool) {
-  const std::vector<NamedScenario> standard = mlaserve::testing::StandardBatchScenarios();
-  const auto named = [&](const std::string& name) {
-    for (const NamedScenario& s : standard) {
-      if (s.name == name) return s;
-    }
-    ADD_FAILURE() << "no scenario " << name;
-    return standard[0];
-  };
-  EXPECT_GT(OnlyPagedAttention(named("AbsorbHead")).key_pool_rows, 0);   // pages of 64
-  EXPECT_GT(OnlyPagedAttention(named("Latent")).key_pool_rows, 0);       // pages of 128
-  EXPECT_GT(OnlyPagedAttention(named("SplitLatent")).key_pool_rows, 0);  // parts of blocks
-  EXPECT_EQ(OnlyPagedAttention(named("HybridOneLevel")).key_pool_rows, 0);
-  NamedScenario small_pages = named("AbsorbHead");
+  EXPECT_GT(OnlyPagedAttention(Named("AbsorbHead")).key_pool_rows, 0);   // pages of 64
+  EXPECT_GT(OnlyPagedAttention(Named("Latent")).key_pool_rows, 0);       // pages of 128
+  EXPECT_GT(OnlyPagedAttention(Named("SplitLatent")).key_pool_rows, 0);  // parts of blocks
+  EXPECT_EQ(OnlyPagedAttention(Named("HybridOneLevel")).key_pool_rows, 0);
+  NamedScenario small_pages = Named("AbsorbHead");
   small_pages.spec.page_size = 32;
   EXPECT_EQ(OnlyPagedAttention(small_pages).key_pool_rows, 0);
+}
+
+// The projections of a few sequences name the row kernel with their rows (a head's job has a
+// row per query row); more rows than it takes name none.
+std::vector<Launch> GemmLaunches(const NamedScenario& scenario) {
+  std::vector<Launch> gemms;
+  for (const Launch& l : Lowered(scenario).program.launches) {
+    if (l.kind == LaunchKind::kGemm) gemms.push_back(l);
+  }
+  return gemms;
+}
+
+TEST(GpuLoweringTest, FewRowsProjectionsNameTheRowKernel) {
+  const std::vector<Launch> three = GemmLaunches(Named("AbsorbHead"));  // 3 sequences, sq 1
+  ASSERT_EQ(three.size(), 2u);
+  EXPECT_EQ(three[0].name, "absorb_q");
+  EXPECT_EQ(three[1].name, "project_out");
+  for (const Launch& l : three) EXPECT_EQ(l.gemv_rows, 3) << l.name;
+  NamedScenario four = Named("AbsorbHead");
+  four.spec.groups[0].own_tokens = {1, 2, 3, 4};
+  for (const Launch& l : GemmLaunches(four)) EXPECT_EQ(l.gemv_rows, 4) << l.name;
+  // 3 sequences of 2 query tokens: 6 rows a head.
+  for (const Launch& l : GemmLaunches(Named("AbsorbHeadMtpBf16"))) {
+    EXPECT_EQ(l.gemv_rows, 0) << l.name;
+  }
 }
 
 }  // namespace
