@@ -28,6 +28,8 @@ struct UcxConnection {
   // The endpoint failed or closed: its calls in flight are cancelled, their answers dropped.
   std::atomic<bool> gone{false};
   std::atomic<int> in_flight{0};
+  // Sent something after the drain began: its endpoint is flushed when the plane closes.
+  bool answered_in_drain = false;
   // Four of each: calls a client keeps in flight at once, as a framework's micro-batches do.
   std::shared_ptr<ReusePool<std::string>> buffers = ReusePool<std::string>::Create(4);
   std::shared_ptr<ReusePool<v1::DataPlaneCall>> messages = ReusePool<v1::DataPlaneCall>::Create(4);

@@ -118,6 +118,17 @@ v1::DataPlane UcxDataPlane::Advertised() const {
 void UcxDataPlane::Drain() {
   absl::MutexLock lock(&handing_mu_);  // waits for a call being handed to the engine
   draining_ = true;
+  handing_mu_.AwaitWithTimeout(absl::Condition(
+                                   +[](int* receiving) { return *receiving == 0; }, &receiving_),
+                               absl::Seconds(5));
+}
+
+void UcxDataPlane::Abandon(const std::shared_ptr<UcxConnection>& connection, size_t bytes) {
+  budget_.Give(connection->tenant, bytes);
+  connection->in_flight.fetch_sub(1);
+  calls_in_flight_.fetch_sub(1);
+  absl::MutexLock lock(&handing_mu_);
+  --receiving_;
 }
 
 void UcxDataPlane::Run() {
@@ -130,9 +141,7 @@ void UcxDataPlane::Run() {
       busy = true;
       if (call.connection->gone.load()) {
         ucp_am_data_release(worker_->worker(), call.descriptor);
-        budget_.Give(call.connection->tenant, call.length);
-        call.connection->in_flight.fetch_sub(1);
-        calls_in_flight_.fetch_sub(1);
+        Abandon(call.connection, call.length);
         continue;
       }
       auto* context = new ReceiveContext{this, call, call.connection->buffers->Take()};
@@ -174,15 +183,22 @@ void UcxDataPlane::Run() {
       (void)!read(wake_, &count, sizeof(count));
     }
   }
-  // Every endpoint closed, and their close requests ended (bounded: a peer may be gone).
+  // Every endpoint closed, and their close requests ended (bounded: a peer may be gone or
+  // slow to take its last answer).
   std::vector<std::shared_ptr<UcxConnection>> open;
   for (const auto& [ep, connection] : by_ep_) open.push_back(connection);
-  for (const auto& connection : open) Close(connection, true);
+  // A flushing close for a client answered during the drain (an answer whose send completed
+  // may still sit in a socket buffer); the others at once (a flush waits for the client to
+  // progress, which an idle one does not).
+  for (const auto& connection : open) {
+    Close(connection, connection->gone.load() || !connection->answered_in_drain);
+  }
   const absl::Time close_by = absl::Now() + absl::Seconds(1);
   while (!closing_.empty() && absl::Now() < close_by) {
     worker_->Progress();
     CloseFinished();
   }
+  for (void* request : std::exchange(closing_, {})) ucp_request_free(request);
 }
 
 void UcxDataPlane::CloseFinished() {
@@ -210,8 +226,14 @@ bool UcxDataPlane::SendQueued() {
     std::lock_guard lock(queue_mu_);
     queued.swap(queue_);
   }
+  bool draining = false;
+  if (!queued.empty()) {
+    absl::MutexLock lock(&handing_mu_);
+    draining = draining_;
+  }
   for (Outgoing& out : queued) {
     UcxConnection& connection = *out.connection;
+    if (draining) connection.answered_in_drain = true;
     if (connection.gone.load() || !by_ep_.contains(connection.ep)) continue;
     auto* context = new SendContext{&sends_in_flight_, std::move(out.bytes), {}};
     size_t header_bytes = 0;
@@ -227,8 +249,9 @@ bool UcxDataPlane::SendQueued() {
     ucs_status_ptr_t request = ucp_am_send_nbx(connection.ep, out.id, context->header, header_bytes,
                                                context->bytes->data(), out.size, &param);
     if (!UCS_PTR_IS_PTR(request)) OnSent(nullptr, UCS_PTR_STATUS(request), context);
-    // A refused hello: the endpoint closes once its welcome has left (a flushing close).
-    if (out.id == ucx::kAmWelcome && !connection.registered) Close(out.connection, false);
+    // A refused hello's endpoint is left to its client, which closes it on reading why (a
+    // close from here could overtake the welcome); one that lingers is closed with the
+    // clients that sent no hello.
   }
   return !queued.empty();
 }
@@ -352,7 +375,13 @@ ucs_status_t UcxDataPlane::OnCall(void* arg, const void* header, size_t header_l
     refused = absl::UnauthenticatedError(
         "hello: present the OpenDataPlane ticket (a UcxHello) before any call");
   } else {
-    refused = plane->budget_.Take(connection->tenant, length);
+    // Taken here, or refused: a call taken before a drain reaches the engine however long its
+    // bytes take to arrive (Drain waits for them); one after it is refused.
+    absl::MutexLock lock(&plane->handing_mu_);
+    refused = plane->draining_
+                  ? absl::UnavailableError("the server is shutting down; call another replica")
+                  : plane->budget_.Take(connection->tenant, length);
+    if (refused.ok()) ++plane->receiving_;
   }
   if (!refused.ok()) {
     plane->Refuse(connection, call_id.value_or(0), refused, start);
@@ -374,9 +403,7 @@ void UcxDataPlane::OnReceived(void* request, ucs_status_t status, size_t, void* 
   UcxDataPlane& plane = *context->plane;
   const PendingReceive& call = context->call;
   if (status != UCS_OK) {
-    plane.budget_.Give(call.connection->tenant, call.length);
-    call.connection->in_flight.fetch_sub(1);
-    plane.calls_in_flight_.fetch_sub(1);
+    plane.Abandon(call.connection, call.length);
     if (!call.connection->gone.load()) {
       plane.Refuse(call.connection, call.call_id, ucx::UcxError("call: its data", status),
                    call.start);
@@ -405,11 +432,10 @@ void UcxDataPlane::RunCall(const std::shared_ptr<UcxConnection>& connection, uin
   };
   absl::StatusOr<UcxCall> parsed =
       ParseUcxCall(call_id, data, length, connection->messages->Take());
-  // A call is either refused here or handed to the engine before Drain returns: the engine's
-  // own drain, which follows, then waits for it instead of refusing it.
+  // A taken call is handed to the engine before Drain returns: the engine's own drain, which
+  // follows, then waits for it instead of refusing it.
   absl::MutexLock handing(&handing_mu_);
-  if (draining_)
-    parsed = absl::UnavailableError("the server is shutting down; call another replica");
+  --receiving_;
   if (!parsed.ok()) {
     end_call();
     Refuse(connection, call_id, parsed.status(), start);

@@ -51,7 +51,8 @@ class UcxDataPlane {
   v1::DataPlane Advertised() const;
   int port() const { return port_; }
   // New calls are answered UNAVAILABLE from now on; calls in flight run on. Every call taken
-  // before it is in the engine when it returns, so the engine's drain waits for them.
+  // before it (its bytes perhaps still arriving: it waits for them, up to 5 s) is in the
+  // engine when it returns, so the engine's drain waits for them.
   void Drain();
   // Clients whose hello was accepted and whose endpoint is open.
   int clients() const { return clients_.load(std::memory_order_relaxed); }
@@ -100,6 +101,8 @@ class UcxDataPlane {
   void Queue(const std::shared_ptr<UcxConnection>& connection, unsigned id, uint64_t call_id,
              std::shared_ptr<std::string> bytes, size_t size);
   void Close(const std::shared_ptr<UcxConnection>& connection, bool force);
+  // A taken call ended before reaching the engine (its bytes failed, or its client left).
+  void Abandon(const std::shared_ptr<UcxConnection>& connection, size_t bytes);
 
   const UcxDataPlaneOptions options_;
   std::unique_ptr<ucx::UcxWorker> worker_;
@@ -114,6 +117,8 @@ class UcxDataPlane {
   // Held while a call is handed to the engine, and by Drain.
   absl::Mutex handing_mu_;
   bool draining_ ABSL_GUARDED_BY(handing_mu_) = false;
+  // Calls taken whose bytes are still arriving (not yet handed to the engine).
+  int receiving_ ABSL_GUARDED_BY(handing_mu_) = 0;
   std::atomic<int> clients_{0};
   std::atomic<int> calls_in_flight_{0};
 
