@@ -27,7 +27,7 @@ namespace mlaserve::integration {
 namespace {
 
 // Spawns `argv` with `env` added to this process's environment; its output to `out_fd`
-// (-1: /dev/null). The pid, or -1.
+// (-1: this process's own, -2: /dev/null). The pid, or -1.
 pid_t Spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env = {},
             int out_fd = -1) {
   std::vector<std::string> environment = env;
@@ -41,8 +41,9 @@ pid_t Spawn(const std::vector<std::string>& argv, const std::vector<std::string>
   posix_spawn_file_actions_init(&actions);
   if (out_fd >= 0) {
     posix_spawn_file_actions_adddup2(&actions, out_fd, 1);
-  } else {
+  } else if (out_fd == -2) {
     posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
   }
   pid_t pid = -1;
   if (posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), envp.data()) != 0) pid = -1;
@@ -65,7 +66,9 @@ int Wait(pid_t pid, absl::Duration timeout) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-int Run(const std::vector<std::string>& argv) { return Wait(Spawn(argv), absl::Seconds(10)); }
+int Run(const std::vector<std::string>& argv) {
+  return Wait(Spawn(argv, {}, -2), absl::Seconds(10));
+}
 
 // Two namespaces and a veth pair on a private /30, removed by the destructor.
 class NetnsPair {
@@ -135,7 +138,7 @@ class UcxNetnsTest : public ::testing::Test {
         {"ip", "netns", "exec", net_.server_ns, MLASERVE_SERVER_BINARY,
          "--listen=" + net_.server_ip + ":50051", "--metrics_listen=" + net_.server_ip + ":9464",
          "--data_plane_ucx=" + net_.server_ip + ":50052", "--data_plane_ucx_call_mb=8",
-         "--data_plane_socket=none", "--layers=1", "--auth_tokens_file=" + dir_ + "/tokens.json",
+         "--data_plane_socket=none", "--layers=2", "--auth_tokens_file=" + dir_ + "/tokens.json",
          "--drain_timeout_s=20"},
         {"UCX_TLS=tcp", "UCX_NET_DEVICES=" + net_.server_dev});
     ASSERT_GT(server_, 0);
