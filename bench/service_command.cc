@@ -138,12 +138,9 @@ absl::Status RunServiceCommand(const ServiceCommandOptions& o, std::ostream& out
     best[r.path] = std::max(best[r.path], r.summary.queries_per_s);
   }
   // Throughput ratios of neighbouring paths (where both ran).
-  const std::pair<const char*, const char*> kRatios[] = {{"grpc", "direct"},
-                                                         {"guarded", "grpc"},
-                                                         {"packed", "guarded"},
-                                                         {"shm", "packed"},
-                                                         {"ucx", "packed"},
-                                                         {"shm", "direct"}};
+  const std::pair<const char*, const char*> kRatios[] = {{"grpc", "direct"},    {"guarded", "grpc"},
+                                                         {"packed", "guarded"}, {"shm", "packed"},
+                                                         {"ucx", "packed"},     {"shm", "direct"}};
   std::vector<std::tuple<std::string, std::string, double>> ratios;
   for (const auto& [over, under] : kRatios) {
     if (best.count(over) > 0 && best.count(under) > 0 && best[under] > 0) {

@@ -50,10 +50,9 @@ absl::Status RunWireCommand(const WireCommandOptions& o, std::ostream& out) {
     // ends are as cold (or warm) as the plane's are.
     probe.idle_between =
         absl::Milliseconds(std::max(0.0, summary.latency_ms.p50 - summary.overhead_us.p50 / 1e3));
-    probe.calls = std::clamp(
-        static_cast<int>(absl::ToDoubleSeconds(w.duration) * 1e3 /
-                         std::max(1.0, summary.latency_ms.p50)),
-        20, 400);
+    probe.calls = std::clamp(static_cast<int>(absl::ToDoubleSeconds(w.duration) * 1e3 /
+                                              std::max(1.0, summary.latency_ms.p50)),
+                             20, 400);
     ASSIGN_OR_RETURN(loadgen::Percentiles wire, MeasureRoundTripTo(o.echo, probe));
     rounds.push_back({summary, wire});
   }
@@ -61,12 +60,12 @@ absl::Status RunWireCommand(const WireCommandOptions& o, std::ostream& out) {
   out << absl::StrFormat(
       "UCX data plane against the raw TCP wire: %s (%d layers) at %s, %d workers x %d "
       "sequences, prefix %d + own %d tokens, sq %d, %s space, %.0f s per run; far end %s\n",
-      o.model, o.layers, o.target, w.workers, w.sequences, w.prefix_tokens, w.context_tokens,
-      w.sq, w.head_space ? "head" : "latent", absl::ToDoubleSeconds(w.duration), o.echo);
+      o.model, o.layers, o.target, w.workers, w.sequences, w.prefix_tokens, w.context_tokens, w.sq,
+      w.head_space ? "head" : "latent", absl::ToDoubleSeconds(w.duration), o.echo);
   out << HostDescription() << "\n";
   out << absl::StrFormat("%5s %10s %10s %12s %12s %12s %12s %12s %9s\n", "round", "queries/s",
-                         "lat_p50_ms", "server_p50_ms", "ucx_p50_us", "ucx_p99_us",
-                         "wire_p50_us", "wire_p99_us", "ucx/wire");
+                         "lat_p50_ms", "server_p50_ms", "ucx_p50_us", "ucx_p99_us", "wire_p50_us",
+                         "wire_p99_us", "ucx/wire");
   double best = 0;
   for (size_t r = 0; r < rounds.size(); ++r) {
     const loadgen::LoadSummary& s = rounds[r].ucx;
