@@ -21,6 +21,7 @@
 #include "bench/service_command.h"
 #include "bench/tree_command.h"
 #include "bench/typhoon_command.h"
+#include "bench/wire_command.h"
 #include "common/command_line.h"
 #include "common/serving_allocator.h"
 #include "common/status_macros.h"
@@ -63,7 +64,7 @@ ABSL_FLAG(int, layers, 2, "service: model layers served");
 ABSL_FLAG(int, devices, 2, "service: emulated devices in the pool");
 ABSL_FLAG(int, rounds, 2, "service: runs per path, the paths alternating");
 ABSL_FLAG(std::vector<std::string>, paths, {},
-          "service: the paths compared (default direct,grpc,guarded,packed,shm)");
+          "service: the paths compared (default direct,grpc,guarded,packed,shm; also ucx)");
 ABSL_FLAG(int, workers, 1, "service: concurrent callers");
 ABSL_FLAG(int, sequences, 8, "service: sequences per caller, all in every call");
 ABSL_FLAG(int, prefix_tokens, 1024, "service: shared system prompt tokens");
@@ -90,6 +91,12 @@ ABSL_FLAG(std::string, peer_env, "tuned", "peers: tuned (the peer at its best he
 ABSL_FLAG(std::string, peer_python, "/usr/bin/python3",
           "peers: the Python with torch that runs the peer (Debian's python3-torch by default)");
 
+ABSL_FLAG(std::string, target, "",
+          "wire: the server's gRPC address (HOST:PORT), its UCX data plane advertised");
+ABSL_FLAG(std::string, wire_echo, "", "wire: the raw TCP far end (HOST:PORT, IPv4)");
+ABSL_FLAG(std::string, wire_listen, "",
+          "wire: be the raw TCP far end on HOST:PORT (IPv4) instead, until killed");
+
 namespace {
 
 constexpr char kUsage[] =
@@ -102,6 +109,8 @@ constexpr char kUsage[] =
     "  hostpath   a head-space decode step on a CUDA GPU: projections on the tiled GEMM or the\n"
     "             row kernel, launches enqueued or replayed as CUDA graphs, side by side\n"
     "  service    the same load direct on the engine and through gRPC: throughput ratio, overhead\n"
+    "  wire       the UCX data plane against a raw TCP socket pair moving the same bytes,\n"
+    "             between two hosts (scripts/ucx_wire_bench.sh: two network namespaces)\n"
     "  peers      mlaserve's host kernels beside PyTorch on the CPU (fp32, bf16), alternating\n"
     "  capacity   KV-bound decode at a fixed budget: sequences held and queries/s, FP8 vs bf16\n"
     "  fp8        FP8 latent cache accuracy per data set and KV format (SnapMLA ablations)\n"
@@ -230,6 +239,23 @@ absl::Status Run(const std::string& command) {
     o.workload.duration = absl::Seconds(absl::GetFlag(FLAGS_duration_s));
     o.json = absl::GetFlag(FLAGS_json);
     return mlaserve::bench::RunServiceCommand(o, std::cout);
+  }
+  if (command == "wire") {
+    mlaserve::bench::WireCommandOptions o;
+    o.model = absl::GetFlag(FLAGS_model);
+    o.layers = absl::GetFlag(FLAGS_layers);
+    o.listen = absl::GetFlag(FLAGS_wire_listen);
+    o.target = absl::GetFlag(FLAGS_target);
+    o.echo = absl::GetFlag(FLAGS_wire_echo);
+    o.rounds = absl::GetFlag(FLAGS_rounds);
+    o.workload.workers = absl::GetFlag(FLAGS_workers);
+    o.workload.sequences = absl::GetFlag(FLAGS_sequences);
+    o.workload.prefix_tokens = absl::GetFlag(FLAGS_prefix_tokens);
+    o.workload.context_tokens = absl::GetFlag(FLAGS_context_tokens);
+    ASSIGN_OR_RETURN(std::vector<int> sq, ParseInts(absl::GetFlag(FLAGS_sq), "sq"));
+    o.workload.sq = sq.front();
+    o.workload.duration = absl::Seconds(absl::GetFlag(FLAGS_duration_s));
+    return mlaserve::bench::RunWireCommand(o, std::cout);
   }
   if (command == "peers") {
     mlaserve::bench::PeersCommandOptions o;

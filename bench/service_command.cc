@@ -76,7 +76,7 @@ absl::StatusOr<loadgen::LoadSummary> RunDirect(const ServiceCommandOptions& o,
 }
 
 // One path through the server: gRPC listening itself ("grpc") or behind the guard, a message
-// per query or packed, or the same-host data plane ("shm").
+// per query or packed, the same-host data plane ("shm"), or the UCX plane on loopback ("ucx").
 absl::StatusOr<loadgen::LoadSummary> RunThroughServer(const ServiceCommandOptions& o,
                                                       const loadgen::WorkloadOptions& w,
                                                       const std::string& path,
@@ -90,6 +90,7 @@ absl::StatusOr<loadgen::LoadSummary> RunThroughServer(const ServiceCommandOption
     server_options.data_plane_socket = absl::StrCat("@mlaserve-bench-", getpid());
     server_options.data_plane_poll = absl::Microseconds(200);  // the server's default
   }
+  if (path == "ucx") server_options.data_plane_ucx = "127.0.0.1:0";
   ASSIGN_OR_RETURN(
       std::unique_ptr<service::MlaServer> server,
       service::MlaServer::Start(engine::CreateEngine, std::move(options), server_options));
@@ -97,11 +98,12 @@ absl::StatusOr<loadgen::LoadSummary> RunThroughServer(const ServiceCommandOption
   server->SetServing(true);
   client::ClientOptions client_options;
   client_options.timeout = absl::Seconds(120);
-  client_options.data_plane = path == "shm" ? client::ClientOptions::DataPlane::kShm
-                                            : client::ClientOptions::DataPlane::kGrpc;
+  client_options.data_plane = path == "shm"   ? client::ClientOptions::DataPlane::kShm
+                              : path == "ucx" ? client::ClientOptions::DataPlane::kUcx
+                                              : client::ClientOptions::DataPlane::kGrpc;
   auto client =
       client::MlaServeClient::Connect(absl::StrCat("127.0.0.1:", server->port()), client_options);
-  const bool packed = path == "packed" || path == "shm";
+  const bool packed = path == "packed" || path == "shm" || path == "ucx";
   ASSIGN_OR_RETURN(auto target, loadgen::GrpcLoadTarget::Create(std::move(client), packed));
   ASSIGN_OR_RETURN(loadgen::LoadResult result, loadgen::RunWorkload(*target, w));
   loadgen::LoadSummary summary = loadgen::Summarize(result);
@@ -110,16 +112,6 @@ absl::StatusOr<loadgen::LoadSummary> RunThroughServer(const ServiceCommandOption
   ASSIGN_OR_RETURN(*empty_rpc_us, EmptyRpcP50Us(*probe_client, summary.latency_ms.p50));
   server->Shutdown(absl::Seconds(10)).IgnoreError();
   return summary;
-}
-
-// The tensor bytes one call carries (the protobuf framing around them is a few bytes per
-// field): each query's q and appended row out, its output (bf16) and LSE (fp32) back.
-WireProbe CallBytes(const engine::ModelConfig& m, const loadgen::WorkloadOptions& w) {
-  const int64_t rows = int64_t{w.sq} * m.heads;
-  const int64_t q_values = rows * (w.head_space ? m.dn + m.dr : m.dl + m.dr);
-  const int64_t out_values = rows * (w.head_space ? m.dv : m.dl);
-  return {.request_bytes = w.sequences * (q_values + m.dl + m.dr) * 2,
-          .response_bytes = w.sequences * (out_values * 2 + rows * 4)};
 }
 
 }  // namespace
@@ -146,11 +138,9 @@ absl::Status RunServiceCommand(const ServiceCommandOptions& o, std::ostream& out
     best[r.path] = std::max(best[r.path], r.summary.queries_per_s);
   }
   // Throughput ratios of neighbouring paths (where both ran).
-  const std::pair<const char*, const char*> kRatios[] = {{"grpc", "direct"},
-                                                         {"guarded", "grpc"},
-                                                         {"packed", "guarded"},
-                                                         {"shm", "packed"},
-                                                         {"shm", "direct"}};
+  const std::pair<const char*, const char*> kRatios[] = {{"grpc", "direct"},    {"guarded", "grpc"},
+                                                         {"packed", "guarded"}, {"shm", "packed"},
+                                                         {"ucx", "packed"},     {"shm", "direct"}};
   std::vector<std::tuple<std::string, std::string, double>> ratios;
   for (const auto& [over, under] : kRatios) {
     if (best.count(over) > 0 && best.count(under) > 0 && best[under] > 0) {
@@ -162,7 +152,7 @@ absl::Status RunServiceCommand(const ServiceCommandOptions& o, std::ostream& out
   // takes: what no RPC stack on this machine can undercut.
   ASSIGN_OR_RETURN(const engine::ModelConfig model,
                    engine::PresetModelConfig(o.model, {.layers = o.layers}));
-  WireProbe probe = CallBytes(model, w);
+  WireProbe probe = CallWireBytes(model, w);
   double direct_latency_ms = 0;
   for (const PathResult& r : results) {
     if (r.path == "direct")
@@ -232,7 +222,8 @@ absl::Status RunServiceCommand(const ServiceCommandOptions& o, std::ostream& out
       "empty_rpc_us: GetServerInfo with the same idle gaps, gRPC's own cost for a call\n"
       "grpc: a message per query, gRPC listening itself (--http2_guard=false); guarded: the "
       "same behind the HTTP/2 guard's relay, the server's default; packed: one packed message "
-      "a call behind the guard; shm: the same-host data plane\n",
+      "a call behind the guard; shm: the same-host data plane; ucx: the UCX data plane on "
+      "loopback (mlaserve-bench wire measures it between two hosts)\n",
       probe.request_bytes / 1e6, probe.response_bytes / 1e6, direct_latency_ms);
   return absl::OkStatus();
 }

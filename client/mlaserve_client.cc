@@ -10,8 +10,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/tensor_helpers.h"
-#include "common/host_id.h"
-#include "common/shm_layout.h"
 #include "common/status_macros.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -164,8 +162,10 @@ std::unique_ptr<MlaServeClient> MlaServeClient::Connect(const std::string& targe
       arguments.SetSslTargetNameOverride(options.tls.server_name);
     }
   }
-  return std::make_unique<MlaServeClient>(grpc::CreateCustomChannel(target, credentials, arguments),
-                                          options);
+  auto client = std::make_unique<MlaServeClient>(
+      grpc::CreateCustomChannel(target, credentials, arguments), options);
+  client->server_host_ = HostOfTarget(target);
+  return client;
 }
 
 MlaServeClient::MlaServeClient(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
@@ -414,36 +414,6 @@ absl::StatusOr<std::vector<DecodeOutput>> MlaServeClient::Decode(
   return outputs;
 }
 
-absl::Status MlaServeClient::DecodeBatch(const DecodeBatchRequest& request,
-                                         DecodeBatchOutput& output) {
-  RETURN_IF_ERROR(CheckDecodeBatch(request));
-  if (options_.data_plane == ClientOptions::DataPlane::kGrpc) {
-    return DecodeBatchOverGrpc(request, output);
-  }
-  const bool required = options_.data_plane == ClientOptions::DataPlane::kShm;
-  // A second attempt opens the plane again after a server restart closed it.
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    absl::StatusOr<std::shared_ptr<ShmChannel>> plane = SharedMemoryPlane();
-    if (!plane.ok()) {
-      if (required) return plane.status();
-      break;
-    }
-    if (!(*plane)->Fits(request, output)) {
-      if (required) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("data plane: the call does not fit one of its slots (",
-                         (*plane)->slot_bytes(), " bytes; raise ShmChannelOptions::region_bytes)"));
-      }
-      break;
-    }
-    absl::Status status = (*plane)->Decode(request, output, options_.timeout);
-    if (absl::IsUnavailable(status) && (*plane)->broken()) continue;
-    if (absl::IsUnavailable(status) && !required) break;  // gRPC's retries wait it out
-    return status;
-  }
-  return DecodeBatchOverGrpc(request, output);
-}
-
 absl::Status MlaServeClient::DecodeBatchOverGrpc(const DecodeBatchRequest& request,
                                                  DecodeBatchOutput& output) {
   output.plans.clear();
@@ -461,49 +431,6 @@ absl::Status MlaServeClient::DecodeBatchOverGrpc(const DecodeBatchRequest& reque
     RETURN_IF_ERROR(ReadBatchAnswers(request, response, first, count, output));
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<v1::OpenDataPlaneResponse> MlaServeClient::OpenDataPlane(absl::string_view kind,
-                                                                        uint32_t version) {
-  v1::OpenDataPlaneRequest request;
-  request.set_kind(std::string(kind));
-  request.set_version(version);
-  v1::OpenDataPlaneResponse response;
-  RETURN_IF_ERROR(CallWithRetry(options_, options_.timeout, [&](grpc::ClientContext& context) {
-    return stub_->OpenDataPlane(&context, request, &response);
-  }));
-  return response;
-}
-
-absl::StatusOr<std::shared_ptr<ShmChannel>> MlaServeClient::SharedMemoryPlane() {
-  std::lock_guard lock(plane_mu_);
-  if (shm_ != nullptr && !shm_->broken()) return shm_;
-  shm_.reset();
-  if (absl::Now() < open_plane_after_) {
-    return absl::FailedPreconditionError("data plane: not offered (asked again shortly)");
-  }
-  absl::StatusOr<std::shared_ptr<ShmChannel>> opened =
-      [&]() -> absl::StatusOr<std::shared_ptr<ShmChannel>> {
-    ASSIGN_OR_RETURN(v1::GetServerInfoResponse info, GetServerInfo());
-    const std::string host = HostId();
-    const auto plane = std::find_if(
-        info.data_planes().begin(), info.data_planes().end(),
-        [&](const v1::DataPlane& p) { return p.kind() == "shm" && p.host_id() == host; });
-    if (plane == info.data_planes().end()) {
-      return absl::FailedPreconditionError(
-          "data plane: the server offers no shared-memory plane on this host");
-    }
-    ASSIGN_OR_RETURN(v1::OpenDataPlaneResponse ticket, OpenDataPlane("shm", shm::kShmVersion));
-    ASSIGN_OR_RETURN(std::unique_ptr<ShmChannel> channel, ShmChannel::Open(ticket, options_.shm));
-    return std::shared_ptr<ShmChannel>(std::move(channel));
-  }();
-  if (!opened.ok()) {
-    // A server without the plane is asked again now and then (it may come back with it).
-    open_plane_after_ = absl::Now() + absl::Seconds(10);
-    return opened.status();
-  }
-  shm_ = *opened;
-  return shm_;
 }
 
 absl::StatusOr<v1::DecodeResponse> MlaServeClient::DecodeRaw(const v1::DecodeRequest& request) {

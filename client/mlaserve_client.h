@@ -14,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "client/dataplane/shm_channel.h"
+#include "client/dataplane/ucx_channel.h"
 #include "client/serving_client.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
@@ -61,12 +62,14 @@ struct ClientOptions {
   // travels in the clear: use it with TLS.
   std::string bearer_token;
   // Where DecodeBatch goes (docs/api.md, "Data planes"): kAuto takes the server's same-host
-  // data plane when it offers one on this host and falls back to gRPC otherwise (and for a
-  // call too large for a slot, or refused UNAVAILABLE, which gRPC's retries then wait out);
-  // kGrpc stays on gRPC; kShm needs the plane (calls fail when it cannot be opened).
-  enum class DataPlane { kAuto, kGrpc, kShm };
+  // data plane when it offers one on this host, else its UCX plane when it offers one and
+  // this client reaches it, and falls back to gRPC otherwise (and for a call too large for a
+  // slot, or refused UNAVAILABLE, which gRPC's retries then wait out); kGrpc stays on gRPC;
+  // kShm and kUcx need their plane (calls fail when it cannot be opened).
+  enum class DataPlane { kAuto, kGrpc, kShm, kUcx };
   DataPlane data_plane = DataPlane::kAuto;
   ShmChannelOptions shm;
+  UcxChannelOptions ucx;
 };
 
 // One KV append: rows [n][dl + dr] for one layer of one sequence, starting at
@@ -197,12 +200,21 @@ class MlaServeClient final : public ServingClient {
   // The same-host plane DecodeBatch uses, opened on first use (and again after a restart);
   // FAILED_PRECONDITION when the server offers none on this host.
   absl::StatusOr<std::shared_ptr<ShmChannel>> SharedMemoryPlane();
+  // The cross-host plane DecodeBatch uses, opened on first use (and again after a restart);
+  // FAILED_PRECONDITION when the server offers none, UNAVAILABLE when it cannot be reached.
+  absl::StatusOr<std::shared_ptr<UcxChannel>> UcxPlane();
 
   v1::MlaServe::Stub& stub() { return *stub_; }
 
  private:
   // DecodeBatch over gRPC's packed form.
   absl::Status DecodeBatchOverGrpc(const DecodeBatchRequest& request, DecodeBatchOutput& output);
+  // DecodeBatch over a data plane: its status, or nothing when the call should go over gRPC
+  // instead (no plane, or one that failed, and the plane not `required`).
+  std::optional<absl::Status> DecodeOverShm(const DecodeBatchRequest& request,
+                                            DecodeBatchOutput& output, bool required);
+  std::optional<absl::Status> DecodeOverUcx(const DecodeBatchRequest& request,
+                                            DecodeBatchOutput& output, bool required);
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::MlaServe::Stub> stub_;
@@ -210,7 +222,15 @@ class MlaServeClient final : public ServingClient {
   std::mutex plane_mu_;
   std::shared_ptr<ShmChannel> shm_;                     // guarded by plane_mu_
   absl::Time open_plane_after_ = absl::InfinitePast();  // guarded by plane_mu_
+  std::shared_ptr<UcxChannel> ucx_;                     // guarded by plane_mu_
+  absl::Time open_ucx_after_ = absl::InfinitePast();    // guarded by plane_mu_
+  std::string open_ucx_why_;                            // guarded by plane_mu_
+  // The host of the target Connect was given, for a plane advertised on a wildcard address.
+  std::string server_host_ = "127.0.0.1";
 };
+
+// The host of a gRPC target ("10.0.0.1:50051", "[::1]:50051", "dns:///name:50051").
+std::string HostOfTarget(const std::string& target);
 
 // The client's one grpc::Status -> absl::Status conversion (same code numbers).
 absl::Status FromGrpcStatus(const grpc::Status& status);

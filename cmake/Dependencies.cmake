@@ -53,6 +53,9 @@ find_package(PkgConfig REQUIRED)
 pkg_check_modules(SYSTEMD REQUIRED IMPORTED_TARGET libsystemd)
 # /metrics over HTTP or HTTPS (server) and its scraper (loadgen): cpp-httplib on OpenSSL.
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
+# The cross-host data plane (server/dataplane/ucx_*, client/dataplane/ucx_channel.*): UCX's
+# ucp (active messages, the sockaddr listener) over uct's transports and ucs's utilities.
+pkg_check_modules(UCX REQUIRED IMPORTED_TARGET ucx)
 find_program(GRPC_PYTHON_PLUGIN grpc_python_plugin REQUIRED)
 # Debian's python3-grpcio and python3-protobuf live in the system interpreter only (a
 # pyenv or venv python3 earlier on PATH lacks them), so the Python client and its tests use

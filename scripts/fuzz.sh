@@ -15,7 +15,7 @@ harnesses=("$@")
 if [ ${#harnesses[@]} -eq 0 ]; then
   harnesses=(decode_fuzzer decode_stream_fuzzer register_prefix_fuzzer append_kv_fuzzer admin_fuzzer
              safetensors_fuzzer device_profile_fuzzer flagfile_fuzzer tokens_file_fuzzer
-             shm_call_fuzzer)
+             shm_call_fuzzer ucx_call_fuzzer)
 fi
 
 scratch="$(mktemp -d "${TMPDIR:-/tmp}/mlaserve-fuzz.XXXXXX")"

@@ -11,7 +11,7 @@ packages=(
   cmake ninja-build g++ make pkg-config
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libssl-dev openssl
   libabsl-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libopenblas-pthread-dev libdnnl-dev libsleef-dev prometheus-cpp-dev libcpp-httplib-dev libsystemd-dev nlohmann-json3-dev
+  libopenblas-pthread-dev libdnnl-dev libsleef-dev prometheus-cpp-dev libcpp-httplib-dev libucx-dev libsystemd-dev nlohmann-json3-dev
   python3 python3-dev python3-grpcio python3-protobuf python3-numpy python3-h2 python3-matplotlib python3-torch pybind11-dev
   python3-venv python3-pip python3-setuptools python3-wheel
   systemd strace clang-format prometheus

@@ -23,6 +23,19 @@ ABSL_FLAG(int, data_plane_tenant_mb, 4096,
 ABSL_FLAG(int, data_plane_memory_mb, 16384,
           "Most memory all data-plane clients may register together, MiB");
 
+ABSL_FLAG(std::string, data_plane_ucx, "off",
+          "The cross-host data plane on UCX: HOST:PORT its listener binds (UCX's TCP sockaddr "
+          "connection; RDMA or TCP for the bytes), or off. Clients on other hosts then send "
+          "each Decode over UCX (docs/deploy.md, \"Data planes\")");
+ABSL_FLAG(bool, data_plane_ucx_trusted_fabric, false,
+          "The fabric between this server and its UCX clients is private: UCX does not encrypt, "
+          "so with --tls_cert the UCX plane starts only with this set");
+ABSL_FLAG(int, data_plane_ucx_call_mb, 256, "Most bytes one call over the UCX plane may take, MiB");
+ABSL_FLAG(int, data_plane_ucx_tenant_mb, 1024,
+          "Most bytes of one tenant's calls in flight over the UCX plane, MiB");
+ABSL_FLAG(int, data_plane_ucx_memory_mb, 4096,
+          "Most bytes of all calls in flight over the UCX plane, MiB");
+
 namespace mlaserve {
 namespace {
 
@@ -60,6 +73,20 @@ absl::Status ParseDataPlaneFlags(service::ServerOptions& server) {
   for (const auto* parsed : {&region, &tenant, &total}) {
     if (!parsed->ok()) return parsed->status();
   }
+  const std::string ucx = absl::GetFlag(FLAGS_data_plane_ucx);
+  if (ucx.empty()) return BadDataPlaneFlag("data_plane_ucx", "empty; off turns the plane off");
+  server.data_plane_ucx = ucx == "off" ? "" : ucx;
+  server.data_plane_ucx_trusted_fabric = absl::GetFlag(FLAGS_data_plane_ucx_trusted_fabric);
+  absl::StatusOr<uint64_t> ucx_call =
+      Mebibytes("data_plane_ucx_call_mb", absl::GetFlag(FLAGS_data_plane_ucx_call_mb));
+  absl::StatusOr<uint64_t> ucx_tenant =
+      Mebibytes("data_plane_ucx_tenant_mb", absl::GetFlag(FLAGS_data_plane_ucx_tenant_mb));
+  absl::StatusOr<uint64_t> ucx_total =
+      Mebibytes("data_plane_ucx_memory_mb", absl::GetFlag(FLAGS_data_plane_ucx_memory_mb));
+  for (const auto* parsed : {&ucx_call, &ucx_tenant, &ucx_total}) {
+    if (!parsed->ok()) return parsed->status();
+  }
+  server.data_plane_ucx_caps = {*ucx_call, *ucx_tenant, *ucx_total};
   caps.region_bytes = *region;
   caps.tenant_bytes = *tenant;
   caps.total_bytes = *total;

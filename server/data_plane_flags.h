@@ -6,8 +6,9 @@
 
 namespace mlaserve {
 
-// The same-host data plane's flags (docs/deploy.md, "Data planes"): --data_plane_socket,
-// --data_plane_poll_us and the registered-memory caps, into `server`.
+// The data planes' flags (docs/deploy.md, "Data planes"): the same-host plane's
+// --data_plane_socket, --data_plane_poll_us and registered-memory caps, and the UCX plane's
+// --data_plane_ucx, --data_plane_ucx_trusted_fabric and in-flight caps, into `server`.
 absl::Status ParseDataPlaneFlags(service::ServerOptions& server);
 
 }  // namespace mlaserve

@@ -123,6 +123,7 @@ std::string TransportPhrase(const std::string& transport) {
   if (transport == "grpc") return "gRPC (a message per query)";
   if (transport == "packed") return "gRPC (packed)";
   if (transport == "shm") return "the same-host data plane";
+  if (transport == "ucx") return "the UCX data plane";
   return transport;
 }
 

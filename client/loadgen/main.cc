@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <string>
 #include <thread>
@@ -81,8 +82,10 @@ ABSL_FLAG(int, context_tokens, 128, "tokens of each sequence's own prompt");
 ABSL_FLAG(int, sq, 1, "query tokens per query (MTP)");
 ABSL_FLAG(std::string, transport, "auto",
           "how each step's call travels: grpc (a message per query), packed (one packed "
-          "message over gRPC), shm (packed, over the server's same-host data plane), or auto "
-          "(packed, over the data plane when the server offers one on this host)");
+          "message over gRPC), shm (packed, over the server's same-host data plane), ucx "
+          "(packed, over the server's UCX data plane, across hosts), or auto (packed, over "
+          "the same-host plane when the server offers one on this host, else over its UCX "
+          "plane when it offers one this client reaches)");
 ABSL_FLAG(std::string, space, "head", "query space: head (q_nope, q_pe) or latent (FlashMLA's q)");
 ABSL_FLAG(int, layers, 0, "layers each step visits (0: every layer the server serves)");
 ABSL_FLAG(std::string, kv_dtype, "",
@@ -533,15 +536,18 @@ int main(int argc, char** argv) {
     client_options.bearer_token = token;
   }
   const std::string transport = absl::GetFlag(FLAGS_transport);
-  if (transport != "grpc" && transport != "packed" && transport != "shm" && transport != "auto") {
-    std::cerr << "--transport: '" << transport << "' is not grpc, packed, shm or auto\n";
+  using Plane = mlaserve::client::ClientOptions::DataPlane;
+  const std::map<std::string, Plane> planes = {{"grpc", Plane::kGrpc},
+                                               {"packed", Plane::kGrpc},
+                                               {"shm", Plane::kShm},
+                                               {"ucx", Plane::kUcx},
+                                               {"auto", Plane::kAuto}};
+  if (!planes.contains(transport)) {
+    std::cerr << "--transport: '" << transport << "' is not grpc, packed, shm, ucx or auto\n";
     return 2;
   }
   const bool packed = transport != "grpc";
-  client_options.data_plane = transport == "shm" ? mlaserve::client::ClientOptions::DataPlane::kShm
-                              : transport == "auto"
-                                  ? mlaserve::client::ClientOptions::DataPlane::kAuto
-                                  : mlaserve::client::ClientOptions::DataPlane::kGrpc;
+  client_options.data_plane = planes.at(transport);
   o.transport = transport;
   // A soak counts every failed call, so the client must not hide one behind a retry.
   if (absl::GetFlag(FLAGS_soak)) client_options.max_attempts = 1;
@@ -573,7 +579,10 @@ int main(int argc, char** argv) {
   }
   if (transport == "auto") {
     // What auto found, for the report: the plane, or gRPC's packed form.
-    o.transport = !cluster && clients.front()->SharedMemoryPlane().ok() ? "shm" : "packed";
+    o.transport = cluster                                     ? "packed"
+                  : clients.front()->SharedMemoryPlane().ok() ? "shm"
+                  : clients.front()->UcxPlane().ok()          ? "ucx"
+                                                              : "packed";
   }
   const mlaserve::client::ClientTls tls = client_options.tls;
   if (absl::GetFlag(FLAGS_soak)) return RunSoakMode(*clients.front(), target, tls);

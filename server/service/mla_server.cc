@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/host_id.h"
+#include "common/host_port.h"
 #include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -68,6 +69,29 @@ std::string NewInstanceId() {
 }
 
 }  // namespace
+
+absl::Status MlaServer::StartUcxPlane(const ServerOptions& options, MlaServer& server) {
+  // UCX moves bytes in the clear (RDMA or TCP): a server whose gRPC port is TLS must not
+  // offer its callers' queries and answers unencrypted unless the operator says the fabric
+  // is private.
+  if (options.tls.enabled() && !options.data_plane_ucx_trusted_fabric) {
+    return absl::FailedPreconditionError(
+        "--data_plane_ucx: UCX does not encrypt, and this server serves gRPC with TLS "
+        "(--tls_cert); start it with --data_plane_ucx_trusted_fabric if nobody else can read "
+        "the fabric between the hosts, or turn the plane off (--data_plane_ucx=off)");
+  }
+  ASSIGN_OR_RETURN(const HostPort where, ParseHostPort(options.data_plane_ucx, "--data_plane_ucx"));
+  dataplane::UcxDataPlaneOptions plane;
+  plane.host = where.host;
+  plane.port = where.port;
+  plane.caps = options.data_plane_ucx_caps;
+  plane.instance_id = server.state_.instance_id();
+  plane.host_id = HostId();
+  ASSIGN_OR_RETURN(server.ucx_plane_,
+                   dataplane::UcxDataPlane::Start(std::move(plane), server.service_->dispatcher(),
+                                                  *server.tickets_, *server.metrics_));
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factory,
                                                             engine::EngineOptions engine_options,
@@ -128,6 +152,7 @@ absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factor
   service_options.data_planes = [self] {
     std::vector<v1::DataPlane> planes;
     if (self->shm_plane_ != nullptr) planes.push_back(self->shm_plane_->Advertised());
+    if (self->ucx_plane_ != nullptr) planes.push_back(self->ucx_plane_->Advertised());
     return planes;
   };
   server->service_ = std::make_unique<MlaServeService>(*server->engine_, *metrics, service_options);
@@ -142,6 +167,10 @@ absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factor
         server->shm_plane_,
         dataplane::ShmDataPlane::Start(std::move(plane), server->service_->dispatcher(),
                                        *server->tickets_, *metrics, server->engine_->Info().model));
+  }
+
+  if (!options.data_plane_ucx.empty()) {
+    RETURN_IF_ERROR(StartUcxPlane(options, *server));
   }
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -194,9 +223,9 @@ absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factor
     if (server->listener_ != nullptr) {
       collectables.push_back(std::make_shared<GuardStatsCollector>(*server->listener_));
     }
-    if (server->shm_plane_ != nullptr) {
-      collectables.push_back(
-          std::make_shared<dataplane::DataPlaneStatsCollector>(*server->shm_plane_));
+    if (server->shm_plane_ != nullptr || server->ucx_plane_ != nullptr) {
+      collectables.push_back(std::make_shared<dataplane::DataPlaneStatsCollector>(
+          server->shm_plane_.get(), server->ucx_plane_.get()));
     }
     ASSIGN_OR_RETURN(
         server->metrics_endpoint_,
@@ -294,6 +323,7 @@ absl::Status MlaServer::Shutdown(absl::Duration timeout) {
   if (listener_ != nullptr) listener_->StopAccepting();
   server_->GetHealthCheckService()->Shutdown();
   if (shm_plane_ != nullptr) shm_plane_->Drain();
+  if (ucx_plane_ != nullptr) ucx_plane_->Drain();
   const int streams = service_->BeginDrain();
   // What the drain cuts, so that "drained cleanly" is not the only word on it.
   if (streams > 0) {
@@ -312,6 +342,7 @@ absl::Status MlaServer::Shutdown(absl::Duration timeout) {
   const absl::Status drained = engine_->Drain(deadline);
   metrics_endpoint_.reset();
   shm_plane_.reset();  // after the endpoint, whose scrapes read it; its calls ended with the drain
+  ucx_plane_.reset();  // likewise; it sends the answers the drain wrote before it closes
   listener_.reset();   // after the endpoint, whose scrapes read it
   if (state_keeper_ == nullptr) return drained;
   // Nothing changes the store any more: this save is the state the next start resumes.

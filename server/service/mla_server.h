@@ -16,6 +16,7 @@
 #include "grpcpp/server.h"
 #include "server/dataplane/region_budget.h"
 #include "server/dataplane/shm_data_plane.h"
+#include "server/dataplane/ucx_data_plane.h"
 #include "server/engine/engine.h"
 #include "server/listener/guarded_listener.h"
 #include "server/listener/http2_guard_limits.h"
@@ -93,6 +94,12 @@ struct ServerOptions {
   std::string data_plane_socket;
   dataplane::RegionBudget::Caps data_plane_caps;
   absl::Duration data_plane_poll = absl::ZeroDuration();
+  // The cross-host data plane on UCX (docs/deploy.md, "Data planes"): where its listener
+  // binds ("" for none: off by default), the caps on the bytes of calls in flight. UCX does
+  // not encrypt: with TLS the server starts it only when the fabric is trusted.
+  std::string data_plane_ucx;  // HOST:PORT
+  dataplane::UcxCallBudget::Caps data_plane_ucx_caps;
+  bool data_plane_ucx_trusted_fabric = false;
 };
 
 // The whole server in one object, for main and for in-process tests: the engine (with its
@@ -129,6 +136,8 @@ class MlaServer {
   engine::Engine& engine() { return *engine_; }
   // The same-host data plane; null when it is off.
   const dataplane::ShmDataPlane* shm_plane() const { return shm_plane_.get(); }
+  // The UCX data plane; null when it is off.
+  const dataplane::UcxDataPlane* ucx_plane() const { return ucx_plane_.get(); }
   const ServiceMetrics& metrics() const { return *metrics_; }
 
   // Runs a head-space and a latent decode on a scratch sequence, so the first client does
@@ -154,6 +163,9 @@ class MlaServer {
 
  private:
   MlaServer() = default;
+  // The UCX plane on options.data_plane_ucx, refused under TLS unless the fabric is trusted
+  // (FAILED_PRECONDITION naming the flags).
+  static absl::Status StartUcxPlane(const ServerOptions& options, MlaServer& server);
   // After a failed batch: if a device is out of service, health NOT_SERVING and the server
   // stops (ServerOptions::stop_server), once.
   void CheckDevices();
@@ -174,6 +186,7 @@ class MlaServer {
   std::unique_ptr<DataPlaneTickets> tickets_;  // the service hands them out
   std::unique_ptr<MlaServeService> service_;
   std::unique_ptr<dataplane::ShmDataPlane> shm_plane_;  // calls the service's dispatcher
+  std::unique_ptr<dataplane::UcxDataPlane> ucx_plane_;  // likewise
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<PemCredentials> guard_credentials_;    // TLS files for the guard's relay
   std::unique_ptr<listener::GuardedListener> listener_;  // null: gRPC listens itself

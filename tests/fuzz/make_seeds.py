@@ -109,6 +109,10 @@ def main():
     stream = decode_pb2.DecodeStreamRequest(request_id=6, request=appending, timeout_us=5000000)
     write("decode_stream_fuzzer", "seed-6", stream.SerializeToString())
     write("shm_call_fuzzer", "seed-0", shm_region(packed))
+    # A UCX call: the header's length, the header (the call id), the DataPlaneCall.
+    ucx_call = data_plane_pb2.DataPlaneCall(request=packed, timeout_us=5000000, call_id=7)
+    write("ucx_call_fuzzer", "seed-0",
+          bytes([8]) + struct.pack("<Q", 7) + ucx_call.SerializeToString())
 
     prefix = kv_cache_pb2.RegisterPrefixRequest(
         prefix_id="q", parent_id="p",
