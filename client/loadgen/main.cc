@@ -33,6 +33,7 @@
 #include "client/loadgen/load_report.h"
 #include "client/loadgen/soak.h"
 #include "client/loadgen/soak_report.h"
+#include "client/loadgen/sweep_output.h"
 #include "client/loadgen/workload.h"
 #include "client/mlaserve_client.h"
 #include "client/transport_hint.h"
@@ -255,16 +256,6 @@ int RunSoakMode(mlaserve::client::MlaServeClient& client, const std::string& tar
   return result->failures.empty() ? 0 : 1;
 }
 
-// The client machine, for the sweep's files: numbers mean little without it.
-nlohmann::json ClientMachine() {
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  return {{"cpu", mlaserve::HostCpu().model},
-          {"isa", mlaserve::HostCpu().MatrixIsa()},
-          {"cores", std::thread::hardware_concurrency()},
-          {"hostname", host}};
-}
-
 mlaserve::loadgen::ClusterFlags ClusterFlags() {
   mlaserve::loadgen::ClusterFlags f;
   f.etcd_endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
@@ -283,27 +274,6 @@ mlaserve::loadgen::ClusterFlags ClusterFlags() {
 std::string CommandLine(int argc, char** argv) {
   std::vector<std::string> words(argv, argv + argc);
   return absl::StrJoin(words, " ");
-}
-
-// --out=PATH writes PATH.json and PATH.csv: PATH's folder is created if missing, and both
-// files must be writable there (INVALID_ARGUMENT naming --out otherwise).
-absl::Status PrepareOutput(const std::string& out) {
-  const std::filesystem::path folder = std::filesystem::path(out).parent_path();
-  std::error_code error;
-  if (!folder.empty()) std::filesystem::create_directories(folder, error);
-  if (error) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--out: cannot create the folder ", folder.string(), ": ", error.message()));
-  }
-  const std::string where = folder.empty() ? "." : folder.string();
-  for (const std::string& file : {out + ".json", out + ".csv"}) {
-    const bool exists = std::filesystem::exists(file, error);
-    if (access(exists ? file.c_str() : where.c_str(), W_OK) != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--out: cannot write ", file, ": ", std::strerror(errno)));
-    }
-  }
-  return absl::OkStatus();
 }
 
 // Continuous traffic, one run or a sweep (docs/loadgen.md). Exit status: 0 when every call
@@ -377,10 +347,12 @@ int RunContinuousMode(const mlaserve::loadgen::WorkloadOptions& base,
   // A long sweep's results must not be lost at its end: the folder is made now, and a place
   // that cannot be written is refused before the first point runs.
   if (!out.empty()) {
-    if (absl::Status writable = PrepareOutput(out); !writable.ok()) return bad(writable);
+    if (absl::Status writable = mlaserve::loadgen::PrepareSweepOutput(out); !writable.ok())
+      return bad(writable);
   }
 
-  mlaserve::loadgen::SweepContext context_info{command, ClientMachine(), destination.servers};
+  mlaserve::loadgen::SweepContext context_info{command, mlaserve::loadgen::ClientMachine(),
+                                               destination.servers};
   mlaserve::loadgen::LoadTarget* const load_target = destination.target.get();
   const bool json = absl::GetFlag(FLAGS_json);
   const std::vector<double> values =
