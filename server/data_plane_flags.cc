@@ -87,7 +87,7 @@ absl::Status ParseDataPlaneFlags(service::ServerOptions& server) {
     if (!parsed->ok()) return parsed->status();
   }
   server.data_plane_ucx_caps = {*ucx_call, *ucx_tenant, *ucx_total};
-  caps.region_bytes = *region;
+  caps.item_bytes = *region;
   caps.tenant_bytes = *tenant;
   caps.total_bytes = *total;
   const std::string poll = absl::GetFlag(FLAGS_data_plane_poll_us);

@@ -74,12 +74,12 @@ char* SlotArena::Take(uint64_t size) {
   return chunk.bytes.get();
 }
 
-ShmConnection::ShmConnection(int fd, PeerCredentials peer, RegionBudget& budget,
+ShmConnection::ShmConnection(int fd, PeerCredentials peer, std::shared_ptr<ByteBudget> budget,
                              std::atomic<int64_t>& refused_doorbells)
-    : fd_(fd), peer_(peer), budget_(budget), refused_doorbells_(refused_doorbells) {}
+    : fd_(fd), peer_(peer), budget_(std::move(budget)), refused_doorbells_(refused_doorbells) {}
 
 ShmConnection::~ShmConnection() {
-  if (region_ != nullptr) budget_.Give(tenant_, region_->bytes());
+  if (region_ != nullptr) budget_->Give(tenant_, region_->bytes());
   close(fd_);
 }
 
@@ -101,8 +101,8 @@ absl::Status ShmConnection::Register(UnixMessage hello, service::DataPlaneTicket
     ASSIGN_OR_RETURN(service::Tenant * tenant, tickets.Redeem(message.ticket()));
     const int fd = std::exchange(region_fd, -1);  // Map owns it from here
     ASSIGN_OR_RETURN(std::unique_ptr<MappedRegion> region,
-                     MappedRegion::Map(fd, budget_.caps().region_bytes));
-    RETURN_IF_ERROR(budget_.Take(tenant, region->bytes()));
+                     MappedRegion::Map(fd, budget_->caps().item_bytes));
+    RETURN_IF_ERROR(budget_->Take(tenant, region->bytes()));
     tenant_ = tenant;
     in_flight_.reset(new std::atomic<bool>[region->slot_count()]);
     for (uint32_t i = 0; i < region->slot_count(); ++i) in_flight_[i] = false;

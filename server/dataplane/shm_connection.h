@@ -13,8 +13,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/unix_socket.h"
+#include "server/dataplane/byte_budget.h"
 #include "server/dataplane/mapped_region.h"
-#include "server/dataplane/region_budget.h"
 #include "server/engine/model/model_config.h"
 #include "server/service/data_plane_tickets.h"
 #include "server/service/decode_answers.h"
@@ -49,7 +49,7 @@ class SlotArena {
 class ShmConnection {
  public:
   // `refused_doorbells` counts doorbells for a slot already running a call (Claim).
-  ShmConnection(int fd, PeerCredentials peer, RegionBudget& budget,
+  ShmConnection(int fd, PeerCredentials peer, std::shared_ptr<ByteBudget> budget,
                 std::atomic<int64_t>& refused_doorbells);
   ~ShmConnection();  // closes the socket, gives the region's bytes back
   ShmConnection(const ShmConnection&) = delete;
@@ -97,7 +97,7 @@ class ShmConnection {
  private:
   const int fd_;
   const PeerCredentials peer_;
-  RegionBudget& budget_;
+  const std::shared_ptr<ByteBudget> budget_;
   std::unique_ptr<MappedRegion> region_;
   service::Tenant* tenant_ = nullptr;
   std::unique_ptr<std::atomic<bool>[]> in_flight_;

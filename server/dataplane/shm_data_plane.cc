@@ -49,7 +49,7 @@ ShmDataPlane::ShmDataPlane(ShmDataPlaneOptions options, int listener, int wake,
       tickets_(tickets),
       metrics_(metrics),
       model_(model),
-      budget_(options_.caps) {
+      budget_(std::make_shared<ByteBudget>(options_.caps, kRegionWording)) {
   for (const int fd : {listener_, wake_}) {
     epoll_event event{};
     event.events = EPOLLIN;

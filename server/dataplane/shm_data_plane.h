@@ -13,7 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "mlaserve/v1/data_plane.pb.h"
-#include "server/dataplane/region_budget.h"
+#include "server/dataplane/byte_budget.h"
 #include "server/dataplane/shm_connection.h"
 #include "server/service/data_plane_tickets.h"
 #include "server/service/decode_dispatcher.h"
@@ -24,7 +24,7 @@ namespace mlaserve::dataplane {
 struct ShmDataPlaneOptions {
   // The unix socket: a path (under the unit's RuntimeDirectory=) or "@name" (abstract).
   std::string address;
-  RegionBudget::Caps caps;
+  ByteBudget::Caps caps = kDefaultRegionCaps;
   // How long the poller keeps scanning the regions after a call arrived or was answered
   // before it sleeps on the sockets (clients then ring them). It never spins while a call
   // runs (the devices then want the CPUs); 0: it never spins.
@@ -56,8 +56,8 @@ class ShmDataPlane {
   int clients() const { return clients_.load(std::memory_order_relaxed); }
   // Calls taken and not yet answered.
   int calls_in_flight() const { return calls_in_flight_.load(std::memory_order_relaxed); }
-  uint64_t registered_bytes() const { return budget_.total(); }
-  uint64_t registered_bytes_limit() const { return budget_.caps().total_bytes; }
+  uint64_t registered_bytes() const { return budget_->total(); }
+  uint64_t registered_bytes_limit() const { return budget_->caps().total_bytes; }
   // Doorbells for a slot already running a call, over all clients so far.
   int64_t refused_doorbells() const;
 
@@ -86,7 +86,9 @@ class ShmDataPlane {
   service::DataPlaneTickets& tickets_;
   service::ServiceMetrics& metrics_;
   const engine::ModelConfig model_;
-  RegionBudget budget_;
+  // Shared with the connections: an engine thread may drop a call's last reference to its
+  // connection (which gives its region's bytes back) after the plane has gone.
+  const std::shared_ptr<ByteBudget> budget_;
   std::atomic<bool> stopping_{false};
   // Held while the poller takes a call and hands it to the engine, and by Drain.
   absl::Mutex handing_mu_;

@@ -65,7 +65,7 @@ UcxDataPlane::UcxDataPlane(UcxDataPlaneOptions options, std::unique_ptr<ucx::Ucx
       dispatcher_(dispatcher),
       tickets_(tickets),
       metrics_(metrics),
-      budget_(options_.caps) {}
+      budget_(options_.caps, kUcxCallWording) {}
 
 absl::Status UcxDataPlane::Listen() {
   const std::string where = absl::StrCat(options_.host, ":", options_.port);

@@ -15,7 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/ucx_worker.h"
 #include "mlaserve/v1/data_plane.pb.h"
-#include "server/dataplane/ucx_call_budget.h"
+#include "server/dataplane/byte_budget.h"
 #include "server/dataplane/ucx_connection.h"
 #include "server/service/data_plane_tickets.h"
 #include "server/service/decode_dispatcher.h"
@@ -27,7 +27,7 @@ struct UcxDataPlaneOptions {
   // Where UCX's listener takes connections (a TCP sockaddr; port 0: any free one).
   std::string host = "0.0.0.0";
   int port = 0;
-  UcxCallBudget::Caps caps;
+  ByteBudget::Caps caps = kDefaultUcxCallCaps;
   int max_clients = 256;
   std::string instance_id;
   std::string host_id;  // common/host_id.h
@@ -112,7 +112,7 @@ class UcxDataPlane {
   service::DecodeDispatcher& dispatcher_;
   service::DataPlaneTickets& tickets_;
   service::ServiceMetrics& metrics_;
-  UcxCallBudget budget_;
+  ByteBudget budget_;
   std::atomic<bool> stopping_{false};
   // Held while a call is handed to the engine, and by Drain.
   absl::Mutex handing_mu_;

@@ -14,7 +14,7 @@
 #include "absl/time/time.h"
 #include "common/heap_releaser.h"
 #include "grpcpp/server.h"
-#include "server/dataplane/region_budget.h"
+#include "server/dataplane/byte_budget.h"
 #include "server/dataplane/shm_data_plane.h"
 #include "server/dataplane/ucx_data_plane.h"
 #include "server/engine/engine.h"
@@ -92,13 +92,13 @@ struct ServerOptions {
   // "@name" for an abstract one; "" for none), the caps on the memory clients register, and
   // how long its poller keeps scanning after a call before it sleeps.
   std::string data_plane_socket;
-  dataplane::RegionBudget::Caps data_plane_caps;
+  dataplane::ByteBudget::Caps data_plane_caps = dataplane::kDefaultRegionCaps;
   absl::Duration data_plane_poll = absl::ZeroDuration();
   // The cross-host data plane on UCX (docs/deploy.md, "Data planes"): where its listener
   // binds ("" for none: off by default), the caps on the bytes of calls in flight. UCX does
   // not encrypt: with TLS the server starts it only when the fabric is trusted.
   std::string data_plane_ucx;  // HOST:PORT
-  dataplane::UcxCallBudget::Caps data_plane_ucx_caps;
+  dataplane::ByteBudget::Caps data_plane_ucx_caps = dataplane::kDefaultUcxCallCaps;
   bool data_plane_ucx_trusted_fabric = false;
 };
 

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <future>
+#include <memory>
 
 #include "mlaserve/v1/data_plane.pb.h"
 #include "server/dataplane/shm_connection.h"
@@ -21,7 +22,7 @@
 
 namespace {
 
-using mlaserve::dataplane::RegionBudget;
+using mlaserve::dataplane::ByteBudget;
 using mlaserve::dataplane::ShmConnection;
 
 // The smallest region that holds a header and a slot, and room for a call.
@@ -43,7 +44,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     close(memfd);
     return 0;
   }
-  static RegionBudget budget(RegionBudget::Caps{});
+  static const auto budget = std::make_shared<ByteBudget>(mlaserve::dataplane::kDefaultRegionCaps,
+                                                          mlaserve::dataplane::kRegionWording);
   static std::atomic<int64_t> refused{0};
   static mlaserve::service::DataPlaneTickets tickets;
   bool appended = false;

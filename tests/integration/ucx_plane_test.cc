@@ -124,7 +124,7 @@ INSTANTIATE_TEST_SUITE_P(Spaces, UcxPlaneTest,
 
 TEST(UcxPlaneHostileTest, BadTicketsVersionsAndCallsAreNamedAndTheClientIsServedOn) {
   service::ServerOptions options = WithUcx();
-  options.data_plane_ucx_caps.call_bytes = 64 << 10;  // an oversize call is easy to make
+  options.data_plane_ucx_caps.item_bytes = 64 << 10;  // an oversize call is easy to make
   IntegrationServer server(SmallEngineOptions(TinyModel()), "", options);
   client::MlaServeClient& grpc = server.client();
   // The control plane names both versions.

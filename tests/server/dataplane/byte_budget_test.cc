@@ -1,4 +1,4 @@
-#include "server/dataplane/region_budget.h"
+#include "server/dataplane/byte_budget.h"
 
 #include <string>
 
@@ -10,8 +10,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-TEST(RegionBudgetTest, EachCapRefusesByItsFlagAndTakesNothing) {
-  RegionBudget budget({.region_bytes = 100, .tenant_bytes = 150, .total_bytes = 250});
+TEST(ByteBudgetTest, EachCapRefusesByItsFlagAndTakesNothing) {
+  ByteBudget budget({.item_bytes = 100, .tenant_bytes = 150, .total_bytes = 250}, kRegionWording);
   service::Tenant alpha, beta, carol;
   alpha.name = "alpha";
   beta.name = "beta";
@@ -36,6 +36,21 @@ TEST(RegionBudgetTest, EachCapRefusesByItsFlagAndTakesNothing) {
   EXPECT_TRUE(budget.Take(nullptr, 100).ok());
   EXPECT_TRUE(budget.Take(nullptr, 10).ok());
   EXPECT_TRUE(absl::IsResourceExhausted(budget.Take(nullptr, 1)));
+}
+
+// The UCX plane's calls in flight speak of calls and their own flags, and say what to do.
+TEST(ByteBudgetTest, TheUcxPlanesCallsNameItsFlags) {
+  ByteBudget budget({.item_bytes = 100, .tenant_bytes = 150, .total_bytes = 250}, kUcxCallWording);
+  service::Tenant alpha;
+  alpha.name = "alpha";
+  EXPECT_THAT(std::string(budget.Take(&alpha, 101).message()),
+              HasSubstr("call: 101 bytes exceed the 100 one call may take "
+                        "(--data_plane_ucx_call_mb)"));
+  ASSERT_TRUE(budget.Take(&alpha, 100).ok());
+  EXPECT_THAT(std::string(budget.Take(&alpha, 60).message()),
+              HasSubstr("call: tenant 'alpha' holds 100 bytes of calls in flight; 60 more pass "
+                        "its 150 (--data_plane_ucx_tenant_mb); retry after the answers"));
+  EXPECT_EQ(budget.total(), 100u);
 }
 
 }  // namespace
