@@ -13,6 +13,7 @@
 #include "common/status_macros.h"
 #include "kernels/core/random_fill.h"
 #include "kernels/gpu/gpu_batch_executor.h"
+#include "kernels/gpu/gpu_lowering.h"
 #include "kernels/gpu/open_gpu.h"
 #include "kernels/mla/batch_step_builder.h"
 
@@ -108,10 +109,7 @@ absl::Status RunGpuHostPathCommand(const GpuHostPathCommandOptions& o, std::ostr
     DecodeBatch batch;
     batch.dims = {o.heads, kNope, kRope, kLatent, kValue, 1.0f / 13.856406f};
     batch.parallel_units = props.sm_count;
-    batch.unit_rows = gpu::kAttentionTileRows;
-    batch.split_block_tokens = gpu::kAttentionBlockKeys;
-    batch.balance_waves = true;
-    batch.split_part_overhead_blocks = gpu::kAttentionPartOverheadBlocks;
+    gpu::UseGpuSplit(batch);
     DecodeBatch::Group group;
     group.head_space = true;
     group.sq = 1;

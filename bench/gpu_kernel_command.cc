@@ -11,6 +11,7 @@
 #include "kernels/core/fp8_paged_kv_cache.h"
 #include "kernels/core/random_fill.h"
 #include "kernels/gpu/gpu_batch_executor.h"
+#include "kernels/gpu/gpu_lowering.h"
 #include "kernels/gpu/open_gpu.h"
 #include "kernels/mla/batch_step_builder.h"
 #include "nlohmann/json.hpp"
@@ -89,10 +90,7 @@ absl::Status RunGpuKernelCommand(const GpuKernelCommandOptions& o, std::ostream&
       DecodeBatch batch;
       batch.dims = {o.heads, 128, kRopeWidth, kLatentWidth, 128, 1.0f / 13.856406f};  // 1/sqrt(192)
       batch.parallel_units = props.sm_count;
-      batch.unit_rows = gpu::kAttentionTileRows;
-      batch.split_block_tokens = gpu::kAttentionBlockKeys;
-      batch.balance_waves = true;
-      batch.split_part_overhead_blocks = gpu::kAttentionPartOverheadBlocks;
+      gpu::UseGpuSplit(batch);
       DecodeBatch::Group group;
       group.kv_dtype = fp8 ? KvDtype::kFp8 : KvDtype::kBf16;
       group.head_space = false;

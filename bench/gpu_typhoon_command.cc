@@ -10,6 +10,7 @@
 #include "bench/typhoon_command.h"
 #include "common/status_macros.h"
 #include "kernels/gpu/gpu_batch_executor.h"
+#include "kernels/gpu/gpu_lowering.h"
 #include "kernels/gpu/open_gpu.h"
 #include "kernels/mla/batch_step_builder.h"
 #include "nlohmann/json.hpp"
@@ -57,10 +58,7 @@ struct GpuTimed {
 
 absl::StatusOr<GpuTimed> TimeOnGpu(gpu::GpuBatchExecutor& executor, DecodeBatch batch,
                                    const DeviceCopies& inputs, int repeats) {
-  batch.unit_rows = gpu::kAttentionTileRows;
-  batch.split_block_tokens = gpu::kAttentionBlockKeys;
-  batch.balance_waves = true;
-  batch.split_part_overhead_blocks = gpu::kAttentionPartOverheadBlocks;
+  gpu::UseGpuSplit(batch);
   ASSIGN_OR_RETURN(BuiltBatch built, BuildBatchSteps(batch));
   std::vector<double> us;
   GpuTimed t;

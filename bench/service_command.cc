@@ -217,8 +217,9 @@ absl::Status RunServiceCommand(const ServiceCommandOptions& o, std::ostream& out
   out << absl::StrFormat(
       "wire: TCP round trip on loopback of the call's %.2f MB out and %.2f MB back, idle %.1f ms "
       "between calls as the callers are; the floor under the gRPC edge (ovhd grpc - direct).\n"
-      "dev_p50_ms: the device's host time for a batch (queries in, answers out); dev_us: its "
-      "own time per batch (a GPU's kernels by its clock, an emulated device's model)\n"
+      "dev_p50_ms: the device's host time for a batch (queries in, answers out); dev_us: an "
+      "emulated device's modelled time per batch (0 on a GPU: its kernels' time is "
+      "mlaserve_device_kernel_seconds in /metrics)\n"
       "empty_rpc_us: GetServerInfo with the same idle gaps, gRPC's own cost for a call\n"
       "grpc: a message per query, gRPC listening itself (--http2_guard=false); guarded: the "
       "same behind the HTTP/2 guard's relay, the server's default; packed: one packed message "

@@ -25,7 +25,7 @@ std::string Shape(const std::vector<int64_t>& shape) {
 
 absl::Status CheckStacked(const BatchTensor& tensor, absl::string_view name, size_t rank,
                           int64_t sequences) {
-  if (DTypeBytes(tensor.dtype) == 0) {
+  if (DTypeSize(tensor.dtype) == 0) {
     return Invalid(name, absl::StrCat("dtype ", v1::DType_Name(tensor.dtype),
                                       " is not one of DTYPE_BF16, DTYPE_FP16, DTYPE_FP32"));
   }
@@ -93,7 +93,7 @@ int64_t BatchTensor::elements() const {
   return shape.empty() ? 0 : n;
 }
 
-size_t BatchTensor::bytes() const { return static_cast<size_t>(elements()) * DTypeBytes(dtype); }
+size_t BatchTensor::bytes() const { return static_cast<size_t>(elements()) * DTypeSize(dtype); }
 
 int64_t DecodeBatchRequest::sq() const {
   const BatchTensor& q = head_space() ? q_nope : latent;
@@ -107,7 +107,7 @@ int64_t DecodeBatchRequest::heads() const {
 
 DecodeBatchBuffers::DecodeBatchBuffers(const DecodeBatchRequest& request, int width)
     : out(static_cast<size_t>(request.sequences() * request.sq() * request.heads() * width) *
-          DTypeBytes(OutputDType(request.output_dtype))),
+          DTypeSize(OutputDType(request.output_dtype))),
       lse(static_cast<size_t>(request.sequences() * request.sq() * request.heads())),
       output{out, lse, {}} {}
 
@@ -141,7 +141,7 @@ absl::Status CheckDecodeBatch(const DecodeBatchRequest& request) {
                      absl::StrCat("want ", b, " positions, got ", request.append_positions.size()));
     }
   }
-  if (DTypeBytes(OutputDType(request.output_dtype)) == 0) {
+  if (DTypeSize(OutputDType(request.output_dtype)) == 0) {
     return Invalid("output_dtype",
                    absl::StrCat(v1::DType_Name(request.output_dtype),
                                 " is not one of DTYPE_BF16, DTYPE_FP16, DTYPE_FP32"));

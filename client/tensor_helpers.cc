@@ -55,18 +55,6 @@ v1::Tensor FloatTensor(std::span<const float> values, std::span<const int64_t> s
   }
 }
 
-size_t DTypeBytes(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_BF16:
-    case v1::DTYPE_FP16:
-      return 2;
-    case v1::DTYPE_FP32:
-      return 4;
-    default:
-      return 0;
-  }
-}
-
 int64_t ElementCount(const v1::Tensor& tensor) {
   int64_t count = 1;
   for (int64_t extent : tensor.shape()) count *= extent;
@@ -74,7 +62,7 @@ int64_t ElementCount(const v1::Tensor& tensor) {
 }
 
 absl::StatusOr<std::vector<float>> TensorToFloats(const v1::Tensor& tensor) {
-  const size_t element_size = DTypeBytes(tensor.dtype());
+  const size_t element_size = DTypeSize(tensor.dtype());
   const int64_t count = ElementCount(tensor);
   if (element_size == 0 || count < 0 ||
       static_cast<size_t>(count) * element_size != tensor.data().size()) {

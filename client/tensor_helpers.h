@@ -9,6 +9,7 @@
 #include "kernels/core/bfloat16.h"
 #include "kernels/core/float16.h"
 #include "mlaserve/v1/tensor.pb.h"
+#include "proto/dtype_size.h"
 
 namespace mlaserve::client {
 
@@ -25,9 +26,6 @@ v1::Tensor FloatTensor(std::span<const float> values, std::span<const int64_t> s
 // Any wire tensor as fp32 values (exact for every dtype). INVALID_ARGUMENT if its bytes do
 // not match its dtype and shape.
 absl::StatusOr<std::vector<float>> TensorToFloats(const v1::Tensor& tensor);
-
-// Bytes of one element of `dtype`; 0 for DTYPE_UNSPECIFIED and values outside the enum.
-size_t DTypeBytes(v1::DType dtype);
 
 // Elements a tensor's shape holds.
 int64_t ElementCount(const v1::Tensor& tensor);

@@ -373,6 +373,13 @@ const char* LaunchKindName(LaunchKind kind) {
   return "?";
 }
 
+void UseGpuSplit(DecodeBatch& batch) {
+  batch.unit_rows = kAttentionTileRows;
+  batch.split_block_tokens = kAttentionBlockKeys;
+  batch.balance_waves = true;
+  batch.split_part_overhead_blocks = kAttentionPartOverheadBlocks;
+}
+
 absl::StatusOr<BatchLayout> LayOutBatch(const BatchSteps& steps,
                                         std::span<const UploadCopy> copies) {
   RETURN_IF_ERROR(ValidateBatchSteps(steps));

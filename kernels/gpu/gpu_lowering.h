@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/gpu/gpu_program.h"
 #include "kernels/mla/batch_steps.h"
+#include "kernels/mla/decode_batch.h"
 
 namespace mlaserve::gpu {
 
@@ -51,6 +52,12 @@ struct BatchLayout {
 // Layout() sizes the arena; Lower() writes the program for an arena at `arena` and the
 // upload bytes (layout.upload_bytes) into `upload`. INTERNAL for steps that fail
 // ValidateBatchSteps or inputs the resolver cannot place.
+// DecodeBatch's split-KV knobs as the GPU device sets them (parallel_units, the SM count,
+// is the caller's): a unit takes a thread block's rows, parts are whole key blocks, waves
+// are balanced and each part's fixed cost is counted. For batches built outside the engine
+// (the benchmarks) to split as the server's do.
+void UseGpuSplit(DecodeBatch& batch);
+
 absl::StatusOr<BatchLayout> LayOutBatch(const BatchSteps& steps,
                                         std::span<const UploadCopy> copies = {});
 absl::StatusOr<Program> LowerBatch(const BatchSteps& steps, const BatchLayout& layout,

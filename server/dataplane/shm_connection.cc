@@ -164,7 +164,7 @@ absl::StatusOr<ShmConnection::TakenCall> ShmConnection::Take(uint32_t slot,
                         static_cast<uint64_t>(first.sq) *
                         static_cast<uint64_t>(engine::QueryHeads(first));
   const uint64_t width = first.space == engine::QuerySpace::kHead ? model.dv : model.dl;
-  const uint64_t out_bytes = rows * width * service::DTypeSize(taken.call->output_dtype);
+  const uint64_t out_bytes = rows * width * DTypeSize(taken.call->output_dtype);
   const uint64_t lse_bytes = rows * sizeof(float);
   if (call.out_bytes() < out_bytes) {
     return Invalid("out_bytes", absl::StrCat(call.out_bytes(), "; the answers take ", out_bytes));

@@ -77,18 +77,6 @@ absl::StatusOr<std::vector<Bf16>> ToBf16(v1::DType dtype, const std::string& dat
 
 }  // namespace
 
-std::size_t DTypeSize(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_BF16:
-    case v1::DTYPE_FP16:
-      return 2;
-    case v1::DTYPE_FP32:
-      return 4;
-    default:
-      return 0;
-  }
-}
-
 namespace {
 
 absl::StatusOr<std::size_t> ElementSize(const v1::Tensor& tensor, absl::string_view field) {

@@ -12,6 +12,7 @@
 #include "kernels/core/bfloat16.h"
 #include "kernels/core/element_type.h"
 #include "mlaserve/v1/tensor.pb.h"
+#include "proto/dtype_size.h"
 #include "server/engine/tensor_shape.h"
 
 namespace mlaserve::service {
@@ -22,9 +23,6 @@ namespace mlaserve::service {
 using engine::kAnyExtent;
 using engine::ShapeMatches;
 using engine::ShapeToString;
-
-// Bytes per element; 0 for DTYPE_UNSPECIFIED and values outside the enum.
-std::size_t DTypeSize(v1::DType dtype);
 
 // A wire tensor after validation, in bf16, the engine's storage type.
 struct Bf16Tensor {
