@@ -1,6 +1,8 @@
 #include "client/decode_batch.h"
 
+#include <algorithm>
 #include <cstring>
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -80,6 +82,14 @@ absl::Status CopyOut(const v1::Tensor& tensor, v1::DType dtype, absl::string_vie
 }
 
 }  // namespace
+
+SharedArray HeapArray(uint64_t bytes) {
+  const size_t size = (std::max<uint64_t>(bytes, 1) + 63) / 64 * 64;
+  std::shared_ptr<void> owner(::operator new[](size, std::align_val_t{64}),
+                              [](void* p) { ::operator delete[](p, std::align_val_t{64}); });
+  return SharedArray{std::span<std::byte>(static_cast<std::byte*>(owner.get()), bytes),
+                     std::move(owner)};
+}
 
 void CopyIntoMessage(const BatchTensor& tensor, int64_t first, int64_t count, v1::Tensor* wire) {
   const size_t per = tensor.bytes() / static_cast<size_t>(tensor.shape[0]);

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -61,6 +62,18 @@ struct DecodeBatchOutput {
   std::span<float> lse;
   std::vector<v1::DecodePlan> plans;
 };
+
+// Memory a caller may build a request's tensors and answers in (ServingClient::AllocateArray),
+// 64-byte aligned: on the same-host data plane a block of the client's registered region,
+// which a call then neither copies in nor out; otherwise ordinary memory. Freed with the last
+// copy of `owner`.
+struct SharedArray {
+  std::span<std::byte> bytes;
+  std::shared_ptr<void> owner;
+};
+
+// Ordinary memory in SharedArray's form.
+SharedArray HeapArray(uint64_t bytes);
 
 // Owned memory for a request's answers, for callers without buffers of their own.
 struct DecodeBatchBuffers {

@@ -185,6 +185,10 @@ class MlaServeClient final : public ServingClient {
   // The packed form, in consecutive calls of at most options.decode_call_bytes of queries
   // and rows (at least one sequence each), answered into the caller's memory.
   absl::Status DecodeBatch(const DecodeBatchRequest& request, DecodeBatchOutput& output) override;
+  // A block of the same-host plane's region where that plane is the client's (kShm, or kAuto
+  // on the server's host) and its array area has room (ShmChannelOptions::array_bytes);
+  // ordinary memory otherwise.
+  SharedArray AllocateArray(uint64_t bytes) override;
   // The call as it is on the wire, for callers that build requests themselves.
   absl::StatusOr<v1::DecodeResponse> DecodeRaw(const v1::DecodeRequest& request) override;
   // Same, with a deadline of its own instead of options.timeout.

@@ -55,6 +55,15 @@ absl::Status MlaServeClient::DecodeBatch(const DecodeBatchRequest& request,
   return DecodeBatchOverGrpc(request, output);
 }
 
+SharedArray MlaServeClient::AllocateArray(uint64_t bytes) {
+  if (options_.data_plane == Plane::kShm || options_.data_plane == Plane::kAuto) {
+    if (absl::StatusOr<std::shared_ptr<ShmChannel>> plane = SharedMemoryPlane(); plane.ok()) {
+      if (std::optional<SharedArray> array = (*plane)->AllocateArray(bytes)) return *array;
+    }
+  }
+  return HeapArray(bytes);
+}
+
 std::optional<absl::Status> MlaServeClient::DecodeOverShm(const DecodeBatchRequest& request,
                                                           DecodeBatchOutput& output,
                                                           bool required) {

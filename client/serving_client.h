@@ -39,6 +39,10 @@ class ServingClient {
   // status. This default sends the list form through DecodeRaw (a cluster routes each
   // query); a single server's client sends the packed form, or uses a data plane.
   virtual absl::Status DecodeBatch(const DecodeBatchRequest& request, DecodeBatchOutput& output);
+  // Memory to build DecodeBatch's tensors and answers in (decode_batch.h's SharedArray): on
+  // the same-host data plane a block of the registered region, which calls neither copy in
+  // nor out; here (and wherever there is no such plane) ordinary memory.
+  virtual SharedArray AllocateArray(uint64_t bytes) { return HeapArray(bytes); }
 };
 
 }  // namespace mlaserve::client

@@ -66,14 +66,40 @@ uint64_t AnswerBytes(const v1::Tensor& tensor) {
 
 uint64_t AnswerCapacity(int64_t sequences) { return 4096 + 256 * static_cast<uint64_t>(sequences); }
 
+// The data area's share of each slot: what the array area (at most half) leaves.
+uint64_t SlotBytes(const ShmChannelOptions& options) {
+  const uint64_t data = options.region_bytes - shm::DataOffset(options.slots);
+  const uint64_t arrays = std::min(options.array_bytes, data / 2) / 4096 * 4096;
+  return (data - arrays) / options.slots / kAlign * kAlign;
+}
+
 }  // namespace
 
+std::optional<SharedArray> ShmChannel::AllocateArray(uint64_t bytes) {
+  const std::optional<uint64_t> at = arrays_.Allocate(bytes);
+  if (!at.has_value()) return std::nullopt;
+  std::shared_ptr<void> owner(
+      base_ + *at, [channel = shared_from_this(), at = *at](void*) { channel->arrays_.Free(at); });
+  return SharedArray{std::span<std::byte>(reinterpret_cast<std::byte*>(base_ + *at), bytes),
+                     std::move(owner)};
+}
+
+std::optional<uint64_t> ShmChannel::ArrayOffset(const void* data, uint64_t bytes) const {
+  const auto* p = static_cast<const uint8_t*>(data);
+  if (p < base_ + arrays_.begin() || p > base_ + arrays_.end() ||
+      bytes > static_cast<uint64_t>(base_ + arrays_.end() - p)) {
+    return std::nullopt;
+  }
+  return static_cast<uint64_t>(p - base_);
+}
+
 bool ShmChannel::Fits(const DecodeBatchRequest& request, const DecodeBatchOutput& output) const {
-  uint64_t bytes = output.out.size() + output.lse.size_bytes() +
-                   AnswerCapacity(request.sequences()) + 1024 + 16 * kAlign;
+  uint64_t bytes = AnswerCapacity(request.sequences()) + 1024 + 16 * kAlign;
+  if (!ArrayOffset(output.out.data(), output.out.size())) bytes += output.out.size();
+  if (!ArrayOffset(output.lse.data(), output.lse.size_bytes())) bytes += output.lse.size_bytes();
   for (const BatchTensor* t :
        {&request.q_nope, &request.q_pe, &request.latent, &request.append_rows}) {
-    bytes += t->bytes();
+    if (!ArrayOffset(t->data, t->bytes())) bytes += t->bytes();
   }
   for (const std::string& id : request.sequence_ids) bytes += id.size() + 4;
   return bytes <= slot_bytes_;
@@ -150,8 +176,8 @@ ShmChannel::ShmChannel(int socket, uint8_t* base, ShmChannelOptions options,
       base_(base),
       options_(options),
       instance_id_(std::move(instance_id)),
-      slot_bytes_((options.region_bytes - shm::DataOffset(options.slots)) / options.slots / kAlign *
-                  kAlign) {
+      slot_bytes_(SlotBytes(options)),
+      arrays_(shm::DataOffset(options.slots) + options.slots * slot_bytes_, options.region_bytes) {
   for (uint32_t i = 0; i < options.slots; ++i) free_slots_.push_back(options.slots - 1 - i);
 }
 
@@ -248,17 +274,26 @@ absl::Status ShmChannel::Decode(const DecodeBatchRequest& request, DecodeBatchOu
   const uint64_t start = shm::DataOffset(options_.slots) + index * slot_bytes_;
   SlotLayout layout(start, start + slot_bytes_);
   v1::DataPlaneCall call;
-  // Each tensor's bytes go to its place in the slot, named in the message by offset.
+  // Each tensor's bytes go to its place in the slot, named in the message by offset; one
+  // already in the array area is named where it is.
   auto place = [&](const BatchTensor& tensor, int64_t, int64_t, v1::Tensor* wire) {
+    if (const std::optional<uint64_t> in_array = ArrayOffset(tensor.data, tensor.bytes())) {
+      wire->set_region_offset(*in_array);
+      return;
+    }
     const uint64_t at = layout.Take(tensor.bytes());
     if (layout.fits() && tensor.bytes() > 0) std::memcpy(base_ + at, tensor.data, tensor.bytes());
     wire->set_region_offset(at);
   };
   *call.mutable_request() = PackedDecodeRequest(request, 0, request.sequences(), place);
+  // Answers written where the caller's buffers are when those are in the array area.
+  const std::optional<uint64_t> out_in_array = ArrayOffset(output.out.data(), output.out.size());
+  const std::optional<uint64_t> lse_in_array =
+      ArrayOffset(output.lse.data(), output.lse.size_bytes());
   call.set_out_bytes(output.out.size());
-  call.set_out_offset(layout.Take(output.out.size()));
+  call.set_out_offset(out_in_array ? *out_in_array : layout.Take(output.out.size()));
   call.set_lse_bytes(output.lse.size_bytes());
-  call.set_lse_offset(layout.Take(output.lse.size_bytes()));
+  call.set_lse_offset(lse_in_array ? *lse_in_array : layout.Take(output.lse.size_bytes()));
   call.set_timeout_us(
       static_cast<uint64_t>(std::max<int64_t>(1, absl::ToInt64Microseconds(timeout))));
   const uint64_t answer_capacity = AnswerCapacity(request.sequences());
@@ -315,8 +350,10 @@ absl::Status ShmChannel::Decode(const DecodeBatchRequest& request, DecodeBatchOu
   } else {
     output.plans.assign(answer.response().packed().plans().begin(),
                         answer.response().packed().plans().end());
-    std::memcpy(output.out.data(), base_ + call.out_offset(), output.out.size());
-    std::memcpy(output.lse.data(), base_ + call.lse_offset(), output.lse.size_bytes());
+    if (!out_in_array) std::memcpy(output.out.data(), base_ + call.out_offset(), output.out.size());
+    if (!lse_in_array) {
+      std::memcpy(output.lse.data(), base_ + call.lse_offset(), output.lse.size_bytes());
+    }
   }
   s.state.store(shm::kIdle, std::memory_order_relaxed);
   ReleaseSlot(index);

@@ -6,12 +6,14 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/dataplane/region_arrays.h"
 #include "client/decode_batch.h"
 #include "common/shm_layout.h"
 #include "mlaserve/v1/data_plane.pb.h"
@@ -27,13 +29,16 @@ struct ShmChannelOptions {
   // How long a caller spins around when its answer is due (from what recent calls took)
   // before it sleeps on a futex until the server wakes it.
   absl::Duration spin = absl::Microseconds(100);
+  // The region's tail kept for arrays callers allocate there (AllocateArray); the slots
+  // share the rest. 0: none.
+  uint64_t array_bytes = uint64_t{128} << 20;
 };
 
 // The client's side of the same-host data plane: a memfd region registered once with the
 // server's unix socket, then each packed Decode written into a free slot's share of it and
 // answered there (docs/api.md, "Data planes"). Thread-safe: up to `slots` calls at once,
 // more wait for a slot.
-class ShmChannel {
+class ShmChannel : public std::enable_shared_from_this<ShmChannel> {
  public:
   // Registers a new region with the plane OpenDataPlane answered (its ticket spent here).
   // The server's refusal as it gives it (FAILED_PRECONDITION for another version, ...).
@@ -49,6 +54,13 @@ class ShmChannel {
   // plane (a restart: open another).
   absl::Status Decode(const DecodeBatchRequest& request, DecodeBatchOutput& output,
                       absl::Duration timeout);
+
+  // A block of the region's array area (64-byte aligned; the channel stays open while the
+  // array lives), or nullopt when the area has no room. A call's tensors and answer buffers
+  // that lie in it are named by offset, neither copied into the slot nor out of it: the
+  // server reads the queries and writes the answers there. The channel must be held by a
+  // shared_ptr.
+  std::optional<SharedArray> AllocateArray(uint64_t bytes);
 
   // Whether the call fits a slot's share of the region (with room to spare: Decode may still
   // find it does not).
@@ -69,12 +81,15 @@ class ShmChannel {
   absl::Status AwaitAnswer(uint32_t slot, absl::Time deadline);
   void Ring(uint32_t slot);
   void MarkBroken();
+  // The region's offset of [data, data + bytes) when it lies in the array area.
+  std::optional<uint64_t> ArrayOffset(const void* data, uint64_t bytes) const;
 
   const int socket_;
   uint8_t* const base_;
   const ShmChannelOptions options_;
   const std::string instance_id_;
   const uint64_t slot_bytes_;
+  RegionArrays arrays_;
   mutable std::mutex mu_;
   std::condition_variable slot_freed_;
   std::vector<uint32_t> free_slots_;  // guarded by mu_

@@ -7,16 +7,22 @@
 namespace mlaserve::loadgen {
 namespace {
 
-// The stacked tensors of one call; kept per thread, so a worker's steps reuse their memory.
+// The stacked tensors of one call, in the client's arrays (on the same-host plane its
+// region: nothing is copied into the call or out of it); kept per thread for the client they
+// came from, so a worker's steps reuse their memory.
 struct Stacked {
-  std::vector<Bf16> q_nope, q_pe, latent, rows;
-  std::vector<std::byte> out;
-  std::vector<float> lse;
+  const client::ServingClient* client = nullptr;
+  client::SharedArray q_nope, q_pe, latent, rows, out, lse;
 };
 
-void Gather(std::vector<Bf16>& into, std::span<const Bf16> values, size_t index) {
-  std::copy(values.begin(), values.end(),
-            into.begin() + static_cast<ptrdiff_t>(index * values.size()));
+// `array`, from `client`, holding at least `bytes`; its first `bytes`.
+std::span<std::byte> Ensure(client::ServingClient& client, client::SharedArray& array,
+                            uint64_t bytes) {
+  if (array.owner == nullptr || array.bytes.size() < bytes) {
+    array = {};  // the old block goes back first
+    array = client.AllocateArray(bytes);
+  }
+  return array.bytes.first(bytes);
 }
 
 }  // namespace
@@ -44,16 +50,25 @@ absl::StatusOr<std::vector<LoadAnswer>> DecodeAsBatch(client::ServingClient& cli
     }
   }
   thread_local Stacked stacked;
+  if (stacked.client != &client) {
+    stacked = Stacked();
+    stacked.client = &client;
+  }
   const int64_t b = static_cast<int64_t>(queries.size());
   const int64_t sq = first.sq, heads = model.heads;
   client::DecodeBatchRequest request;
   request.layer = first.layer;
   request.output_dtype = v1::DTYPE_BF16;
   for (const LoadQuery& q : queries) request.sequence_ids.push_back(q.sequence_id);
-  auto fill = [&](std::vector<Bf16>& into, auto span_of, std::vector<int64_t> shape) {
-    into.resize(static_cast<size_t>(b) * span_of(first).size());
-    for (size_t i = 0; i < queries.size(); ++i) Gather(into, span_of(queries[i]), i);
-    return client::BatchTensor{v1::DTYPE_BF16, std::move(shape), into.data()};
+  auto fill = [&](client::SharedArray& array, auto span_of, std::vector<int64_t> shape) {
+    const size_t per = span_of(first).size();
+    Bf16* into = reinterpret_cast<Bf16*>(
+        Ensure(client, array, static_cast<uint64_t>(b) * per * sizeof(Bf16)).data());
+    for (size_t i = 0; i < queries.size(); ++i) {
+      const std::span<const Bf16> values = span_of(queries[i]);
+      std::copy(values.begin(), values.end(), into + i * per);
+    }
+    return client::BatchTensor{v1::DTYPE_BF16, std::move(shape), into};
   };
   if (first.head_space) {
     request.q_nope =
@@ -71,9 +86,12 @@ absl::StatusOr<std::vector<LoadAnswer>> DecodeAsBatch(client::ServingClient& cli
     for (const LoadQuery& q : queries) request.append_positions.push_back(q.append_position);
   }
   const int64_t width = first.head_space ? model.head_width() : model.dl;
-  stacked.out.resize(static_cast<size_t>(b * sq * heads * width) * 2);
-  stacked.lse.resize(static_cast<size_t>(b * sq * heads));
-  client::DecodeBatchOutput output{stacked.out, stacked.lse, {}};
+  const auto rows_out = static_cast<uint64_t>(b * sq * heads);
+  const std::span<std::byte> lse = Ensure(client, stacked.lse, rows_out * sizeof(float));
+  client::DecodeBatchOutput output{
+      Ensure(client, stacked.out, rows_out * static_cast<uint64_t>(width) * 2),
+      std::span<float>(reinterpret_cast<float*>(lse.data()), rows_out),
+      {}};
   if (absl::Status status = client.DecodeBatch(request, output); !status.ok()) return status;
   std::vector<LoadAnswer> answers;
   answers.reserve(output.plans.size());

@@ -83,6 +83,7 @@ CudaOptions CudaOptions::FromEnvironment() {
   if (attention == "mma") options.attention = AttentionKernels::kMma;
   if (variable("MLASERVE_CUDA_ROW_KERNEL") == "off") options.row_kernel = false;
   if (variable("MLASERVE_CUDA_GRAPHS") == "off") options.graphs = 0;
+  if (variable("MLASERVE_CUDA_MAP_HOST") == "off") options.map_host = false;
   return options;
 }
 
@@ -234,6 +235,44 @@ absl::StatusOr<gpu::HostBuffer> CudaRuntime::AllocateHost(int64_t bytes) {
       absl::StrCat("pinning ", bytes, " host bytes")));
   std::shared_ptr<void> owner(p, [](void* q) { cudaFreeHost(q); });
   return gpu::HostBuffer{static_cast<std::byte*>(p), bytes, std::move(owner)};
+}
+
+absl::StatusOr<std::shared_ptr<void>> CudaRuntime::MapHost(const void* data, int64_t bytes) {
+  RETURN_IF_ERROR(health());
+  if (!options_.map_host) {
+    return absl::UnimplementedError(
+        absl::StrCat("cuda:", ordinal_, ": MLASERVE_CUDA_MAP_HOST=off"));
+  }
+  if (data == nullptr || bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("mapping ", bytes, " host bytes"));
+  }
+  cudaSetDevice(ordinal_);
+  void* host = const_cast<void*>(data);
+  // A refusal (memory the driver cannot pin, already registered) leaves the context usable:
+  // the caller copies instead.
+  if (cudaError_t e = cudaHostRegister(host, static_cast<size_t>(bytes),
+                                       cudaHostRegisterMapped | cudaHostRegisterPortable);
+      e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::UnimplementedError(absl::StrCat("cuda:", ordinal_, ": cudaHostRegister of ", bytes,
+                                                 " bytes: ", cudaGetErrorString(e)));
+  }
+  void* device = nullptr;
+  if (cudaHostGetDevicePointer(&device, host, 0) != cudaSuccess || device != host) {
+    cudaGetLastError();
+    cudaHostUnregister(host);
+    return absl::UnimplementedError(
+        absl::StrCat("cuda:", ordinal_, ": mapped host memory has another address on the device"));
+  }
+  const int ordinal = ordinal_;
+  return mapped_->Add(data, bytes, [host, ordinal] {
+    cudaSetDevice(ordinal);
+    cudaHostUnregister(host);
+  });
+}
+
+bool CudaRuntime::ReadsInPlace(const void* data, int64_t bytes) const {
+  return mapped_->Contains(data, bytes);
 }
 
 absl::Status CudaRuntime::CopyToDevice(gpu::DevicePtr dst, const void* src, int64_t bytes) {

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/cuda/launch_graphs.h"
 #include "kernels/gpu/gpu_runtime.h"
+#include "kernels/gpu/host_mappings.h"
 
 namespace mlaserve::cuda {
 
@@ -25,9 +26,12 @@ struct CudaOptions {
   bool row_kernel = true;
   // Launch sequences seen before replayed as CUDA graphs (launch_graphs.h); 0: none.
   int graphs = 64;
+  // MapHost pins and maps host memory (the data plane's regions), whose queries the copy
+  // launch then reads in place; off: MapHost is UNIMPLEMENTED and they are copied.
+  bool map_host = true;
 
   // MLASERVE_CUDA_ATTENTION=wgmma or =mma, MLASERVE_CUDA_ROW_KERNEL=off,
-  // MLASERVE_CUDA_GRAPHS=off; the defaults otherwise.
+  // MLASERVE_CUDA_GRAPHS=off, MLASERVE_CUDA_MAP_HOST=off; the defaults otherwise.
   static CudaOptions FromEnvironment();
 };
 
@@ -64,6 +68,10 @@ class CudaRuntime final : public gpu::GpuRuntime {
   absl::StatusOr<gpu::DevicePtr> Allocate(int64_t bytes, absl::string_view what) override;
   void Free(gpu::DevicePtr ptr) override;
   absl::StatusOr<gpu::HostBuffer> AllocateHost(int64_t bytes) override;
+  // cudaHostRegister (mapped, portable); UNIMPLEMENTED where the driver refuses the memory or
+  // maps it at another device address than its host one.
+  absl::StatusOr<std::shared_ptr<void>> MapHost(const void* data, int64_t bytes) override;
+  bool ReadsInPlace(const void* data, int64_t bytes) const override;
   absl::Status CopyToDevice(gpu::DevicePtr dst, const void* src, int64_t bytes) override;
   absl::Status CopyToHost(void* dst, gpu::DevicePtr src, int64_t bytes) override;
   absl::StatusOr<gpu::ProgramTiming> Run(const gpu::Program& program,
@@ -105,6 +113,7 @@ class CudaRuntime final : public gpu::GpuRuntime {
   std::unique_ptr<LaunchGraphs> graphs_;  // null where options_.graphs is 0
   absl::Status graphs_off_;               // why graphs were turned off after a capture failed
   gpu::DeviceProperties properties_;
+  std::shared_ptr<gpu::HostMappings> mapped_ = std::make_shared<gpu::HostMappings>();
   // Set once by the runtime's thread, read by any (health()).
   mutable std::mutex fault_mu_;
   absl::Status fault_;  // guarded by fault_mu_ for readers on other threads

@@ -102,6 +102,18 @@ absl::StatusOr<HostBuffer> FakeGpuRuntime::AllocateHost(int64_t bytes) {
   return HostBuffer{memory.get(), bytes, memory};
 }
 
+absl::StatusOr<std::shared_ptr<void>> FakeGpuRuntime::MapHost(const void* data, int64_t bytes) {
+  RETURN_IF_ERROR(health());
+  if (data == nullptr || bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("mapping ", bytes, " host bytes"));
+  }
+  return mapped_->Add(data, bytes, [] {});
+}
+
+bool FakeGpuRuntime::ReadsInPlace(const void* data, int64_t bytes) const {
+  return mapped_->Contains(data, bytes);
+}
+
 absl::StatusOr<std::byte*> FakeGpuRuntime::Span(DevicePtr ptr, int64_t bytes,
                                                 absl::string_view what) const {
   if (bytes == 0) return reinterpret_cast<std::byte*>(static_cast<uintptr_t>(ptr));
@@ -113,6 +125,10 @@ absl::StatusOr<std::byte*> FakeGpuRuntime::Span(DevicePtr ptr, int64_t bytes,
         ptr + static_cast<DevicePtr>(bytes) <= begin + static_cast<DevicePtr>(it->second.bytes)) {
       return reinterpret_cast<std::byte*>(static_cast<uintptr_t>(ptr));
     }
+  }
+  const void* host = reinterpret_cast<const void*>(static_cast<uintptr_t>(ptr));
+  if (bytes > 0 && mapped_->Contains(host, bytes)) {
+    return reinterpret_cast<std::byte*>(static_cast<uintptr_t>(ptr));
   }
   return absl::InternalError(
       absl::StrCat(what, ": ", bytes, " bytes at ", ptr, " are outside device memory"));

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/gpu/gpu_runtime.h"
+#include "kernels/gpu/host_mappings.h"
 
 namespace mlaserve::gpu {
 
@@ -38,6 +39,9 @@ class FakeGpuRuntime final : public GpuRuntime {
   absl::StatusOr<DevicePtr> Allocate(int64_t bytes, absl::string_view what) override;
   void Free(DevicePtr ptr) override;
   absl::StatusOr<HostBuffer> AllocateHost(int64_t bytes) override;
+  // Any host memory: a launch may then read it as if it were device memory.
+  absl::StatusOr<std::shared_ptr<void>> MapHost(const void* data, int64_t bytes) override;
+  bool ReadsInPlace(const void* data, int64_t bytes) const override;
   absl::Status CopyToDevice(DevicePtr dst, const void* src, int64_t bytes) override;
   absl::Status CopyToHost(void* dst, DevicePtr src, int64_t bytes) override;
   absl::StatusOr<ProgramTiming> Run(const Program& program, const ProgramIo& io) override;
@@ -58,7 +62,8 @@ class FakeGpuRuntime final : public GpuRuntime {
     int64_t bytes = 0;
     std::string what;
   };
-  // [ptr, ptr + bytes) inside one allocation, or INTERNAL naming `what`.
+  // [ptr, ptr + bytes) inside one allocation or one mapped host range, or INTERNAL naming
+  // `what`.
   absl::StatusOr<std::byte*> Span(DevicePtr ptr, int64_t bytes, absl::string_view what) const;
   absl::Status Execute(const Launch& launch);
 
@@ -66,6 +71,7 @@ class FakeGpuRuntime final : public GpuRuntime {
   int64_t capacity_;
   int64_t allocated_ = 0;
   std::map<DevicePtr, Allocation> allocations_;
+  std::shared_ptr<gpu::HostMappings> mapped_ = std::make_shared<gpu::HostMappings>();
   // Set once by the runtime's thread, read by any (health()).
   mutable std::mutex fault_mu_;
   absl::Status fault_;  // guarded by fault_mu_ for readers on other threads

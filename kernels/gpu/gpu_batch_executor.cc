@@ -48,7 +48,12 @@ absl::StatusOr<GpuBatchExecutor::Result> GpuBatchExecutor::Run(const BatchSteps&
                                                                const InputResolver& resolve,
                                                                std::span<const UploadCopy> copies) {
   const auto start = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(const BatchLayout layout, LayOutBatch(steps, copies));
+  ASSIGN_OR_RETURN(const BatchLayout layout, LayOutBatch(
+                                                 steps, copies,
+                                                 [this](const void* data, int64_t bytes) {
+                                                   return runtime_.ReadsInPlace(data, bytes);
+                                                 },
+                                                 in_place_min_bytes_));
   if (layout.arena_bytes > arena_bytes_) {
     const int64_t bytes = Grown(arena_bytes_, layout.arena_bytes);
     if (arena_ != 0) runtime_.Free(std::exchange(arena_, 0));
@@ -75,6 +80,7 @@ absl::StatusOr<GpuBatchExecutor::Result> GpuBatchExecutor::Run(const BatchSteps&
   result.upload_bytes = program.upload_bytes;
   result.query_bytes = program.query_bytes;
   result.copied_bytes = program.copied_bytes;
+  result.in_place_bytes = program.in_place_bytes;
   result.download_bytes = program.download_bytes;
   result.launches = static_cast<int>(program.launches.size());
   return result;

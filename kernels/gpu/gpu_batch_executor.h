@@ -13,12 +13,16 @@
 namespace mlaserve::gpu {
 
 // Runs batches' steps on one GPU: lays each out in a device arena that grows to the largest
-// batch seen and is then reused, lowers it (gpu_lowering.h) into pinned upload memory, runs
+// batch seen and is then reused, lowers it (gpu_lowering.h) into pinned upload memory (queries
+// in host memory the runtime maps, GpuRuntime::MapHost, are read from there instead), runs
 // the program, and hands back the answers, downloaded into pinned host memory. One Run at a
 // time; the buffers of a run stay valid after the next one starts.
 class GpuBatchExecutor {
  public:
-  explicit GpuBatchExecutor(GpuRuntime& runtime) : runtime_(runtime) {}
+  // Queries in mapped host memory are read in place from `in_place_min_bytes` a batch
+  // (gpu_lowering.h).
+  explicit GpuBatchExecutor(GpuRuntime& runtime, int64_t in_place_min_bytes = kInPlaceMinBytes)
+      : runtime_(runtime), in_place_min_bytes_(in_place_min_bytes) {}
   ~GpuBatchExecutor();
   GpuBatchExecutor(const GpuBatchExecutor&) = delete;
   GpuBatchExecutor& operator=(const GpuBatchExecutor&) = delete;
@@ -31,6 +35,7 @@ class GpuBatchExecutor {
     int64_t upload_bytes = 0;  // host to device, all of it: records, queries, copies
     int64_t query_bytes = 0;
     int64_t copied_bytes = 0;
+    int64_t in_place_bytes = 0;  // queries read from mapped host memory (not uploaded)
     int64_t download_bytes = 0;
     int launches = 0;
   };
@@ -44,6 +49,7 @@ class GpuBatchExecutor {
   absl::Status EnsureHost(HostBuffer& buffer, int64_t bytes);
 
   GpuRuntime& runtime_;
+  const int64_t in_place_min_bytes_;
   DevicePtr arena_ = 0;
   int64_t arena_bytes_ = 0;
   HostBuffer upload_;

@@ -43,6 +43,7 @@ class Lowerer {
           DevicePtr arena, const InputResolver* resolve, std::byte* upload)
       : steps_(steps),
         copies_(copies),
+        staged_in_place_(layout.staged_in_place),
         resolve_(resolve),
         upload_(upload, arena + static_cast<DevicePtr>(layout.upload_offset)) {
     base_.resize(steps.buffers.size(), 0);
@@ -55,6 +56,7 @@ class Lowerer {
   int64_t upload_bytes() const { return upload_.size(); }
   int64_t query_bytes() const { return query_bytes_; }
   int64_t copied_bytes() const { return copied_bytes_; }
+  int64_t in_place_bytes() const { return in_place_bytes_; }
   std::vector<Launch>& launches() { return launches_; }
 
   absl::Status Run() {
@@ -113,24 +115,36 @@ class Lowerer {
       aligned = aligned && Aligned16(static_cast<int64_t>(c.dst)) && Aligned16(c.bytes) &&
                 Aligned16(std::min(kCopyJobBytes, c.bytes));
     }
-    for (const StageCopy& s : steps_.staging) {
+    for (size_t i = 0; i < steps_.staging.size(); ++i) {
+      const StageCopy& s = steps_.staging[i];
       const int64_t row_bytes = int64_t{s.width} * 2;
-      auto [src, host] = upload_.Reserve(s.rows * row_bytes);
-      query_bytes_ += s.rows * row_bytes;
-      if (host != nullptr && s.src_stride == s.width) {
-        // A query's rows are one array on the wire: one copy, not one per head.
-        std::memcpy(host, s.src, static_cast<size_t>(s.rows * row_bytes));
-      } else if (host != nullptr) {
-        for (int r = 0; r < s.rows; ++r) {
-          std::memcpy(host + r * row_bytes, s.src + r * s.src_stride,
-                      static_cast<size_t>(row_bytes));
+      const DevicePtr dst = Address(s.dst);
+      DevicePtr src = 0;
+      int64_t src_stride = row_bytes;
+      if (i < staged_in_place_.size() && staged_in_place_[i]) {
+        // Mapped host memory has the same address on the device (GpuRuntime::MapHost).
+        src = reinterpret_cast<uintptr_t>(s.src);
+        src_stride = s.src_stride * 2;
+        in_place_bytes_ += s.rows * row_bytes;
+      } else {
+        auto [at, host] = upload_.Reserve(s.rows * row_bytes);
+        src = at;
+        query_bytes_ += s.rows * row_bytes;
+        if (host != nullptr && s.src_stride == s.width) {
+          // A query's rows are one array on the wire: one copy, not one per head.
+          std::memcpy(host, s.src, static_cast<size_t>(s.rows * row_bytes));
+        } else if (host != nullptr) {
+          for (int r = 0; r < s.rows; ++r) {
+            std::memcpy(host + r * row_bytes, s.src + r * s.src_stride,
+                        static_cast<size_t>(row_bytes));
+          }
         }
       }
-      const DevicePtr dst = Address(s.dst);
-      jobs.push_back(CopyRowsJob{src, dst, row_bytes, s.dst_stride * 2, s.rows,
+      jobs.push_back(CopyRowsJob{src, dst, src_stride, s.dst_stride * 2, s.rows,
                                  static_cast<int32_t>(row_bytes)});
       aligned = aligned && Aligned16(row_bytes) && Aligned16(static_cast<int64_t>(dst)) &&
-                Aligned16(s.dst_stride * 2);
+                Aligned16(s.dst_stride * 2) && Aligned16(static_cast<int64_t>(src)) &&
+                Aligned16(src_stride);
     }
     if (jobs.empty()) return;
     Launch launch{.kind = LaunchKind::kCopyRows, .name = "stage"};
@@ -347,11 +361,13 @@ class Lowerer {
 
   const BatchSteps& steps_;
   std::span<const UploadCopy> copies_;
+  const std::vector<bool>& staged_in_place_;
   const InputResolver* resolve_;
   UploadWriter upload_;
   std::vector<DevicePtr> base_;  // per buffer
   std::vector<Launch> launches_;
   int64_t query_bytes_ = 0;
+  int64_t in_place_bytes_ = 0;
   int64_t copied_bytes_ = 0;
 };
 
@@ -380,8 +396,8 @@ void UseGpuSplit(DecodeBatch& batch) {
   batch.split_part_overhead_blocks = kAttentionPartOverheadBlocks;
 }
 
-absl::StatusOr<BatchLayout> LayOutBatch(const BatchSteps& steps,
-                                        std::span<const UploadCopy> copies) {
+absl::StatusOr<BatchLayout> LayOutBatch(const BatchSteps& steps, std::span<const UploadCopy> copies,
+                                        const HostReadable& in_place, int64_t in_place_min_bytes) {
   RETURN_IF_ERROR(ValidateBatchSteps(steps));
   RETURN_IF_ERROR(CheckExecutable(steps));
   for (const UploadCopy& c : copies) {
@@ -403,6 +419,17 @@ absl::StatusOr<BatchLayout> LayOutBatch(const BatchSteps& steps,
     if (kind == StepBuffer::Kind::kOutput) layout.download_bytes = at;
   }
   layout.upload_offset = at;
+  layout.staged_in_place.assign(steps.staging.size(), false);
+  if (in_place) {
+    int64_t readable = 0;
+    for (size_t i = 0; i < steps.staging.size(); ++i) {
+      const StageCopy& s = steps.staging[i];
+      const int64_t span = (int64_t{s.rows} - 1) * s.src_stride * 2 + int64_t{s.width} * 2;
+      layout.staged_in_place[i] = s.rows > 0 && in_place(s.src, span);
+      if (layout.staged_in_place[i]) readable += int64_t{s.rows} * s.width * 2;
+    }
+    if (readable < in_place_min_bytes) layout.staged_in_place.assign(steps.staging.size(), false);
+  }
   Lowerer counter(steps, copies, layout, 0, nullptr, nullptr);
   RETURN_IF_ERROR(counter.Run());
   layout.upload_bytes = counter.upload_bytes();
@@ -415,7 +442,8 @@ absl::StatusOr<Program> LowerBatch(const BatchSteps& steps, const BatchLayout& l
                                    std::span<std::byte> upload,
                                    std::span<const UploadCopy> copies) {
   if (static_cast<int64_t>(upload.size()) < layout.upload_bytes ||
-      layout.buffer_offsets.size() != steps.buffers.size()) {
+      layout.buffer_offsets.size() != steps.buffers.size() ||
+      layout.staged_in_place.size() != steps.staging.size()) {
     return absl::InternalError("gpu lowering: the layout is not this batch's");
   }
   Lowerer lowerer(steps, copies, layout, arena, &resolve, upload.data());
@@ -431,6 +459,7 @@ absl::StatusOr<Program> LowerBatch(const BatchSteps& steps, const BatchLayout& l
   program.download_bytes = layout.download_bytes;
   program.query_bytes = lowerer.query_bytes();
   program.copied_bytes = lowerer.copied_bytes();
+  program.in_place_bytes = lowerer.in_place_bytes();
   return program;
 }
 

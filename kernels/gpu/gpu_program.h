@@ -62,6 +62,8 @@ struct Program {
   // copies (KV rows written since the last program).
   int64_t query_bytes = 0;
   int64_t copied_bytes = 0;
+  // Staged queries the copy launch reads in place from mapped host memory (not uploaded).
+  int64_t in_place_bytes = 0;
 };
 
 // Where a program's bytes are on the host while it runs (pinned memory on a real GPU).

@@ -64,6 +64,16 @@ class GpuRuntime {
   virtual void Free(DevicePtr ptr) = 0;
   virtual absl::StatusOr<HostBuffer> AllocateHost(int64_t bytes) = 0;
 
+  // Host memory the device reads in place at its own address (pinned and mapped into the
+  // device's address space: cudaHostRegister on a real GPU), so that a batch's queries in it
+  // reach the device by the copy launch's reads instead of a copy into the upload first
+  // (gpu_lowering.h). The mapping ends when the last copy of the handle goes; the memory must
+  // stay mapped until then. Callable from any thread. UNIMPLEMENTED where the device cannot
+  // (the caller then copies, as for any other memory).
+  virtual absl::StatusOr<std::shared_ptr<void>> MapHost(const void* data, int64_t bytes) = 0;
+  // Whether [data, data + bytes) lies in memory mapped by MapHost whose handle is held.
+  virtual bool ReadsInPlace(const void* data, int64_t bytes) const = 0;
+
   // Synchronous copies (set-up: weights, snapshots of device memory in tests).
   virtual absl::Status CopyToDevice(DevicePtr dst, const void* src, int64_t bytes) = 0;
   virtual absl::Status CopyToHost(void* dst, DevicePtr src, int64_t bytes) = 0;

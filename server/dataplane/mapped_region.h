@@ -27,6 +27,8 @@ class MappedRegion {
   MappedRegion& operator=(const MappedRegion&) = delete;
 
   uint64_t bytes() const { return bytes_; }
+  // The whole mapping (header, slots, data area).
+  const uint8_t* base() const { return base_; }
   uint32_t slot_count() const { return slot_count_; }
   shm::RegionHeader& header() const { return *reinterpret_cast<shm::RegionHeader*>(base_); }
   shm::Slot& slot(uint32_t index) const {

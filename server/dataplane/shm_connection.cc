@@ -24,23 +24,28 @@ absl::Status Invalid(absl::string_view field, absl::string_view problem) {
 }
 
 // Tensors named by region_offset, each copied out of the region before anything reads it,
-// into the slot's arena.
-class RegionCopy final : public service::TensorBytes {
+// into the slot's arena; but queries the devices read in place (`in_place`) are left there,
+// where they are 64-byte aligned (as the arena's copies are) for the devices' vector reads.
+class RegionBytes final : public service::TensorBytes {
  public:
-  RegionCopy(const MappedRegion& region, SlotArena& arena) : region_(region), arena_(arena) {
+  RegionBytes(const MappedRegion& region, SlotArena& arena, bool in_place)
+      : region_(region), arena_(arena), in_place_(in_place) {
     arena_.Reset();
   }
 
   absl::StatusOr<absl::string_view> Bytes(const v1::Tensor& tensor, absl::string_view field,
-                                          uint64_t size) override {
+                                          uint64_t size, service::TensorUse use) override {
     if (!tensor.has_region_offset()) {
-      return service::InlineTensorBytes().Bytes(tensor, field, size);
+      return service::InlineTensorBytes().Bytes(tensor, field, size, use);
     }
     if (!tensor.data().empty()) {
       return Invalid(absl::StrCat(field, ".data"), "set beside region_offset; one or the other");
     }
     ASSIGN_OR_RETURN(const uint8_t* bytes, region_.Data(tensor.region_offset(), size,
                                                         absl::StrCat(field, ".region_offset")));
+    if (in_place_ && use == service::TensorUse::kQueries && tensor.region_offset() % 64 == 0) {
+      return absl::string_view(reinterpret_cast<const char*>(bytes), size);
+    }
     char* copy = arena_.Take(size);
     if (size > 0) std::memcpy(copy, bytes, size);
     return absl::string_view(copy, size);
@@ -49,6 +54,7 @@ class RegionCopy final : public service::TensorBytes {
  private:
   const MappedRegion& region_;
   SlotArena& arena_;
+  const bool in_place_;
 };
 
 void SetStatus(const absl::Status& status, v1::RequestStatus* wire) {
@@ -84,7 +90,8 @@ ShmConnection::~ShmConnection() {
 }
 
 absl::Status ShmConnection::Register(UnixMessage hello, service::DataPlaneTickets& tickets,
-                                     const std::string& instance_id) {
+                                     const std::string& instance_id,
+                                     const DeviceMapper& map_for_devices) {
   int region_fd = hello.fd;
   absl::Status status = [&]() -> absl::Status {
     if (registered()) return absl::FailedPreconditionError("hello: this client is registered");
@@ -109,6 +116,7 @@ absl::Status ShmConnection::Register(UnixMessage hello, service::DataPlaneTicket
     answer_areas_.resize(region->slot_count());
     arenas_.resize(region->slot_count());
     region_ = std::move(region);
+    if (map_for_devices) device_mapping_ = map_for_devices(region_->base(), region_->bytes());
     return absl::OkStatus();
   }();
   if (region_fd >= 0) close(region_fd);
@@ -156,7 +164,7 @@ absl::StatusOr<ShmConnection::TakenCall> ShmConnection::Take(uint32_t slot,
     return Invalid("request.packed", "missing; the shared-memory plane carries the packed form");
   }
   // The slot's arena holds the copies until its call ends (the slot runs one call at a time).
-  RegionCopy source(*region_, arenas_[slot]);
+  RegionBytes source(*region_, arenas_[slot], queries_in_place());
   TakenCall taken;
   ASSIGN_OR_RETURN(taken.call, service::ParseDecodeRequest(call.request(), source));
   const engine::DecodeQuery& first = taken.call->queries.front();

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <new>
 #include <string>
@@ -46,6 +47,10 @@ class SlotArena {
 // One client of the shared-memory plane: its socket, its registered region and tenant, and
 // which of its slots the server is running. Its region stays mapped while a call of it runs,
 // even after the client has gone (the answer is then written to memory nobody reads).
+// Maps a client's region into the devices for them to read its queries in place
+// (engine::Engine::MapHostMemory): a handle that ends the mapping, or null where they do not.
+using DeviceMapper = std::function<std::shared_ptr<void>(const void* data, uint64_t bytes)>;
+
 class ShmConnection {
  public:
   // `refused_doorbells` counts doorbells for a slot already running a call (Claim).
@@ -63,12 +68,19 @@ class ShmConnection {
   uint64_t registered_bytes() const { return registered() ? region_->bytes() : 0; }
 
   // The hello (a ShmHello with the region's memfd): the ticket spent, the region mapped and
-  // counted. Answers the client a ShmWelcome either way; on an error the caller closes.
+  // counted, and mapped into the devices where `map_for_devices` (may be empty) does so.
+  // Answers the client a ShmWelcome either way; on an error the caller closes.
   absl::Status Register(UnixMessage hello, service::DataPlaneTickets& tickets,
-                        const std::string& instance_id);
+                        const std::string& instance_id, const DeviceMapper& map_for_devices);
+  // Whether the devices read this client's queries from its region in place.
+  bool queries_in_place() const { return device_mapping_ != nullptr; }
 
   // A call published in `slot`, copied out of the region and checked (what is checked is what
-  // the engine reads: a client that rewrites its region meanwhile changes nothing here).
+  // the engine reads: a client that rewrites its region meanwhile changes nothing here). The
+  // exception: where the devices read the queries in place (queries_in_place()), the queries
+  // stay in the region and the devices' own upload is their one copy; a client that rewrites
+  // them mid-call can only change its own answers (the GPU's arithmetic, on whatever it
+  // reads, decides nothing else; rows for the cache are copied as ever).
   struct TakenCall {
     std::unique_ptr<service::ParsedDecode> call;
     absl::Time deadline = absl::InfiniteFuture();
@@ -99,6 +111,8 @@ class ShmConnection {
   const PeerCredentials peer_;
   const std::shared_ptr<ByteBudget> budget_;
   std::unique_ptr<MappedRegion> region_;
+  // Declared after region_: the devices let go of the memory before it is unmapped.
+  std::shared_ptr<void> device_mapping_;
   service::Tenant* tenant_ = nullptr;
   std::unique_ptr<std::atomic<bool>[]> in_flight_;
   // Each slot's answer area, read once when its call is claimed.

@@ -260,8 +260,8 @@ void ShmDataPlane::ReadSocket(const std::shared_ptr<ShmConnection>& connection) 
       if (received.message->fd >= 0) close(received.message->fd);
       continue;
     }
-    const absl::Status registered =
-        connection->Register(*std::move(received.message), tickets_, options_.instance_id);
+    const absl::Status registered = connection->Register(
+        *std::move(received.message), tickets_, options_.instance_id, options_.map_for_devices);
     const PeerCredentials& peer = connection->peer();
     if (!registered.ok()) {
       spdlog::info("data plane: refused a client (pid {}, uid {}): {}", peer.pid, peer.uid,

@@ -32,6 +32,9 @@ struct ShmDataPlaneOptions {
   int max_clients = 256;
   std::string instance_id;
   std::string host_id;  // common/host_id.h
+  // Maps each registered region into the devices (engine::Engine::MapHostMemory), whose
+  // uploads then read its queries in place; empty: queries are copied out as rows are.
+  DeviceMapper map_for_devices;
 };
 
 // The server's side of the same-host data plane (docs/architecture.md, "A call over the

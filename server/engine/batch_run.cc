@@ -152,6 +152,7 @@ void BatchRun::Execute(AttentionDevice& device, int device_index) {
     report.device_us = run->device_us;
     report.bytes_to_device = run->bytes_to_device;
     report.kv_bytes_to_device = run->kv_bytes_to_device;
+    report.query_bytes_in_place = run->query_bytes_in_place;
   }
   context_.counters.hybrid_groups.fetch_add(hybrid);
   context_.counters.absorb_groups.fetch_add(absorb);

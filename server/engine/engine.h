@@ -62,6 +62,14 @@ class Engine {
 
   virtual EngineStats Stats() const = 0;
 
+  // Host memory (a same-host data plane's region) every device is to read queries from in
+  // place (AttentionDevice::MapHostMemory): a handle that ends the mapping when it goes, or
+  // null where the devices do not (queries in it must then be copied out before use).
+  // Thread-safe.
+  virtual std::shared_ptr<void> MapHostMemory(const void* /*data*/, int64_t /*bytes*/) {
+    return nullptr;
+  }
+
   // OK, or why the engine cannot serve: a device taken out of service by a fault
   // (UNAVAILABLE naming it). Decodes then fail with it at once.
   virtual absl::Status Health() const { return absl::OkStatus(); }

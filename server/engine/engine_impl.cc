@@ -223,6 +223,10 @@ void EngineImpl::CutBatch(std::vector<PendingCall> calls) {
   });
 }
 
+std::shared_ptr<void> EngineImpl::MapHostMemory(const void* data, int64_t bytes) {
+  return pool_->MapHostMemory(data, bytes);
+}
+
 EngineStats EngineImpl::Stats() const {
   EngineStats stats;
   stats.kv = store_->Stats();

@@ -53,6 +53,7 @@ class EngineImpl final : public Engine {
   void Decode(std::vector<DecodeQuery> queries, DecodeOptions options,
               DecodeCallback done) override;
   EngineStats Stats() const override;
+  std::shared_ptr<void> MapHostMemory(const void* data, int64_t bytes) override;
   absl::Status Health() const override;
   absl::Status Drain(absl::Time deadline) override;
   KvCheckpoint CheckpointKv() override { return store_->Checkpoint(); }

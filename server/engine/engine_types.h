@@ -145,6 +145,8 @@ struct BatchReport {
   double device_us = 0;
   int64_t bytes_to_device = 0;
   int64_t kv_bytes_to_device = 0;
+  // Queries the GPU read from a data plane's mapped region instead (not in bytes_to_device).
+  int64_t query_bytes_in_place = 0;
   absl::Status status;
 };
 

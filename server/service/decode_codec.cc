@@ -61,9 +61,10 @@ ElementType AnswerType(v1::DType output_dtype) {
 template <int kRank>
 absl::StatusOr<TensorView<const Bf16, kRank>> View(const v1::Tensor& tensor, bool present,
                                                    const std::string& field, ParsedDecode& parsed,
-                                                   TensorBytes& source) {
+                                                   TensorBytes& source, TensorUse use) {
   if (!present) return Invalid(field, "missing");
-  ASSIGN_OR_RETURN(Bf16Data decoded, ViewAsBf16(tensor, kRank, field, parsed.converted, source));
+  ASSIGN_OR_RETURN(Bf16Data decoded,
+                   ViewAsBf16(tensor, kRank, field, parsed.converted, source, use));
   typename TensorView<const Bf16, kRank>::Index shape;
   int64_t elements = 1;
   for (int i = 0; i < kRank; ++i) {
@@ -84,25 +85,27 @@ absl::Status ParseQuery(const v1::DecodeQuery& wire, const std::string& field,
   switch (wire.q_case()) {
     case v1::DecodeQuery::kHead: {
       query.space = engine::QuerySpace::kHead;
-      ASSIGN_OR_RETURN(query.q_nope, View<3>(wire.head().q_nope(), wire.head().has_q_nope(),
-                                             field + ".head.q_nope", parsed, source));
+      ASSIGN_OR_RETURN(query.q_nope,
+                       View<3>(wire.head().q_nope(), wire.head().has_q_nope(),
+                               field + ".head.q_nope", parsed, source, TensorUse::kQueries));
       query.first_head = wire.head().first_head();
-      ASSIGN_OR_RETURN(query.q_pe, View<3>(wire.head().q_pe(), wire.head().has_q_pe(),
-                                           field + ".head.q_pe", parsed, source));
+      ASSIGN_OR_RETURN(query.q_pe,
+                       View<3>(wire.head().q_pe(), wire.head().has_q_pe(), field + ".head.q_pe",
+                               parsed, source, TensorUse::kQueries));
       break;
     }
     case v1::DecodeQuery::kLatent: {
       query.space = engine::QuerySpace::kLatent;
-      ASSIGN_OR_RETURN(query.q_latent,
-                       View<3>(wire.latent(), true, field + ".latent", parsed, source));
+      ASSIGN_OR_RETURN(query.q_latent, View<3>(wire.latent(), true, field + ".latent", parsed,
+                                               source, TensorUse::kQueries));
       break;
     }
     default:
       return Invalid(field + ".q", "neither head nor latent is set");
   }
   if (wire.has_append_rows()) {
-    ASSIGN_OR_RETURN(query.append_rows,
-                     View<2>(wire.append_rows(), true, field + ".append_rows", parsed, source));
+    ASSIGN_OR_RETURN(query.append_rows, View<2>(wire.append_rows(), true, field + ".append_rows",
+                                                parsed, source, TensorUse::kRows));
   }
   if (wire.has_append_position()) query.append_position = wire.append_position();
   return absl::OkStatus();
@@ -112,8 +115,9 @@ absl::Status ParseQuery(const v1::DecodeQuery& wire, const std::string& field,
 template <int kRank>
 absl::StatusOr<TensorView<const Bf16, kRank>> Stacked(const v1::Tensor& tensor, bool present,
                                                       const std::string& field, int64_t sequences,
-                                                      ParsedDecode& parsed, TensorBytes& source) {
-  ASSIGN_OR_RETURN(auto view, View<kRank>(tensor, present, field, parsed, source));
+                                                      ParsedDecode& parsed, TensorBytes& source,
+                                                      TensorUse use) {
+  ASSIGN_OR_RETURN(auto view, View<kRank>(tensor, present, field, parsed, source, use));
   if (view.dim(0) != sequences) {
     return Invalid(field, absl::StrCat("shape ", ShapeToString(view.shape()), " holds ",
                                        view.dim(0), " sequences; sequence_ids has ", sequences));
@@ -142,15 +146,17 @@ absl::Status ParsePacked(const v1::PackedQueries& wire, ParsedDecode& parsed, Te
   TensorView<const Bf16, 4> q_nope, q_pe, latent;
   switch (wire.q_case()) {
     case v1::PackedQueries::kHead: {
-      ASSIGN_OR_RETURN(q_nope, Stacked<4>(wire.head().q_nope(), wire.head().has_q_nope(),
-                                          "packed.head.q_nope", sequences, parsed, source));
-      ASSIGN_OR_RETURN(q_pe, Stacked<4>(wire.head().q_pe(), wire.head().has_q_pe(),
-                                        "packed.head.q_pe", sequences, parsed, source));
+      ASSIGN_OR_RETURN(
+          q_nope, Stacked<4>(wire.head().q_nope(), wire.head().has_q_nope(), "packed.head.q_nope",
+                             sequences, parsed, source, TensorUse::kQueries));
+      ASSIGN_OR_RETURN(q_pe,
+                       Stacked<4>(wire.head().q_pe(), wire.head().has_q_pe(), "packed.head.q_pe",
+                                  sequences, parsed, source, TensorUse::kQueries));
       break;
     }
     case v1::PackedQueries::kLatent: {
-      ASSIGN_OR_RETURN(latent,
-                       Stacked<4>(wire.latent(), true, "packed.latent", sequences, parsed, source));
+      ASSIGN_OR_RETURN(latent, Stacked<4>(wire.latent(), true, "packed.latent", sequences, parsed,
+                                          source, TensorUse::kQueries));
       break;
     }
     default:
@@ -159,7 +165,7 @@ absl::Status ParsePacked(const v1::PackedQueries& wire, ParsedDecode& parsed, Te
   TensorView<const Bf16, 3> rows;
   if (wire.has_append_rows()) {
     ASSIGN_OR_RETURN(rows, Stacked<3>(wire.append_rows(), true, "packed.append_rows", sequences,
-                                      parsed, source));
+                                      parsed, source, TensorUse::kRows));
     if (wire.append_positions_size() != sequences) {
       return Invalid(
           "packed.append_positions",

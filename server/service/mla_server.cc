@@ -163,6 +163,9 @@ absl::StatusOr<std::unique_ptr<MlaServer>> MlaServer::Start(EngineFactory factor
     plane.poll = options.data_plane_poll;
     plane.instance_id = server->state_.instance_id();
     plane.host_id = HostId();
+    plane.map_for_devices = [engine = server->engine_.get()](const void* data, uint64_t bytes) {
+      return engine->MapHostMemory(data, static_cast<int64_t>(bytes));
+    };
     ASSIGN_OR_RETURN(
         server->shm_plane_,
         dataplane::ShmDataPlane::Start(std::move(plane), server->service_->dispatcher(),

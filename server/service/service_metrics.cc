@@ -224,6 +224,9 @@ ServiceMetrics::ServiceMetrics()
       batch_kv_bytes_to_device_(ByteHistogram(
           *registry_, "mlaserve_batch_kv_bytes_to_device",
           "KV rows among them: those appended or registered since the previous batch")),
+      batch_query_bytes_in_place_(ByteHistogram(
+          *registry_, "mlaserve_batch_query_bytes_in_place",
+          "Query bytes a GPU batch read from a data plane's mapped region instead of copying")),
       heap_releases_(prometheus::BuildCounter()
                          .Name("mlaserve_heap_releases_total")
                          .Help("Times freed memory was handed back to the kernel (malloc_trim)")
@@ -297,6 +300,7 @@ void ServiceMetrics::RecordBatch(const engine::BatchReport& report) {
     device_kernel_seconds_.Observe(report.device_us * 1e-6);
     batch_bytes_to_device_.Observe(static_cast<double>(report.bytes_to_device));
     batch_kv_bytes_to_device_.Observe(static_cast<double>(report.kv_bytes_to_device));
+    batch_query_bytes_in_place_.Observe(static_cast<double>(report.query_bytes_in_place));
   }
 }
 

@@ -71,6 +71,7 @@ class ServiceMetrics {
   prometheus::Histogram& device_kernel_seconds_;
   prometheus::Histogram& batch_bytes_to_device_;
   prometheus::Histogram& batch_kv_bytes_to_device_;
+  prometheus::Histogram& batch_query_bytes_in_place_;
   prometheus::Counter& heap_releases_;
   prometheus::Counter& heap_release_seconds_;
 };

@@ -126,7 +126,7 @@ absl::StatusOr<int64_t> CountElements(const v1::Tensor& tensor, std::size_t elem
 class InlineBytes final : public TensorBytes {
  public:
   absl::StatusOr<absl::string_view> Bytes(const v1::Tensor& tensor, absl::string_view field,
-                                          uint64_t size) override {
+                                          uint64_t size, TensorUse /*use*/) override {
     if (tensor.has_region_offset()) {
       return absl::InvalidArgumentError(
           absl::StrCat(field,
@@ -165,7 +165,8 @@ absl::StatusOr<Bf16Tensor> DecodeToBf16(const v1::Tensor& tensor, std::span<cons
 }
 
 absl::StatusOr<Bf16Data> ViewAsBf16(const v1::Tensor& tensor, int rank, absl::string_view field,
-                                    std::vector<std::vector<Bf16>>& storage, TensorBytes& source) {
+                                    std::vector<std::vector<Bf16>>& storage, TensorBytes& source,
+                                    TensorUse use) {
   ASSIGN_OR_RETURN(const std::size_t element_size, ElementSize(tensor, field));
   const std::span<const int64_t> shape(tensor.shape().data(), tensor.shape().size());
   if (static_cast<int>(shape.size()) != rank) {
@@ -173,8 +174,9 @@ absl::StatusOr<Bf16Data> ViewAsBf16(const v1::Tensor& tensor, int rank, absl::st
                                                    shape.size(), " dimensions, not ", rank));
   }
   ASSIGN_OR_RETURN(const int64_t elements, CountDeclared(tensor, element_size, field));
-  ASSIGN_OR_RETURN(const absl::string_view data,
-                   source.Bytes(tensor, field, static_cast<uint64_t>(elements) * element_size));
+  ASSIGN_OR_RETURN(
+      const absl::string_view data,
+      source.Bytes(tensor, field, static_cast<uint64_t>(elements) * element_size, use));
   Bf16Data out{nullptr, std::vector<int64_t>(shape.begin(), shape.end())};
   // An empty tensor points at the request's (never null, never read) bytes: an empty vector's
   // data() may be null, and callers copy zero bytes from what they get.

@@ -41,13 +41,17 @@ absl::StatusOr<Bf16Tensor> DecodeToBf16(const v1::Tensor& tensor, std::span<cons
 // Where a tensor's bytes are: in the message (`data`, gRPC), or at `region_offset` of the
 // caller's registered memory (the same-host data plane), whose source copies them out first
 // so that what is checked is what the engine reads.
+// What a tensor's bytes are for: a source may leave queries where they are for a device that
+// reads them itself, while rows for the cache are always the server's own copy.
+enum class TensorUse { kQueries, kRows };
+
 class TensorBytes {
  public:
   virtual ~TensorBytes() = default;
   // The `size` bytes of `tensor` (its dtype and shape already checked), or INVALID_ARGUMENT
   // starting with `field`.
   virtual absl::StatusOr<absl::string_view> Bytes(const v1::Tensor& tensor, absl::string_view field,
-                                                  uint64_t size) = 0;
+                                                  uint64_t size, TensorUse use) = 0;
 };
 
 // The bytes in the message: `data`, of exactly the declared size; a region_offset is refused.
@@ -65,7 +69,8 @@ struct Bf16Data {
 };
 absl::StatusOr<Bf16Data> ViewAsBf16(const v1::Tensor& tensor, int rank, absl::string_view field,
                                     std::vector<std::vector<Bf16>>& storage,
-                                    TensorBytes& source = InlineTensorBytes());
+                                    TensorBytes& source = InlineTensorBytes(),
+                                    TensorUse use = TensorUse::kRows);
 
 // Writes `count` values, bf16 or fp32, to `out` (count * DTypeSize(dtype) bytes) as `dtype`
 // (BF16, FP16 or FP32; narrowing rounds to nearest even).

@@ -6,14 +6,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <random>
 #include <thread>
 
 #include "absl/strings/escaping.h"
+#include "common/shm_layout.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/gpu/gpu_lowering.h"
 #include "prometheus/registry.h"
+#include "server/dataplane/shm_data_plane.h"
 #include "server/service/tenancy.h"
 #include "tests/integration/batch_scenario.h"
 #include "tests/integration/data_plane_server.h"
@@ -128,7 +133,166 @@ TEST_P(DataPlaneTest, ManyCallersShareTheSlotsAndEachGetsItsOwnAnswers) {
   }
 }
 
+// Back-pressure: 24 callers, as fast as they can, on two clients of two slots each. The
+// server holds no more of their calls than the slots allow (a call waits in its client for a
+// free slot, not in the server's memory; the plane counts a call until just after its answer
+// is out, by when its slot may hold the next, so at most two a slot), no more registered
+// memory than the two regions, and answers every call.
+TEST_P(DataPlaneTest, AFloodOfCallersIsHeldToTheClientsSlots) {
+  auto grpc = server_.NewClient(Over(client::ClientOptions::DataPlane::kGrpc));
+  BatchScenario scenario(*grpc, server_.model(), "flood", 2, GetParam(), 1, 1, rng_);
+  client::ClientOptions options = Over(client::ClientOptions::DataPlane::kShm);
+  options.shm.slots = 2;
+  options.shm.region_bytes = 16 << 20;
+  std::vector<std::unique_ptr<client::MlaServeClient>> clients;
+  for (int c = 0; c < 2; ++c) clients.push_back(server_.NewClient(options));
+  const dataplane::ShmDataPlane& plane = *server_.server().shm_plane();
+  std::atomic<bool> flooding{true};
+  std::atomic<int> answered{0}, failed{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 24; ++t) {
+    callers.emplace_back([&, t] {
+      client::DecodeBatchBuffers buffers(scenario.request(), scenario.width());
+      while (flooding.load()) {
+        const absl::Status status = clients[t % 2]->DecodeBatch(scenario.request(), buffers.output);
+        (status.ok() ? answered : failed).fetch_add(1);
+      }
+    });
+  }
+  int most_in_flight = 0;
+  uint64_t most_registered = 0;
+  const absl::Time end = absl::Now() + absl::Seconds(1.5);
+  while (absl::Now() < end) {
+    most_in_flight = std::max(most_in_flight, plane.calls_in_flight());
+    most_registered = std::max(most_registered, plane.registered_bytes());
+    absl::SleepFor(absl::Microseconds(200));
+  }
+  flooding = false;
+  for (std::thread& caller : callers) caller.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_GT(answered.load(), 24);
+  EXPECT_LE(most_in_flight, 2 * 4);
+  EXPECT_LE(most_registered, uint64_t{2} * options.shm.region_bytes);
+  // The plane counts a call out just after its answer is out, so a moment after the last.
+  const absl::Time settled = absl::Now() + absl::Seconds(5);
+  while (plane.calls_in_flight() > 0 && absl::Now() < settled)
+    absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(plane.calls_in_flight(), 0);
+}
+
+// Arrays a caller allocates from the client (AllocateArray) lie in its region: a call whose
+// tensors and answer buffers are there names them by offset, copying them neither into a slot
+// nor out of it. Here a slot holds half the call: from ordinary memory the call does not
+// fit; from the client's arrays it is answered, bit for bit as over gRPC.
+TEST_P(DataPlaneTest, ArraysInTheRegionAreNeitherCopiedInNorOut) {
+  auto grpc = server_.NewClient(Over(client::ClientOptions::DataPlane::kGrpc));
+  BatchScenario scenario(*grpc, server_.model(), "arrays", 8, GetParam(), 2, 1, rng_);
+  const client::DecodeBatchRequest& request = scenario.request();
+  client::DecodeBatchBuffers over_grpc(request, scenario.width());
+  ASSERT_TRUE(grpc->DecodeBatch(request, over_grpc.output).ok());
+  uint64_t call_bytes = over_grpc.out.size() + over_grpc.lse.size() * sizeof(float);
+  for (const client::BatchTensor* t :
+       {&request.q_nope, &request.q_pe, &request.latent, &request.append_rows}) {
+    call_bytes += t->bytes();
+  }
+  client::ClientOptions options = Over(client::ClientOptions::DataPlane::kShm);
+  options.shm.slots = 8;
+  options.shm.array_bytes = 4 * call_bytes;
+  options.shm.region_bytes = shm::DataOffset(8) + 8 * call_bytes;  // a slot: half a call
+  auto shm = server_.NewClient(options);
+
+  client::DecodeBatchBuffers from_heap(request, scenario.width());
+  EXPECT_EQ(shm->DecodeBatch(request, from_heap.output).code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  client::DecodeBatchRequest in_region = request;
+  std::vector<client::SharedArray> arrays;
+  for (client::BatchTensor* t :
+       {&in_region.q_nope, &in_region.q_pe, &in_region.latent, &in_region.append_rows}) {
+    if (!t->present()) continue;
+    arrays.push_back(shm->AllocateArray(t->bytes()));
+    std::memcpy(arrays.back().bytes.data(), t->data, t->bytes());
+    t->data = arrays.back().bytes.data();
+  }
+  client::SharedArray out = shm->AllocateArray(over_grpc.out.size());
+  client::SharedArray lse = shm->AllocateArray(over_grpc.lse.size() * sizeof(float));
+  client::DecodeBatchOutput output{
+      out.bytes,
+      std::span<float>(reinterpret_cast<float*>(lse.bytes.data()), over_grpc.lse.size()),
+      {}};
+  const double before = Requests(server_, "shm");
+  ASSERT_TRUE(shm->DecodeBatch(in_region, output).ok());
+  EXPECT_EQ(Requests(server_, "shm"), before + 1);
+  EXPECT_TRUE(std::equal(out.bytes.begin(), out.bytes.end(), over_grpc.out.begin()));
+  EXPECT_TRUE(std::equal(output.lse.begin(), output.lse.end(), over_grpc.lse.begin()));
+  EXPECT_EQ(output.plans.size(), 8u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Spaces, DataPlaneTest,
+                         ::testing::Values(engine::QuerySpace::kHead, engine::QuerySpace::kLatent),
+                         [](const auto& param_info) {
+                           return param_info.param == engine::QuerySpace::kHead ? "Head" : "Latent";
+                         });
+
+// Sum of a histogram's observations (all label sets).
+double HistogramSum(IntegrationServer& server, const std::string& name) {
+  double total = 0;
+  for (const prometheus::MetricFamily& family : server.server().metrics().registry()->Collect()) {
+    if (family.name != name) continue;
+    for (const prometheus::ClientMetric& metric : family.metric) {
+      total += metric.histogram.sample_sum;
+    }
+  }
+  return total;
+}
+
+// On a GPU device (TestGpu: the fake one unless MLASERVE_TEST_GPU names one) the region is
+// mapped into the device and a call's queries are read from it in place, the device's upload
+// being their one copy: the answers are the golden's and gRPC's bit for bit, and the metrics
+// count the queries as read in place over the plane and uploaded over gRPC (and over the
+// plane too for a call of fewer bytes than gpu::kInPlaceMinBytes).
+class DataPlaneOnAGpuTest : public ::testing::TestWithParam<engine::QuerySpace> {
+ protected:
+  static engine::EngineOptions OnTheGpu() {
+    engine::EngineOptions options = SmallEngineOptions(TinyModel());
+    options.gpu = TestGpu();
+    return options;
+  }
+  IntegrationServer server_{OnTheGpu(), "", WithDataPlane()};
+  Rng rng_{std::random_device{}()};
+};
+
+TEST_P(DataPlaneOnAGpuTest, QueriesAreReadFromTheRegionInPlace) {
+  auto shm = server_.NewClient(Over(client::ClientOptions::DataPlane::kShm));
+  auto grpc = server_.NewClient(Over(client::ClientOptions::DataPlane::kGrpc));
+  constexpr int kSequences = 12, kSq = 2;
+  BatchScenario scenario(*grpc, server_.model(), "gpu-plane", kSequences, GetParam(), kSq, 1, rng_);
+  const engine::ModelConfig& m = server_.model();
+  const double query_bytes =
+      double{kSequences} * kSq * m.heads * 2 *
+      (GetParam() == engine::QuerySpace::kHead ? m.dn + m.dr : m.dk_latent());
+  const client::DecodeBatchRequest fp32 = scenario.WithOutput(v1::DTYPE_FP32);
+  const std::string in_place = "mlaserve_batch_query_bytes_in_place";
+  const double before = HistogramSum(server_, in_place);
+  client::DecodeBatchBuffers over_shm(fp32, scenario.width());
+  ASSERT_TRUE(shm->DecodeBatch(fp32, over_shm.output).ok());
+  EXPECT_EQ(HistogramSum(server_, in_place) - before, query_bytes);
+  scenario.ExpectGolden(over_shm.out, over_shm.lse);
+
+  client::DecodeBatchBuffers over_grpc(fp32, scenario.width());
+  ASSERT_TRUE(grpc->DecodeBatch(fp32, over_grpc.output).ok());
+  EXPECT_EQ(HistogramSum(server_, in_place) - before, query_bytes);  // uploaded this time
+  EXPECT_EQ(over_shm.out, over_grpc.out);
+  EXPECT_EQ(over_shm.lse, over_grpc.lse);
+
+  BatchScenario lone(*grpc, server_.model(), "gpu-plane-lone", 1, GetParam(), 1, 1, rng_);
+  ASSERT_LT(query_bytes / (kSequences * kSq), gpu::kInPlaceMinBytes);
+  client::DecodeBatchBuffers small(lone.request(), lone.width());
+  ASSERT_TRUE(shm->DecodeBatch(lone.request(), small.output).ok());
+  EXPECT_EQ(HistogramSum(server_, in_place) - before, query_bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(Spaces, DataPlaneOnAGpuTest,
                          ::testing::Values(engine::QuerySpace::kHead, engine::QuerySpace::kLatent),
                          [](const auto& param_info) {
                            return param_info.param == engine::QuerySpace::kHead ? "Head" : "Latent";

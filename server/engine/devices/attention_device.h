@@ -24,6 +24,7 @@ struct DeviceRun {
   double device_us = 0;
   int64_t bytes_to_device = 0;
   int64_t kv_bytes_to_device = 0;
+  int64_t query_bytes_in_place = 0;  // read from mapped host memory instead (MapHostMemory)
 };
 
 // What a device with memory of its own needs the KV store to be created with: to be told of
@@ -63,6 +64,14 @@ class AttentionDevice {
     return absl::OkStatus();
   }
   virtual std::optional<DeviceMemory> memory() const { return std::nullopt; }
+
+  // Host memory (a data plane's region) the device is to read queries from in place, its own
+  // upload being the one copy (GpuRuntime::MapHost); a null handle where it does not (the
+  // host and the emulated NPU compute on the host's memory, which the caller keeps copying
+  // into memory no client can rewrite). Thread-safe; the mapping ends with the handle.
+  virtual std::shared_ptr<void> MapHostMemory(const void* /*data*/, int64_t /*bytes*/) {
+    return nullptr;
+  }
 };
 
 }  // namespace mlaserve::engine

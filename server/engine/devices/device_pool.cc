@@ -36,6 +36,17 @@ DevicePool::Occupancy DevicePool::occupancy() const {
   return o;
 }
 
+std::shared_ptr<void> DevicePool::MapHostMemory(const void* data, int64_t bytes) {
+  auto mappings = std::make_shared<std::vector<std::shared_ptr<void>>>();
+  for (const std::unique_ptr<Slot>& slot : slots_) {
+    std::shared_ptr<void> mapping = slot->device->MapHostMemory(data, bytes);
+    if (mapping == nullptr) return nullptr;  // those made so far end here
+    mappings->push_back(std::move(mapping));
+  }
+  if (mappings->empty()) return nullptr;
+  return mappings;
+}
+
 void DevicePool::Submit(Job job) {
   {
     std::lock_guard<std::mutex> lock(mu_);

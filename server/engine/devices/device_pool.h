@@ -50,6 +50,10 @@ class DevicePool {
 
   void Submit(Job job);
 
+  // Every device's AttentionDevice::MapHostMemory as one handle, or null unless every device
+  // reads the memory in place (a mixed pool copies, as the host's devices need).
+  std::shared_ptr<void> MapHostMemory(const void* data, int64_t bytes);
+
  private:
   struct Slot {
     std::unique_ptr<AttentionDevice> device;

@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "kernels/gpu/open_gpu.h"
 #include "server/engine/kv/kv_store.h"
+#include "spdlog/spdlog.h"
 
 namespace mlaserve::engine {
 
@@ -75,7 +76,18 @@ absl::StatusOr<DeviceRun> GpuAttentionDevice::Run(const BatchSteps& steps) {
   run.device_us = result->timing.kernels_ms * 1e3;
   run.bytes_to_device = result->upload_bytes;
   run.kv_bytes_to_device = result->copied_bytes;
+  run.query_bytes_in_place = result->in_place_bytes;
   return run;
+}
+
+std::shared_ptr<void> GpuAttentionDevice::MapHostMemory(const void* data, int64_t bytes) {
+  absl::StatusOr<std::shared_ptr<void>> mapping = runtime_->MapHost(data, bytes);
+  if (!mapping.ok()) {
+    spdlog::warn("{}: queries in a {}-byte region are copied, not read in place: {}", info_.profile,
+                 bytes, mapping.status().ToString());
+    return nullptr;
+  }
+  return *std::move(mapping);
 }
 
 std::optional<DeviceMemory> GpuAttentionDevice::memory() const {

@@ -34,6 +34,8 @@ class GpuAttentionDevice final : public AttentionDevice {
   absl::StatusOr<KvResidency> PlanKvResidency(int64_t weights_bytes) override;
   absl::Status Attach(const ModelWeights& weights, const KvStore& store) override;
   std::optional<DeviceMemory> memory() const override;
+  // The runtime's mapping (GpuRuntime::MapHost); null where it refuses (logged).
+  std::shared_ptr<void> MapHostMemory(const void* data, int64_t bytes) override;
 
   // The share of the GPU's free memory the KV budget defaults to, after the weights and
   // kReservedBytes: the rest is left to expansions, which the pool's budget counts but whose

@@ -3,7 +3,11 @@
 // test skips with a message where no GPU is present; with MLASERVE_REQUIRE_GPU=1 a missing
 // GPU fails it instead.
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -159,6 +163,63 @@ TEST_F(CudaTest, ARepeatedBatchReplaysItsGraphWithTheSameAnswers) {
   Open(CudaOptions{.graphs = 0});
   mlaserve::testing::ExpectGpuBatchMatchesGolden(*runtime_, Scenario("AbsorbHead"), Seed(), 3);
   EXPECT_EQ(runtime_->launch_counts().graph_replays, 0);
+}
+
+// Queries in a memfd mapped shared, as a data plane's region is, mapped into the GPU: the copy
+// launch reads them in place (nothing of them uploaded) and the answers are those of the
+// uploaded run bit for bit. With MLASERVE_CUDA_MAP_HOST=off the mapping is refused.
+TEST_F(CudaTest, QueriesInAMappedRegionAreReadInPlaceWithTheSameAnswers) {
+  auto s = mlaserve::testing::BatchScenario::Make(Scenario("Model128HeadsLatentSplit").spec, 6);
+  auto built = BuildBatchSteps(s->batch());
+  ASSERT_TRUE(built.ok()) << built.status();
+  // Each staged query moved into the region, 64-byte aligned as a client lays them out.
+  int64_t bytes = 0;
+  for (const StageCopy& c : built->steps.staging) {
+    bytes += ((int64_t{c.rows} - 1) * c.src_stride + c.width) * 2 + 64;
+  }
+  const int fd = memfd_create("mlaserve-test-region", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, bytes), 0);
+  void* region =
+      mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  ASSERT_NE(region, MAP_FAILED);
+  BatchSteps moved = built->steps;
+  int64_t at = 0;
+  for (StageCopy& c : moved.staging) {
+    const int64_t n = ((int64_t{c.rows} - 1) * c.src_stride + c.width) * 2;
+    std::memcpy(static_cast<std::byte*>(region) + at, c.src, static_cast<size_t>(n));
+    c.src = reinterpret_cast<const Bf16*>(static_cast<std::byte*>(region) + at);
+    at += (n + 63) / 64 * 64;
+  }
+  {  // the executor and the inputs go before the runtime does
+    auto inputs = mlaserve::testing::ResidentInputs::Upload(*runtime_, built->steps);
+    ASSERT_TRUE(inputs.ok()) << inputs.status();
+    gpu::GpuBatchExecutor executor(*runtime_, /*in_place_min_bytes=*/0);
+    const auto answers = [&](const gpu::GpuBatchExecutor::Result& run) {
+      std::vector<std::byte> all;
+      for (size_t i = 0; i < built->steps.buffers.size(); ++i) {
+        const std::span<const std::byte> b = run.buffers->Bytes(static_cast<int>(i));
+        all.insert(all.end(), b.begin(), b.end());
+      }
+      return all;
+    };
+    auto uploaded = executor.Run(built->steps, inputs->resolver());
+    ASSERT_TRUE(uploaded.ok()) << uploaded.status();
+    const std::vector<std::byte> expected = answers(*uploaded);
+    auto mapping = runtime_->MapHost(region, bytes);
+    ASSERT_TRUE(mapping.ok()) << mapping.status();
+    auto in_place = executor.Run(moved, inputs->resolver());
+    ASSERT_TRUE(in_place.ok()) << in_place.status();
+    EXPECT_EQ(in_place->query_bytes, 0);
+    EXPECT_EQ(in_place->in_place_bytes, uploaded->query_bytes);
+    EXPECT_TRUE(answers(*in_place) == expected);
+    mapping->reset();
+    EXPECT_FALSE(runtime_->ReadsInPlace(region, bytes));
+  }
+  Open(CudaOptions{.map_host = false});
+  EXPECT_EQ(runtime_->MapHost(region, bytes).status().code(), absl::StatusCode::kUnimplemented);
+  munmap(region, static_cast<size_t>(bytes));
 }
 
 // A GPU that faults is never trusted again: the fault's status, then every later call fails

@@ -1,5 +1,6 @@
 #include "kernels/gpu/gpu_lowering.h"
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -137,6 +138,73 @@ TEST(GpuLoweringTest, UploadsQueriesAndCopiesOnly) {
   ASSERT_TRUE(
       runtime.CopyToHost(landed.data(), *target + 512, static_cast<int64_t>(landed.size())).ok());
   EXPECT_TRUE(landed == rows);
+}
+
+// Queries in host memory the device maps (a data plane's region) are read by the copy launch
+// from where they are: none of them in the upload, the answers those of the uploaded run bit
+// for bit; once the mapping is let go they are uploaded again. (This batch's queries are
+// fewer bytes than kInPlaceMinBytes: the executor reads them in place from any size here,
+// and a default one uploads them.)
+TEST(GpuLoweringTest, QueriesInMappedHostMemoryAreReadInPlace) {
+  const NamedScenario scenario = mlaserve::testing::StandardBatchScenarios()[0];
+  auto s = BatchScenario::Make(scenario.spec, 3);
+  const BuiltBatch built = Built(*s);
+  ASSERT_FALSE(built.steps.staging.empty());
+  int64_t query_bytes = 0;
+  auto first = reinterpret_cast<uintptr_t>(built.steps.staging[0].src);
+  uintptr_t last = first;
+  for (const StageCopy& c : built.steps.staging) {
+    query_bytes += int64_t{c.rows} * c.width * 2;
+    const auto at = reinterpret_cast<uintptr_t>(c.src);
+    first = std::min(first, at);
+    last = std::max(last, at + static_cast<uintptr_t>(((c.rows - 1) * c.src_stride + c.width) * 2));
+  }
+  FakeGpuRuntime runtime;
+  auto inputs = mlaserve::testing::ResidentInputs::Upload(runtime, built.steps);
+  ASSERT_TRUE(inputs.ok()) << inputs.status();
+  const auto answers = [&](const GpuBatchExecutor::Result& run) {
+    std::vector<std::byte> all;
+    for (size_t i = 0; i < built.steps.buffers.size(); ++i) {
+      const std::span<const std::byte> b = run.buffers->Bytes(static_cast<int>(i));
+      all.insert(all.end(), b.begin(), b.end());
+    }
+    return all;
+  };
+  GpuBatchExecutor executor(runtime, /*in_place_min_bytes=*/0);
+  auto uploaded = executor.Run(built.steps, inputs->resolver());
+  ASSERT_TRUE(uploaded.ok()) << uploaded.status();
+  EXPECT_EQ(uploaded->query_bytes, query_bytes);
+  EXPECT_EQ(uploaded->in_place_bytes, 0);
+  const std::vector<std::byte> expected = answers(*uploaded);
+  uploaded->buffers.reset();
+
+  const void* begin = reinterpret_cast<const void*>(first);
+  const auto span = static_cast<int64_t>(last - first);
+  {
+    auto mapping = runtime.MapHost(begin, span);
+    ASSERT_TRUE(mapping.ok()) << mapping.status();
+    EXPECT_TRUE(runtime.ReadsInPlace(begin, span));
+    EXPECT_FALSE(runtime.ReadsInPlace(begin, span + 1));
+    auto in_place = executor.Run(built.steps, inputs->resolver());
+    ASSERT_TRUE(in_place.ok()) << in_place.status();
+    EXPECT_EQ(in_place->query_bytes, 0);
+    EXPECT_EQ(in_place->in_place_bytes, query_bytes);
+    EXPECT_LE(in_place->upload_bytes, uploaded->upload_bytes - query_bytes);
+    EXPECT_TRUE(answers(*in_place) == expected);
+    in_place->buffers.reset();
+    ASSERT_LT(query_bytes, kInPlaceMinBytes);
+    GpuBatchExecutor by_default(runtime);
+    auto small = by_default.Run(built.steps, inputs->resolver());
+    ASSERT_TRUE(small.ok()) << small.status();
+    EXPECT_EQ(small->in_place_bytes, 0);
+    EXPECT_EQ(small->query_bytes, query_bytes);
+  }
+  EXPECT_FALSE(runtime.ReadsInPlace(begin, span));
+  auto again = executor.Run(built.steps, inputs->resolver());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->query_bytes, query_bytes);
+  EXPECT_EQ(again->in_place_bytes, 0);
+  EXPECT_TRUE(answers(*again) == expected);
 }
 
 // The attention launches a kernel may feed with the bulk tensor copy: those whose every tile
