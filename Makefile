@@ -63,7 +63,7 @@ test-tsan: deps
 
 # The whole default suite again under AddressSanitizer + UBSan (clang; every finding fails),
 # then every fuzzer for FUZZ_TEST_SECONDS from its seed corpus.
-FUZZ_TEST_SECONDS ?= 10
+FUZZ_TEST_SECONDS ?= 5
 test-asan: deps
 	@test -f build-asan/build.ninja || cmake --preset asan
 	@cmake --build --preset asan -j $(JOBS)

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/tensor_helpers.h"
+#include "grpc/grpc.h"
 #include "gtest/gtest.h"
 #include "kernels/core/head_space_decode.h"
 #include "kernels/core/latent_decode.h"
@@ -42,6 +43,11 @@ engine::EngineOptions SmallEngineOptions(const engine::ModelConfig& model) {
 IntegrationServer::IntegrationServer(engine::EngineOptions options, std::string metrics_address,
                                      service::ServerOptions server_options, int port)
     : model_(options.model) {
+  // gRPC stays initialised for the test process: otherwise the last server and client of a
+  // test shut the library down (grpc_shutdown), whose executor threads were seen to take 10 s
+  // to end, and the next test starts it again.
+  static const bool kGrpcKept = (grpc_init(), true);
+  (void)kGrpcKept;
   server_options.listen_address = absl::StrCat("127.0.0.1:", port);
   server_options.metrics_address = std::move(metrics_address);
   auto server = service::MlaServer::Start(engine::CreateEngine, std::move(options), server_options);
