@@ -248,11 +248,17 @@ absl::StatusOr<std::shared_ptr<void>> CudaRuntime::MapHost(const void* data, int
   }
   cudaSetDevice(ordinal_);
   void* host = const_cast<void*>(data);
-  // A refusal (memory the driver cannot pin, already registered) leaves the context usable:
-  // the caller copies instead.
+  // A registration is the process's, not a device's: a second GPU of the pool finds the
+  // memory registered by the first (portable, so mapped for it too) and leaves unregistering
+  // to the first's handle, which a pool releases with the others.
+  bool registered_here = true;
   if (cudaError_t e = cudaHostRegister(host, static_cast<size_t>(bytes),
                                        cudaHostRegisterMapped | cudaHostRegisterPortable);
-      e != cudaSuccess) {
+      e == cudaErrorHostMemoryAlreadyRegistered) {
+    cudaGetLastError();
+    registered_here = false;
+  } else if (e != cudaSuccess) {
+    // A refusal (memory the driver cannot pin) leaves the context usable: the caller copies.
     cudaGetLastError();
     return absl::UnimplementedError(absl::StrCat("cuda:", ordinal_, ": cudaHostRegister of ", bytes,
                                                  " bytes: ", cudaGetErrorString(e)));
@@ -260,14 +266,19 @@ absl::StatusOr<std::shared_ptr<void>> CudaRuntime::MapHost(const void* data, int
   void* device = nullptr;
   if (cudaHostGetDevicePointer(&device, host, 0) != cudaSuccess || device != host) {
     cudaGetLastError();
-    cudaHostUnregister(host);
+    if (registered_here) cudaHostUnregister(host);
+    cudaGetLastError();
     return absl::UnimplementedError(
         absl::StrCat("cuda:", ordinal_, ": mapped host memory has another address on the device"));
   }
   const int ordinal = ordinal_;
-  return mapped_->Add(data, bytes, [host, ordinal] {
+  return mapped_->Add(data, bytes, [host, ordinal, registered_here] {
+    if (!registered_here) return;
     cudaSetDevice(ordinal);
     cudaHostUnregister(host);
+    // Whatever it says (the runtime unloading at exit), it must not read as the next
+    // launch's error, which would take the device out of service.
+    cudaGetLastError();
   });
 }
 

@@ -214,8 +214,27 @@ TEST_F(CudaTest, QueriesInAMappedRegionAreReadInPlaceWithTheSameAnswers) {
     EXPECT_EQ(in_place->query_bytes, 0);
     EXPECT_EQ(in_place->in_place_bytes, uploaded->query_bytes);
     EXPECT_TRUE(answers(*in_place) == expected);
-    mapping->reset();
+    // A second GPU of a pool maps the same region (CUDA's registration is the process's):
+    // here a second runtime of the same GPU, whose runs then read it in place too.
+    auto second = CudaRuntime::Create(0, CudaOptions{});
+    ASSERT_TRUE(second.ok()) << second.status();
+    auto also = (*second)->MapHost(region, bytes);
+    ASSERT_TRUE(also.ok()) << also.status();
+    EXPECT_TRUE((*second)->ReadsInPlace(region, bytes));
+    {
+      auto second_inputs = mlaserve::testing::ResidentInputs::Upload(**second, built->steps);
+      ASSERT_TRUE(second_inputs.ok()) << second_inputs.status();
+      gpu::GpuBatchExecutor second_executor(**second, /*in_place_min_bytes=*/0);
+      auto there = second_executor.Run(moved, second_inputs->resolver());
+      ASSERT_TRUE(there.ok()) << there.status();
+      EXPECT_EQ(there->in_place_bytes, uploaded->query_bytes);
+      EXPECT_TRUE(answers(*there) == expected);
+    }
+    mapping->reset();  // the registering runtime's handle first, as a pool may let go
+    also->reset();
     EXPECT_FALSE(runtime_->ReadsInPlace(region, bytes));
+    EXPECT_TRUE((*second)->health().ok()) << (*second)->health();
+    EXPECT_TRUE(runtime_->health().ok()) << runtime_->health();
   }
   Open(CudaOptions{.map_host = false});
   EXPECT_EQ(runtime_->MapHost(region, bytes).status().code(), absl::StatusCode::kUnimplemented);
