@@ -1,5 +1,6 @@
 #include "client/dataplane/region_arrays.h"
 
+#include <algorithm>
 #include <iterator>
 
 namespace mlaserve::client {
@@ -17,6 +18,7 @@ RegionArrays::RegionArrays(uint64_t begin, uint64_t end)
 }
 
 std::optional<uint64_t> RegionArrays::Allocate(uint64_t bytes) {
+  if (bytes > end_ - std::min(begin_, end_)) return std::nullopt;
   const uint64_t size = RoundUpToBlock(bytes == 0 ? 1 : bytes);
   absl::MutexLock lock(&mu_);
   for (auto it = free_.begin(); it != free_.end(); ++it) {
@@ -37,6 +39,7 @@ void RegionArrays::Free(uint64_t offset) {
   if (used == used_.end()) return;
   uint64_t at = offset, size = used->second;
   used_.erase(used);
+  if (retired_.erase(offset) > 0) return;
   auto next = free_.lower_bound(at);
   if (next != free_.end() && at + size == next->first) {
     size += next->second;
@@ -51,6 +54,15 @@ void RegionArrays::Free(uint64_t offset) {
     }
   }
   free_[at] = size;
+}
+
+void RegionArrays::Retire(uint64_t offset, uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  auto it = used_.upper_bound(offset);
+  if (it != used_.begin()) --it;
+  for (; it != used_.end() && it->first < offset + std::max<uint64_t>(bytes, 1); ++it) {
+    if (it->first + it->second > offset) retired_[it->first] = true;
+  }
 }
 
 uint64_t RegionArrays::free_bytes() const {

@@ -325,10 +325,14 @@ absl::Status ShmChannel::Decode(const DecodeBatchRequest& request, DecodeBatchOu
   }
   if (absl::IsUnavailable(waited)) MarkBroken();
   if (!waited.ok()) {
-    // A slot whose call may still run stays out of use; one answered is free again.
+    // A slot whose call may still run stays out of use; one answered is free again. So do
+    // the caller's arrays the call would answer into: they are never handed out again.
     if (s.state.load(std::memory_order_acquire) == shm::kDone) {
       s.state.store(shm::kIdle, std::memory_order_relaxed);
       ReleaseSlot(index);
+    } else {
+      if (out_in_array) arrays_.Retire(*out_in_array, output.out.size());
+      if (lse_in_array) arrays_.Retire(*lse_in_array, output.lse.size_bytes());
     }
     return waited;
   }

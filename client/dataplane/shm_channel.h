@@ -58,8 +58,10 @@ class ShmChannel : public std::enable_shared_from_this<ShmChannel> {
   // A block of the region's array area (64-byte aligned; the channel stays open while the
   // array lives), or nullopt when the area has no room. A call's tensors and answer buffers
   // that lie in it are named by offset, neither copied into the slot nor out of it: the
-  // server reads the queries and writes the answers there. The channel must be held by a
-  // shared_ptr.
+  // server reads the queries and writes the answers there. A call that ends without its
+  // answer (DEADLINE_EXCEEDED, UNAVAILABLE) may still be answered there later: the channel
+  // never hands those answer blocks out again, and the caller should not reuse them either.
+  // The channel must be held by a shared_ptr.
   std::optional<SharedArray> AllocateArray(uint64_t bytes);
 
   // Whether the call fits a slot's share of the region (with room to spare: Decode may still

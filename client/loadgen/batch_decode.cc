@@ -92,7 +92,11 @@ absl::StatusOr<std::vector<LoadAnswer>> DecodeAsBatch(client::ServingClient& cli
       Ensure(client, stacked.out, rows_out * static_cast<uint64_t>(width) * 2),
       std::span<float>(reinterpret_cast<float*>(lse.data()), rows_out),
       {}};
-  if (absl::Status status = client.DecodeBatch(request, output); !status.ok()) return status;
+  if (absl::Status status = client.DecodeBatch(request, output); !status.ok()) {
+    // A call that ended without its answer may still be answered into these arrays.
+    stacked = Stacked();
+    return status;
+  }
   std::vector<LoadAnswer> answers;
   answers.reserve(output.plans.size());
   for (const v1::DecodePlan& plan : output.plans) answers.push_back(ToLoadAnswer(plan));

@@ -55,5 +55,33 @@ TEST(RegionArraysTest, AnOffsetNotAllocatedIsIgnored) {
   EXPECT_EQ(arrays.free_bytes(), 640u);
 }
 
+// A block an abandoned call may still be answered into is never handed out again, whether
+// freed before or after it was retired; its neighbours are.
+TEST(RegionArraysTest, ARetiredBlockIsNeverHandedOutAgain) {
+  RegionArrays arrays(0, 64 * 4);
+  const std::optional<uint64_t> a = arrays.Allocate(64);
+  const std::optional<uint64_t> b = arrays.Allocate(128);
+  const std::optional<uint64_t> c = arrays.Allocate(64);
+  ASSERT_TRUE(a && b && c);
+  arrays.Retire(*b + 64, 16);  // inside b
+  arrays.Free(*a);
+  arrays.Free(*b);
+  arrays.Free(*c);
+  EXPECT_EQ(arrays.free_bytes(), 128u);
+  for (int i = 0; i < 2; ++i) {
+    const std::optional<uint64_t> again = arrays.Allocate(64);
+    ASSERT_TRUE(again.has_value());
+    EXPECT_TRUE(*again + 64 <= *b || *again >= *b + 128) << *again;
+  }
+  EXPECT_FALSE(arrays.Allocate(64).has_value());
+}
+
+TEST(RegionArraysTest, MoreThanTheAreaIsRefused) {
+  RegionArrays arrays(0, 640);
+  EXPECT_FALSE(arrays.Allocate(641).has_value());
+  EXPECT_FALSE(arrays.Allocate(UINT64_MAX).has_value());
+  EXPECT_TRUE(arrays.Allocate(640).has_value());
+}
+
 }  // namespace
 }  // namespace mlaserve::client
