@@ -31,7 +31,7 @@ ABSL_FLAG(bool, json, false, "print one JSON object per line instead of a table"
 ABSL_FLAG(int, seeds, 5, "accuracy: random draws per distribution");
 ABSL_FLAG(std::string, profile, "",
           "device profile name or path (default: ascend910 for kernel and typhoon, the engine's "
-          "ascend910-die for service)");
+          "ascend910-die for service and peers --device=npu)");
 ABSL_FLAG(std::vector<std::string>, kernel, {"amla"},
           "kernel: amla, base and/or snap (SnapMLA over AMLA on the FP8 cache), comma-separated");
 ABSL_FLAG(
@@ -41,7 +41,7 @@ ABSL_FLAG(
 ABSL_FLAG(int, heads, 128, "kernel: query heads");
 ABSL_FLAG(std::string, device, "",
           "kernel, typhoon, service: a GPU to run on instead of the emulated NPU (cuda:N, or "
-          "fake-gpu); "
+          "fake-gpu); peers: host (default) or npu (the emulated device of --profile); "
           "kernel's batch defaults to 96 and page size to 64 there, repeats to 20 for both");
 ABSL_FLAG(std::vector<std::string>, sq, {"1"},
           "kernel: query tokens per request (comma-separated)");
@@ -111,7 +111,8 @@ constexpr char kUsage[] =
     "  service    the same load direct on the engine and through gRPC: throughput ratio, overhead\n"
     "  wire       the UCX data plane against a raw TCP socket pair moving the same bytes,\n"
     "             between two hosts (scripts/ucx_wire_bench.sh: two network namespaces)\n"
-    "  peers      mlaserve's host kernels beside PyTorch on the CPU (fp32, bf16), alternating\n"
+    "  peers      mlaserve's host kernels beside PyTorch on the CPU (fp32, bf16), alternating;\n"
+    "             --device=npu: the emulated device's execution instead\n"
     "  capacity   KV-bound decode at a fixed budget: sequences held and queries/s, FP8 vs bf16\n"
     "  fp8        FP8 latent cache accuracy per data set and KV format (SnapMLA ablations)\n"
     "  tree       tree-aware vs flat TyphoonMLA grouping on a two-level prefix tree, whole "
@@ -269,6 +270,10 @@ absl::Status Run(const std::string& command) {
     o.rounds = absl::GetFlag(FLAGS_rounds);
     o.peer_env = absl::GetFlag(FLAGS_peer_env);
     o.python = absl::GetFlag(FLAGS_peer_python);
+    if (const std::string device = absl::GetFlag(FLAGS_device); !device.empty()) o.device = device;
+    if (const std::string profile = absl::GetFlag(FLAGS_profile); !profile.empty()) {
+      o.profile = profile;
+    }
     o.json = absl::GetFlag(FLAGS_json);
     return mlaserve::bench::RunPeersCommand(o, std::cout);
   }

@@ -17,6 +17,9 @@
 #include "kernels/core/random_fill.h"
 #include "kernels/mla/batch_step_builder.h"
 #include "kernels/mla/host_batch_runner.h"
+#include "kernels/npu/device.h"
+#include "kernels/npu/device_profile.h"
+#include "kernels/npu/programs/batch_launch.h"
 
 #ifndef MLASERVE_SOURCE_DIR
 #define MLASERVE_SOURCE_DIR "."
@@ -48,7 +51,16 @@ struct OurBatch {
   BuiltBatch built;
 };
 
-absl::StatusOr<std::unique_ptr<OurBatch>> MakeOurs(const Shape& s, int threads, Rng& rng) {
+// How a device splits a batch's keys (the engine's DeviceInfo for it): the host device over
+// its threads, the emulated device over its cube cores with the default knobs.
+struct SplitKnobs {
+  int parallel_units = 1;
+  int split_block_tokens = DecodeBatch{}.split_block_tokens;
+  int split_part_overhead_blocks = DecodeBatch{}.split_part_overhead_blocks;
+};
+
+absl::StatusOr<std::unique_ptr<OurBatch>> MakeOurs(const Shape& s, const SplitKnobs& split,
+                                                   Rng& rng) {
   auto ours = std::make_unique<OurBatch>();
   const int H = s.heads;
   const int pages_per_sequence = (s.sk + kPeerPageSize - 1) / kPeerPageSize;
@@ -69,9 +81,9 @@ absl::StatusOr<std::unique_ptr<OurBatch>> MakeOurs(const Shape& s, int threads, 
   b.pool = ours->pool.data();
   b.pool_pages = int64_t{sequences} * pages_per_sequence;
   b.page_size = kPeerPageSize;
-  b.parallel_units = threads;
-  b.split_block_tokens = HostBatchRunner::kSplitBlockTokens;  // as the host device splits
-  b.split_part_overhead_blocks = HostBatchRunner::kSplitPartOverheadBlocks;
+  b.parallel_units = split.parallel_units;
+  b.split_block_tokens = split.split_block_tokens;
+  b.split_part_overhead_blocks = split.split_part_overhead_blocks;
   DecodeBatch::Group g;
   g.head_space = !absorb;
   g.sq = s.sq;
@@ -118,6 +130,51 @@ absl::StatusOr<std::unique_ptr<OurBatch>> MakeOurs(const Shape& s, int threads, 
   return ours;
 }
 
+// Runs our side's steps once on the chosen device.
+class OurDevice {
+ public:
+  static absl::StatusOr<std::unique_ptr<OurDevice>> Create(const PeersCommandOptions& o) {
+    auto ours = std::unique_ptr<OurDevice>(new OurDevice());
+    if (o.device == "npu") {
+      ASSIGN_OR_RETURN(npu::DeviceProfile profile, npu::LoadDeviceProfile(o.profile));
+      ASSIGN_OR_RETURN(ours->npu_, npu::Device::Create(profile, {.host_threads = o.threads}));
+      ours->split_.parallel_units = profile.cube_cores;
+    } else if (o.device == "host") {
+      ours->runner_.emplace(o.threads);
+      ours->split_ = {o.threads, HostBatchRunner::kSplitBlockTokens,
+                      HostBatchRunner::kSplitPartOverheadBlocks};
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--device: peers runs on host or npu, not '", o.device, "'"));
+    }
+    return ours;
+  }
+
+  const SplitKnobs& split() const { return split_; }
+  std::string Describe() const {
+    return npu_ == nullptr
+               ? "the host device"
+               : absl::StrCat("the emulated device ", npu_->profile().name, " (split-KV over ",
+                              split_.parallel_units, " cube cores)");
+  }
+
+  // What the server's device does with a batch: the host runner's steps, or the emulated
+  // device's launches built and executed.
+  absl::Status Run(const BatchSteps& steps) {
+    if (npu_ == nullptr) return runner_->Run(steps).status();
+    ASSIGN_OR_RETURN(std::unique_ptr<npu::BatchLaunch> launch,
+                     npu::BatchLaunch::Create(*npu_, steps, {}, /*backed=*/true));
+    return launch->Run(npu::ExecutionMode::kExecute).status();
+  }
+
+ private:
+  OurDevice() = default;
+
+  std::optional<HostBatchRunner> runner_;  // the host device's (its threads only there)
+  std::unique_ptr<npu::Device> npu_;
+  SplitKnobs split_;
+};
+
 struct Result {
   Shape shape;
   double ours_s = std::numeric_limits<double>::infinity();
@@ -139,6 +196,7 @@ absl::Status RunPeersCommand(const PeersCommandOptions& o, std::ostream& out) {
   } else if (o.peer_env != "as-is") {
     return absl::InvalidArgumentError("--peer-env: 'tuned' or 'as-is'");
   }
+  ASSIGN_OR_RETURN(std::unique_ptr<OurDevice> ours_device, OurDevice::Create(o));
   const std::string worker = std::string(MLASERVE_SOURCE_DIR) + "/bench/peers/torch_mla_worker.py";
   ASSIGN_OR_RETURN(auto peer, PeerProcess::Start({o.python, worker}, env));
   ASSIGN_OR_RETURN(nlohmann::json info, peer->Call({{"op", "info"}}));
@@ -146,13 +204,12 @@ absl::Status RunPeersCommand(const PeersCommandOptions& o, std::ostream& out) {
     out << HostDescription() << "\n";
     out << absl::StrFormat(
         "peer: torch %s, cpu capability %s, %d threads each side, env %s; best of %d x %d, "
-        "alternating\n",
+        "alternating; mlaserve on %s\n",
         info["torch"].get<std::string>(), info["cpu_capability"].get<std::string>(), o.threads,
-        o.peer_env, o.rounds, o.repeats);
+        o.peer_env, o.rounds, o.repeats, ours_device->Describe());
     out << absl::StrFormat("%-6s %4s %4s %3s %6s %12s %12s %12s %8s\n", "form", "B", "H", "sq",
                            "sk", "mlaserve_GF/s", "torch_fp32", "torch_bf16", "x_best");
   }
-  HostBatchRunner runner(o.threads);
   Rng rng(2026);
   for (const std::string& form : o.forms) {
     if (form != "absorb" && form != "naive")
@@ -162,15 +219,13 @@ absl::Status RunPeersCommand(const PeersCommandOptions& o, std::ostream& out) {
         for (int sq : o.sq) {
           for (int sk : o.sk) {
             Result r{Shape{form, batch, heads, sq, sk}};
-            ASSIGN_OR_RETURN(auto ours, MakeOurs(r.shape, o.threads, rng));
-            ASSIGN_OR_RETURN(
-                auto warm,
-                runner.Run(ours->built.steps));  // first-touch and JIT outside the timing
-            warm.reset();
+            ASSIGN_OR_RETURN(auto ours, MakeOurs(r.shape, ours_device->split(), rng));
+            // First touch and JIT outside the timing.
+            RETURN_IF_ERROR(ours_device->Run(ours->built.steps));
             for (int round = 0; round < o.rounds; ++round) {
               for (int i = 0; i < o.repeats; ++i) {
                 const auto start = std::chrono::steady_clock::now();
-                ASSIGN_OR_RETURN(auto buffers, runner.Run(ours->built.steps));
+                RETURN_IF_ERROR(ours_device->Run(ours->built.steps));
                 r.ours_s =
                     std::min(r.ours_s,
                              std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
@@ -205,6 +260,8 @@ absl::Status RunPeersCommand(const PeersCommandOptions& o, std::ostream& out) {
                                     {"torch_bf16_gflops", flops / r.bf16_s / 1e9},
                                     {"over_best_peer", ratio},
                                     {"cpu", info["cpu_capability"]},
+                                    {"device", o.device},
+                                    {"profile", o.device == "npu" ? o.profile : ""},
                                     {"host", HostDescription()},
                                     {"peer_env", o.peer_env}}
                          .dump()
