@@ -121,7 +121,7 @@ class Lowerer {
       const DevicePtr dst = Address(s.dst);
       DevicePtr src = 0;
       int64_t src_stride = row_bytes;
-      if (i < staged_in_place_.size() && staged_in_place_[i]) {
+      if (staged_in_place_[i]) {
         // Mapped host memory has the same address on the device (GpuRuntime::MapHost).
         src = reinterpret_cast<uintptr_t>(s.src);
         src_stride = s.src_stride * 2;

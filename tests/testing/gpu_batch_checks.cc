@@ -40,6 +40,15 @@ gpu::InputResolver ResidentInputs::resolver() const {
   };
 }
 
+std::vector<std::byte> AllOutputBytes(const BatchSteps& steps, const BatchBuffers& buffers) {
+  std::vector<std::byte> all;
+  for (size_t i = 0; i < steps.buffers.size(); ++i) {
+    const std::span<const std::byte> b = buffers.Bytes(static_cast<int>(i));
+    all.insert(all.end(), b.begin(), b.end());
+  }
+  return all;
+}
+
 std::vector<NamedScenario> GpuScenarios() {
   std::vector<NamedScenario> all;
   for (std::vector<NamedScenario> set : {StandardBatchScenarios(), Fp8BatchScenarios()}) {

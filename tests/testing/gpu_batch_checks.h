@@ -1,6 +1,7 @@
 #ifndef MLASERVE_TESTS_TESTING_GPU_BATCH_CHECKS_H_
 #define MLASERVE_TESTS_TESTING_GPU_BATCH_CHECKS_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <span>
@@ -58,6 +59,10 @@ std::vector<NamedScenario> GpuScenarios();
 // run's answers must equal the first's bit for bit.
 void ExpectGpuBatchMatchesGolden(gpu::GpuRuntime& runtime, const NamedScenario& scenario,
                                  uint64_t seed, int runs = 1);
+
+// Every output buffer of a run, concatenated in step-buffer order: two runs of the same steps
+// answered alike exactly when these are equal.
+std::vector<std::byte> AllOutputBytes(const BatchSteps& steps, const BatchBuffers& buffers);
 
 }  // namespace mlaserve::testing
 

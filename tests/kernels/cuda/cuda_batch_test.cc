@@ -197,12 +197,7 @@ TEST_F(CudaTest, QueriesInAMappedRegionAreReadInPlaceWithTheSameAnswers) {
     ASSERT_TRUE(inputs.ok()) << inputs.status();
     gpu::GpuBatchExecutor executor(*runtime_, /*in_place_min_bytes=*/0);
     const auto answers = [&](const gpu::GpuBatchExecutor::Result& run) {
-      std::vector<std::byte> all;
-      for (size_t i = 0; i < built->steps.buffers.size(); ++i) {
-        const std::span<const std::byte> b = run.buffers->Bytes(static_cast<int>(i));
-        all.insert(all.end(), b.begin(), b.end());
-      }
-      return all;
+      return mlaserve::testing::AllOutputBytes(built->steps, *run.buffers);
     };
     auto uploaded = executor.Run(built->steps, inputs->resolver());
     ASSERT_TRUE(uploaded.ok()) << uploaded.status();

@@ -163,12 +163,7 @@ TEST(GpuLoweringTest, QueriesInMappedHostMemoryAreReadInPlace) {
   auto inputs = mlaserve::testing::ResidentInputs::Upload(runtime, built.steps);
   ASSERT_TRUE(inputs.ok()) << inputs.status();
   const auto answers = [&](const GpuBatchExecutor::Result& run) {
-    std::vector<std::byte> all;
-    for (size_t i = 0; i < built.steps.buffers.size(); ++i) {
-      const std::span<const std::byte> b = run.buffers->Bytes(static_cast<int>(i));
-      all.insert(all.end(), b.begin(), b.end());
-    }
-    return all;
+    return mlaserve::testing::AllOutputBytes(built.steps, *run.buffers);
   };
   GpuBatchExecutor executor(runtime, /*in_place_min_bytes=*/0);
   auto uploaded = executor.Run(built.steps, inputs->resolver());
