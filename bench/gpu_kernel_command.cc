@@ -79,8 +79,10 @@ absl::Status RunGpuKernelCommand(const GpuKernelCommandOptions& o, std::ostream&
       "decode attention, latent space (FlashMLA's problem): batch %d, %d heads, %d-token pages, "
       "%s cache, split-KV over %d SMs; median of %d runs (CUDA events around the launches)\n",
       o.batch, o.heads, o.page_size, fp8 ? "FP8 (SnapMLA)" : "bf16", props.sm_count, o.repeats);
-  out << absl::StrFormat("%4s %7s %10s %10s %9s %8s\n", "sq", "sk", "time us", "TFLOP/s", "GB/s",
+  out << absl::StrFormat("%4s %7s %10s %10s %9s %8s", "sq", "sk", "time us", "TFLOP/s", "GB/s",
                          "launches");
+  if (o.batch_invariant) out << absl::StrFormat(" %12s %10s", "invariant us", "inv/default");
+  out << "\n";
   nlohmann::json rows = nlohmann::json::array();
   gpu::GpuBatchExecutor executor(*runtime);
   for (int sq : o.sq) {
@@ -112,29 +114,46 @@ absl::Status RunGpuKernelCommand(const GpuKernelCommandOptions& o, std::ostream&
       batch.page_size = o.page_size;
       batch.fp8_pool = {reinterpret_cast<const std::byte*>(&kNamesThePool), pool_pages, layout};
       ASSIGN_OR_RETURN(BuiltBatch built, BuildBatchSteps(batch));
+      DecodeBatch invariant_batch = batch;
+      invariant_batch.batch_invariant = true;
+      invariant_batch.invariant_part_tokens = o.invariant_part_tokens;
+      ASSIGN_OR_RETURN(BuiltBatch invariant, BuildBatchSteps(invariant_batch));
       const gpu::InputResolver resolve = [&](const StepBuffer&) -> absl::StatusOr<gpu::DevicePtr> {
         return pool;
       };
-      std::vector<double> ms;
+      std::vector<double> ms, invariant_ms;
       int launches = 0;
-      for (int r = 0; r < o.repeats + 2; ++r) {  // two warm-up runs
-        ASSIGN_OR_RETURN(gpu::GpuBatchExecutor::Result result, executor.Run(built.steps, resolve));
-        if (r >= 2) ms.push_back(result.timing.kernels_ms);
-        launches = result.launches;
+      for (int r = 0; r < o.repeats + 2; ++r) {  // two warm-up runs; the modes alternate
+        {
+          ASSIGN_OR_RETURN(gpu::GpuBatchExecutor::Result result,
+                           executor.Run(built.steps, resolve));
+          if (r >= 2) ms.push_back(result.timing.kernels_ms);
+          launches = result.launches;
+        }  // its answers' buffers go back to the executor before the next run
+        if (!o.batch_invariant) continue;
+        ASSIGN_OR_RETURN(gpu::GpuBatchExecutor::Result result,
+                         executor.Run(invariant.steps, resolve));
+        if (r >= 2) invariant_ms.push_back(result.timing.kernels_ms);
       }
       const double t = Median(ms) * 1e-3;
+      const double t_invariant = Median(invariant_ms) * 1e-3;
       const double flops =
           2.0 * o.batch * sq * o.heads * static_cast<double>(sk) * (kKeyWidth + kLatentWidth);
       const double bytes =
           static_cast<double>(o.batch) * sk *
           (fp8 ? Fp8PageLayout::BytesPerToken(kLatentWidth, kRopeWidth) : kKeyWidth * 2);
-      out << absl::StrFormat("%4d %7d %10.1f %10.1f %9.0f %8d\n", sq, sk, t * 1e6, flops / t / 1e12,
+      out << absl::StrFormat("%4d %7d %10.1f %10.1f %9.0f %8d", sq, sk, t * 1e6, flops / t / 1e12,
                              bytes / t / 1e9, launches);
-      rows.push_back({{"sq", sq},
-                      {"sk", sk},
-                      {"us", t * 1e6},
-                      {"tflops", flops / t / 1e12},
-                      {"gbps", bytes / t / 1e9}});
+      if (o.batch_invariant)
+        out << absl::StrFormat(" %12.1f %10.3f", t_invariant * 1e6, t_invariant / t);
+      out << "\n";
+      nlohmann::json row = {{"sq", sq},
+                            {"sk", sk},
+                            {"us", t * 1e6},
+                            {"tflops", flops / t / 1e12},
+                            {"gbps", bytes / t / 1e9}};
+      if (o.batch_invariant) row["invariant_us"] = t_invariant * 1e6;
+      rows.push_back(std::move(row));
     }
   }
   runtime->Free(pool);

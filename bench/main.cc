@@ -53,6 +53,11 @@ ABSL_FLAG(int, host_threads, 2, "kernel: host threads of the emulated device");
 ABSL_FLAG(int, repeats, 3,
           "kernel: executed runs, best of N (kernel and SGEMM baseline alternate)");
 ABSL_FLAG(bool, model_only, false, "kernel, typhoon: model the time only, no host arithmetic");
+ABSL_FLAG(bool, batch_invariant, false,
+          "kernel on a GPU: each shape also in the batch-invariant mode, runs alternating with "
+          "the default's, and the ratio of their times");
+ABSL_FLAG(int, invariant_part_tokens, 0,
+          "kernel on a GPU, --batch_invariant: keys in a split part (0: the server's 2048)");
 ABSL_FLAG(bool, split_kv, false,
           "kernel: split a sparse batch's keys over the AIC blocks, as the engine does");
 ABSL_FLAG(std::string, model, "deepseek-v3", "typhoon: model preset (deepseek-v3, kimi-k2)");
@@ -64,7 +69,8 @@ ABSL_FLAG(int, layers, 2, "service: model layers served");
 ABSL_FLAG(int, devices, 2, "service: emulated devices in the pool");
 ABSL_FLAG(int, rounds, 2, "service: runs per path, the paths alternating");
 ABSL_FLAG(std::vector<std::string>, paths, {},
-          "service: the paths compared (default direct,grpc,guarded,packed,shm; also ucx)");
+          "service: the paths compared (default direct,grpc,guarded,packed,shm; also ucx, and "
+          "invariant: direct in the batch-invariant mode)");
 ABSL_FLAG(int, workers, 1, "service: concurrent callers");
 ABSL_FLAG(int, sequences, 8, "service: sequences per caller, all in every call");
 ABSL_FLAG(int, prefix_tokens, 1024, "service: shared system prompt tokens");
@@ -155,6 +161,8 @@ absl::Status Run(const std::string& command) {
     if (absl::GetFlag(FLAGS_page_size) != 128) o.page_size = absl::GetFlag(FLAGS_page_size);
     if (absl::GetFlag(FLAGS_repeats) != 3) o.repeats = absl::GetFlag(FLAGS_repeats);
     o.json = absl::GetFlag(FLAGS_json);
+    o.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
+    o.invariant_part_tokens = absl::GetFlag(FLAGS_invariant_part_tokens);
     return mlaserve::bench::RunGpuKernelCommand(o, std::cout);
   }
   if (command == "kernel") {

@@ -66,8 +66,10 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFor(const ServiceCommandOptio
 }
 
 absl::StatusOr<loadgen::LoadSummary> RunDirect(const ServiceCommandOptions& o,
-                                               const loadgen::WorkloadOptions& w) {
+                                               const loadgen::WorkloadOptions& w,
+                                               bool batch_invariant) {
   ASSIGN_OR_RETURN(engine::EngineOptions options, EngineOptionsFor(o));
+  options.batch_invariant = batch_invariant;
   ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
                    engine::CreateEngine(std::move(options)));
   EngineLoadTarget target(*engine);
@@ -125,7 +127,9 @@ absl::Status RunServiceCommand(const ServiceCommandOptions& o, std::ostream& out
       w.run_id = absl::StrCat("bench-", path, "-", round);
       double empty_rpc_us = 0;
       absl::StatusOr<loadgen::LoadSummary> s =
-          path == "direct" ? RunDirect(o, w) : RunThroughServer(o, w, path, &empty_rpc_us);
+          path == "direct" || path == "invariant"
+              ? RunDirect(o, w, /*batch_invariant=*/path == "invariant")
+              : RunThroughServer(o, w, path, &empty_rpc_us);
       if (!s.ok()) return s.status();
       if (s->failed_calls > 0) {
         return absl::InternalError(absl::StrCat(path, ": ", s->failed_calls, " calls failed"));
@@ -138,9 +142,9 @@ absl::Status RunServiceCommand(const ServiceCommandOptions& o, std::ostream& out
     best[r.path] = std::max(best[r.path], r.summary.queries_per_s);
   }
   // Throughput ratios of neighbouring paths (where both ran).
-  const std::pair<const char*, const char*> kRatios[] = {{"grpc", "direct"},    {"guarded", "grpc"},
-                                                         {"packed", "guarded"}, {"shm", "packed"},
-                                                         {"ucx", "packed"},     {"shm", "direct"}};
+  const std::pair<const char*, const char*> kRatios[] = {
+      {"grpc", "direct"}, {"guarded", "grpc"}, {"packed", "guarded"},  {"shm", "packed"},
+      {"ucx", "packed"},  {"shm", "direct"},   {"invariant", "direct"}};
   std::vector<std::tuple<std::string, std::string, double>> ratios;
   for (const auto& [over, under] : kRatios) {
     if (best.count(over) > 0 && best.count(under) > 0 && best[under] > 0) {
@@ -224,7 +228,8 @@ absl::Status RunServiceCommand(const ServiceCommandOptions& o, std::ostream& out
       "grpc: a message per query, gRPC listening itself (--http2_guard=false); guarded: the "
       "same behind the HTTP/2 guard's relay, the server's default; packed: one packed message "
       "a call behind the guard; shm: the same-host data plane; ucx: the UCX data plane on "
-      "loopback (mlaserve-bench wire measures it between two hosts)\n",
+      "loopback (mlaserve-bench wire measures it between two hosts); invariant: direct with "
+      "every call batch-invariant\n",
       probe.request_bytes / 1e6, probe.response_bytes / 1e6, direct_latency_ms);
   return absl::OkStatus();
 }

@@ -20,7 +20,9 @@ struct ServiceCommandOptions {
   // The paths compared, in this order each round: direct (the engine in process), grpc (a
   // message per query, gRPC listening itself), guarded (the same behind the HTTP/2 guard,
   // the server's default), packed (gRPC's packed form behind the guard), shm (the same-host
-  // data plane), ucx (the UCX data plane on loopback; not in the default list).
+  // data plane), ucx (the UCX data plane on loopback; not in the default list), invariant
+  // (direct with every call batch-invariant, EngineOptions::batch_invariant; not in the
+  // default list either).
   std::vector<std::string> paths = {"direct", "grpc", "guarded", "packed", "shm"};
   loadgen::WorkloadOptions workload;
   bool json = false;

@@ -55,6 +55,9 @@ void SliceInto(const BatchTensor& tensor, int64_t first, int64_t count, v1::Tens
 void SetOptions(const DecodeBatchRequest& request, v1::DecodeRequest& wire) {
   wire.mutable_options()->set_output_dtype(request.output_dtype);
   if (request.softmax_scale) wire.mutable_options()->set_softmax_scale(*request.softmax_scale);
+  if (request.batch_invariant) {
+    wire.mutable_options()->set_batch_invariant(*request.batch_invariant);
+  }
 }
 
 // Copies one answer tensor's bytes to its place in the caller's memory.

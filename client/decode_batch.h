@@ -46,6 +46,8 @@ struct DecodeBatchRequest {
   std::vector<int64_t> append_positions;
   v1::DType output_dtype = v1::DTYPE_BF16;
   std::optional<float> softmax_scale;
+  // DecodeCallOptions.batch_invariant; unset: the server's default.
+  std::optional<bool> batch_invariant;
 
   bool head_space() const { return !latent.present(); }
   int64_t sequences() const { return static_cast<int64_t>(sequence_ids.size()); }

@@ -67,6 +67,10 @@ ABSL_FLAG(int, max_batch, 256, "Queries per device batch (and per Decode call)")
 ABSL_FLAG(int, max_sq, 4, "Query tokens per decode query (MTP)");
 ABSL_FLAG(int64_t, max_wait_us, 500, "How long a device batch waits to fill, microseconds");
 ABSL_FLAG(int, max_queue, 4096, "Decode queries that may wait; beyond it UNAVAILABLE");
+ABSL_FLAG(bool, batch_invariant, false,
+          "Batch-invariant answers for calls that do not choose (DecodeCallOptions."
+          "batch_invariant): each query's answer bit for bit what it gets alone, absorb-only, "
+          "split-KV parts of a fixed length");
 ABSL_FLAG(int, max_message_mb, 64, "Largest request message, MiB");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "Prometheus /metrics address, host:port; empty disables it");
@@ -381,6 +385,7 @@ absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv,
   engine.max_sq = absl::GetFlag(FLAGS_max_sq);
   engine.max_wait = absl::Microseconds(absl::GetFlag(FLAGS_max_wait_us));
   engine.max_queue = absl::GetFlag(FLAGS_max_queue);
+  engine.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   engine.matrix_tflops = absl::GetFlag(FLAGS_matrix_tflops);
   engine.hbm_tbps = absl::GetFlag(FLAGS_hbm_tbps);
   RETURN_IF_ERROR(RequirePositive("page_size", engine.kv.page_size));

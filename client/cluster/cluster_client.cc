@@ -207,8 +207,21 @@ absl::Status ClusterClient::AppendOnce(std::span<const KvAppend> appends) {
 }
 
 absl::StatusOr<v1::DecodeResponse> ClusterClient::DecodeOnce(const v1::DecodeRequest& request) {
+  // The call's options, as `options` or as the older top-level fields; every server's part
+  // carries them (its output type fp32 where the answer is merged here).
+  if (request.has_options() &&
+      (request.output_dtype() != v1::DTYPE_UNSPECIFIED || request.has_softmax_scale())) {
+    return absl::InvalidArgumentError(
+        "options: set beside the top-level output_dtype or softmax_scale, which mean the same; "
+        "set options alone");
+  }
+  v1::DecodeCallOptions options = request.options();
+  if (!request.has_options()) {
+    options.set_output_dtype(request.output_dtype());
+    if (request.has_softmax_scale()) options.set_softmax_scale(request.softmax_scale());
+  }
   const v1::DType requested =
-      request.output_dtype() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_BF16 : request.output_dtype();
+      options.output_dtype() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_BF16 : options.output_dtype();
   // What each server is asked, and where each answer goes back.
   struct Slot {
     int query = 0;
@@ -303,8 +316,8 @@ absl::StatusOr<v1::DecodeResponse> ClusterClient::DecodeOnce(const v1::DecodeReq
     std::vector<v1::DecodeResult> results;
     for (size_t first = 0; first < call.queries.size(); first += max_batch) {
       v1::DecodeRequest part;
-      part.set_output_dtype(call.fp32 ? v1::DTYPE_FP32 : requested);
-      if (request.has_softmax_scale()) part.set_softmax_scale(request.softmax_scale());
+      *part.mutable_options() = options;
+      part.mutable_options()->set_output_dtype(call.fp32 ? v1::DTYPE_FP32 : requested);
       const size_t last = std::min(call.queries.size(), first + max_batch);
       for (size_t q = first; q < last; ++q) *part.add_queries() = call.queries[q];
       absl::StatusOr<v1::DecodeResponse> response = call.route.client->DecodeRaw(part);

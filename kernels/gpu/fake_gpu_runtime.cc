@@ -97,6 +97,7 @@ void FakeGpuRuntime::Free(DevicePtr ptr) {
 }
 
 absl::StatusOr<HostBuffer> FakeGpuRuntime::AllocateHost(int64_t bytes) {
+  largest_host_allocation_ = std::max(largest_host_allocation_, bytes);
   std::shared_ptr<std::byte[]> memory(
       new std::byte[static_cast<size_t>(std::max<int64_t>(bytes, 1))]);
   return HostBuffer{memory.get(), bytes, memory};
@@ -238,9 +239,15 @@ absl::Status FakeGpuRuntime::Execute(const Launch& launch) {
         const int64_t c_extent = (int64_t{m} - 1) * j.ldc + n;
         ASSIGN_OR_RETURN(std::byte * c,
                          Span(j.c + (t.row0 * j.ldc + t.col0) * c_bytes, c_extent * c_bytes, "C"));
+        // A GPU's tiled GEMM computes each row of a tile alike, whatever rows share it; the
+        // host's matrix path does not (its few-row kernel sums in another order), so the
+        // tile is multiplied row by row, and a row's bits never depend on its neighbours.
         std::vector<float> tile(static_cast<size_t>(m) * n);
-        MatmulBf16(j.transpose_b != 0, m, n, j.k, As<const Bf16>(a), j.lda, As<const Bf16>(b),
-                   j.ldb, tile.data(), n, /*accumulate=*/false, kProjectionDepthChunk);
+        for (int r = 0; r < m; ++r) {
+          MatmulBf16(j.transpose_b != 0, 1, n, j.k, As<const Bf16>(a) + r * j.lda, j.lda,
+                     As<const Bf16>(b), j.ldb, tile.data() + r * n, n, /*accumulate=*/false,
+                     kProjectionDepthChunk);
+        }
         if (j.row_scale != 0) {
           ASSIGN_OR_RETURN(std::byte * s, Span(j.row_scale + t.row0 * 4, int64_t{m} * 4, "scale"));
           for (int r = 0; r < m; ++r) {

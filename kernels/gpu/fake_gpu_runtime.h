@@ -56,6 +56,8 @@ class FakeGpuRuntime final : public GpuRuntime {
   int64_t bytes_to_device() const { return bytes_to_device_; }
   int64_t programs_run() const { return programs_run_; }
   int64_t allocated_bytes() const { return allocated_; }
+  // The largest AllocateHost so far (pinned memory on a real GPU).
+  int64_t largest_host_allocation() const { return largest_host_allocation_; }
 
  private:
   struct Allocation {
@@ -70,6 +72,7 @@ class FakeGpuRuntime final : public GpuRuntime {
   DeviceProperties properties_;
   int64_t capacity_;
   int64_t allocated_ = 0;
+  int64_t largest_host_allocation_ = 0;
   std::map<DevicePtr, Allocation> allocations_;
   std::shared_ptr<gpu::HostMappings> mapped_ = std::make_shared<gpu::HostMappings>();
   // Set once by the runtime's thread, read by any (health()).

@@ -40,7 +40,12 @@ GpuBatchExecutor::~GpuBatchExecutor() {
 
 absl::Status GpuBatchExecutor::EnsureHost(HostBuffer& buffer, int64_t bytes) {
   if (buffer.bytes >= bytes && buffer.owner.use_count() <= 1) return absl::OkStatus();
-  ASSIGN_OR_RETURN(buffer, runtime_.AllocateHost(Grown(buffer.bytes, std::max<int64_t>(bytes, 1))));
+  // A buffer still held by an earlier run's answers is replaced by one of the same size when
+  // that is enough: growing it on every hold would double a caller's pinned memory each time
+  // it keeps one result while running the next.
+  const int64_t size =
+      buffer.bytes >= bytes ? buffer.bytes : Grown(buffer.bytes, std::max<int64_t>(bytes, 1));
+  ASSIGN_OR_RETURN(buffer, runtime_.AllocateHost(size));
   return absl::OkStatus();
 }
 

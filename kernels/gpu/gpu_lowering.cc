@@ -215,7 +215,9 @@ class Lowerer {
     }
     if (tiles.empty()) return absl::OkStatus();
     Launch launch{.kind = LaunchKind::kGemm, .name = step.name};
-    launch.gemv_rows = fits_row_kernel ? most_rows : 0;
+    // The row kernel sums in another order than the tiled GEMM: a batch-invariant step stays
+    // on the tiled one, whose rows do not depend on how many share a job.
+    launch.gemv_rows = fits_row_kernel && !step.batch_invariant ? most_rows : 0;
     launch.records = upload_.PutArray(jobs);
     launch.tiles = upload_.PutArray(tiles);
     launch.count = static_cast<int32_t>(tiles.size());

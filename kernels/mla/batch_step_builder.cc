@@ -59,6 +59,11 @@ class Builder {
         !(d_.softmax_scale > 0)) {
       return absl::InvalidArgumentError("decode batch: dims must be positive");
     }
+    if (b_.batch_invariant && !b_.passes.empty()) {
+      // Whether a group's prefix runs in naive form depends on how many queries share it.
+      return absl::InvalidArgumentError(
+          "decode batch: a batch-invariant batch takes no naive passes");
+    }
     for (size_t g = 0; g < b_.groups.size(); ++g) {
       const DecodeBatch::Group& group = b_.groups[g];
       const std::string at = absl::StrCat("decode batch group ", g);
@@ -233,14 +238,33 @@ class Builder {
   int64_t WukOffset(int h) const { return int64_t{h} * (d_.dn + d_.dv) * d_.dl; }
   int64_t WuvOffset(int h) const { return WukOffset(h) + int64_t{d_.dn} * d_.dl; }
 
+  // A projection job, cut into jobs of at most invariant_projection_rows rows (NN) or one
+  // (NT) in the batch-invariant mode (the rows' order in A and C is the job's: row r of a cut is
+  // row r0 + r of the whole).
+  void AddProjection(ProjectionStep& step, const ProjectionJob& job) const {
+    // The row kernel takes the NN form only: an NT job's few rows go to the library, whose
+    // sums over m rows depend on m, so there one row a job.
+    const int most = !b_.batch_invariant || b_.invariant_projection_rows <= 0
+                         ? std::max(job.rows, 1)
+                     : job.transpose_b ? 1
+                                       : b_.invariant_projection_rows;
+    for (int r0 = 0; r0 < job.rows; r0 += most) {
+      ProjectionJob cut = job;
+      cut.rows = std::min(most, job.rows - r0);
+      cut.a.offset += int64_t{r0} * job.lda;
+      cut.c.offset += int64_t{r0} * job.ldc;
+      step.jobs.push_back(cut);
+    }
+  }
+
   void AbsorbQueries() {
     const int H = d_.heads;
-    ProjectionStep step{"absorb_q", {}};
+    ProjectionStep step{"absorb_q", {}, b_.batch_invariant};
     for (size_t g = 0; g < b_.groups.size(); ++g) {
       if (!b_.groups[g].head_space) continue;
       const GroupBuffers& gb = groups_[g];
       for (int h = 0; h < H; ++h) {
-        step.jobs.push_back({.a = {gb.q_nope, int64_t{h} * d_.dn},
+        AddProjection(step, {.a = {gb.q_nope, int64_t{h} * d_.dn},
                              .lda = int64_t{H} * d_.dn,
                              .b = {gb.kv_b, WukOffset(h)},
                              .ldb = d_.dl,
@@ -349,6 +373,16 @@ class Builder {
     return b_.split_block_tokens > 0 ? b_.split_block_tokens : kKvBlockTokens;
   }
 
+  // A batch-invariant part's length in split blocks (at least one) for a row group of `rows`:
+  // the part tokens per 128 rows, so that a part holds about the same work whatever the
+  // query's shape (an MTP query's 256 rows take parts twice as long).
+  int InvariantPartBlocks(int rows) const {
+    const int64_t tokens = int64_t{b_.invariant_part_tokens > 0 ? b_.invariant_part_tokens
+                                                                : kBatchInvariantPartTokens} *
+                           std::max<int64_t>(1, rows / kBatchInvariantPartRows);
+    return std::max(1, static_cast<int>(CeilDiv(tokens, SplitBlockTokens())));
+  }
+
   // One attention step; row groups of a sparse step are split (split-KV), their parts written
   // to scratch and their merges added to `merges`.
   void AddAttention(const char* name, int dk, int dv, std::vector<RowGroupSpec> specs,
@@ -364,7 +398,9 @@ class Builder {
         group_blocks.push_back(static_cast<int>(CeilDiv(s.length, SplitBlockTokens())));
       }
     }
-    const int part_blocks =
+    // Balanced parts depend on the whole batch; batch-invariant ones (below, per row group)
+    // on the row group's own rows and keys.
+    const int balanced_part_blocks =
         SplitPartBlocks(group_blocks, b_.parallel_units, b_.balance_waves,
                         b_.split_part_overhead_blocks > 0 ? b_.split_part_overhead_blocks : 1);
     AttentionStep step{name, b_.algorithm, b_.fp8_quantize_queries, dk, dv, d_.softmax_scale, {}};
@@ -374,6 +410,8 @@ class Builder {
     for (RowGroupSpec& spec : specs) {
       const int split_tokens = SplitBlockTokens();
       const int blocks = static_cast<int>(CeilDiv(spec.length, split_tokens));
+      const int part_blocks =
+          b_.batch_invariant ? InvariantPartBlocks(spec.group.rows) : balanced_part_blocks;
       const int parts = static_cast<int>(CeilDiv(blocks, std::max(part_blocks, 1)));
       if (parts <= 1) {
         step.groups.push_back(std::move(spec.group));
@@ -433,14 +471,14 @@ class Builder {
 
   void ProjectOut() {
     const int H = d_.heads;
-    ProjectionStep step{"project_out", {}};
+    ProjectionStep step{"project_out", {}, b_.batch_invariant};
     for (size_t g = 0; g < b_.groups.size(); ++g) {
       const DecodeBatch::Group& group = b_.groups[g];
       if (!group.head_space) continue;
       const GroupBuffers& gb = groups_[g];
       const bool hybrid = !group.naive_passes.empty();
       for (int h = 0; h < H; ++h) {
-        step.jobs.push_back({.a = {gb.o_lat, int64_t{h} * d_.dl},
+        AddProjection(step, {.a = {gb.o_lat, int64_t{h} * d_.dl},
                              .lda = int64_t{H} * d_.dl,
                              .b = {gb.kv_b, WuvOffset(h)},
                              .ldb = group.kv_b_tiles ? d_.dv : d_.dl,

@@ -71,6 +71,10 @@ using ProjectionJob = BasicProjectionJob<BufferRef>;
 struct ProjectionStep {
   std::string name;  // "absorb_q", "project_out"
   std::vector<ProjectionJob> jobs;
+  // A row's result must not depend on the other rows of its job (DecodeBatch::
+  // batch_invariant): a device whose kernels sum in another order for jobs of few rows (a
+  // GPU's row kernel against its tiled GEMM) runs every job of the step on one kernel.
+  bool batch_invariant = false;
 };
 
 // Keys of a paged latent cache: token t of the row group is row (first_token + t) % page_size

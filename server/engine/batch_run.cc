@@ -103,7 +103,7 @@ void BatchRun::Plan() {
       origin_.emplace_back(c, i);
     }
   }
-  Planner::Result planned = context_.planner.Plan(context_.store, batch);
+  Planner::Result planned = context_.planner.Plan(context_.store, batch, key_.batch_invariant);
   for (const auto& [index, status] : planned.failed) {
     const auto [c, i] = origin_[index];
     call_status_[c] =
@@ -127,8 +127,8 @@ void BatchRun::Execute(AttentionDevice& device, int device_index) {
   // Prepare: the passes' expansions (matrix work, here rather than on the batcher's thread),
   // then the plan as the kernels' steps.
   context_.planner.PrepareExpansions(*plan_, context_.store, context_.weights);
-  absl::StatusOr<BuiltBatch> built = BuildBatchSteps(ToDecodeBatch(
-      *plan_, context_.weights, key_.softmax_scale, key_.heads, key_.first_head, context_.device));
+  absl::StatusOr<BuiltBatch> built =
+      BuildBatchSteps(ToDecodeBatch(*plan_, context_.weights, key_, context_.device));
   const auto prepared = std::chrono::steady_clock::now();
 
   // Run.

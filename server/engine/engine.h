@@ -122,6 +122,9 @@ struct EngineOptions {
   // B_theta = 61 uses 376 TFLOPS and 1.8 TB/s); 0 means "from the profile".
   double matrix_tflops = 0;
   double hbm_tbps = 0;
+  // The batch-invariant mode for calls whose options do not choose (DecodeOptions::
+  // batch_invariant).
+  bool batch_invariant = false;
   // Called once per device batch (from an engine thread).
   std::function<void(const BatchReport&)> on_batch;
 };

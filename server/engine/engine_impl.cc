@@ -135,6 +135,7 @@ EngineImpl::EngineImpl(EngineOptions options, ModelWeights weights, std::unique_
   info_.max_queue = options_.max_queue;
   info_.max_wait = options_.max_wait;
   info_.kv_budget_bytes = options_.kv.budget_bytes;
+  info_.batch_invariant = options_.batch_invariant;
   pool_ = std::make_unique<DevicePool>(std::move(devices));
   batcher_ = std::make_unique<Batcher>(
       Batcher::Options{{options_.max_batch, options_.max_wait}, options_.max_queue},
@@ -198,7 +199,8 @@ void EngineImpl::Decode(std::vector<DecodeQuery> queries, DecodeOptions options,
   }
   // Calls that ask for the model's scale batch with those that name no scale.
   const BatchKey key{options.softmax_scale.value_or(info_.model.softmax_scale),
-                     QueryHeads(queries.front()), queries.front().first_head};
+                     QueryHeads(queries.front()), queries.front().first_head,
+                     options.batch_invariant.value_or(info_.batch_invariant)};
   PendingCall call{std::move(queries), std::move(options), key, std::move(done), absl::Now()};
   {
     std::lock_guard<std::mutex> lock(calls_mu_);

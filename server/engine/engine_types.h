@@ -122,8 +122,24 @@ struct DecodeOptions {
   // is the model's (ModelConfig::softmax_scale). A device batch applies one scale, so calls
   // with different scales are batched apart. Finite and positive (ValidateDecodeOptions).
   std::optional<float> softmax_scale;
+  // The batch-invariant mode (docs/numerics.md, "Batch-invariant answers"): each answer bit
+  // for bit what the query gets alone, whatever else shares its batch (absorb-only, split
+  // parts of a fixed length). nullopt: the engine's default (EngineOptions::batch_invariant).
+  // Calls in the mode are batched apart from calls out of it.
+  std::optional<bool> batch_invariant;
   // Polled before device work and after it; true abandons the request (CANCELLED).
   std::function<bool()> cancelled;
+};
+
+// What every call of a device batch shares: the kernels apply one softmax scale and one
+// head range per batch, and a batch is batch-invariant or not as a whole. The engine fills
+// every field when it queues a call (batching/batcher.h).
+struct BatchKey {
+  float softmax_scale = 0;
+  int heads = 0;
+  int first_head = 0;
+  bool batch_invariant = false;
+  bool operator==(const BatchKey&) const = default;
 };
 
 // Called exactly once per Decode: either every answer in query order, or one status for the
@@ -180,6 +196,9 @@ struct DeviceInfo {
   int split_block_tokens = 0;  // split parts' key multiple (DecodeBatch); 0: the kernels' 512
   bool balance_waves = false;  // DecodeBatch::balance_waves
   int split_part_overhead_blocks = 0;  // DecodeBatch's
+  // DecodeBatch::invariant_projection_rows: the rows a projection job takes at most in the
+  // batch-invariant mode (a CPU device's row kernel's); 0: whole groups (a GPU).
+  int invariant_projection_rows = 0;
 };
 
 // How the server sized its CPU pool from the host (devices/pool_sizing.h), as reported.
@@ -214,6 +233,7 @@ struct EngineInfo {
   int max_queue = 0;        // queries waiting; beyond it Decode is refused
   absl::Duration max_wait;  // how long a batch waits to fill
   int64_t kv_budget_bytes = 0;
+  bool batch_invariant = false;  // the mode of calls that do not choose (DecodeOptions)
 };
 
 struct EngineStats {

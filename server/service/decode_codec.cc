@@ -46,6 +46,9 @@ absl::Status ParseCallOptions(const v1::DecodeRequest& request, ParsedDecode& pa
     if (request.options().has_softmax_scale()) {
       parsed.softmax_scale = request.options().softmax_scale();
     }
+    if (request.options().has_batch_invariant()) {
+      parsed.batch_invariant = request.options().batch_invariant();
+    }
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(parsed.output_dtype, ParseOutputDType(request.output_dtype(), "output_dtype"));

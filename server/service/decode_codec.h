@@ -34,7 +34,8 @@ struct ParsedDecode {
   // object owns it; callers that keep the message themselves leave it empty.
   std::shared_ptr<const void> keep_alive;
   v1::DType output_dtype = v1::DTYPE_BF16;
-  std::optional<float> softmax_scale;  // the engine checks it (ValidateDecodeOptions)
+  std::optional<float> softmax_scale;   // the engine checks it (ValidateDecodeOptions)
+  std::optional<bool> batch_invariant;  // unset: the engine's default
 };
 
 // INVALID_ARGUMENT naming the field (`queries[3].head.q_nope: 4607 bytes != 2304 elements`,

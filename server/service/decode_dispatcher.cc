@@ -53,6 +53,7 @@ void DecodeDispatcher::Dispatch(std::unique_ptr<ParsedDecode> call, Tenant* tena
   options.deadline = deadline;
   options.cancelled = std::move(cancelled);
   options.softmax_scale = call->softmax_scale;
+  options.batch_invariant = call->batch_invariant;
   engine_.Decode(
       std::move(queries), std::move(options),
       [this, tenant, queued, call = std::move(call), answered = std::move(answered)](

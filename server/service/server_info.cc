@@ -21,6 +21,7 @@ v1::GetServerInfoResponse MakeServerInfo(const engine::EngineInfo& info,
   model->set_kv_dtype(v1::DTYPE_BF16);
   model->set_kv_row_width(info.model.dk_latent());
   response.set_page_size(info.page_size);
+  response.set_batch_invariant(info.batch_invariant);
   for (std::size_t i = 0; i < info.devices.size(); ++i) {
     v1::DeviceInfo* device = response.add_devices();
     device->set_index(static_cast<int>(i));

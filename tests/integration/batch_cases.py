@@ -108,3 +108,38 @@ def check_decode_batch(target, rng, failures):
             except grpc.RpcError:
                 pass
         client.close()
+
+
+def check_batch_invariant(target, rng, failures):
+    """Batch-invariant answers through both Python paths: each query of a decode_batch call in
+    the mode answers, bit for bit, as it does alone in a list-form call in the mode, and runs
+    absorb-only; long and short sequences, so that split-KV would cut a lone query otherwise."""
+    client = mlaserve.Client(target)
+    model = client.server_info().model
+    lengths = [5, 700, 2500, 3000, 64, 1]
+    ids = [f"invariant/{i}" for i in range(len(lengths))]
+    try:
+        for sequence_id, length in zip(ids, lengths):
+            client.create_sequence(sequence_id)
+            client.append_kv(sequence_id, 0, 0, rng.standard_normal((length, model.kv_row_width)),
+                             "bf16")
+        q_nope = rng.standard_normal((len(ids), 1, model.heads, model.dn))
+        q_pe = rng.standard_normal((len(ids), 1, model.heads, model.dr))
+        batch = client.decode_batch(ids, 0, q_nope=q_nope, q_pe=q_pe, dtype="bf16",
+                                    output_dtype="fp32", batch_invariant=True)
+        for b in (2, 3):
+            alone = client.decode([mlaserve.head_query(ids[b], 0, q_nope[b], q_pe[b],
+                                                       dtype="bf16")],
+                                  output_dtype="fp32", batch_invariant=True)[0]
+            if not (np.array_equal(alone.out, batch.out[b]) and
+                    np.array_equal(alone.lse, batch.lse[b])):
+                failures.append(f"batch_invariant: query {b} answered otherwise alone")
+            if alone.plan.formulation != batch.plans[b].formulation:
+                failures.append(f"batch_invariant: query {b} planned otherwise alone")
+    finally:
+        for sequence_id in ids:
+            try:
+                client.release_sequence(sequence_id)
+            except grpc.RpcError:
+                pass
+        client.close()

@@ -290,6 +290,7 @@ def main():
                           np.random.default_rng(), failures)
                 check_flash_mla_calls_fit_messages(failures)
                 batch_cases.check_decode_batch(target, np.random.default_rng(), failures)
+                batch_cases.check_batch_invariant(target, np.random.default_rng(), failures)
                 # Fresh data every run; the seed is printed to replay a failure.
                 flash_mla_cases.check_flash_mla_cases(
                     target, int(np.random.default_rng().integers(1 << 31)), failures)

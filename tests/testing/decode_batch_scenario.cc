@@ -42,6 +42,8 @@ std::unique_ptr<BatchScenario> BatchScenario::Make(const BatchScenarioSpec& spec
   b.page_size = spec.page_size;
   b.parallel_units = spec.parallel_units;
   b.split_block_tokens = spec.split_block_tokens;
+  b.batch_invariant = spec.batch_invariant;
+  b.invariant_projection_rows = spec.invariant_projection_rows;
   s->kv_b_.resize(static_cast<size_t>(H) * (kDn + kDv) * kDl);
   FillNormal(s->kv_b_, 1.0 / std::sqrt(static_cast<double>(kDl)), rng);
   const UpProjection w = s->Weights();
@@ -323,6 +325,21 @@ std::vector<NamedScenario> StandardBatchScenarios() {
         {.head_space = true, .sq = 1, .prefix = 0, .own_tokens = {4, 77}, .hybrid = true},
         {.head_space = true, .sq = 2, .prefix = -1, .own_tokens = {1500}, .out_bf16 = true}};
     all.push_back({"Mixed", s});
+  }
+  return all;
+}
+
+std::vector<NamedScenario> InvariantBatchScenarios() {
+  std::vector<NamedScenario> all;
+  for (NamedScenario& s : StandardBatchScenarios()) {
+    bool hybrid = false;
+    for (const auto& group : s.spec.groups) hybrid = hybrid || group.hybrid;
+    if (hybrid) continue;
+    s.name += "Invariant";
+    s.spec.batch_invariant = true;
+    // Fewer rows than any device's cut and not a divisor of a group's, so cuts end mid-way.
+    s.spec.invariant_projection_rows = 3;
+    all.push_back(std::move(s));
   }
   return all;
 }

@@ -50,6 +50,9 @@ struct BatchScenarioSpec {
   // Head-space groups read kv_b_proj in the matrix unit's tile layout, as the engine's CPU
   // devices do (DecodeBatch::Group::kv_b_tiles).
   bool weight_tiles = false;
+  // DecodeBatch's batch-invariant mode and its projection cut.
+  bool batch_invariant = false;
+  int invariant_projection_rows = 0;
 };
 
 class BatchScenario {
@@ -87,6 +90,10 @@ struct NamedScenario {
 // Parameterised tests name a scenario by its name (not its bytes) in their listings.
 inline void PrintTo(const NamedScenario& scenario, std::ostream* os) { *os << scenario.name; }
 std::vector<NamedScenario> StandardBatchScenarios();
+
+// The absorb-only standard batches in the batch-invariant mode (DecodeBatch::batch_invariant):
+// fixed-length split parts and projection jobs cut to a few rows, held to the same golden.
+std::vector<NamedScenario> InvariantBatchScenarios();
 
 // The same batches with every group on the FP8 cache, at FlashMLA's data scale (0.1), where
 // SnapMLA's accuracy bounds are defined (docs/numerics.md, "FP8 accuracy").

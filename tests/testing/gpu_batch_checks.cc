@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/gpu/gpu_batch_executor.h"
 #include "kernels/mla/batch_step_builder.h"
 #include "kernels/mla/fp8_accuracy.h"
@@ -49,6 +50,20 @@ std::vector<std::byte> AllOutputBytes(const BatchSteps& steps, const BatchBuffer
   return all;
 }
 
+BatchRunner GpuBatchRunner(gpu::GpuRuntime& runtime) {
+  return [&runtime](const DecodeBatch& batch) -> absl::StatusOr<BatchAnswerBytes> {
+    DecodeBatch b = batch;
+    b.parallel_units = runtime.properties().sm_count;
+    gpu::UseGpuSplit(b);
+    ASSIGN_OR_RETURN(BuiltBatch built, BuildBatchSteps(b));
+    ASSIGN_OR_RETURN(ResidentInputs inputs, ResidentInputs::Upload(runtime, built.steps));
+    gpu::GpuBatchExecutor executor(runtime);
+    ASSIGN_OR_RETURN(gpu::GpuBatchExecutor::Result run,
+                     executor.Run(built.steps, inputs.resolver()));
+    return ReadAnswerBytes(built, *run.buffers);
+  };
+}
+
 std::vector<NamedScenario> GpuScenarios() {
   std::vector<NamedScenario> all;
   for (std::vector<NamedScenario> set : {StandardBatchScenarios(), Fp8BatchScenarios()}) {
@@ -80,6 +95,11 @@ std::vector<NamedScenario> GpuScenarios() {
   all.push_back({"Model128HeadsHybrid", hybrid});
   hybrid.groups[0].kv_dtype = KvDtype::kFp8;
   all.push_back({"Model128HeadsHybridFp8", hybrid});
+  for (NamedScenario& s : InvariantBatchScenarios()) {
+    if (!s.spec.weight_tiles) all.push_back(std::move(s));
+  }
+  latent.batch_invariant = true;
+  all.push_back({"Model128HeadsLatentSplitInvariant", latent});
   return all;
 }
 

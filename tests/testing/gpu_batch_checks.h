@@ -13,6 +13,7 @@
 #include "kernels/gpu/gpu_runtime.h"
 #include "kernels/mla/batch_steps.h"
 #include "tests/testing/attention_checks.h"
+#include "tests/testing/batch_invariance_check.h"
 #include "tests/testing/decode_batch_scenario.h"
 
 namespace mlaserve::testing {
@@ -59,6 +60,10 @@ std::vector<NamedScenario> GpuScenarios();
 // run's answers must equal the first's bit for bit.
 void ExpectGpuBatchMatchesGolden(gpu::GpuRuntime& runtime, const NamedScenario& scenario,
                                  uint64_t seed, int runs = 1);
+
+// A GPU as the engine's device uses it, for the batch-invariance check: the batch split over
+// its SMs (UseGpuSplit), inputs resident, queries uploaded.
+BatchRunner GpuBatchRunner(gpu::GpuRuntime& runtime);
 
 // Every output buffer of a run, concatenated in step-buffer order: two runs of the same steps
 // answered alike exactly when these are equal.

@@ -21,7 +21,7 @@ BatchResult.__doc__ = """A batch's answers: out [B, sq, heads, width] and lse [B
 
 def batch_request(sequence_ids, layer, q_nope=None, q_pe=None, latent=None, append_rows=None,
                   append_positions=None, dtype=None, first_head=0, output_dtype="bf16",
-                  softmax_scale=None):
+                  softmax_scale=None, batch_invariant=None):
     """A DecodeRequest for len(sequence_ids) = B sequences at one layer.
 
     Head space: q_nope [B, sq, heads, dn] and q_pe [B, sq, heads, dr] (RoPE applied), heads
@@ -65,6 +65,8 @@ def batch_request(sequence_ids, layer, q_nope=None, q_pe=None, latent=None, appe
     request.options.output_dtype = wire_dtype(output_dtype)
     if softmax_scale is not None:
         request.options.softmax_scale = float(softmax_scale)
+    if batch_invariant is not None:
+        request.options.batch_invariant = bool(batch_invariant)
     packed = request.packed
     packed.sequence_ids.extend(ids)
     packed.layer = layer

@@ -291,25 +291,29 @@ class Client:
 
     # --- Decode ------------------------------------------------------------------------
 
-    def decode(self, queries, output_dtype="bf16", timeout=None, softmax_scale=None):
+    def decode(self, queries, output_dtype="bf16", timeout=None, softmax_scale=None,
+               batch_invariant=None):
         """One Decode call: a list of head_query/latent_query -> list of DecodeResult.
         softmax_scale (None: the model's) is the factor on q.k, applied in fp32 by the
-        server."""
-        request = _decode_request(queries, output_dtype, softmax_scale)
+        server. batch_invariant (None: the server's default) asks for answers bit for bit
+        independent of the other callers' queries batched with these (docs/api.md)."""
+        request = _decode_request(queries, output_dtype, softmax_scale, batch_invariant)
         return _results(self._call(self._stub.Decode, request, timeout))
 
-    def decode_async(self, queries, output_dtype="bf16", timeout=None, softmax_scale=None):
+    def decode_async(self, queries, output_dtype="bf16", timeout=None, softmax_scale=None,
+                     batch_invariant=None):
         """decode() without waiting for the answer: the call is sent now and gRPC's own
         threads carry it (without Python's GIL) while the caller computes; the returned
         PendingDecode's result() gives decode()'s list. A framework's micro-batch ping-pong
         keeps one micro-batch's call in flight this way while another's layers run. An
         UNAVAILABLE answer is retried in result(), as decode() retries it, within `timeout`."""
-        return self._send(_decode_request(queries, output_dtype, softmax_scale), timeout,
-                          _results)
+        return self._send(_decode_request(queries, output_dtype, softmax_scale,
+                                          batch_invariant), timeout, _results)
 
     def decode_batch(self, sequence_ids, layer, q_nope=None, q_pe=None, latent=None,
                      append_rows=None, append_positions=None, output_dtype="bf16",
-                     timeout=None, softmax_scale=None, first_head=0, dtype=None):
+                     timeout=None, softmax_scale=None, first_head=0, dtype=None,
+                     batch_invariant=None):
         """One Decode call for B sequences at one layer with stacked arrays (mlaserve.batch:
         q_nope [B, sq, heads, dn] and q_pe [B, sq, heads, dr], or latent [B, sq, heads,
         dl + dr]; append_rows [B, n, dl + dr] at append_positions [B]) -> BatchResult
@@ -320,23 +324,26 @@ class Client:
         if batch is not None:
             return batch.decode_batch(sequence_ids, layer, q_nope, q_pe, latent, append_rows,
                                       append_positions, output_dtype, softmax_scale, first_head,
-                                      dtype)
+                                      dtype, batch_invariant)
         request = batch_request(sequence_ids, layer, q_nope, q_pe, latent, append_rows,
-                                append_positions, dtype, first_head, output_dtype, softmax_scale)
+                                append_positions, dtype, first_head, output_dtype, softmax_scale,
+                                batch_invariant)
         return batch_result(self._call(self._stub.Decode, request, timeout))
 
     def decode_batch_async(self, sequence_ids, layer, q_nope=None, q_pe=None, latent=None,
                            append_rows=None, append_positions=None, output_dtype="bf16",
-                           timeout=None, softmax_scale=None, first_head=0, dtype=None):
+                           timeout=None, softmax_scale=None, first_head=0, dtype=None,
+                           batch_invariant=None):
         """decode_batch() sent now, answered by the returned PendingDecode's result() (a
         BatchResult), as decode_async() is."""
         batch = self._native_batch()
         if batch is not None:
             return batch.decode_batch_async(sequence_ids, layer, q_nope, q_pe, latent,
                                             append_rows, append_positions, output_dtype,
-                                            softmax_scale, first_head, dtype)
+                                            softmax_scale, first_head, dtype, batch_invariant)
         request = batch_request(sequence_ids, layer, q_nope, q_pe, latent, append_rows,
-                                append_positions, dtype, first_head, output_dtype, softmax_scale)
+                                append_positions, dtype, first_head, output_dtype, softmax_scale,
+                                batch_invariant)
         return self._send(request, timeout, batch_result)
 
     def _send(self, request, timeout, answer):
@@ -363,10 +370,13 @@ class Client:
                     for r in answer.response.results]
 
 
-def _decode_request(queries, output_dtype, softmax_scale):
-    request = decode_pb2.DecodeRequest(queries=queries, output_dtype=wire_dtype(output_dtype))
+def _decode_request(queries, output_dtype, softmax_scale, batch_invariant=None):
+    request = decode_pb2.DecodeRequest(queries=queries)
+    request.options.output_dtype = wire_dtype(output_dtype)
     if softmax_scale is not None:
-        request.softmax_scale = float(softmax_scale)
+        request.options.softmax_scale = float(softmax_scale)
+    if batch_invariant is not None:
+        request.options.batch_invariant = bool(batch_invariant)
     return request
 
 

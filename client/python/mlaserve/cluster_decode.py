@@ -85,15 +85,17 @@ class _Decode:
 
     # --- Decode ------------------------------------------------------------------------
 
-    def decode(self, queries, output_dtype="bf16", softmax_scale=None, timeout=None):
+    def decode(self, queries, output_dtype="bf16", softmax_scale=None, timeout=None,
+               batch_invariant=None):
         """Decode of head_query/latent_query queries on sequences of this client -> a list of
         DecodeResult in query order: one Decode call per server (in parallel); a query over
-        several context-parallel parts is answered by sub-queries merged by LSE."""
+        several context-parallel parts is answered by sub-queries merged by LSE.
+        batch_invariant: as Client.decode's, on every server's part."""
         return self._following_moves(lambda: self._decode_once(
-            queries, output_dtype, softmax_scale, timeout),
+            queries, output_dtype, softmax_scale, timeout, batch_invariant),
             self._parts_named(q.sequence_id for q in queries))
 
-    def _decode_once(self, queries, output_dtype, softmax_scale, timeout):
+    def _decode_once(self, queries, output_dtype, softmax_scale, timeout, batch_invariant=None):
         out_wire = wire_dtype(output_dtype)
         groups = collections.OrderedDict()  # (instance, wire dtype) -> [(part, slot, query)]
         merges = []  # (query index, sequence, sq, heads, [(part index, s0, s1, slot)])
@@ -142,7 +144,7 @@ class _Decode:
             part = items[0][0]
             results = self._call(part, items[0][1], lambda c: c.decode(
                 [q for _, _, _, q in items], output_dtype=dtype, timeout=timeout,
-                softmax_scale=softmax_scale))
+                softmax_scale=softmax_scale, batch_invariant=batch_invariant))
             for (_, _, slot, _), result in zip(items, results):
                 slots[slot] = result
 

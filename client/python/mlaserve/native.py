@@ -80,7 +80,7 @@ class NativeBatch:
 
     def decode_batch(self, sequence_ids, layer, q_nope=None, q_pe=None, latent=None,
                      append_rows=None, append_positions=None, output_dtype="bf16",
-                     softmax_scale=None, first_head=0, dtype=None):
+                     softmax_scale=None, first_head=0, dtype=None, batch_invariant=None):
         head = latent is None
         width = self._model.dv if head else self._model.dl
         q = _in_place(q_nope if head else latent, dtype)
@@ -94,7 +94,7 @@ class NativeBatch:
             None if head else q, _in_place(append_rows, dtype),
             [] if append_positions is None else [int(p) for p in
                                                  np.asarray(append_positions).reshape(-1)],
-            first_head, output_dtype, softmax_scale, out, lse)
+            first_head, output_dtype, softmax_scale, out, lse, batch_invariant)
         if out.dtype == np.uint16:
             out = bf16_bits_to_float(out)
         else:

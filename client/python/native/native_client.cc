@@ -92,7 +92,7 @@ class NativeClient {
                        std::optional<py::buffer> latent, std::optional<py::buffer> append_rows,
                        std::vector<int64_t> append_positions, int first_head,
                        const std::string& output_dtype, std::optional<float> softmax_scale,
-                       py::buffer out, py::buffer lse) {
+                       py::buffer out, py::buffer lse, std::optional<bool> batch_invariant) {
     client::DecodeBatchRequest request;
     request.sequence_ids = std::move(sequence_ids);
     request.layer = layer;
@@ -104,6 +104,7 @@ class NativeClient {
     request.first_head = first_head;
     request.output_dtype = OutputDType(output_dtype);
     request.softmax_scale = softmax_scale;
+    request.batch_invariant = batch_invariant;
     if (absl::Status checked = client::CheckDecodeBatch(request); !checked.ok()) {
       throw py::value_error(std::string(checked.message()));
     }
@@ -145,7 +146,7 @@ PYBIND11_MODULE(_native, module) {
            py::arg("latent") = py::none(), py::arg("append_rows") = py::none(),
            py::arg("append_positions") = std::vector<int64_t>{}, py::arg("first_head") = 0,
            py::arg("output_dtype") = "bf16", py::arg("softmax_scale") = py::none(), py::arg("out"),
-           py::arg("lse"));
+           py::arg("lse"), py::arg("batch_invariant") = py::none());
 }
 
 }  // namespace mlaserve::python

@@ -16,15 +16,6 @@
 
 namespace mlaserve::engine {
 
-// What every call of a device batch shares: the kernels apply one softmax scale and one
-// head range per batch. The engine fills every field when it queues a call.
-struct BatchKey {
-  float softmax_scale = 0;
-  int heads = 0;
-  int first_head = 0;
-  bool operator==(const BatchKey&) const = default;
-};
-
 // One Decode call waiting for a batch. Its queries stay together in one batch.
 struct PendingCall {
   std::vector<DecodeQuery> queries;

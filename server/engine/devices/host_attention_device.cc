@@ -1,6 +1,7 @@
 #include "server/engine/devices/host_attention_device.h"
 
 #include "common/status_macros.h"
+#include "kernels/core/row_matmul.h"
 
 namespace mlaserve::engine {
 
@@ -11,6 +12,8 @@ HostAttentionDevice::HostAttentionDevice(int threads) : runner_(threads) {
   info_.parallel_units = runner_.threads();
   info_.split_block_tokens = HostBatchRunner::kSplitBlockTokens;
   info_.split_part_overhead_blocks = HostBatchRunner::kSplitPartOverheadBlocks;
+  // The row kernel's sums are defined row by row, whatever rows share a call.
+  info_.invariant_projection_rows = kRowMatmulRows;
 }
 
 absl::StatusOr<DeviceRun> HostAttentionDevice::Run(const BatchSteps& steps) {

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "kernels/core/row_matmul.h"
 #include "kernels/npu/programs/batch_launch.h"
 #include "spdlog/spdlog.h"
 
@@ -33,6 +34,9 @@ NpuAttentionDevice::NpuAttentionDevice(std::unique_ptr<npu::Device> device,
   info_.fp8_matrix_tflops = p.PeakFlops() / 1e12 * static_cast<double>(p.cube_fp8_macs_per_cycle) /
                             static_cast<double>(p.cube_macs_per_cycle);
   info_.hbm_tbps = p.HbmBytesPerSecond() / 1e12;
+  // The cube's tile calls run on the host's matrix path, whose row kernel's sums are defined
+  // row by row, whatever rows share a call.
+  info_.invariant_projection_rows = kRowMatmulRows;
 }
 
 absl::StatusOr<DeviceRun> NpuAttentionDevice::Run(const BatchSteps& steps) {

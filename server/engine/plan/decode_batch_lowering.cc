@@ -4,13 +4,16 @@
 
 namespace mlaserve::engine {
 
-DecodeBatch ToDecodeBatch(const BatchPlan& plan, const ModelWeights& weights, float softmax_scale,
-                          int heads, int first_head, const DeviceInfo& device) {
+DecodeBatch ToDecodeBatch(const BatchPlan& plan, const ModelWeights& weights, const BatchKey& key,
+                          const DeviceInfo& device) {
   const ModelConfig& m = weights.config();
+  const int first_head = key.first_head;
   DecodeBatch batch;
   batch.dims = m.dims();
-  batch.dims.softmax_scale = softmax_scale;
-  batch.dims.heads = heads;
+  batch.dims.softmax_scale = key.softmax_scale;
+  batch.dims.heads = key.heads;
+  batch.batch_invariant = key.batch_invariant;
+  batch.invariant_projection_rows = device.invariant_projection_rows;
   batch.parallel_units = device.parallel_units;
   batch.unit_rows = device.unit_rows;
   batch.split_block_tokens = device.split_block_tokens;

@@ -12,13 +12,13 @@ namespace mlaserve::engine {
 // page pool and block tables, the queries' memory, the weights and the expanded K/V. Group g
 // of the result is the plan's group g, its member m the plan's query groups[g].members[m];
 // passes that lost all their groups in preparation are left out. Valid while the plan, the
-// queries and the weights live. The batch's calls share `softmax_scale` and their heads:
-// `heads` of them from `first_head` (head space: a range of the model's, whose W_UK/W_UV and
-// expanded K/V it reads; latent space: any count from 0).
+// queries and the weights live. The batch's calls share `key`: the softmax scale, their heads
+// (`heads` of them from `first_head`; head space: a range of the model's, whose W_UK/W_UV and
+// expanded K/V it reads; latent space: any count from 0) and the batch-invariant mode.
 // `device` says how its attention steps are split (DecodeBatch::parallel_units, unit_rows,
-// split_block_tokens).
-DecodeBatch ToDecodeBatch(const BatchPlan& plan, const ModelWeights& weights, float softmax_scale,
-                          int heads, int first_head, const DeviceInfo& device);
+// split_block_tokens) and how the mode cuts projections (invariant_projection_rows).
+DecodeBatch ToDecodeBatch(const BatchPlan& plan, const ModelWeights& weights, const BatchKey& key,
+                          const DeviceInfo& device);
 
 }  // namespace mlaserve::engine
 

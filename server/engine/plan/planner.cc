@@ -41,8 +41,8 @@ int QueryTokens(const GroupPlan& group) {
 
 }  // namespace
 
-Planner::Result Planner::Plan(KvStore& store,
-                              const std::vector<const DecodeQuery*>& queries) const {
+Planner::Result Planner::Plan(KvStore& store, const std::vector<const DecodeQuery*>& queries,
+                              bool batch_invariant) const {
   Result result;
   BatchPlan& plan = result.plan;
   plan.queries.resize(queries.size());
@@ -96,7 +96,9 @@ Planner::Result Planner::Plan(KvStore& store,
       group.space = q.space;
       group.prefix_id = seq.prefixes.empty() ? "" : seq.prefixes.back().id;
       group.kv_dtype = seq.kv_dtype;
-      group.b_theta = BTheta(q.sq, seq.kv_dtype);
+      // Batch-invariant: no threshold, since a group's size is the batch's doing.
+      group.b_theta =
+          batch_invariant ? std::numeric_limits<double>::infinity() : BTheta(q.sq, seq.kv_dtype);
       plan.groups.push_back(std::move(group));
       chains.push_back(&seq.prefixes);
     }
@@ -117,7 +119,7 @@ Planner::Result Planner::Plan(KvStore& store,
   std::map<std::pair<int, PrefixKey>, int> pass_of;
   for (size_t g = 0; g < plan.groups.size(); ++g) {
     GroupPlan& group = plan.groups[g];
-    if (group.space != QuerySpace::kHead || chains[g]->empty()) continue;
+    if (batch_invariant || group.space != QuerySpace::kHead || chains[g]->empty()) continue;
     if (!options_.tree_aware && static_cast<double>(group.members.size()) < group.b_theta) continue;
     for (const PrefixSpan& level : *chains[g]) {
       const std::pair<int, PrefixKey> key{group.layer, level.key};

@@ -71,12 +71,14 @@ class Planner {
   // Plans the batch: snapshots (pinning what it reads), groups and passes, no expansion. A
   // query whose sequence cannot be snapshotted (released meanwhile) gets its status in
   // `failed` (by batch index) and is left out of every group. Cheap: runs on the batcher's
-  // thread.
+  // thread. `batch_invariant`: every group absorb-only (b_theta infinite), since whether a
+  // prefix runs in naive form depends on how many queries of the batch share it.
   struct Result {
     BatchPlan plan;
     std::vector<std::pair<int, absl::Status>> failed;
   };
-  Result Plan(KvStore& store, const std::vector<const DecodeQuery*>& queries) const;
+  Result Plan(KvStore& store, const std::vector<const DecodeQuery*>& queries,
+              bool batch_invariant = false) const;
 
   // Builds (or finds) every pass's expansion: matrix work, so it runs on the device's thread.
   // A pass whose expansion does not fit (or whose prefix vanished) is dropped, and with it

@@ -121,6 +121,15 @@ TEST_F(CudaTest, HopperRunsWholeBlocksOnTheSeesawKernel) {
   EXPECT_GT(runtime_->launch_counts().wgmma, 0);
 }
 
+// The batch-invariance check on the GPU, split over its SMs as the engine's GPU device
+// splits, with the served model's 128 heads (on Hopper the seesaw kernel): a query's answer
+// in batches of 2 to 256 is the one it gets alone, and out of the mode some answer changes.
+TEST_F(CudaTest, ABatchInvariantQueryAnswersInAnyBatchAsItDoesAlone) {
+  mlaserve::testing::ExpectBatchInvariant(mlaserve::testing::GpuBatchRunner(*runtime_),
+                                          mlaserve::testing::InvarianceScenario(128, false),
+                                          Seed());
+}
+
 NamedScenario Scenario(const std::string& name) {
   for (NamedScenario& s : mlaserve::testing::GpuScenarios()) {
     if (s.name == name) return s;

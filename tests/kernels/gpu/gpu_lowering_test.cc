@@ -298,5 +298,44 @@ TEST(GpuLoweringTest, FewRowsProjectionsNameTheRowKernel) {
   }
 }
 
+// A caller that keeps each run's answers while running the next (a benchmark alternating two
+// batches) gets a fresh host buffer each time, of the size the run needs: not one half as
+// large again as the last, which grew the pinned memory geometrically.
+TEST(GpuBatchExecutorTest, ResultsKeptAcrossRunsDoNotGrowTheHostBuffers) {
+  FakeGpuRuntime runtime;
+  auto s = BatchScenario::Make(Named("Latent").spec, 4);
+  const BuiltBatch built = Built(*s);
+  auto inputs = mlaserve::testing::ResidentInputs::Upload(runtime, built.steps);
+  ASSERT_TRUE(inputs.ok()) << inputs.status();
+  GpuBatchExecutor executor(runtime);
+  std::vector<GpuBatchExecutor::Result> kept;
+  for (int run = 0; run < 12; ++run) {
+    auto result = executor.Run(built.steps, inputs->resolver());
+    ASSERT_TRUE(result.ok()) << result.status();
+    kept.push_back(*std::move(result));
+  }
+  const int64_t needed = std::max(kept[0].upload_bytes, kept[0].download_bytes);
+  EXPECT_LE(runtime.largest_host_allocation(), 2 * needed);
+}
+
+// The row kernel sums in another order than the tiled GEMM, so which one a row meets must not
+// depend on the batch: in the batch-invariant mode every projection takes the tiled GEMM.
+TEST(GpuLoweringTest, BatchInvariantProjectionsStayOnTheTiledGemm) {
+  NamedScenario invariant = Named("AbsorbHead");
+  invariant.spec.batch_invariant = true;
+  const std::vector<Launch> launches = GemmLaunches(invariant);
+  ASSERT_EQ(launches.size(), 2u);
+  for (const Launch& l : launches) EXPECT_EQ(l.gemv_rows, 0) << l.name;
+}
+
+// The batch-invariance check on the fake GPU, split over its SMs as the engine's GPU device
+// splits: a query's answer in batches of 2 to 256 is the one it gets alone.
+TEST(GpuBatchInvarianceTest, AQueryAnswersInAnyBatchAsItDoesAlone) {
+  FakeGpuRuntime runtime;
+  mlaserve::testing::ExpectBatchInvariant(mlaserve::testing::GpuBatchRunner(runtime),
+                                          mlaserve::testing::InvarianceScenario(8, false),
+                                          std::random_device{}());
+}
+
 }  // namespace
 }  // namespace mlaserve::gpu

@@ -278,6 +278,9 @@ TEST_P(StandardBatchTest, HostRunnerMatchesTheGolden) {
 INSTANTIATE_TEST_SUITE_P(Batches, StandardBatchTest,
                          ::testing::ValuesIn(mlaserve::testing::StandardBatchScenarios()),
                          [](const auto& param_info) { return param_info.param.name; });
+INSTANTIATE_TEST_SUITE_P(InvariantBatches, StandardBatchTest,
+                         ::testing::ValuesIn(mlaserve::testing::InvariantBatchScenarios()),
+                         [](const auto& param_info) { return param_info.param.name; });
 
 class Fp8BatchTest : public ::testing::TestWithParam<mlaserve::testing::NamedScenario> {};
 

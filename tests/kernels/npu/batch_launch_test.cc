@@ -105,6 +105,15 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 INSTANTIATE_TEST_SUITE_P(
+    InvariantBatches, StepsOnDevicesTest,
+    ::testing::Combine(::testing::ValuesIn(mlaserve::testing::InvariantBatchScenarios()),
+                       ::testing::Values(DeviceKind::kNpuTwoThreads)),
+    [](const auto& param_info) {
+      return absl::StrCat(std::get<0>(param_info.param).name, "_",
+                          DeviceName(std::get<1>(param_info.param)));
+    });
+
+INSTANTIATE_TEST_SUITE_P(
     Fp8Batches, StepsOnDevicesTest,
     ::testing::Combine(::testing::ValuesIn(mlaserve::testing::Fp8BatchScenarios()),
                        ::testing::Values(DeviceKind::kHostTwoThreads, DeviceKind::kNpuOneThread,

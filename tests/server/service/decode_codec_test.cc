@@ -99,6 +99,21 @@ TEST_F(DecodeCodecTest, CarriesTheCallsScaleAndAHeadRangesFirstHead) {
   EXPECT_EQ((*parsed)->queries[0].first_head, 3);
 }
 
+TEST_F(DecodeCodecTest, CarriesTheCallsBatchInvariantChoiceOnlyWhenMade) {
+  v1::DecodeRequest request;
+  *request.add_queries() = HeadQuery();
+  request.mutable_options()->set_output_dtype(v1::DTYPE_BF16);
+  auto parsed = ParseDecodeRequest(request);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_FALSE((*parsed)->batch_invariant.has_value());  // the server's default
+  for (const bool choice : {true, false}) {
+    request.mutable_options()->set_batch_invariant(choice);
+    parsed = ParseDecodeRequest(request);
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ((*parsed)->batch_invariant, choice);
+  }
+}
+
 TEST_F(DecodeCodecTest, Fp32AndFp16InputsAreRoundedToBf16AndAskForFp32Answers) {
   v1::DecodeRequest request;
   v1::DecodeQuery query = LatentQuery();

@@ -45,6 +45,34 @@ TEST_F(MlaServeServiceTest, ServerInfoDescribesTheEnginesModelDevicesThresholdsA
   EXPECT_EQ(info->limits().max_batch(), 8);
   EXPECT_EQ(info->limits().max_wait_us(), 200);
   EXPECT_EQ(info->limits().max_message_bytes(), 8 << 20);
+  EXPECT_TRUE(info->batch_invariant());  // SmallEngineInfo's default
+}
+
+// DecodeCallOptions.batch_invariant reaches the engine as the call's choice; unset, the
+// engine's default applies (nullopt).
+TEST_F(MlaServeServiceTest, TheBatchInvariantOptionReachesTheEngine) {
+  std::vector<std::optional<bool>> seen;
+  EXPECT_CALL(*engine_, Decode(_, _, _))
+      .Times(3)
+      .WillRepeatedly([&](std::vector<engine::DecodeQuery> queries, engine::DecodeOptions options,
+                          engine::DecodeCallback done) {
+        seen.push_back(options.batch_invariant);
+        auto answers = Answers(queries, info_);
+        std::move(done)(answers->span());
+      });
+  v1::DecodeRequest request;
+  const std::vector<Bf16> nope = Values(4 * 128, 0.5f);
+  const std::vector<Bf16> pe = Values(4 * 64, 0.25f);
+  *request.add_queries() =
+      client::HeadSpaceQuery("seq", 0, 1, client::Bf16Tensor(nope, std::vector<int64_t>{1, 4, 128}),
+                             client::Bf16Tensor(pe, std::vector<int64_t>{1, 4, 64}));
+  request.mutable_options()->set_output_dtype(v1::DTYPE_BF16);
+  ASSERT_TRUE(client_->DecodeRaw(request).ok());
+  request.mutable_options()->set_batch_invariant(true);
+  ASSERT_TRUE(client_->DecodeRaw(request).ok());
+  request.mutable_options()->set_batch_invariant(false);
+  ASSERT_TRUE(client_->DecodeRaw(request).ok());
+  EXPECT_EQ(seen, (std::vector<std::optional<bool>>{std::nullopt, true, false}));
 }
 
 TEST_F(MlaServeServiceTest, HealthIsNotServingUntilTheServerIsMarkedServing) {

@@ -55,6 +55,7 @@ inline engine::EngineInfo SmallEngineInfo() {
   info.max_queue = 64;
   info.max_wait = absl::Microseconds(200);
   info.kv_budget_bytes = int64_t{1} << 24;
+  info.batch_invariant = true;  // not the default, so GetServerInfo shows it carries the value
   return info;
 }
 

@@ -64,10 +64,10 @@ TEST_F(ServerFlagsTest, DefaultsServeASmallDeepSeekDemoOnLoopback) {
 }
 
 TEST_F(ServerFlagsTest, DashesAndUnderscoresAreTheSameFlag) {
-  auto config =
-      Parse({"--max-batch=16", "--max_queue=99", "--kv-budget", "512MiB", "--model=kimi-k2",
-             "--layers=0", "--metrics-listen=", "--log-level=warn", "--drain-timeout-s=5",
-             "--max-wait-us=250", "--matrix-tflops=376", "--hbm_tbps=1.8", "--preload=1"});
+  auto config = Parse({"--max-batch=16", "--max_queue=99", "--kv-budget", "512MiB",
+                       "--model=kimi-k2", "--layers=0", "--metrics-listen=", "--log-level=warn",
+                       "--drain-timeout-s=5", "--max-wait-us=250", "--matrix-tflops=376",
+                       "--hbm_tbps=1.8", "--preload=1", "--batch-invariant"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->engine.max_batch, 16);
   EXPECT_EQ(config->engine.max_queue, 99);
@@ -81,6 +81,7 @@ TEST_F(ServerFlagsTest, DashesAndUnderscoresAreTheSameFlag) {
   EXPECT_EQ(config->engine.matrix_tflops, 376);
   EXPECT_EQ(config->engine.hbm_tbps, 1.8);
   EXPECT_EQ(config->engine.preload, 1);
+  EXPECT_TRUE(config->engine.batch_invariant);
 }
 
 TEST_F(ServerFlagsTest, AFlagfileIsReadWithEitherSpellingAndCommandLineFlagsAfterItWin) {
