@@ -47,6 +47,9 @@ ABSL_FLAG(std::string, devices, "auto",
           "KV cache then lives in its memory; a GPU is used only when named)");
 ABSL_FLAG(std::string, profile, mlaserve::engine::EngineOptions().profile,
           "Device profile name, or \"host\" for the CPU-direct device");
+ABSL_FLAG(bool, share_cpus, true,
+          "A pool of emulated devices sized from the host shares its CPUs: a lone busy device "
+          "runs on the idle ones' CPUs too (never more threads at once than usable CPUs)");
 ABSL_FLAG(std::string, host_threads, "auto",
           "Host threads per device: N, or auto (the usable CPUs shared out over the devices; "
           "1 each when --devices is auto too)");
@@ -230,9 +233,11 @@ absl::Status ParsePool(const HostResources& host, engine::EngineOptions& engine)
         request.devices,
         PoolCount("devices", devices, "auto, a number of emulated devices, host, or cuda:N"));
   }
+  request.share_cpus = absl::GetFlag(FLAGS_share_cpus);
   const engine::PoolSizing sizing = engine::SizePool(request, host);
   engine.devices = sizing.devices;
   engine.host_threads_per_device = sizing.host_threads;
+  engine.shared_cpus = sizing.shared_cpus;
   engine.sizing = {.usable_cpus = sizing.usable_cpus,
                    .cpu_quota = host.cpu_quota,
                    .numa_nodes = static_cast<int>(host.numa_nodes.size()),

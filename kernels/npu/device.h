@@ -39,6 +39,9 @@ class Device {
   const DeviceProfile& profile() const { return profile_; }
   GlobalMemory& gm() { return gm_; }
   int host_threads() const { return executor_.threads(); }
+  // At most `n` of the host threads compute at once (HostExecutor::SetParallelism: at once,
+  // also during a launch); all of them until first called. Thread-safe.
+  void SetHostParallelism(int n) { executor_.SetParallelism(n); }
 
   absl::StatusOr<LaunchReport> Launch(const DeviceKernel& kernel, ExecutionMode mode);
   // Launches `kernels` in order, as one stream: each runs after the previous one finished,

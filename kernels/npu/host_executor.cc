@@ -1,5 +1,7 @@
 #include "kernels/npu/host_executor.h"
 
+#include <algorithm>
+
 #if defined(__SANITIZE_THREAD__)
 // ThreadSanitizer must see the happens-before the *device program* guarantees, not the one
 // the executor's queue lock happens to create between unrelated instructions (which would
@@ -67,17 +69,43 @@ std::vector<std::vector<uint32_t>> WorkSuccessors(const Program& program) {
 
 }  // namespace
 
-HostExecutor::HostExecutor(int threads) {
-  for (int i = 0; i < std::max(threads, 1); ++i) workers_.emplace_back([this] { WorkerLoop(); });
+HostExecutor::HostExecutor(int threads)
+    : parallelism_(std::max(threads, 1)),
+      waiting_(static_cast<size_t>(parallelism_), 0),
+      held_back_from_(parallelism_) {
+  for (int i = 0; i < parallelism_; ++i)
+    wake_.push_back(std::make_unique<std::condition_variable>());
+  for (int i = 0; i < parallelism_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+}
+
+void HostExecutor::SetParallelism(int n) {
+  MLASERVE_TSAN_BOOKKEEPING_BEGIN();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    parallelism_ = std::clamp(n, 1, threads());
+    held_back_from_.store(parallelism_, std::memory_order_relaxed);
+    WakeLocked(parallelism_);  // more may run now
+  }
+  MLASERVE_TSAN_BOOKKEEPING_END();
 }
 
 HostExecutor::~HostExecutor() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
+    for (auto& wake : wake_) wake->notify_all();
   }
-  work_.notify_all();
   for (std::thread& t : workers_) t.join();
+}
+
+void HostExecutor::WakeLocked(size_t n) {
+  // Only workers allowed to run are woken: waking one held back costs a context switch for
+  // nothing, on every instruction a chain spawns.
+  for (int i = 0; i < parallelism_ && n > 0; ++i) {
+    if (!waiting_[i]) continue;
+    wake_[i]->notify_one();
+    --n;
+  }
 }
 
 void HostExecutor::Start(const Program& program, GlobalMemory& gm) {
@@ -113,8 +141,8 @@ void HostExecutor::Start(const Program& program, GlobalMemory& gm) {
       ready_.push_back(i);
     }
   }
+  WakeLocked(ready_.size());
   lock.unlock();
-  work_.notify_all();
   MLASERVE_TSAN_BOOKKEEPING_END();
 }
 
@@ -185,18 +213,24 @@ int64_t HostExecutor::Complete(uint32_t id, std::vector<uint32_t>& stack,
   return next;
 }
 
-void HostExecutor::WorkerLoop() {
+void HostExecutor::WorkerLoop(int index) {
   MLASERVE_TSAN_BOOKKEEPING_BEGIN();
   std::vector<uint32_t> stack;
   std::vector<uint32_t> spawned;
   std::unique_lock<std::mutex> lock(mu_);
+  // Worker `index` takes work while index < parallelism_: the same workers always (their
+  // scratch and caches warm), never one then another.
   while (true) {
-    work_.wait(lock, [this] { return stopping_ || !ready_.empty(); });
+    waiting_[index] = 1;
+    wake_[index]->wait(lock,
+                       [&] { return stopping_ || (!ready_.empty() && index < parallelism_); });
+    waiting_[index] = 0;
     if (ready_.empty()) {  // stopping
       lock.unlock();
       MLASERVE_TSAN_BOOKKEEPING_END();
       return;
     }
+    if (index >= parallelism_) continue;  // stopping, with work for the others to finish
     int64_t id = ready_.back();
     ready_.pop_back();
     const Program& program = *program_;
@@ -207,20 +241,23 @@ void HostExecutor::WorkerLoop() {
       Execute(program, static_cast<uint32_t>(id));
       MLASERVE_TSAN_BOOKKEEPING_BEGIN();
       id = Complete(static_cast<uint32_t>(id), stack, spawned, all_done);
+      if (id >= 0 && index >= held_back_from_.load(std::memory_order_relaxed)) {
+        // The CPU this worker ran on was taken back (SetParallelism): the rest of its chain
+        // goes to the workers still allowed.
+        spawned.push_back(static_cast<uint32_t>(id));
+        id = -1;
+      }
       if (!spawned.empty()) {
-        {
-          std::lock_guard<std::mutex> guard(mu_);
-          ready_.insert(ready_.end(), spawned.begin(), spawned.end());
-        }
-        if (spawned.size() == 1) {
-          work_.notify_one();
-        } else {
-          work_.notify_all();
-        }
+        std::lock_guard<std::mutex> guard(mu_);
+        ready_.insert(ready_.end(), spawned.begin(), spawned.end());
+        WakeLocked(spawned.size());
         spawned.clear();
       }
     }
     lock.lock();
+    // Held back now (the parallelism fell while this chain ran): the work it leaves is for
+    // the workers still allowed, who may all be asleep.
+    if (index >= parallelism_) WakeLocked(ready_.size());
     if (all_done) done_.notify_all();  // under mu_: Run cannot miss it
   }
 }

@@ -40,9 +40,16 @@ class HostExecutor {
   void Start(const Program& program, GlobalMemory& gm);
   void Wait();
   int threads() const { return static_cast<int>(workers_.size()); }
+  // At most `n` (1..threads()) workers run instructions at once, from the next chain of
+  // work each takes (so also while a program runs): a device of a pool runs on its own CPUs,
+  // and on those of idle devices that lend it theirs (server/engine/devices/device_pool.h).
+  // All of them until first called. Thread-safe.
+  void SetParallelism(int n);
 
  private:
-  void WorkerLoop();
+  void WorkerLoop(int index);
+  // Wakes up to `n` sleeping workers among those allowed to run (under mu_).
+  void WakeLocked(size_t n);
   void Execute(const Program& program, uint32_t id);
   // Marks `id` done and releases its successors. Successors without host work (flags, waits)
   // are completed on the spot; the first one with work is returned for the caller to run
@@ -56,13 +63,20 @@ class HostExecutor {
                    bool& all_done);
 
   std::mutex mu_;
-  std::condition_variable work_;  // ready_ gained an entry, or stopping_
+  // Each worker's own wake-up (ready_ gained an entry it may take, or stopping_), so that
+  // work wakes only workers allowed to run it.
+  std::vector<std::unique_ptr<std::condition_variable>> wake_;
   std::condition_variable done_;  // remaining_ reached zero
   // Guarded by mu_:
   // Last in, first out: the work enabled most recently reads what its predecessor just
   // wrote, still in the host's caches; first-in-first-out interleaves all the cores'
   // working sets (about 1 MiB each) and was measured ~15 % slower at 16 busy cores.
   std::vector<uint32_t> ready_;
+  int parallelism_ = 0;        // set by the constructor and SetParallelism
+  std::vector<char> waiting_;  // per worker: asleep on its wake_
+  // parallelism_ for a worker in the middle of a chain, read without mu_ after each
+  // instruction: a stale value only ends the chain an instruction late or early.
+  std::atomic<int> held_back_from_;
   const Program* program_ = nullptr;
   GlobalMemory* gm_ = nullptr;
   bool stopping_ = false;

@@ -1,6 +1,7 @@
 #include "server/engine/engine_impl.h"
 
 #include <limits>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,7 @@
 #include "server/engine/devices/gpu_attention_device.h"
 #include "server/engine/devices/host_attention_device.h"
 #include "server/engine/devices/npu_attention_device.h"
+#include "server/engine/devices/pool_sizing.h"
 
 namespace mlaserve::engine {
 
@@ -46,11 +48,15 @@ absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
         return absl::InvalidArgumentError(absl::StrCat("engine options: profile '", options.profile,
                                                        "': ", profile.status().message()));
       }
+      npu::DeviceOptions device_options;
+      device_options.host_threads = options.host_threads_per_device;
+      const int lendable = options.shared_cpus > 0
+                               ? LentThreads(options.shared_cpus, options.host_threads_per_device)
+                               : 0;
       for (int i = 0; i < options.devices; ++i) {
-        ASSIGN_OR_RETURN(
-            auto device,
-            NpuAttentionDevice::Create(*profile, {.host_threads = options.host_threads_per_device},
-                                       {.preload = options.preload}));
+        ASSIGN_OR_RETURN(auto device,
+                         NpuAttentionDevice::Create(*profile, device_options,
+                                                    {.preload = options.preload}, lendable));
         devices.push_back(std::move(device));
       }
     }
@@ -136,7 +142,8 @@ EngineImpl::EngineImpl(EngineOptions options, ModelWeights weights, std::unique_
   info_.max_wait = options_.max_wait;
   info_.kv_budget_bytes = options_.kv.budget_bytes;
   info_.batch_invariant = options_.batch_invariant;
-  pool_ = std::make_unique<DevicePool>(std::move(devices));
+  pool_ = std::make_unique<DevicePool>(std::move(devices),
+                                       /*lend_idle_cpus=*/options_.shared_cpus > 0);
   batcher_ = std::make_unique<Batcher>(
       Batcher::Options{{options_.max_batch, options_.max_wait}, options_.max_queue},
       [this](std::vector<PendingCall> calls) { CutBatch(std::move(calls)); },

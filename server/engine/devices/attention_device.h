@@ -72,6 +72,11 @@ class AttentionDevice {
   virtual std::shared_ptr<void> MapHostMemory(const void* /*data*/, int64_t /*bytes*/) {
     return nullptr;
   }
+
+  // Host CPUs that idle devices of the pool lend this one beyond its own, from now until told
+  // otherwise (DevicePool): a device whose host threads can use them runs on them too.
+  // Thread-safe, and may come while it runs; devices that compute elsewhere ignore it.
+  virtual void LendCpus(int /*cpus*/) {}
 };
 
 }  // namespace mlaserve::engine

@@ -4,7 +4,8 @@
 
 namespace mlaserve::engine {
 
-DevicePool::DevicePool(std::vector<std::unique_ptr<AttentionDevice>> devices) {
+DevicePool::DevicePool(std::vector<std::unique_ptr<AttentionDevice>> devices, bool lend_idle_cpus)
+    : lend_idle_cpus_(lend_idle_cpus) {
   for (auto& device : devices) {
     auto slot = std::make_unique<Slot>();
     slot->device = std::move(device);
@@ -68,13 +69,34 @@ void DevicePool::Work(int index) {
     if (slot.queue.empty()) return;  // stopping, nothing left
     Job job = std::move(slot.queue.front());
     slot.queue.pop_front();
+    slot.running = true;
+    if (lend_idle_cpus_) Relend(index);
     lock.unlock();
     std::move(job)(*slot.device, index);
     lock.lock();
     --slot.load;
+    slot.running = false;
+    if (lend_idle_cpus_) Relend(-1);
     lock.unlock();
     if (on_capacity_) on_capacity_();
     lock.lock();
+  }
+}
+
+void DevicePool::Relend(int started) {
+  int idle_threads = 0, running = 0;
+  for (const auto& slot : slots_) {
+    if (slot->load == 0) idle_threads += slot->device->info().host_threads;
+    running += slot->running ? 1 : 0;
+  }
+  int k = 0;
+  for (int i = 0; i < size(); ++i) {
+    Slot& slot = *slots_[i];
+    if (!slot.running) continue;
+    const int share = idle_threads / running + (k++ < idle_threads % running ? 1 : 0);
+    if (share == slot.lent && i != started) continue;
+    slot.lent = share;
+    slot.device->LendCpus(share);  // thread-safe, and takes no lock of ours
   }
 }
 

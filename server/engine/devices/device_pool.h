@@ -17,6 +17,12 @@ namespace mlaserve::engine {
 // (fewest batches queued or running; ties to the lowest index) and runs on that device's
 // thread, which owns the device while it runs.
 //
+// With `lend_idle_cpus`, the host threads of the devices with nothing queued or running are
+// lent to the devices running a batch, shared out evenly (AttentionDevice::LendCpus), and
+// shared out again whenever a batch starts or ends: a lone batch runs on the whole machine,
+// and a lender that gets a batch of its own takes its CPUs back at once (the borrower drops
+// to its own at its next chain of work), so under load every device runs on its own.
+//
 // A device holds at most kBatchesPerDevice batches (one running, one waiting), and the
 // batcher cuts a batch only when some device has room (HasCapacity): under load, queries
 // wait in the batcher's bounded queue, where they keep joining the next batch, not in
@@ -28,7 +34,8 @@ class DevicePool {
   // Runs on the device's worker thread with the device and its pool index.
   using Job = absl::AnyInvocable<void(AttentionDevice& device, int index) &&>;
 
-  explicit DevicePool(std::vector<std::unique_ptr<AttentionDevice>> devices);
+  explicit DevicePool(std::vector<std::unique_ptr<AttentionDevice>> devices,
+                      bool lend_idle_cpus = false);
   ~DevicePool();  // finishes queued batches, then joins
   DevicePool(const DevicePool&) = delete;
   DevicePool& operator=(const DevicePool&) = delete;
@@ -59,10 +66,16 @@ class DevicePool {
     std::unique_ptr<AttentionDevice> device;
     std::deque<Job> queue;  // guarded by DevicePool::mu_
     int load = 0;           // queued + running; guarded by DevicePool::mu_
+    bool running = false;   // guarded by DevicePool::mu_
+    int lent = 0;           // CPUs lent to it now; guarded by DevicePool::mu_
     std::thread worker;
   };
   void Work(int index);
+  // Shares the idle devices' host threads out over the running ones (under mu_); `started`
+  // is told even when its share is unchanged.
+  void Relend(int started);
 
+  const bool lend_idle_cpus_;
   mutable std::mutex mu_;
   std::condition_variable work_;
   bool stopping_ = false;                   // guarded by mu_

@@ -1,5 +1,6 @@
 #include "server/engine/devices/npu_attention_device.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -12,23 +13,26 @@ namespace mlaserve::engine {
 
 absl::StatusOr<std::unique_ptr<NpuAttentionDevice>> NpuAttentionDevice::Create(
     npu::DeviceProfile profile, npu::DeviceOptions device_options,
-    npu::AttentionDeviceKernelOptions kernel_options) {
+    npu::AttentionDeviceKernelOptions kernel_options, int lendable_threads) {
   if (kernel_options.algorithm != RescaleAlgorithm::kAmla) {
     // The pool's devices must agree with the host's AMLA arithmetic bit for bit.
     return absl::InvalidArgumentError("npu attention device: only the AMLA kernel serves");
   }
+  const int own_threads = device_options.host_threads;
+  device_options.host_threads = std::max(own_threads, lendable_threads);
   ASSIGN_OR_RETURN(std::unique_ptr<npu::Device> device,
                    npu::Device::Create(std::move(profile), device_options));
+  device->SetHostParallelism(own_threads);
   return std::unique_ptr<NpuAttentionDevice>(
-      new NpuAttentionDevice(std::move(device), kernel_options));
+      new NpuAttentionDevice(std::move(device), kernel_options, own_threads));
 }
 
 NpuAttentionDevice::NpuAttentionDevice(std::unique_ptr<npu::Device> device,
-                                       npu::AttentionDeviceKernelOptions options)
-    : device_(std::move(device)), options_(options) {
+                                       npu::AttentionDeviceKernelOptions options, int own_threads)
+    : device_(std::move(device)), own_threads_(own_threads), options_(options) {
   const npu::DeviceProfile& p = device_->profile();
   info_.profile = p.name;
-  info_.host_threads = device_->host_threads();
+  info_.host_threads = own_threads;
   info_.parallel_units = p.cube_cores;
   info_.matrix_tflops = p.PeakFlops() / 1e12;
   info_.fp8_matrix_tflops = p.PeakFlops() / 1e12 * static_cast<double>(p.cube_fp8_macs_per_cycle) /

@@ -17,18 +17,24 @@ namespace mlaserve::engine {
 // staged.
 class NpuAttentionDevice final : public AttentionDevice {
  public:
+  // `device_options.host_threads` are its own; with `lendable_threads` more than those, it
+  // has that many host threads, of which it runs its own plus what the pool lends it
+  // (LendCpus).
   static absl::StatusOr<std::unique_ptr<NpuAttentionDevice>> Create(
       npu::DeviceProfile profile, npu::DeviceOptions device_options,
-      npu::AttentionDeviceKernelOptions kernel_options = {});
+      npu::AttentionDeviceKernelOptions kernel_options = {}, int lendable_threads = 0);
 
   const DeviceInfo& info() const override { return info_; }
   absl::StatusOr<DeviceRun> Run(const BatchSteps& steps) override;
+  // Its own `own_threads` and the lent CPUs, as far as its host threads reach.
+  void LendCpus(int cpus) override { device_->SetHostParallelism(own_threads_ + cpus); }
 
  private:
-  NpuAttentionDevice(std::unique_ptr<npu::Device> device,
-                     npu::AttentionDeviceKernelOptions options);
+  NpuAttentionDevice(std::unique_ptr<npu::Device> device, npu::AttentionDeviceKernelOptions options,
+                     int own_threads);
 
   std::unique_ptr<npu::Device> device_;
+  int own_threads_;
   npu::AttentionDeviceKernelOptions options_;
   DeviceInfo info_;
 };

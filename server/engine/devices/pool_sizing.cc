@@ -46,7 +46,21 @@ PoolSizing SizePool(const PoolRequest& request, const HostResources& host) {
     sizing.rule = absl::StrCat("auto: a device of 1 host thread per usable CPU", from);
   }
   sizing.oversubscribed = int64_t{sizing.devices} * sizing.host_threads > usable;
+  // Sized from the host, several devices that fit it share its CPUs: one busy device alone
+  // runs on the others' too.
+  const bool sized_from_host = !(request.devices && request.host_threads);
+  if (request.share_cpus && !request.host_device && sized_from_host && sizing.devices > 1 &&
+      !sizing.oversubscribed) {
+    sizing.shared_cpus = usable;
+    sizing.rule +=
+        absl::StrCat("; idle devices' CPUs lent to busy ones (", usable, " shared, up to ",
+                     Threads(LentThreads(usable, sizing.host_threads)), " a device)");
+  }
   return sizing;
+}
+
+int LentThreads(int shared_cpus, int host_threads) {
+  return std::max(host_threads, std::min(shared_cpus, kMostLentThreads));
 }
 
 }  // namespace mlaserve::engine

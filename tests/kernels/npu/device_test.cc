@@ -5,6 +5,7 @@
 // global_memory, l2_cache_model, device_profile, launch_sequence tests).
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -253,6 +254,48 @@ TEST(DeviceTest, AtomicAddsIntoSharedRowsAreExact) {
   for (int r = 0; r < kRows; ++r) {
     ASSERT_EQ(sum->as<float>()[r], expected) << r;
     ASSERT_EQ(scaled->as<float>()[r], std::ldexp(1.0f, cores)) << r;
+  }
+}
+
+// A kernel whose every AIV core runs one vector op that notes how many of its kind are running
+// at that moment (and stays a while, so that they meet).
+ScriptedKernel CountingKernel(int blocks, std::atomic<int>& running, std::atomic<int>& most) {
+  return ScriptedKernel(blocks, [blocks, &running, &most](Program& program) -> absl::Status {
+    for (int b = 0; b < blocks; ++b) {
+      for (int s = 0; s < 2; ++s) {
+        program.Vector(b, s).Vector(
+            {{VecClass::kExp, 64}},
+            [&running, &most] {
+              const int now = running.fetch_add(1) + 1;
+              int seen = most.load();
+              while (now > seen && !most.compare_exchange_weak(seen, now)) {
+              }
+              std::this_thread::sleep_for(std::chrono::microseconds(300));
+              running.fetch_sub(1);
+            },
+            "counted");
+      }
+    }
+    return absl::OkStatus();
+  });
+}
+
+// A device of four host threads held to two runs two instructions at once and no more; let
+// go to four, it runs more than two (the instructions sleep, so they meet even on few CPUs).
+TEST(DeviceTest, HostParallelismBoundsTheThreadsRunningAtOnce) {
+  auto device = testing::MakeTestDevice(/*host_threads=*/4);
+  ASSERT_NE(device, nullptr);
+  const int blocks = 8;
+  for (const int parallelism : {2, 4, 1}) {
+    SCOPED_TRACE(::testing::Message() << "parallelism " << parallelism);
+    device->SetHostParallelism(parallelism);
+    std::atomic<int> running{0}, most{0};
+    const ScriptedKernel kernel = CountingKernel(blocks, running, most);
+    ASSERT_TRUE(device->Launch(kernel, ExecutionMode::kExecute).ok());
+    EXPECT_LE(most.load(), parallelism);
+    if (parallelism > 1) {
+      EXPECT_GE(most.load(), 2);
+    }
   }
 }
 

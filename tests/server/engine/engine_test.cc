@@ -149,6 +149,30 @@ void ExpectHeadSharesMatchGolden(std::vector<std::unique_ptr<AttentionDevice>> d
   }
 }
 
+// A pool of emulated devices sharing the host's CPUs (EngineOptions::shared_cpus, the
+// server's default): each device has its one thread of its own and runs on up to three when
+// the other is idle, and its answers are the golden's as with threads of its own.
+TEST(EngineTest, APoolSharingItsCpusMatchesGolden) {
+  EngineOptions options = BaseOptions();
+  options.max_sq = 2;
+  options.shared_cpus = 3;
+  options.devices = 2;
+  SetThreshold(options, 5.0);
+  auto engine = EngineImpl::Create(std::move(options), {});  // the pool the options describe
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  Scenario s(*std::move(engine));
+  ASSERT_EQ(s.engine().Info().devices.size(), 2u);
+  for (const DeviceInfo& d : s.engine().Info().devices) EXPECT_EQ(d.host_threads, 1);
+  BuildMixedScenario(s);
+  std::vector<OwnedDecodeQuery> queries;
+  for (const char* id : {"a1", "a2", "a3", "b1", "b2", "c1"})
+    queries.push_back(s.HeadQuery(id, 1, 2));
+  queries.push_back(s.LatentQuery("c2", 1, 2));
+  auto answers = DecodeSync(s.engine(), queries);
+  ASSERT_TRUE(answers.ok()) << answers.status();
+  ExpectMatchesGolden(s, queries, *answers);
+}
+
 TEST(EngineTest, HeadSharesMatchGoldenOnTheHost) { ExpectHeadSharesMatchGolden({}); }
 
 TEST(EngineTest, HeadSharesMatchGoldenOnAnEmulatedNpu) {

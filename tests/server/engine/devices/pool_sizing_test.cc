@@ -77,5 +77,33 @@ TEST(SizePoolTest, TheHostDeviceTakesEveryUsableCpu) {
   EXPECT_EQ(p.host_threads, 3);
 }
 
+// A pool sized from the host shares its CPUs between its devices (a lone busy device runs on
+// the idle ones' too); one sized by hand on both sides, one that oversubscribes, a single
+// device and the host device do not, nor any with --share_cpus=false.
+TEST(SizePoolTest, DevicesSizedFromTheHostShareItsCpus) {
+  PoolSizing p = SizePool({}, Host(16));
+  EXPECT_EQ(p.shared_cpus, 16);
+  EXPECT_THAT(p.rule, HasSubstr("idle devices' CPUs lent to busy ones (16 shared, up to 8 host "
+                                "threads a device)"));
+  EXPECT_EQ(SizePool({}, Host(2)).shared_cpus, 2);
+  EXPECT_EQ(SizePool(Ask(4, kAuto), Host(16)).shared_cpus, 16);
+  EXPECT_EQ(SizePool(Ask(kAuto, 2), Host(16)).shared_cpus, 16);
+  EXPECT_EQ(SizePool(Ask(4, 4), Host(16)).shared_cpus, 0);       // as given
+  EXPECT_EQ(SizePool(Ask(32, kAuto), Host(16)).shared_cpus, 0);  // oversubscribed
+  EXPECT_EQ(SizePool({}, Host(1)).shared_cpus, 0);               // one device
+  EXPECT_EQ(SizePool(Ask(kAuto, kAuto, true), Host(8)).shared_cpus, 0);
+  PoolRequest off;
+  off.share_cpus = false;
+  p = SizePool(off, Host(16));
+  EXPECT_EQ(p.shared_cpus, 0);
+  EXPECT_THAT(p.rule, ::testing::Not(HasSubstr("lent")));
+}
+
+TEST(SizePoolTest, LentThreadsCoverTheSharedCpusUpToEight) {
+  EXPECT_EQ(LentThreads(2, 1), 2);
+  EXPECT_EQ(LentThreads(16, 1), 8);
+  EXPECT_EQ(LentThreads(16, 12), 12);  // never fewer than the device's own
+}
+
 }  // namespace
 }  // namespace mlaserve::engine
