@@ -102,12 +102,7 @@ def check_decode_batch(target, rng, failures):
         if [list(client.get_sequence(i).layer_lengths) for i in ids] != lengths_now:
             failures.append("a refused batch changed its sequences")
     finally:
-        for sequence_id in ids:
-            try:
-                client.release_sequence(sequence_id)
-            except grpc.RpcError:
-                pass
-        client.close()
+        _release(client, ids)
 
 
 def check_batch_invariant(target, rng, failures):
@@ -137,9 +132,14 @@ def check_batch_invariant(target, rng, failures):
             if alone.plan.formulation != batch.plans[b].formulation:
                 failures.append(f"batch_invariant: query {b} planned otherwise alone")
     finally:
-        for sequence_id in ids:
-            try:
-                client.release_sequence(sequence_id)
-            except grpc.RpcError:
-                pass
-        client.close()
+        _release(client, ids)
+
+
+def _release(client, ids):
+    """Releases a case's sequences (those it made; others are gone already) and closes."""
+    for sequence_id in ids:
+        try:
+            client.release_sequence(sequence_id)
+        except grpc.RpcError:
+            pass
+    client.close()

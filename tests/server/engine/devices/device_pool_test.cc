@@ -69,11 +69,11 @@ struct RecordingPool {
 // 1 makes the idle threads (device 2's) shared by the two, and when it ends device 0 gets
 // them all back.
 TEST(DevicePoolTest, ABatchBorrowsTheThreadsOfTheDevicesThatAreIdle) {
+  std::latch release(1), started(1);  // outlive the pool, whose destructor ends the held batch
   RecordingPool p(/*lend=*/true);
   EXPECT_EQ(p.RunOne(), 0);
   EXPECT_THAT(p.devices[0]->lent(), ElementsAre(4));
 
-  std::latch release(1), started(1);
   p.pool->Submit([&](AttentionDevice&, int) {  // device 0 (all idle: the first), held
     started.count_down();
     release.wait();
