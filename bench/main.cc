@@ -57,7 +57,8 @@ ABSL_FLAG(bool, batch_invariant, false,
           "kernel on a GPU: each shape also in the batch-invariant mode, runs alternating with "
           "the default's, and the ratio of their times");
 ABSL_FLAG(int, invariant_part_tokens, 0,
-          "kernel on a GPU, --batch_invariant: keys in a split part (0: the server's 2048)");
+          "kernel on a GPU, --batch_invariant: keys in a split part per 128 rows (0: the server's "
+          "4096)");
 ABSL_FLAG(bool, split_kv, false,
           "kernel: split a sparse batch's keys over the AIC blocks, as the engine does");
 ABSL_FLAG(std::string, model, "deepseek-v3", "typhoon: model preset (deepseek-v3, kimi-k2)");

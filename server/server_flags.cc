@@ -233,7 +233,8 @@ absl::Status ParsePool(const HostResources& host, engine::EngineOptions& engine)
         request.devices,
         PoolCount("devices", devices, "auto, a number of emulated devices, host, or cuda:N"));
   }
-  request.share_cpus = absl::GetFlag(FLAGS_share_cpus);
+  // Host devices compute on every usable CPU already (--profile=host): nothing to lend.
+  request.share_cpus = absl::GetFlag(FLAGS_share_cpus) && engine.profile != "host";
   const engine::PoolSizing sizing = engine::SizePool(request, host);
   engine.devices = sizing.devices;
   engine.host_threads_per_device = sizing.host_threads;

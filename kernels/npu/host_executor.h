@@ -40,10 +40,10 @@ class HostExecutor {
   void Start(const Program& program, GlobalMemory& gm);
   void Wait();
   int threads() const { return static_cast<int>(workers_.size()); }
-  // At most `n` (1..threads()) workers run instructions at once, from the next chain of
-  // work each takes (so also while a program runs): a device of a pool runs on its own CPUs,
-  // and on those of idle devices that lend it theirs (server/engine/devices/device_pool.h).
-  // All of them until first called. Thread-safe.
+  // At most `n` (1..threads()) workers run instructions at once, at once (so also while a
+  // program runs: a worker held back stops after its current instruction): a device of a pool runs
+  // on its own CPUs, and on those of idle devices that lend it theirs
+  // (server/engine/devices/device_pool.h). All of them until first called. Thread-safe.
   void SetParallelism(int n);
 
  private:

@@ -109,8 +109,8 @@ struct EngineOptions {
   // The CPUs a pool of emulated devices shares (devices/pool_sizing.h): > 0 gives every
   // device LentThreads(shared_cpus, host_threads_per_device) host threads, and a batch that
   // starts while other devices are idle runs on their threads' worth of CPUs too
-  // (DevicePool), so a lone batch computes on the whole machine. 0: each device runs its
-  // own host_threads_per_device.
+  // (DevicePool), so a lone batch computes on up to 8 CPUs. 0: each device runs its own
+  // host_threads_per_device.
   int shared_cpus = 0;
   // How the server chose `devices` and `host_threads_per_device`, reported in Info().host.
   PoolSizingInfo sizing;

@@ -19,9 +19,10 @@ namespace mlaserve::engine {
 //
 // With `lend_idle_cpus`, the host threads of the devices with nothing queued or running are
 // lent to the devices running a batch, shared out evenly (AttentionDevice::LendCpus), and
-// shared out again whenever a batch starts or ends: a lone batch runs on the whole machine,
-// and a lender that gets a batch of its own takes its CPUs back at once (the borrower drops
-// to its own at its next chain of work), so under load every device runs on its own.
+// shared out again whenever a batch starts or ends: a lone batch runs on as many CPUs as its
+// device has threads (up to 8, LentThreads), and a lender that gets a batch of its own takes
+// its CPUs back at once (the borrower's extra workers stop after their current instruction),
+// so under load every device runs on its own.
 //
 // A device holds at most kBatchesPerDevice batches (one running, one waiting), and the
 // batcher cuts a batch only when some device has room (HasCapacity): under load, queries
