@@ -126,8 +126,9 @@ absl::Status RunGpuTyphoonCommand(const TyphoonCommandOptions& o, std::ostream& 
         gpu::DescribeGpu(props), m.name, m.heads, o.shared, o.suffix, o.page_size,
         rates.matrix_flops / 1e12, rates.naive_matrix_flops / 1e12,
         rates.memory_bytes_per_second / 1e12, o.repeats, HostDescription());
-    out << absl::StrFormat("%3s %5s %7s %7s %11s %11s %7s %8s %9s\n", "sq", "B", "B_theta",
-                           "choice", "absorb_us", "hybrid_us", "speedup", "typhoon", "rel_diff");
+    out << absl::StrFormat("%3s %5s %7s %7s %11s %11s %7s %8s %9s %10s %9s %9s\n", "sq", "B",
+                           "B_theta", "choice", "absorb_us", "hybrid_us", "speedup", "typhoon",
+                           "rel_diff", "naive_us", "absorb_TF", "naive_TF");
   }
   gpu::GpuBatchExecutor executor(*runtime);
   for (int sq : o.sq) {
@@ -141,6 +142,18 @@ absl::Status RunGpuTyphoonCommand(const TyphoonCommandOptions& o, std::ostream& 
                                                   MakeBatch(o, m, sq, batch, true, layout, pages,
                                                             &host, props.sm_count),
                                                   inputs, o.repeats));
+      // The naive pass alone (every query ending with the prefix: an absorb pass over no
+      // keys), for the rates the planner's B_theta takes.
+      TyphoonCommandOptions prefix_only = o;
+      prefix_only.suffix = 0;
+      ASSIGN_OR_RETURN(GpuTimed naive, TimeOnGpu(executor,
+                                                 MakeBatch(prefix_only, m, sq, batch, true, layout,
+                                                           pages, &host, props.sm_count),
+                                                 inputs, o.repeats));
+      const double rows = static_cast<double>(batch) * sq * m.heads;
+      const double absorb_tflops =
+          2.0 * rows * (o.shared + o.suffix) * (2.0 * m.dl + m.dr) / (absorb.us * 1e6);
+      const double naive_tflops = 2.0 * rows * o.shared * (m.dqk() + m.dv) / (naive.us * 1e6);
       const double speedup = absorb.us / hybrid.us;
       const double typhoon = batch >= b_theta ? speedup : 1.0;
       const double diff = RelativeRms(hybrid.out, absorb.out);
@@ -155,13 +168,17 @@ absl::Status RunGpuTyphoonCommand(const TyphoonCommandOptions& o, std::ostream& 
                               {"hybrid_us", hybrid.us},
                               {"speedup", speedup},
                               {"typhoon_speedup", typhoon},
-                              {"rel_rms_diff", diff}}
+                              {"rel_rms_diff", diff},
+                              {"naive_us", naive.us},
+                              {"absorb_tflops", absorb_tflops},
+                              {"naive_tflops", naive_tflops}}
                    .dump()
             << "\n";
       } else {
-        out << absl::StrFormat("%3d %5d %7.1f %7s %11.1f %11.1f %7.2f %8.2f %9.2e\n", sq, batch,
-                               b_theta, batch >= b_theta ? "hybrid" : "absorb", absorb.us,
-                               hybrid.us, speedup, typhoon, diff);
+        out << absl::StrFormat(
+            "%3d %5d %7.1f %7s %11.1f %11.1f %7.2f %8.2f %9.2e %10.1f %9.0f %9.0f\n", sq, batch,
+            b_theta, batch >= b_theta ? "hybrid" : "absorb", absorb.us, hybrid.us, speedup, typhoon,
+            diff, naive.us, absorb_tflops, naive_tflops);
       }
       out.flush();
     }

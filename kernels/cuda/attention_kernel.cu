@@ -203,6 +203,7 @@ __global__ void __launch_bounds__(Shape<kDk, kDv, kKind, kColumnWarps>::kThreads
   extern __shared__ __align__(128) unsigned char smem[];
 
   const AttentionTile t = tiles[blockIdx.x];
+  if (t.rows == 0) return;  // the empty second of a pair of dense tiles
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int wr = warp % 4;  // query rows [16 wr, 16 wr + 16)

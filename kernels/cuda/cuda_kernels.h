@@ -31,6 +31,11 @@ cudaError_t EnqueueWgmmaAttention(const gpu::Launch& launch, cudaStream_t stream
 cudaError_t PrepareSeesawAttentionKernel(void** encode_tensor_map);
 cudaError_t EnqueueSeesawAttention(const gpu::Launch& launch, void* encode_tensor_map,
                                    cudaStream_t stream);
+// Expanded heads (dense, dk 192, dv 128: TyphoonMLA's naive pass) on Hopper's warpgroup MMA
+// (attention_expanded_kernel.cu), where WgmmaAttentionRuns; cudaErrorNotSupported for another
+// shape.
+cudaError_t PrepareExpandedAttentionKernel();
+cudaError_t EnqueueExpandedAttention(const gpu::Launch& launch, cudaStream_t stream);
 cudaError_t EnqueueGemm(const gpu::Launch& launch, cudaStream_t stream);
 // A kGemm launch with gemv_rows > 0 on the row kernel (gemv_kernel.cu).
 cudaError_t EnqueueGemv(const gpu::Launch& launch, cudaStream_t stream);

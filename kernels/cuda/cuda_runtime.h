@@ -39,6 +39,7 @@ struct CudaOptions {
 struct LaunchCounts {
   int64_t seesaw = 0;
   int64_t wgmma = 0;
+  int64_t expanded = 0;  // expanded heads on the warpgroup MMA
   int64_t mma = 0;
   int64_t gemm = 0;  // the tiled GEMM
   int64_t gemv = 0;  // the row kernel
@@ -89,7 +90,7 @@ class CudaRuntime final : public gpu::GpuRuntime {
  private:
   struct Handles;
   // The kernel each kind of launch runs on.
-  enum class Route { kCopyRows, kFill, kGemm, kGemv, kSeesaw, kWgmma, kMma, kCombine };
+  enum class Route { kCopyRows, kFill, kGemm, kGemv, kSeesaw, kWgmma, kExpanded, kMma, kCombine };
   CudaRuntime(int ordinal, CudaOptions options, std::unique_ptr<Handles> handles);
   Route RouteOf(const gpu::Launch& launch) const;
   // Enqueues the launches one by one; UNIMPLEMENTED for a launch without a kernel.

@@ -86,7 +86,9 @@ enum class KeysKind : int32_t {
 // One thread block of an attention launch: up to kAttentionTileRows query rows of one row
 // group (bf16 [rows][dk], dense), row i attending to keys [0, visible[i]). Output: rows
 // out_stride elements apart (fp32, or bf16 if out_bf16) and natural-log LSEs lse_stride
-// apart; a row that sees no key gets zeros and -inf.
+// apart; a row that sees no key gets zeros and -inf. A launch's dense tiles come in pairs of
+// one row group (2 i and 2 i + 1, the same keys and values), so that a kernel may read each key
+// once for both; a pair's second may hold no rows (rows and keys 0), and is then skipped.
 struct AttentionTile {
   DevicePtr q = 0;
   DevicePtr visible = 0;  // int32 [rows]

@@ -310,6 +310,13 @@ class Lowerer {
         t.lse_stride = g.lse_stride;
         tiles[t.kind].push_back(t);
       }
+      // Dense tiles come in pairs of one row group (gpu_jobs.h), the second empty if need be.
+      if (group_tile.kind == KeysKind::kDense && tiles[KeysKind::kDense].size() % 2 == 1) {
+        AttentionTile empty = tiles[KeysKind::kDense].back();
+        empty.rows = 0;
+        empty.keys = 0;
+        tiles[KeysKind::kDense].push_back(empty);
+      }
     }
     for (const auto& [kind, list] : tiles) {
       Launch launch{.kind = LaunchKind::kAttention, .name = step.name};
@@ -393,6 +400,8 @@ const char* LaunchKindName(LaunchKind kind) {
 
 void UseGpuSplit(DecodeBatch& batch) {
   batch.unit_rows = kAttentionTileRows;
+  // A dense launch's tiles come in pairs, which Hopper's kernel runs in one thread block.
+  batch.dense_unit_rows = 2 * kAttentionTileRows;
   batch.split_block_tokens = kAttentionBlockKeys;
   batch.balance_waves = true;
   batch.split_part_overhead_blocks = kAttentionPartOverheadBlocks;

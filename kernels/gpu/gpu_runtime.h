@@ -31,6 +31,18 @@ struct DeviceProperties {
   double naive_tflops = 0;
 };
 
+// The CUDA kernels' attained rates as fractions of the bf16 peak, measured on an H200
+// (docs/performance.md 18: `mlaserve-bench typhoon --device=cuda:0 --shared 4096 --suffix 512
+// --batch 512`), which the CUDA runtime states as absorb_tflops and naive_tflops: the seesaw
+// latent kernel (412-423 of 1,070 TFLOP/s), the plain warpgroup one (about 280) and mma.sync's
+// (170, `mlaserve-bench kernel` at 16K keys); the naive pass on the expanded-heads warpgroup
+// kernel (219) and on mma.sync (101-111).
+inline constexpr double kSeesawAbsorbShare = 0.385;
+inline constexpr double kWgmmaAbsorbShare = 0.26;
+inline constexpr double kMmaAbsorbShare = 0.16;
+inline constexpr double kExpandedNaiveShare = 0.205;
+inline constexpr double kMmaNaiveShare = 0.094;
+
 struct MemoryInfo {
   int64_t free = 0;
   int64_t total = 0;

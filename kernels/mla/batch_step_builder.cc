@@ -393,7 +393,11 @@ class Builder {
     std::vector<int> group_blocks;
     for (const RowGroupSpec& s : specs) {
       if (s.length <= 0) continue;
-      const int64_t units = b_.unit_rows > 0 ? CeilDiv(s.group.rows, b_.unit_rows) : 1;
+      const int unit_rows =
+          std::holds_alternative<DenseKeysRef>(s.group.keys) && b_.dense_unit_rows > 0
+              ? b_.dense_unit_rows
+              : b_.unit_rows;
+      const int64_t units = unit_rows > 0 ? CeilDiv(s.group.rows, unit_rows) : 1;
       for (int64_t u = 0; u < units; ++u) {
         group_blocks.push_back(static_cast<int>(CeilDiv(s.length, SplitBlockTokens())));
       }

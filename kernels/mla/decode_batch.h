@@ -105,6 +105,9 @@ struct DecodeBatch {
   // of more rows counts as that many in the balance; 0: a row group is one unit's (an NPU's
   // AIC block takes 256).
   int unit_rows = 0;
+  // The same for a pass over expanded heads (dense keys), where a unit may take more rows at a
+  // time (a Hopper thread block runs two tiles of one row group: 128); 0: unit_rows.
+  int dense_unit_rows = 0;
   // Split parts are multiples of this many keys: the block a unit's kernel steps by (a GPU's
   // 64); 0: kKvBlockTokens (512, the AMLA kernels' block).
   int split_block_tokens = 0;

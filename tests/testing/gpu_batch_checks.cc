@@ -95,6 +95,24 @@ std::vector<NamedScenario> GpuScenarios() {
   all.push_back({"Model128HeadsHybrid", hybrid});
   hybrid.groups[0].kv_dtype = KvDtype::kFp8;
   all.push_back({"Model128HeadsHybridFp8", hybrid});
+  // A naive pass of more rows than a tile holds (66 and 2 x 33 a head), over a prefix that
+  // ends mid-block, split over the SMs.
+  BatchScenarioSpec many;
+  many.heads = 4;
+  many.data_scale = 0.1;
+  many.prefixes = {{.parent = -1, .tokens = 600}};
+  std::vector<int> own_a, own_b;
+  for (int i = 0; i < 66; ++i) own_a.push_back((i * 37) % 40);
+  for (int i = 0; i < 33; ++i) own_b.push_back(1 + (i * 53) % 70);
+  many.groups = {{.head_space = true, .sq = 1, .prefix = 0, .own_tokens = own_a, .hybrid = true},
+                 {.head_space = true,
+                  .sq = 2,
+                  .prefix = 0,
+                  .own_tokens = own_b,
+                  .hybrid = true,
+                  .out_bf16 = true}};
+  many.parallel_units = 132;
+  all.push_back({"HybridManyQueries", many});
   for (NamedScenario& s : InvariantBatchScenarios()) {
     if (!s.spec.weight_tiles) all.push_back(std::move(s));
   }

@@ -85,7 +85,7 @@ std::vector<NamedScenario> OtherKernelScenarios() {
   std::vector<NamedScenario> some;
   for (NamedScenario& s : mlaserve::testing::GpuScenarios()) {
     if (s.name == "Mixed" || s.name == "AbsorbHeadMtpBf16" || s.name == "MixedBf16AndFp8" ||
-        s.name.rfind("Model128HeadsLatent", 0) == 0) {
+        s.name == "HybridManyQueries" || s.name.rfind("Model128HeadsLatent", 0) == 0) {
       some.push_back(std::move(s));
     }
   }
@@ -119,6 +119,19 @@ TEST_F(CudaTest, HopperRunsWholeBlocksOnTheSeesawKernel) {
       mlaserve::testing::ExpectGpuBatchMatchesGolden(*runtime_, s, 12);
   }
   EXPECT_GT(runtime_->launch_counts().wgmma, 0);
+}
+
+// On Hopper the naive pass (expanded heads) runs on the warpgroup kernel, tiles of one head
+// over 64 rows and a prefix ending mid-block included; the golden checked that route.
+TEST_F(CudaTest, HopperRunsTheNaivePassOnTheExpandedHeadsKernel) {
+  if (!Hopper()) GTEST_SKIP() << "not a Hopper GPU: " << runtime_->properties().name;
+  for (const NamedScenario& s : mlaserve::testing::GpuScenarios()) {
+    if (s.name == "Model128HeadsHybrid" || s.name == "HybridManyQueries") {
+      mlaserve::testing::ExpectGpuBatchMatchesGolden(*runtime_, s, 13);
+    }
+  }
+  EXPECT_GT(runtime_->launch_counts().expanded, 0);
+  EXPECT_EQ(runtime_->launch_counts().mma, 0);
 }
 
 // The batch-invariance check on the GPU, split over its SMs as the engine's GPU device

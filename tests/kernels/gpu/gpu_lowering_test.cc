@@ -208,8 +208,18 @@ TEST(GpuLoweringTest, QueriesInMappedHostMemoryAreReadInPlace) {
 // block names nothing.
 // A scenario's batch lowered with its inputs at made-up device addresses (nothing runs).
 struct LoweredBatch {
+  static constexpr DevicePtr kUploadAt = DevicePtr{1} << 30;
   BuiltBatch built;
   Program program;
+  std::vector<std::byte> upload;
+  // The launch's tile records as uploaded.
+  template <class Tile>
+  std::vector<Tile> Tiles(const Launch& l) const {
+    std::vector<Tile> tiles(static_cast<size_t>(l.count));
+    std::memcpy(tiles.data(), upload.data() + (l.tiles - program.upload_to),
+                tiles.size() * sizeof(Tile));
+    return tiles;
+  }
   // Where the lowering was told each input is.
   DevicePtr InputAddress(const StepBuffer& b) const {
     return (DevicePtr{1} << 40) +
@@ -219,15 +229,15 @@ struct LoweredBatch {
 
 LoweredBatch Lowered(const NamedScenario& scenario) {
   auto s = BatchScenario::Make(scenario.spec, 4);
-  LoweredBatch lowered{Built(*s), {}};
+  LoweredBatch lowered{Built(*s), {}, {}};
   const BatchSteps& steps = lowered.built.steps;
   auto layout = LayOutBatch(steps);
   EXPECT_TRUE(layout.ok()) << layout.status();
-  std::vector<std::byte> upload(static_cast<size_t>(layout->upload_bytes));
+  lowered.upload.resize(static_cast<size_t>(layout->upload_bytes));
   const auto resolve = [&](const StepBuffer& b) -> absl::StatusOr<DevicePtr> {
     return lowered.InputAddress(b);
   };
-  auto program = LowerBatch(steps, *layout, DevicePtr{1} << 30, resolve, upload);
+  auto program = LowerBatch(steps, *layout, LoweredBatch::kUploadAt, resolve, lowered.upload);
   EXPECT_TRUE(program.ok()) << program.status();
   if (program.ok()) lowered.program = *std::move(program);
   return lowered;
@@ -271,6 +281,50 @@ TEST(GpuLoweringTest, AttentionOverWholeKeyBlocksNamesThePool) {
   NamedScenario small_pages = Named("AbsorbHead");
   small_pages.spec.page_size = 32;
   EXPECT_EQ(OnlyPagedAttention(small_pages).key_pool_rows, 0);
+}
+
+// A dense launch's tiles come in pairs of one row group, the second empty where the group has
+// an odd number (gpu_jobs.h): a naive pass of 3 queries a head (one tile and an empty one) and
+// of 66 (two tiles of the same keys).
+TEST(GpuLoweringTest, DenseTilesComeInPairsOfOneRowGroup) {
+  NamedScenario many;
+  for (NamedScenario& s : mlaserve::testing::GpuScenarios()) {
+    if (s.name == "HybridManyQueries") many = s;
+  }
+  ASSERT_FALSE(many.name.empty());
+  for (const NamedScenario& scenario : {Named("HybridOneLevel"), many}) {
+    SCOPED_TRACE(scenario.name);
+    const LoweredBatch lowered = Lowered(scenario);
+    int dense = 0, full_pairs = 0, empty_seconds = 0;
+    for (const Launch& l : lowered.program.launches) {
+      if (l.kind != LaunchKind::kAttention || l.keys != KeysKind::kDense) continue;
+      ++dense;
+      ASSERT_EQ(l.count % 2, 0);
+      const std::vector<AttentionTile> tiles = lowered.Tiles<AttentionTile>(l);
+      for (size_t i = 0; i < tiles.size(); i += 2) {
+        const AttentionTile &a = tiles[i], &b = tiles[i + 1];
+        EXPECT_GT(a.rows, 0);
+        EXPECT_EQ(b.base, a.base);
+        EXPECT_EQ(b.values, a.values);
+        EXPECT_EQ(b.ldk, a.ldk);
+        EXPECT_EQ(b.ldv, a.ldv);
+        if (b.rows == 0) {
+          EXPECT_EQ(b.keys, 0);
+          ++empty_seconds;
+        } else {
+          EXPECT_EQ(b.q, a.q + static_cast<DevicePtr>(int64_t{a.rows} * l.dk * 2));
+          ++full_pairs;
+        }
+      }
+    }
+    EXPECT_GT(dense, 0);
+    if (scenario.name == "HybridOneLevel") {
+      EXPECT_EQ(full_pairs, 0);
+      EXPECT_GT(empty_seconds, 0);
+    } else {
+      EXPECT_GT(full_pairs, 0);
+    }
+  }
 }
 
 // The projections of a few sequences name the row kernel with their rows (a head's job has a

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "gtest/gtest.h"
+#include "kernels/gpu/gpu_runtime.h"
 #include "server/engine/model/model_config.h"
 
 namespace mlaserve::engine {
@@ -51,6 +52,26 @@ TEST(PlannerTest, ANaiveRateOfItsOwnRaisesTheThresholdOrRulesTheHybridOut) {
     const Planner planner(*model, slower, 2);
     EXPECT_TRUE(std::isinf(planner.BTheta(sq)));
   }
+}
+
+// The H200's rates as the CUDA runtime states them (gpu_runtime.h, docs/performance.md 18: the
+// seesaw kernel at 412 of 1,070 TFLOP/s, the naive pass on the expanded-heads kernel at 219, HBM
+// 4.81 TB/s):
+// the threshold falls where `mlaserve-bench typhoon` found the hybrid's break-even, above the
+// batch of 32 it lost (0.91x absorb-only) and at most the 64 it won (1.17x); on mma.sync's
+// naive pass (101) the hybrid never pays.
+TEST(PlannerTest, TheH200sRatesPutTheThresholdAtTheBenchsBreakEven) {
+  auto model = PresetModelConfig("deepseek-v3");
+  ASSERT_TRUE(model.ok());
+  const double peak = 1070e12;
+  const DeviceRates h200{peak * gpu::kSeesawAbsorbShare, 4.81e12, 0,
+                         peak * gpu::kExpandedNaiveShare};
+  const Planner planner(*model, h200, 1);
+  EXPECT_GT(planner.BTheta(1), 32);
+  EXPECT_LE(planner.BTheta(1), 64);
+  const DeviceRates mma_naive{peak * gpu::kSeesawAbsorbShare, 4.81e12, 0,
+                              peak * gpu::kMmaNaiveShare};
+  EXPECT_TRUE(std::isinf(TyphoonBatchThreshold(*model, 1, mma_naive)));
 }
 
 TEST(PlannerTest, AnFp8RateRaisesTheThresholdOfFp8GroupsOnly) {

@@ -1,0 +1,99 @@
+#ifndef MLASERVE_KERNELS_CUDA_SCORE_FRAGMENTS_CUH_
+#define MLASERVE_KERNELS_CUDA_SCORE_FRAGMENTS_CUH_
+
+// The online softmax of a warpgroup MMA's score fragments, as the Hopper kernels that hold a
+// key block's 64 x 64 scores in one warpgroup keep it (the seesaw and the expanded-heads
+// kernels): a thread holds rows row and row + 8 of its warp's 16, keys 8 i + c2 + e at
+// s[4 i + 2 h + e], so a row's scores lie in one quad and its maximum needs no shared memory.
+// Scores in base 2; the output accumulators rescaled in registers (FlashAttention-2).
+
+#include <cstdint>
+
+#include "kernels/cuda/mma_primitives.cuh"
+#include "kernels/gpu/gpu_jobs.h"
+
+namespace mlaserve::cuda::fragments {
+
+// The running max starts finite so that exp2(old - new) is never (-inf) - (-inf); masked
+// scores sit far below it, so they weigh exactly 0.
+constexpr float kMaxInit = -1e30f;
+constexpr float kMasked = -1e33f;
+
+// The thread's share of a block's scores s (64 rows x 64 keys; rows row and row + 8, keys
+// 8 i + c2 + e at s[4 i + 2 h + e]) in base 2, keys at or past a row's visible count masked.
+__device__ __forceinline__ void ScaleAndMask(float (&s)[32], float scale_log2, int block,
+                                             const int (&visible)[2], int c2, float (&row_max)[2]) {
+  const bool mask = (block + 1) * gpu::kAttentionBlockKeys > min(visible[0], visible[1]);
+  row_max[0] = row_max[1] = kMasked;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float v = s[4 * i + 2 * h + e] * scale_log2;
+        if (mask && block * gpu::kAttentionBlockKeys + 8 * i + c2 + e >= visible[h]) v = kMasked;
+        s[4 * i + 2 * h + e] = v;
+        row_max[h] = fmaxf(row_max[h], v);
+      }
+    }
+  }
+  row_max[0] = QuadMax(row_max[0]);
+  row_max[1] = QuadMax(row_max[1]);
+}
+
+// s <- exp2(s - base) per row; returns the rows' sums (this thread's keys).
+__device__ __forceinline__ void Exponentiate(float (&s)[32], const float (&base)[2],
+                                             float (&sum)[2]) {
+  sum[0] = sum[1] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float p = exp2f(s[4 * i + 2 * h + e] - base[h]);
+        s[4 * i + 2 * h + e] = p;
+        sum[h] += p;
+      }
+    }
+  }
+}
+
+// The probabilities as the value product's A fragments (keys 16 j .. 16 j + 15 in p[j]).
+__device__ __forceinline__ void PackProbabilities(const float (&s)[32], uint32_t (&p)[4][4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    p[j][0] = PackBf16(s[8 * j + 0], s[8 * j + 1]);
+    p[j][1] = PackBf16(s[8 * j + 2], s[8 * j + 3]);
+    p[j][2] = PackBf16(s[8 * j + 4], s[8 * j + 5]);
+    p[j][3] = PackBf16(s[8 * j + 6], s[8 * j + 7]);
+  }
+}
+
+template <int kN>
+__device__ __forceinline__ void Rescale(float (&o)[kN], const float (&factor)[2]) {
+  // Once a row's maximum settles, the factor is exactly 1: a warp whose rows all kept theirs
+  // skips the multiplies.
+  if (!__any_sync(0xffffffffu, factor[0] != 1.f || factor[1] != 1.f)) return;
+#pragma unroll
+  for (int i = 0; i < kN / 4; ++i) {
+    o[i * 4 + 0] *= factor[0];
+    o[i * 4 + 1] *= factor[0];
+    o[i * 4 + 2] *= factor[1];
+    o[i * 4 + 3] *= factor[1];
+  }
+}
+
+template <int kN>
+__device__ __forceinline__ void SettleRegisters(uint32_t (&r)[kN][4]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+  }
+}
+
+}  // namespace mlaserve::cuda::fragments
+
+#endif  // MLASERVE_KERNELS_CUDA_SCORE_FRAGMENTS_CUH_
