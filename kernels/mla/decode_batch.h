@@ -123,8 +123,9 @@ struct DecodeBatch {
   // ceil(length / (invariant_part_tokens x max(1, r / 128))) equal parts of whole split blocks
   // (0: kBatchInvariantPartTokens) instead of parts balanced over the units, and projection jobs
   // take at most `invariant_projection_rows` rows (a CPU's row kernel, whose sums are defined
-  // row by row; 0: whole groups, for a device that runs every row of a job alike and marks
-  // such steps so). Naive passes are the planner's to leave out.
+  // row by row), or one row where B is [n][k], which that kernel does not take; 0: whole
+  // groups, for a device that runs every row of a job alike and marks such steps so. Naive
+  // passes are the planner's to leave out.
   bool batch_invariant = false;
   int invariant_part_tokens = 0;
   int invariant_projection_rows = 0;
