@@ -111,7 +111,9 @@ void RunMatmulTile(benchmark::State& state, Multiply multiply) {
                          benchmark::Counter::kIsRate, benchmark::Counter::OneK::kIs1000);
 }
 
-void BM_MatmulTile_OneDnnBf16(benchmark::State& state) {
+// The matrix unit's tile call (MLASERVE_MATRIX_UNIT picks among its paths: docs/emulator.md).
+void BM_MatmulTile_MatrixUnit(benchmark::State& state) {
+  state.SetLabel(MatrixUnitBackend());
   const int k = static_cast<int>(state.range(0));
   std::vector<Bf16> a(128 * k, Bf16::FromFloat(0.5f)), b(128 * k, Bf16::FromFloat(0.25f));
   std::vector<float> c(128 * 128);
@@ -120,7 +122,7 @@ void BM_MatmulTile_OneDnnBf16(benchmark::State& state) {
     benchmark::DoNotOptimize(c.data());
   });
 }
-BENCHMARK(BM_MatmulTile_OneDnnBf16)->Arg(96)->Arg(128);
+BENCHMARK(BM_MatmulTile_MatrixUnit)->Arg(96)->Arg(128);
 
 void BM_MatmulTile_OpenBlasSgemm(benchmark::State& state) {
   UseOneOpenBlasThreadPerCall();

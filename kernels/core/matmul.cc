@@ -56,27 +56,54 @@ bool DnnlUsable() {
   return usable;
 }
 
+// Whether oneDNN takes the operands widened to fp32 rather than as bf16 (decided once): where
+// the CPU has no bf16 dot product (AVX-512 without AVX512_BF16 or AMX) oneDNN's bf16 matmul
+// emulates one, and a 128 x 128 tile call ran 4.4x slower than its fp32 kernel on operands
+// widened per call, the widening included (docs/performance.md 19). Products of bf16 values
+// are exact in fp32 either way; the sum's order is the fp32 kernel's. MLASERVE_MATRIX_UNIT=
+// onednn-bf16 or =onednn-f32 forces one (to compare them).
+bool DnnlWidens() {
+  static const bool widens = [] {
+    const char* forced = std::getenv("MLASERVE_MATRIX_UNIT");
+    if (forced != nullptr && std::string(forced) == "onednn-bf16") return false;
+    if (forced != nullptr && std::string(forced) == "onednn-f32") return true;
+    return !HostCpu().avx512_bf16 && !HostCpu().amx_bf16;
+  }();
+  return widens;
+}
+
 // The tile call as a oneDNN matmul: bf16 A [m][k] x bf16 B ([k][n], or [n][k] read
 // transposed), accumulated into fp32 C [m][n] (leading dimension kMatrixTile) by the sum
-// post-op. One per thread: a primitive shared between threads serialises them.
+// post-op; A and B widened to fp32 first where DnnlWidens. One per thread: a primitive shared
+// between threads serialises them.
 class DnnlTiles {
  public:
-  DnnlTiles() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {
+  DnnlTiles()
+      : engine_(dnnl::engine::kind::cpu, 0),
+        stream_(engine_),
+        operands_(DnnlWidens() ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16) {
     // mlaserve runs many tiles concurrently from its own threads: one OpenMP thread per call.
     omp_set_num_threads(1);
   }
 
   void Run(int m, int n, int k, bool b_transposed, const Bf16* a, const Bf16* b, float* c) {
     Shape& shape = ShapeOf(m, n, k, b_transposed);
+    if (operands_ == dnnl::memory::data_type::f32) {
+      ThreadScratch<struct WideDnnlA, float> a32(static_cast<size_t>(m) * k);
+      ThreadScratch<struct WideDnnlB, float> b32(static_cast<size_t>(k) * n);
+      WidenBf16(a, static_cast<int64_t>(m) * k, a32.data());
+      WidenBf16(b, static_cast<int64_t>(k) * n, b32.data());
+      Execute(shape, a32.data(), b32.data(), c);
+      return;
+    }
     // oneDNN's handles are not const-correct; the inputs are only read.
-    shape.a.set_data_handle(const_cast<Bf16*>(a));
-    shape.b.set_data_handle(const_cast<Bf16*>(b));
-    shape.c.set_data_handle(c);
-    shape.matmul.execute(
-        stream_, {{DNNL_ARG_SRC, shape.a}, {DNNL_ARG_WEIGHTS, shape.b}, {DNNL_ARG_DST, shape.c}});
+    Execute(shape, const_cast<Bf16*>(a), const_cast<Bf16*>(b), c);
   }
 
-  std::string Implementation() const { return Describe(128, 128, 96, false).impl_info_str(); }
+  std::string Implementation() const {
+    return std::string(Describe(128, 128, 96, false).impl_info_str()) +
+           (operands_ == dnnl::memory::data_type::f32 ? " on operands widened to fp32" : "");
+  }
 
  private:
   struct Shape {
@@ -84,13 +111,17 @@ class DnnlTiles {
     dnnl::memory a, b, c;
   };
 
-  static dnnl::memory::desc ADesc(int m, int k) {
-    return {{m, k}, dnnl::memory::data_type::bf16, {k, 1}};
+  void Execute(Shape& shape, void* a, void* b, float* c) {
+    shape.a.set_data_handle(a);
+    shape.b.set_data_handle(b);
+    shape.c.set_data_handle(c);
+    shape.matmul.execute(
+        stream_, {{DNNL_ARG_SRC, shape.a}, {DNNL_ARG_WEIGHTS, shape.b}, {DNNL_ARG_DST, shape.c}});
   }
-  static dnnl::memory::desc BDesc(int k, int n, bool transposed) {
-    return {{k, n},
-            dnnl::memory::data_type::bf16,
-            transposed ? dnnl::memory::dims{1, k} : dnnl::memory::dims{n, 1}};
+
+  dnnl::memory::desc ADesc(int m, int k) const { return {{m, k}, operands_, {k, 1}}; }
+  dnnl::memory::desc BDesc(int k, int n, bool transposed) const {
+    return {{k, n}, operands_, transposed ? dnnl::memory::dims{1, k} : dnnl::memory::dims{n, 1}};
   }
   static dnnl::memory::desc CDesc(int m, int n) {
     return {{m, n}, dnnl::memory::data_type::f32, {kMatrixTile, 1}};
@@ -120,6 +151,7 @@ class DnnlTiles {
 
   dnnl::engine engine_;
   dnnl::stream stream_;
+  dnnl::memory::data_type operands_;
   std::map<std::tuple<int, int, int, bool>, Shape> shapes_;
 };
 

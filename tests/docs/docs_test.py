@@ -67,7 +67,7 @@ FOREIGN_FLAGS = {
     "no-build-isolation", "system-site-packages",
     # GoogleTest and google-benchmark
     "gtest_filter", "gtest_repeat", "gtest_output", "benchmark_filter", "benchmark_repetitions",
-    "benchmark_report_aggregates_only",
+    "benchmark_report_aggregates_only", "benchmark_min_time",
     # abseil's own
     "help", "helpfull", "version", "flagfile",
 }

@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/core/bfloat16.h"
+#include "kernels/core/cpu_features.h"
 
 namespace mlaserve {
 namespace {
@@ -16,6 +19,16 @@ std::vector<float> RandomBf16Values(int n, std::mt19937& rng) {
   std::vector<float> v(n);
   for (float& x : v) x = RoundToBf16(dist(rng));
   return v;
+}
+
+// oneDNN takes the operands widened to fp32 exactly where the CPU has no bf16 dot product (its
+// bf16 matmul would emulate one there), and bf16 as they are where it has one.
+TEST(MatmulTest, OperandsAreWidenedExactlyWhereTheCpuHasNoBf16DotProduct) {
+  if (std::getenv("MLASERVE_MATRIX_UNIT") != nullptr) GTEST_SKIP() << "a path is forced";
+  const std::string backend = MatrixUnitBackend();
+  if (backend.rfind("oneDNN", 0) != 0) GTEST_SKIP() << backend;
+  const bool widened = backend.find("widened to fp32") != std::string::npos;
+  EXPECT_EQ(widened, !HostCpu().avx512_bf16 && !HostCpu().amx_bf16) << backend;
 }
 
 TEST(MatmulTest, ChunkedNTMatchesDoubleProduct) {
