@@ -137,7 +137,7 @@ absl::Status RunGpuHostPathCommand(const GpuHostPathCommandOptions& o, std::ostr
     DecodeBatch batch;
     batch.dims = {o.heads, kNope, kRope, kLatent, kValue, 1.0f / 13.856406f};
     batch.parallel_units = props.sm_count;
-    gpu::UseGpuSplit(batch);
+    gpu::UseGpuSplit(batch, props);
     DecodeBatch::Group group;
     group.head_space = true;
     group.sq = 1;

@@ -92,7 +92,7 @@ absl::Status RunGpuKernelCommand(const GpuKernelCommandOptions& o, std::ostream&
       DecodeBatch batch;
       batch.dims = {o.heads, 128, kRopeWidth, kLatentWidth, 128, 1.0f / 13.856406f};  // 1/sqrt(192)
       batch.parallel_units = props.sm_count;
-      gpu::UseGpuSplit(batch);
+      gpu::UseGpuSplit(batch, props);
       DecodeBatch::Group group;
       group.kv_dtype = fp8 ? KvDtype::kFp8 : KvDtype::kBf16;
       group.head_space = false;

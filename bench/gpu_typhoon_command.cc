@@ -56,9 +56,10 @@ struct GpuTimed {
   std::vector<float> out;
 };
 
-absl::StatusOr<GpuTimed> TimeOnGpu(gpu::GpuBatchExecutor& executor, DecodeBatch batch,
+absl::StatusOr<GpuTimed> TimeOnGpu(gpu::GpuBatchExecutor& executor,
+                                   const gpu::DeviceProperties& props, DecodeBatch batch,
                                    const DeviceCopies& inputs, int repeats) {
-  gpu::UseGpuSplit(batch);
+  gpu::UseGpuSplit(batch, props);
   ASSIGN_OR_RETURN(BuiltBatch built, BuildBatchSteps(batch));
   std::vector<double> us;
   GpuTimed t;
@@ -134,11 +135,11 @@ absl::Status RunGpuTyphoonCommand(const TyphoonCommandOptions& o, std::ostream& 
   for (int sq : o.sq) {
     const double b_theta = engine::TyphoonBatchThreshold(m, sq, rates);
     for (int batch : o.batch) {
-      ASSIGN_OR_RETURN(GpuTimed absorb, TimeOnGpu(executor,
+      ASSIGN_OR_RETURN(GpuTimed absorb, TimeOnGpu(executor, props,
                                                   MakeBatch(o, m, sq, batch, false, layout, pages,
                                                             &host, props.sm_count),
                                                   inputs, o.repeats));
-      ASSIGN_OR_RETURN(GpuTimed hybrid, TimeOnGpu(executor,
+      ASSIGN_OR_RETURN(GpuTimed hybrid, TimeOnGpu(executor, props,
                                                   MakeBatch(o, m, sq, batch, true, layout, pages,
                                                             &host, props.sm_count),
                                                   inputs, o.repeats));
@@ -146,7 +147,7 @@ absl::Status RunGpuTyphoonCommand(const TyphoonCommandOptions& o, std::ostream& 
       // keys), for the rates the planner's B_theta takes.
       TyphoonCommandOptions prefix_only = o;
       prefix_only.suffix = 0;
-      ASSIGN_OR_RETURN(GpuTimed naive, TimeOnGpu(executor,
+      ASSIGN_OR_RETURN(GpuTimed naive, TimeOnGpu(executor, props,
                                                  MakeBatch(prefix_only, m, sq, batch, true, layout,
                                                            pages, &host, props.sm_count),
                                                  inputs, o.repeats));

@@ -309,6 +309,9 @@ __device__ __forceinline__ void AttendAlone(const AttentionTile& t, unsigned cha
   float* hand_sum = hand_max + kRows;
   const int row = rows.row;
   if (group == 1) {
+    // The hand-over overwrites group 1's buffer 0, whose last block another of its warps'
+    // value product may still be reading: the group's barrier first.
+    NamedBarrierSync(kGroupBarrier + 1, kGroupThreads);
 #pragma unroll
     for (int i = 0; i < kDv / 2; ++i) hand[i * kGroupThreads + in_group] = rows.o[i];
     if (rows.lane % 4 == 0) {

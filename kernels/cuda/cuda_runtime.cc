@@ -160,6 +160,7 @@ absl::StatusOr<std::unique_ptr<CudaRuntime>> CudaRuntime::Create(int ordinal, Cu
   d.absorb_tflops = d.bf16_tflops * absorb_share;
   d.naive_tflops =
       d.bf16_tflops * (runtime->wgmma_attention_ ? gpu::kExpandedNaiveShare : gpu::kMmaNaiveShare);
+  d.dense_unit_rows = runtime->wgmma_attention_ ? 2 * gpu::kAttentionTileRows : 0;
   return runtime;
 }
 

@@ -398,10 +398,9 @@ const char* LaunchKindName(LaunchKind kind) {
   return "?";
 }
 
-void UseGpuSplit(DecodeBatch& batch) {
+void UseGpuSplit(DecodeBatch& batch, const DeviceProperties& device) {
   batch.unit_rows = kAttentionTileRows;
-  // A dense launch's tiles come in pairs, which Hopper's kernel runs in one thread block.
-  batch.dense_unit_rows = 2 * kAttentionTileRows;
+  batch.dense_unit_rows = device.dense_unit_rows;
   batch.split_block_tokens = kAttentionBlockKeys;
   batch.balance_waves = true;
   batch.split_part_overhead_blocks = kAttentionPartOverheadBlocks;

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/gpu/gpu_program.h"
+#include "kernels/gpu/gpu_runtime.h"
 #include "kernels/mla/batch_steps.h"
 #include "kernels/mla/decode_batch.h"
 
@@ -69,9 +70,10 @@ struct BatchLayout {
 // ValidateBatchSteps or inputs the resolver cannot place.
 // DecodeBatch's split-KV knobs as the GPU device sets them (parallel_units, the SM count,
 // is the caller's): a unit takes a thread block's rows, parts are whole key blocks, waves
-// are balanced and each part's fixed cost is counted. For batches built outside the engine
-// (the benchmarks) to split as the server's do.
-void UseGpuSplit(DecodeBatch& batch);
+// are balanced and each part's fixed cost is counted; a dense pass's unit takes the rows
+// `device`'s naive-pass kernel runs in one block. For batches built outside the engine (the
+// benchmarks) to split as the server's do.
+void UseGpuSplit(DecodeBatch& batch, const DeviceProperties& device);
 
 absl::StatusOr<BatchLayout> LayOutBatch(const BatchSteps& steps,
                                         std::span<const UploadCopy> copies = {},

@@ -29,6 +29,9 @@ struct DeviceProperties {
   // takes the peak and assumes the naive pass's math hides under its reads).
   double absorb_tflops = 0;
   double naive_tflops = 0;
+  // Query rows a thread block of the naive pass's kernel takes at a time: 128 where a dense
+  // launch's pairs of tiles run in one block (Hopper's expanded-heads kernel); 0: a tile's.
+  int dense_unit_rows = 0;
 };
 
 // The CUDA kernels' attained rates as fractions of the bf16 peak, measured on an H200

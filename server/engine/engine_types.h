@@ -193,6 +193,8 @@ struct DeviceInfo {
   std::string description = "";  // a GPU's model, SMs, memory and driver (open_gpu.h)
   int64_t memory_bytes = 0;      // a GPU's memory
   int unit_rows = 0;  // query rows a unit takes at a time (DecodeBatch::unit_rows); 0: a group
+  // The same for a pass over expanded heads (DecodeBatch::dense_unit_rows); 0: unit_rows.
+  int dense_unit_rows = 0;
   int split_block_tokens = 0;  // split parts' key multiple (DecodeBatch); 0: the kernels' 512
   bool balance_waves = false;  // DecodeBatch::balance_waves
   int split_part_overhead_blocks = 0;  // DecodeBatch's

@@ -54,7 +54,7 @@ BatchRunner GpuBatchRunner(gpu::GpuRuntime& runtime) {
   return [&runtime](const DecodeBatch& batch) -> absl::StatusOr<BatchAnswerBytes> {
     DecodeBatch b = batch;
     b.parallel_units = runtime.properties().sm_count;
-    gpu::UseGpuSplit(b);
+    gpu::UseGpuSplit(b, runtime.properties());
     ASSIGN_OR_RETURN(BuiltBatch built, BuildBatchSteps(b));
     ASSIGN_OR_RETURN(ResidentInputs inputs, ResidentInputs::Upload(runtime, built.steps));
     gpu::GpuBatchExecutor executor(runtime);

@@ -25,6 +25,7 @@ GpuAttentionDevice::GpuAttentionDevice(std::shared_ptr<gpu::GpuRuntime> runtime,
   // One attention tile a thread block, one block an SM at a time.
   info_.parallel_units = p.sm_count;
   info_.unit_rows = gpu::kAttentionTileRows;
+  info_.dense_unit_rows = p.dense_unit_rows;
   info_.split_block_tokens = gpu::kAttentionBlockKeys;
   info_.balance_waves = true;
   info_.split_part_overhead_blocks = gpu::kAttentionPartOverheadBlocks;

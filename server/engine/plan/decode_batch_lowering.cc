@@ -16,6 +16,7 @@ DecodeBatch ToDecodeBatch(const BatchPlan& plan, const ModelWeights& weights, co
   batch.invariant_projection_rows = device.invariant_projection_rows;
   batch.parallel_units = device.parallel_units;
   batch.unit_rows = device.unit_rows;
+  batch.dense_unit_rows = device.dense_unit_rows;
   batch.split_block_tokens = device.split_block_tokens;
   batch.balance_waves = device.balance_waves;
   batch.split_part_overhead_blocks = device.split_part_overhead_blocks;

@@ -178,6 +178,33 @@ TEST(BatchStepBuilderTest, UnitsOfFewerRowsCountARowGroupSeveralTimes) {
   EXPECT_EQ(Attention(built->steps, "latent").groups.size(), 6u);
 }
 
+// A pass over expanded heads counts its units by dense_unit_rows (a Hopper thread block takes
+// two 64-row tiles of the naive pass) where that is set: fewer units busy, so more parts.
+TEST(BatchStepBuilderTest, DenseUnitRowsCountTheNaivePassApart) {
+  BatchScenarioSpec spec;
+  spec.heads = 8;
+  spec.parallel_units = 16;
+  spec.prefixes = {{.parent = -1, .tokens = 2048}};
+  spec.groups = {{.head_space = true,
+                  .sq = 1,
+                  .prefix = 0,
+                  .own_tokens = std::vector<int>(128, 3),
+                  .hybrid = true}};
+  auto s = BatchScenario::Make(spec, 9);
+  DecodeBatch tiled = s->batch();
+  tiled.unit_rows = 64;
+  tiled.split_block_tokens = 64;
+  auto by_tiles = BuildBatchSteps(tiled);
+  ASSERT_TRUE(by_tiles.ok()) << by_tiles.status();
+  // 8 heads of 128 rows: 16 units of 64 rows busy, no split.
+  EXPECT_EQ(Attention(by_tiles->steps, "naive").groups.size(), 8u);
+  tiled.dense_unit_rows = 128;
+  auto by_pairs = BuildBatchSteps(tiled);
+  ASSERT_TRUE(by_pairs.ok()) << by_pairs.status();
+  // 8 units of 128 rows on 16: each head's keys in two parts.
+  EXPECT_EQ(Attention(by_pairs->steps, "naive").groups.size(), 16u);
+}
+
 TEST(BatchStepBuilderTest, RejectsPassesThatDoNotTileThePrefix) {
   BatchScenarioSpec spec;
   spec.prefixes = {{-1, 100}, {0, 50}};
