@@ -56,6 +56,18 @@ bool DnnlUsable() {
   return usable;
 }
 
+// A tile call's compact bf16 operands (A [m][k], B [k][n] or [n][k]) widened to fp32 in this
+// thread's scratch, same layout, for the paths whose kernel takes fp32.
+struct WidenedOperands {
+  ThreadScratch<struct WideA, float> a;
+  ThreadScratch<struct WideB, float> b;
+  WidenedOperands(int m, int n, int k, const Bf16* a_bf16, const Bf16* b_bf16)
+      : a(static_cast<size_t>(m) * k), b(static_cast<size_t>(k) * n) {
+    WidenBf16(a_bf16, static_cast<int64_t>(m) * k, a.data());
+    WidenBf16(b_bf16, static_cast<int64_t>(k) * n, b.data());
+  }
+};
+
 // Whether oneDNN takes the operands widened to fp32 rather than as bf16 (decided once): where
 // the CPU has no bf16 dot product (AVX-512 without AVX512_BF16 or AMX) oneDNN's bf16 matmul
 // emulates one, and a 128 x 128 tile call ran 4.4x slower than its fp32 kernel on operands
@@ -89,11 +101,8 @@ class DnnlTiles {
   void Run(int m, int n, int k, bool b_transposed, const Bf16* a, const Bf16* b, float* c) {
     Shape& shape = ShapeOf(m, n, k, b_transposed);
     if (operands_ == dnnl::memory::data_type::f32) {
-      ThreadScratch<struct WideDnnlA, float> a32(static_cast<size_t>(m) * k);
-      ThreadScratch<struct WideDnnlB, float> b32(static_cast<size_t>(k) * n);
-      WidenBf16(a, static_cast<int64_t>(m) * k, a32.data());
-      WidenBf16(b, static_cast<int64_t>(k) * n, b32.data());
-      Execute(shape, a32.data(), b32.data(), c);
+      const WidenedOperands wide(m, n, k, a, b);
+      Execute(shape, wide.a.data(), wide.b.data(), c);
       return;
     }
     // oneDNN's handles are not const-correct; the inputs are only read.
@@ -168,13 +177,10 @@ void LibraryTileCall(int m, int n, int k, bool b_transposed, const Bf16* a, cons
   }
   // No JIT in this process: OpenBLAS on the widened operands, still one call per tile and
   // chunk (the same calls on every path, so host and device keep agreeing).
-  ThreadScratch<struct WideA, float> a32(static_cast<size_t>(m) * k);
-  ThreadScratch<struct WideB, float> b32(static_cast<size_t>(k) * n);
-  WidenBf16(a, static_cast<int64_t>(m) * k, a32.data());
-  WidenBf16(b, static_cast<int64_t>(k) * n, b32.data());
+  const WidenedOperands wide(m, n, k, a, b);
   UseOneOpenBlasThreadPerCall();
   cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, m, n, k, 1.0f,
-              a32.data(), k, b32.data(), b_transposed ? k : n, 1.0f, c, kMatrixTile);
+              wide.a.data(), k, wide.b.data(), b_transposed ? k : n, 1.0f, c, kMatrixTile);
 }
 
 void TileCall(int m, int n, int k, bool b_transposed, const Bf16* a, const Bf16* b, float* c) {

@@ -87,39 +87,34 @@ __device__ __forceinline__ const char* Bytes(gpu::DevicePtr p) {
   return reinterpret_cast<const char*>(p);
 }
 
-// The tile's query rows (zeros past its last), by threads [index, +threads) of the block.
-__device__ void LoadQueries(const AttentionTile& t, uint32_t q, int index, int threads) {
-  for (int i = index; i < kRows * kKUnits; i += threads) {
-    const int row = i / kKUnits;
-    const int unit = i % kKUnits;
-    const bool valid = row < t.rows;
-    const char* src = Bytes(t.q) + (valid ? (static_cast<int64_t>(row) * kDk + unit * 8) * 2 : 0);
-    CopyAsync16(TileUnit(q, row, unit), src, valid);
+// Rows [first, first + 64) of a bf16 matrix of kUnits 16-byte units a row, `ld` elements
+// apart, into the 64-row tiles at `dst`, by threads [index, +threads); rows at or past `valid`
+// are zeros, so that no value a row must not see reaches an MMA.
+template <int kUnits>
+__device__ void LoadRows(const char* src, int64_t ld, int first, int valid, uint32_t dst, int index,
+                         int threads) {
+  for (int i = index; i < kRows * kUnits; i += threads) {
+    const int r = i / kUnits;
+    const int unit = i % kUnits;
+    const bool inside = first + r < valid;
+    CopyAsync16(TileUnit(dst, r, unit),
+                src + (inside ? (static_cast<int64_t>(first + r) * ld + unit * 8) * 2 : 0), inside);
   }
 }
 
-// Keys and values [block * kKeys, +kKeys) of `t`'s into `buffer`, by threads [index, +threads);
-// rows at or past `keys` are zeros, so that no value a row must not see reaches an MMA.
+// The tile's query rows (zeros past its last), by threads [index, +threads) of the block.
+__device__ void LoadQueries(const AttentionTile& t, uint32_t q, int index, int threads) {
+  LoadRows<kKUnits>(Bytes(t.q), kDk, 0, t.rows, q, index, threads);
+}
+
+// Keys and values [block * kKeys, +kKeys) of `t`'s into `buffer` (K, then V), by threads
+// [index, +threads); rows at or past `keys` are zeros.
 __device__ void LoadBlock(const AttentionTile& t, int keys, int block, uint32_t buffer, int index,
                           int threads) {
-  const int first = block * kKeys;
-  for (int i = index; i < kKeys * kKUnits; i += threads) {
-    const int r = i / kKUnits;
-    const int unit = i % kKUnits;
-    const bool valid = first + r < keys;
-    const char* src =
-        Bytes(t.base) + (valid ? (static_cast<int64_t>(first + r) * t.ldk + unit * 8) * 2 : 0);
-    CopyAsync16(TileUnit(buffer, r, unit), src, valid);
-  }
-  const uint32_t values = buffer + kKTiles * kTileBytes;
-  for (int i = index; i < kKeys * kVUnits; i += threads) {
-    const int r = i / kVUnits;
-    const int unit = i % kVUnits;
-    const bool valid = first + r < keys;
-    const char* src =
-        Bytes(t.values) + (valid ? (static_cast<int64_t>(first + r) * t.ldv + unit * 8) * 2 : 0);
-    CopyAsync16(TileUnit(values, r, unit), src, valid);
-  }
+  static_assert(kKeys == kRows, "a key block fills the tiles a query tile does");
+  LoadRows<kKUnits>(Bytes(t.base), t.ldk, block * kKeys, keys, buffer, index, threads);
+  LoadRows<kVUnits>(Bytes(t.values), t.ldv, block * kKeys, keys, buffer + kKTiles * kTileBytes,
+                    index, threads);
 }
 
 // A thread's share of fetching blocks, one of kLoaders threads: where each of its 16-byte units

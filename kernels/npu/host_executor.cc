@@ -70,21 +70,18 @@ std::vector<std::vector<uint32_t>> WorkSuccessors(const Program& program) {
 }  // namespace
 
 HostExecutor::HostExecutor(int threads)
-    : parallelism_(std::max(threads, 1)),
-      waiting_(static_cast<size_t>(parallelism_), 0),
-      held_back_from_(parallelism_) {
-  for (int i = 0; i < parallelism_; ++i)
-    wake_.push_back(std::make_unique<std::condition_variable>());
-  for (int i = 0; i < parallelism_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+    : parallelism_(std::max(threads, 1)), waiting_(static_cast<size_t>(parallelism_.load()), 0) {
+  const int n = parallelism_.load();
+  for (int i = 0; i < n; ++i) wake_.push_back(std::make_unique<std::condition_variable>());
+  for (int i = 0; i < n; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
 }
 
 void HostExecutor::SetParallelism(int n) {
   MLASERVE_TSAN_BOOKKEEPING_BEGIN();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    parallelism_ = std::clamp(n, 1, threads());
-    held_back_from_.store(parallelism_, std::memory_order_relaxed);
-    WakeLocked(parallelism_);  // more may run now
+    parallelism_.store(std::clamp(n, 1, threads()), std::memory_order_relaxed);
+    WakeLocked(static_cast<size_t>(threads()));  // more may run now
   }
   MLASERVE_TSAN_BOOKKEEPING_END();
 }
@@ -241,7 +238,7 @@ void HostExecutor::WorkerLoop(int index) {
       Execute(program, static_cast<uint32_t>(id));
       MLASERVE_TSAN_BOOKKEEPING_BEGIN();
       id = Complete(static_cast<uint32_t>(id), stack, spawned, all_done);
-      if (id >= 0 && index >= held_back_from_.load(std::memory_order_relaxed)) {
+      if (id >= 0 && index >= parallelism_.load(std::memory_order_relaxed)) {
         // The CPU this worker ran on was taken back (SetParallelism): the rest of its chain
         // goes to the workers still allowed.
         spawned.push_back(static_cast<uint32_t>(id));

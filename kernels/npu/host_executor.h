@@ -40,9 +40,9 @@ class HostExecutor {
   void Start(const Program& program, GlobalMemory& gm);
   void Wait();
   int threads() const { return static_cast<int>(workers_.size()); }
-  // At most `n` (1..threads()) workers run instructions at once, at once (so also while a
-  // program runs: a worker held back stops after its current instruction): a device of a pool runs
-  // on its own CPUs, and on those of idle devices that lend it theirs
+  // From now on at most `n` (1..threads()) workers run instructions at once, also while a
+  // program runs (a worker held back stops after its current instruction): a device of a pool
+  // runs on its own CPUs, and on those of idle devices that lend it theirs
   // (server/engine/devices/device_pool.h). All of them until first called. Thread-safe.
   void SetParallelism(int n);
 
@@ -72,11 +72,11 @@ class HostExecutor {
   // wrote, still in the host's caches; first-in-first-out interleaves all the cores'
   // working sets (about 1 MiB each) and was measured ~15 % slower at 16 busy cores.
   std::vector<uint32_t> ready_;
-  int parallelism_ = 0;        // set by the constructor and SetParallelism
-  std::vector<char> waiting_;  // per worker: asleep on its wake_
-  // parallelism_ for a worker in the middle of a chain, read without mu_ after each
+  // Workers [0, parallelism_) may run; written under mu_ (by the constructor and
+  // SetParallelism), also read without it by a worker in the middle of a chain, after each
   // instruction: a stale value only ends the chain an instruction late or early.
-  std::atomic<int> held_back_from_;
+  std::atomic<int> parallelism_;
+  std::vector<char> waiting_;  // per worker: asleep on its wake_
   const Program* program_ = nullptr;
   GlobalMemory* gm_ = nullptr;
   bool stopping_ = false;
