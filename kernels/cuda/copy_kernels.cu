@@ -12,6 +12,11 @@ using gpu::FillJob;
 
 constexpr int kThreads = 256;
 
+// Vectors a thread loads before it stores any: independent loads in flight, where a loop of
+// load-then-store waits out the memory's latency once a vector (a job of 147 KB on one block
+// took 20 us so).
+constexpr int kVectorsInFlight = 4;
+
 __global__ void __launch_bounds__(kThreads)
     CopyRowsKernel(const CopyRowsJob* __restrict__ jobs, bool aligned16) {
   const CopyRowsJob j = jobs[blockIdx.x];
@@ -20,11 +25,21 @@ __global__ void __launch_bounds__(kThreads)
   if (aligned16) {
     const int vectors = j.row_bytes / 16;
     const int64_t total = static_cast<int64_t>(j.rows) * vectors;
-    for (int64_t i = threadIdx.x; i < total; i += kThreads) {
-      const int64_t r = i / vectors;
-      const int64_t v = i % vectors;
-      reinterpret_cast<uint4*>(dst + r * j.dst_stride)[v] =
-          reinterpret_cast<const uint4*>(src + r * j.src_stride)[v];
+    for (int64_t first = threadIdx.x; first < total; first += kThreads * kVectorsInFlight) {
+      uint4 v[kVectorsInFlight];
+#pragma unroll
+      for (int u = 0; u < kVectorsInFlight; ++u) {
+        const int64_t i = first + u * kThreads;
+        if (i < total) {
+          v[u] = reinterpret_cast<const uint4*>(src + (i / vectors) * j.src_stride)[i % vectors];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kVectorsInFlight; ++u) {
+        const int64_t i = first + u * kThreads;
+        if (i < total)
+          reinterpret_cast<uint4*>(dst + (i / vectors) * j.dst_stride)[i % vectors] = v[u];
+      }
     }
     return;
   }
@@ -39,7 +54,14 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads) FillKernel(const FillJob* __restrict__ jobs) {
   const FillJob j = jobs[blockIdx.x];
   uint32_t* dst = reinterpret_cast<uint32_t*>(j.dst);
-  for (int64_t i = threadIdx.x; i < j.words; i += kThreads) dst[i] = j.pattern;
+  int64_t vectors = 0;  // 16-byte stores where the job starts aligned
+  if (j.dst % 16 == 0) {
+    vectors = j.words / 4;
+    const uint4 pattern = make_uint4(j.pattern, j.pattern, j.pattern, j.pattern);
+    for (int64_t i = threadIdx.x; i < vectors; i += kThreads)
+      reinterpret_cast<uint4*>(dst)[i] = pattern;
+  }
+  for (int64_t i = vectors * 4 + threadIdx.x; i < j.words; i += kThreads) dst[i] = j.pattern;
 }
 
 __global__ void TrapKernel() { __trap(); }

@@ -365,11 +365,13 @@ absl::Status FakeGpuRuntime::Execute(const Launch& launch) {
           }
           float lse = 0;
           CombineLseParts(j.num_parts, outs.data(), lses.data(), j.dv, row.data(), &lse);
-          ASSIGN_OR_RETURN(std::byte * o, Span(j.out + r * j.out_stride * out_bytes,
-                                               int64_t{j.dv} * out_bytes, "out"));
-          ASSIGN_OR_RETURN(std::byte * l, Span(j.lse + r * j.lse_stride * 4, 4, "lse"));
-          StoreRow(row.data(), j.dv, o, j.out_bf16 != 0);
-          *As<float>(l) = lse;
+          ASSIGN_OR_RETURN(std::byte * o, Span(j.out + (r * j.out_stride + t.col0) * out_bytes,
+                                               int64_t{t.cols} * out_bytes, "out"));
+          StoreRow(row.data() + t.col0, t.cols, o, j.out_bf16 != 0);
+          if (t.col0 == 0) {
+            ASSIGN_OR_RETURN(std::byte * l, Span(j.lse + r * j.lse_stride * 4, 4, "lse"));
+            *As<float>(l) = lse;
+          }
         }
       }
       return absl::OkStatus();

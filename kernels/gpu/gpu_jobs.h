@@ -139,12 +139,20 @@ struct CombineJob {
   int32_t dv = 0;
   int32_t out_bf16 = 0;
 };
-// One thread block of a combine launch: rows [row0, row0 + kCombineTileRows) of job `job`.
+// One thread block of a combine launch: rows [row0, row0 + kCombineTileRows) of job `job`,
+// columns [col0, col0 + cols). The tile with col0 0 writes the rows' LSEs. A job's rows are
+// cut into column slices only where its LSE destination is none of its parts' (each slice
+// reads every part's LSE, which an in-place merge would overwrite under another slice).
 struct CombineTile {
   int32_t job = 0;
   int32_t row0 = 0;
+  int32_t col0 = 0;
+  int32_t cols = 0;
 };
 inline constexpr int kCombineTileRows = 8;
+// Columns of a slice: a few rows of many parts (one query split over the SMs) still make
+// enough thread blocks to read the parts at the memory's rate.
+inline constexpr int kCombineSliceColumns = 128;
 inline constexpr int kCombineMaxDv = 512;  // the widest row a combine takes (MLA's latent)
 
 }  // namespace mlaserve::gpu

@@ -32,9 +32,10 @@ bool FitsRowKernel(const GemmJob& j) {
          j.ldb % 8 == 0 && contiguous % 8 == 0;
 }
 
-// What one thread block of a fill or a copy takes: 64 KiB.
+// What one thread block of a fill (64 KiB) or a copy (16 KiB: a thread's few vectors, so that
+// one query's rows spread over several SMs) takes.
 constexpr int64_t kFillJobWords = int64_t{16} << 10;
-constexpr int64_t kCopyJobBytes = int64_t{64} << 10;
+constexpr int64_t kCopyJobBytes = int64_t{16} << 10;
 
 class Lowerer {
  public:
@@ -140,8 +141,13 @@ class Lowerer {
           }
         }
       }
-      jobs.push_back(CopyRowsJob{src, dst, src_stride, s.dst_stride * 2, s.rows,
-                                 static_cast<int32_t>(row_bytes)});
+      const int rows_per_job = static_cast<int>(std::max<int64_t>(1, kCopyJobBytes / row_bytes));
+      for (int r = 0; r < s.rows; r += rows_per_job) {
+        jobs.push_back(CopyRowsJob{src + static_cast<DevicePtr>(r * src_stride),
+                                   dst + static_cast<DevicePtr>(int64_t{r} * s.dst_stride * 2),
+                                   src_stride, s.dst_stride * 2, std::min(rows_per_job, s.rows - r),
+                                   static_cast<int32_t>(row_bytes)});
+      }
       aligned = aligned && Aligned16(row_bytes) && Aligned16(static_cast<int64_t>(dst)) &&
                 Aligned16(s.dst_stride * 2) && Aligned16(static_cast<int64_t>(src)) &&
                 Aligned16(src_stride);
@@ -345,6 +351,14 @@ class Lowerer {
       }
       std::vector<CombinePart> parts;
       for (const auto& p : j.parts) parts.push_back(CombinePart{Address(p.out), Address(p.lse)});
+      // The kernel reads the parts' rows as 16-byte vectors.
+      const bool vectors = j.dv % 4 == 0 && std::all_of(parts.begin(), parts.end(), [](auto& p) {
+                             return Aligned16(static_cast<int64_t>(p.out));
+                           });
+      if (!vectors) {
+        return absl::InternalError(absl::StrCat("combine '", step.name, "': rows of ", j.dv,
+                                                " values or parts not 16-byte aligned"));
+      }
       CombineJob job;
       job.parts = upload_.PutArray(parts);
       job.out = Address(j.out);
@@ -357,7 +371,14 @@ class Lowerer {
       job.out_bf16 = j.out_bf16 ? 1 : 0;
       const int32_t index = static_cast<int32_t>(jobs.size());
       jobs.push_back(job);
-      for (int32_t r = 0; r < j.rows; r += kCombineTileRows) tiles.push_back(CombineTile{index, r});
+      const bool in_place = std::any_of(
+          parts.begin(), parts.end(), [&](const CombinePart& part) { return part.lse == job.lse; });
+      const int32_t slice = in_place ? job.dv : std::min(job.dv, kCombineSliceColumns);
+      for (int32_t r = 0; r < j.rows; r += kCombineTileRows) {
+        for (int32_t c = 0; c < job.dv; c += slice) {
+          tiles.push_back(CombineTile{index, r, c, std::min(slice, job.dv - c)});
+        }
+      }
     }
     if (tiles.empty()) return absl::OkStatus();
     Launch launch{.kind = LaunchKind::kCombine, .name = step.name};

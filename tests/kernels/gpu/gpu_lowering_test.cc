@@ -212,13 +212,17 @@ struct LoweredBatch {
   BuiltBatch built;
   Program program;
   std::vector<std::byte> upload;
-  // The launch's tile records as uploaded.
+  // `count` records of `T` the lowering uploaded to `at`.
+  template <class T>
+  std::vector<T> Records(DevicePtr at, int64_t count) const {
+    std::vector<T> records(static_cast<size_t>(count));
+    std::memcpy(records.data(), upload.data() + (at - program.upload_to),
+                records.size() * sizeof(T));
+    return records;
+  }
   template <class Tile>
   std::vector<Tile> Tiles(const Launch& l) const {
-    std::vector<Tile> tiles(static_cast<size_t>(l.count));
-    std::memcpy(tiles.data(), upload.data() + (l.tiles - program.upload_to),
-                tiles.size() * sizeof(Tile));
-    return tiles;
+    return Records<Tile>(l.tiles, l.count);
   }
   // Where the lowering was told each input is.
   DevicePtr InputAddress(const StepBuffer& b) const {
@@ -325,6 +329,47 @@ TEST(GpuLoweringTest, DenseTilesComeInPairsOfOneRowGroup) {
       EXPECT_GT(full_pairs, 0);
     }
   }
+}
+
+// A merge's tiles cover each of its rows' columns once, in slices of kCombineSliceColumns so
+// that a few rows of many parts still make many thread blocks; a merge into its first part's
+// own LSEs (in place) keeps whole rows, as every slice reads every part's LSE.
+TEST(GpuLoweringTest, CombineTilesCoverEveryColumnOnceInSlicesUnlessInPlace) {
+  int merges = 0, sliced = 0;
+  for (const NamedScenario& scenario : FakeGpuScenarios()) {
+    SCOPED_TRACE(scenario.name);
+    const LoweredBatch lowered = Lowered(scenario);
+    for (const Launch& l : lowered.program.launches) {
+      if (l.kind != LaunchKind::kCombine) continue;
+      const std::vector<CombineTile> tiles = lowered.Tiles<CombineTile>(l);
+      int jobs = 0;
+      for (const CombineTile& t : tiles) jobs = std::max(jobs, t.job + 1);
+      const std::vector<CombineJob> records = lowered.Records<CombineJob>(l.records, jobs);
+      for (int index = 0; index < jobs; ++index) {
+        const CombineJob& job = records[static_cast<size_t>(index)];
+        const std::vector<CombinePart> parts =
+            lowered.Records<CombinePart>(job.parts, job.num_parts);
+        const bool in_place = std::any_of(parts.begin(), parts.end(),
+                                          [&](const CombinePart& p) { return p.lse == job.lse; });
+        std::vector<int> covered(static_cast<size_t>(job.rows) * job.dv, 0);
+        for (const CombineTile& t : tiles) {
+          if (t.job != index) continue;
+          EXPECT_EQ(t.row0 % kCombineTileRows, 0);
+          EXPECT_EQ(t.cols, in_place ? job.dv : std::min(job.dv, kCombineSliceColumns));
+          sliced += t.cols < job.dv ? 1 : 0;
+          for (int r = t.row0; r < std::min(job.rows, t.row0 + kCombineTileRows); ++r) {
+            for (int c = t.col0; c < t.col0 + t.cols && c < job.dv; ++c) {
+              ++covered[static_cast<size_t>(r) * job.dv + c];
+            }
+          }
+        }
+        EXPECT_EQ(std::count(covered.begin(), covered.end(), 1), std::ssize(covered));
+        ++merges;
+      }
+    }
+  }
+  EXPECT_GT(merges, 0);
+  EXPECT_GT(sliced, 0);
 }
 
 // The projections of a few sequences name the row kernel with their rows (a head's job has a
