@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "bench/gpu_resident_inputs.h"
 #include "bench/host_description.h"
+#include "bench/latent_decode_batch.h"
 #include "common/status_macros.h"
 #include "kernels/core/fp8_paged_kv_cache.h"
 #include "kernels/core/random_fill.h"
@@ -17,22 +19,6 @@
 #include "nlohmann/json.hpp"
 
 namespace mlaserve::bench {
-namespace {
-
-constexpr int kLatentWidth = 512;
-constexpr int kRopeWidth = 64;
-constexpr int kKeyWidth = kLatentWidth + kRopeWidth;
-// Distinct random pages; the pool repeats them (filling gigabytes with fresh normals would
-// take the benchmark longer than its runs, and repeated values cost a GPU the same).
-constexpr int kDistinctPages = 256;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-}  // namespace
-
 absl::Status RunGpuKernelCommand(const GpuKernelCommandOptions& o, std::ostream& out) {
   ASSIGN_OR_RETURN(std::unique_ptr<gpu::GpuRuntime> runtime, gpu::OpenGpu(o.device));
   const gpu::DeviceProperties& props = runtime->properties();
@@ -48,28 +34,26 @@ absl::Status RunGpuKernelCommand(const GpuKernelCommandOptions& o, std::ostream&
 
   // One pool in the cache's own format, on the device once, as the server keeps it.
   Rng rng(7);
-  std::vector<Bf16> distinct(static_cast<size_t>(kDistinctPages) * o.page_size * kKeyWidth);
+  std::vector<Bf16> distinct(static_cast<size_t>(kDistinctPoolPages) * o.page_size * kKeyWidth);
   FillNormal(distinct, 0.1, rng);
   Fp8PageLayout layout{o.page_size, kLatentWidth, kRopeWidth, 0};
   std::vector<std::byte> distinct_bytes;
   if (fp8) {
     const PagedKvCache small{*TensorView<const Bf16, 3>::Create(
-        std::span<const Bf16>(distinct), {kDistinctPages, o.page_size, kKeyWidth})};
+        std::span<const Bf16>(distinct), {kDistinctPoolPages, o.page_size, kKeyWidth})};
     distinct_bytes = QuantizePagedCache(small, kLatentWidth);
   } else {
     distinct_bytes.resize(distinct.size() * 2);
     std::memcpy(distinct_bytes.data(), distinct.data(), distinct_bytes.size());
   }
   const int64_t page_bytes = fp8 ? layout.stride() : bf16_page_bytes;
-  ASSIGN_OR_RETURN(const gpu::DevicePtr pool, runtime->Allocate(pool_pages * page_bytes, "pool"));
-  {
-    std::vector<std::byte> chunk(static_cast<size_t>(kDistinctPages * page_bytes));
-    std::memcpy(chunk.data(), distinct_bytes.data(), chunk.size());
-    for (int64_t p = 0; p < pool_pages; p += kDistinctPages) {
-      const int64_t n = std::min<int64_t>(kDistinctPages, pool_pages - p);
-      RETURN_IF_ERROR(runtime->CopyToDevice(pool + p * page_bytes, chunk.data(), n * page_bytes));
-    }
-  }
+  // Host addresses only name the pool: the resolver hands the device's copy.
+  static const Bf16 kNamesThePool{};
+  ResidentInputs inputs(*runtime);
+  RETURN_IF_ERROR(inputs.AddRepeated(
+      &kNamesThePool, pool_pages * page_bytes,
+      std::span(distinct_bytes).first(static_cast<size_t>(kDistinctPoolPages * page_bytes))));
+  const NamedPool named_pool{&kNamesThePool, pool_pages, o.page_size, fp8, layout};
 
   std::vector<int32_t> table(static_cast<size_t>(pool_pages));
   std::iota(table.begin(), table.end(), 0);
@@ -89,38 +73,15 @@ absl::Status RunGpuKernelCommand(const GpuKernelCommandOptions& o, std::ostream&
     for (int sk : o.sk) {
       std::vector<Bf16> q(static_cast<size_t>(o.batch) * sq * o.heads * kKeyWidth);
       FillNormal(q, 1.0, rng);
-      DecodeBatch batch;
-      batch.dims = {o.heads, 128, kRopeWidth, kLatentWidth, 128, 1.0f / 13.856406f};  // 1/sqrt(192)
-      batch.parallel_units = props.sm_count;
+      DecodeBatch batch = MakeLatentBatch(o.batch, o.heads, sq, sk, table, pages_per_seq, q.data(),
+                                          named_pool, props.sm_count);
       gpu::UseGpuSplit(batch, props);
-      DecodeBatch::Group group;
-      group.kv_dtype = fp8 ? KvDtype::kFp8 : KvDtype::kBf16;
-      group.head_space = false;
-      group.sq = sq;
-      group.out_bf16 = true;
-      for (int b = 0; b < o.batch; ++b) {
-        DecodeBatch::Member m;
-        m.pages = std::span<const int32_t>(table).subspan(static_cast<size_t>(b) * pages_per_seq,
-                                                          pages_per_seq);
-        m.length = sk;
-        m.q_latent = q.data() + static_cast<size_t>(b) * sq * o.heads * kKeyWidth;
-        group.members.push_back(m);
-      }
-      batch.groups.push_back(std::move(group));
-      // Host addresses only name the pool: the resolver hands the device's copy.
-      static const Bf16 kNamesThePool{};
-      batch.pool = &kNamesThePool;
-      batch.pool_pages = pool_pages;
-      batch.page_size = o.page_size;
-      batch.fp8_pool = {reinterpret_cast<const std::byte*>(&kNamesThePool), pool_pages, layout};
       ASSIGN_OR_RETURN(BuiltBatch built, BuildBatchSteps(batch));
       DecodeBatch invariant_batch = batch;
       invariant_batch.batch_invariant = true;
       invariant_batch.invariant_part_tokens = o.invariant_part_tokens;
       ASSIGN_OR_RETURN(BuiltBatch invariant, BuildBatchSteps(invariant_batch));
-      const gpu::InputResolver resolve = [&](const StepBuffer&) -> absl::StatusOr<gpu::DevicePtr> {
-        return pool;
-      };
+      const gpu::InputResolver resolve = inputs.resolver();
       std::vector<double> ms, invariant_ms;
       int launches = 0;
       for (int r = 0; r < o.repeats + 2; ++r) {  // two warm-up runs; the modes alternate
@@ -156,7 +117,6 @@ absl::Status RunGpuKernelCommand(const GpuKernelCommandOptions& o, std::ostream&
       rows.push_back(std::move(row));
     }
   }
-  runtime->Free(pool);
   if (o.json) {
     out << nlohmann::json{{"gpu", gpu::DescribeGpu(props)},
                           {"host", HostDescription()},

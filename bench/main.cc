@@ -16,6 +16,7 @@
 #include "bench/fp8_command.h"
 #include "bench/gpu_host_path_command.h"
 #include "bench/gpu_kernel_command.h"
+#include "bench/gpu_peers_command.h"
 #include "bench/kernel_command.h"
 #include "bench/peers_command.h"
 #include "bench/service_command.h"
@@ -37,12 +38,13 @@ ABSL_FLAG(std::vector<std::string>, kernel, {"amla"},
 ABSL_FLAG(
     std::vector<std::string>, batch, {},
     "kernel: requests in the batch (default 4); typhoon: batch sizes (comma-separated, default "
-    "16,32,64,128,256,512,1024)");
+    "16,32,64,128,256,512,1024); gpu-peers --forms=typhoon: batch sizes (default 64,128,512)");
 ABSL_FLAG(int, heads, 128, "kernel: query heads");
-ABSL_FLAG(std::string, device, "",
-          "kernel, typhoon, service: a GPU to run on instead of the emulated NPU (cuda:N, or "
-          "fake-gpu); peers: host (default) or npu (the emulated device of --profile); "
-          "kernel's batch defaults to 96 and page size to 64 there, repeats to 20 for both");
+ABSL_FLAG(
+    std::string, device, "",
+    "kernel, typhoon, service, gpu-peers: a GPU to run on instead of the emulated NPU (cuda:N, or "
+    "fake-gpu); peers: host (default) or npu (the emulated device of --profile); "
+    "kernel's batch defaults to 96 and page size to 64 there, repeats to 20 for both");
 ABSL_FLAG(std::vector<std::string>, sq, {"1"},
           "kernel: query tokens per request (comma-separated)");
 ABSL_FLAG(std::vector<std::string>, sk, {"4096"},
@@ -61,11 +63,12 @@ ABSL_FLAG(int, invariant_part_tokens, 0,
           "4096)");
 ABSL_FLAG(bool, split_kv, false,
           "kernel: split a sparse batch's keys over the AIC blocks, as the engine does");
-ABSL_FLAG(std::string, model, "deepseek-v3", "typhoon: model preset (deepseek-v3, kimi-k2)");
+ABSL_FLAG(std::string, model, "deepseek-v3",
+          "typhoon, gpu-peers: model preset (deepseek-v3, kimi-k2)");
 ABSL_FLAG(double, matrix_tflops, 0, "typhoon: matrix rate T for B_theta (0: the profile's peak)");
 ABSL_FLAG(double, hbm_tbps, 0, "typhoon: memory bandwidth M for B_theta (0: the profile's)");
-ABSL_FLAG(int, shared, 4096, "typhoon: tokens of the shared prefix (Ls)");
-ABSL_FLAG(int, suffix, 512, "typhoon: tokens of each query's own suffix (Ln)");
+ABSL_FLAG(int, shared, 4096, "typhoon, gpu-peers: tokens of the shared prefix (Ls)");
+ABSL_FLAG(int, suffix, 512, "typhoon, gpu-peers: tokens of each query's own suffix (Ln)");
 ABSL_FLAG(int, layers, 2, "service: model layers served");
 ABSL_FLAG(int, devices, 2, "service: emulated devices in the pool");
 ABSL_FLAG(int, rounds, 2, "service: runs per path, the paths alternating");
@@ -77,15 +80,16 @@ ABSL_FLAG(int, sequences, 8, "service: sequences per caller, all in every call")
 ABSL_FLAG(int, prefix_tokens, 1024, "service: shared system prompt tokens");
 ABSL_FLAG(int, context_tokens, 128, "service: each sequence's own tokens");
 ABSL_FLAG(double, duration_s, 10, "service: seconds per run");
-ABSL_FLAG(std::vector<std::string>, forms, {"absorb"}, "peers: absorb and/or naive");
+ABSL_FLAG(std::vector<std::string>, forms, {"absorb"},
+          "peers: absorb and/or naive; gpu-peers: absorb or typhoon");
 ABSL_FLAG(std::vector<std::string>, grid_batch, (std::vector<std::string>{"1", "4", "16", "64"}),
-          "peers: batch sizes B");
+          "peers, gpu-peers (absorb): batch sizes B");
 ABSL_FLAG(std::vector<std::string>, grid_heads, (std::vector<std::string>{"64", "128"}),
-          "peers: head counts H");
+          "peers, gpu-peers (absorb): head counts H");
 ABSL_FLAG(std::vector<std::string>, grid_sq, (std::vector<std::string>{"1", "2"}),
-          "peers: query tokens Sq");
+          "peers, gpu-peers: query tokens Sq");
 ABSL_FLAG(std::vector<std::string>, grid_sk, (std::vector<std::string>{"1024", "4096", "16384"}),
-          "peers: cached tokens Sk");
+          "peers, gpu-peers (absorb): cached tokens Sk");
 ABSL_FLAG(int, threads, 2, "peers: threads on each side");
 ABSL_FLAG(int, children, 4, "tree: child prefixes on the root");
 ABSL_FLAG(int, child_tokens, 1024, "tree: tokens each child prefix adds");
@@ -96,7 +100,8 @@ ABSL_FLAG(int64_t, kv_budget_mib, 256, "capacity: KV budget, MiB");
 ABSL_FLAG(int, context, 4096, "capacity: tokens per sequence");
 ABSL_FLAG(std::string, peer_env, "tuned", "peers: tuned (the peer at its best here) or as-is");
 ABSL_FLAG(std::string, peer_python, "/usr/bin/python3",
-          "peers: the Python with torch that runs the peer (Debian's python3-torch by default)");
+          "peers: the Python with torch that runs the peer (Debian's python3-torch by default); "
+          "gpu-peers: one with CUDA torch and flash_mla");
 
 ABSL_FLAG(std::string, target, "",
           "wire: the server's gRPC address (HOST:PORT), its UCX data plane advertised");
@@ -120,6 +125,8 @@ constexpr char kUsage[] =
     "             between two hosts (scripts/ucx_wire_bench.sh: two network namespaces)\n"
     "  peers      mlaserve's host kernels beside PyTorch on the CPU (fp32, bf16), alternating;\n"
     "             --device=npu: the emulated device's execution instead\n"
+    "  gpu-peers  mlaserve's GPU kernels beside FlashMLA and a PyTorch absorb on one GPU, same\n"
+    "             values, alternating (scripts/flashmla_side_by_side.sh builds FlashMLA)\n"
     "  capacity   KV-bound decode at a fixed budget: sequences held and queries/s, FP8 vs bf16\n"
     "  fp8        FP8 latent cache accuracy per data set and KV format (SnapMLA ablations)\n"
     "  tree       tree-aware vs flat TyphoonMLA grouping on a two-level prefix tree, whole "
@@ -285,6 +292,25 @@ absl::Status Run(const std::string& command) {
     }
     o.json = absl::GetFlag(FLAGS_json);
     return mlaserve::bench::RunPeersCommand(o, std::cout);
+  }
+  if (command == "gpu-peers") {
+    mlaserve::bench::GpuPeersCommandOptions o;
+    if (const std::string device = absl::GetFlag(FLAGS_device); !device.empty()) o.device = device;
+    o.form = absl::GetFlag(FLAGS_forms).front();
+    ASSIGN_OR_RETURN(o.batch, ParseInts(absl::GetFlag(FLAGS_grid_batch), "grid-batch"));
+    ASSIGN_OR_RETURN(o.heads, ParseInts(absl::GetFlag(FLAGS_grid_heads), "grid-heads"));
+    ASSIGN_OR_RETURN(o.sq, ParseInts(absl::GetFlag(FLAGS_grid_sq), "grid-sq"));
+    ASSIGN_OR_RETURN(o.sk, ParseInts(absl::GetFlag(FLAGS_grid_sk), "grid-sk"));
+    ASSIGN_OR_RETURN(std::vector<int> batch, ParseInts(absl::GetFlag(FLAGS_batch), "batch"));
+    if (!batch.empty()) o.typhoon_batch = batch;
+    o.model = absl::GetFlag(FLAGS_model);
+    o.shared = absl::GetFlag(FLAGS_shared);
+    o.suffix = absl::GetFlag(FLAGS_suffix);
+    if (absl::GetFlag(FLAGS_repeats) != 3) o.repeats = absl::GetFlag(FLAGS_repeats);
+    o.rounds = absl::GetFlag(FLAGS_rounds);
+    o.python = absl::GetFlag(FLAGS_peer_python);
+    o.json = absl::GetFlag(FLAGS_json);
+    return mlaserve::bench::RunGpuPeersCommand(o, std::cout);
   }
   if (command == "capacity") {
     mlaserve::bench::CapacityCommandOptions o;

@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kernels/gpu/gpu_runtime.h"
+#include "server/engine/plan/planner.h"
 
 namespace mlaserve::bench {
 
@@ -37,6 +39,11 @@ absl::Status RunTyphoonCommand(const TyphoonCommandOptions& options, std::ostrea
 // The same batches on a GPU (bench/gpu_typhoon_command.cc): the device's own time for each
 // (CUDA events, the median of `repeats` runs), the inputs resident as the server keeps them.
 absl::Status RunGpuTyphoonCommand(const TyphoonCommandOptions& options, std::ostream& out);
+
+// The rates the engine's planner takes for the GPU `props` (its kernels' attained shares of the
+// peak), or the options' overrides: what B_theta comes from.
+engine::DeviceRates GpuTyphoonRates(const gpu::DeviceProperties& props,
+                                    const TyphoonCommandOptions& options);
 
 }  // namespace mlaserve::bench
 

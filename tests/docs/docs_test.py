@@ -70,6 +70,8 @@ FOREIGN_FLAGS = {
     "benchmark_report_aggregates_only", "benchmark_min_time",
     # abseil's own
     "help", "helpfull", "version", "flagfile",
+    # Nsight Compute
+    "cache-control", "clock-control",
 }
 
 # ---------------------------------------------------------------------------------------------
