@@ -307,7 +307,7 @@ absl::Status RunTyphoonForm(const GpuPeersCommandOptions& o, gpu::GpuRuntime& ru
     ASSIGN_OR_RETURN(HostData host, MakeHostData(m, layout, o.shared, sq));
     const std::span<const Bf16> kv_b = host.weights->KvBProj(0);
     file->Clear();
-    RETURN_IF_ERROR(file->Write("pool", host.pool, {layout.pages(), o.page_size, kKeyWidth}));
+    RETURN_IF_ERROR(file->Write("pool", host.pool, {layout.pages(), o.page_size, m.dk_latent()}));
     RETURN_IF_ERROR(file->Write("q_nope", host.q_nope, {max_batch, sq, m.heads, m.dn}));
     RETURN_IF_ERROR(file->Write("q_pe", host.q_pe, {max_batch, sq, m.heads, m.dr}));
     RETURN_IF_ERROR(file->Write("kv_b", kv_b, {m.heads, m.dn + m.dv, m.dl}));

@@ -107,8 +107,9 @@ absl::StatusOr<GpuTimed> TimeOnGpu(gpu::GpuBatchExecutor& executor,
 }
 
 double RelativeRms(std::span<const float> a, std::span<const float> b) {
+  if (a.size() != b.size() || a.empty()) return std::numeric_limits<double>::quiet_NaN();
   double num = 0, den = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+  for (size_t i = 0; i < a.size(); ++i) {
     num += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
     den += double{b[i]} * b[i];
   }

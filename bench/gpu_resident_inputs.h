@@ -66,7 +66,8 @@ absl::StatusOr<GpuTimed> TimeOnGpu(gpu::GpuBatchExecutor& executor,
 // The middle value (the upper one of an even count); NaN for none.
 double Median(std::vector<double> values);
 
-// sqrt(sum (a - b)^2 / sum b^2) over the common length.
+// sqrt(sum (a - b)^2 / sum b^2); NaN where the two differ in length or are empty (an answer
+// missing or of the wrong size never reads as agreement).
 double RelativeRms(std::span<const float> a, std::span<const float> b);
 
 }  // namespace mlaserve::bench

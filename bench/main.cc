@@ -53,7 +53,8 @@ ABSL_FLAG(int, preload, 2, "kernel: preload count of the pipeline (0, 1, 2)");
 ABSL_FLAG(int, page_size, 128, "kernel: KV cache page size");
 ABSL_FLAG(int, host_threads, 2, "kernel: host threads of the emulated device");
 ABSL_FLAG(int, repeats, 3,
-          "kernel: executed runs, best of N (kernel and SGEMM baseline alternate)");
+          "kernel: executed runs, best of N (kernel and SGEMM baseline alternate); on a GPU and "
+          "for gpu-peers the median of N (default 20 there)");
 ABSL_FLAG(bool, model_only, false, "kernel, typhoon: model the time only, no host arithmetic");
 ABSL_FLAG(bool, batch_invariant, false,
           "kernel on a GPU: each shape also in the batch-invariant mode, runs alternating with "
@@ -71,7 +72,9 @@ ABSL_FLAG(int, shared, 4096, "typhoon, gpu-peers: tokens of the shared prefix (L
 ABSL_FLAG(int, suffix, 512, "typhoon, gpu-peers: tokens of each query's own suffix (Ln)");
 ABSL_FLAG(int, layers, 2, "service: model layers served");
 ABSL_FLAG(int, devices, 2, "service: emulated devices in the pool");
-ABSL_FLAG(int, rounds, 2, "service: runs per path, the paths alternating");
+ABSL_FLAG(int, rounds, 2,
+          "service: runs per path, the paths alternating; gpu-peers: alternations of the sides "
+          "(default 3 there)");
 ABSL_FLAG(std::vector<std::string>, paths, {},
           "service: the paths compared (default direct,grpc,guarded,packed,shm; also ucx, and "
           "invariant: direct in the batch-invariant mode)");
@@ -296,6 +299,9 @@ absl::Status Run(const std::string& command) {
   if (command == "gpu-peers") {
     mlaserve::bench::GpuPeersCommandOptions o;
     if (const std::string device = absl::GetFlag(FLAGS_device); !device.empty()) o.device = device;
+    if (absl::GetFlag(FLAGS_forms).size() != 1) {
+      return absl::InvalidArgumentError("--forms: gpu-peers runs one form (absorb or typhoon)");
+    }
     o.form = absl::GetFlag(FLAGS_forms).front();
     ASSIGN_OR_RETURN(o.batch, ParseInts(absl::GetFlag(FLAGS_grid_batch), "grid-batch"));
     ASSIGN_OR_RETURN(o.heads, ParseInts(absl::GetFlag(FLAGS_grid_heads), "grid-heads"));
@@ -307,7 +313,7 @@ absl::Status Run(const std::string& command) {
     o.shared = absl::GetFlag(FLAGS_shared);
     o.suffix = absl::GetFlag(FLAGS_suffix);
     if (absl::GetFlag(FLAGS_repeats) != 3) o.repeats = absl::GetFlag(FLAGS_repeats);
-    o.rounds = absl::GetFlag(FLAGS_rounds);
+    if (absl::GetFlag(FLAGS_rounds) != 2) o.rounds = absl::GetFlag(FLAGS_rounds);
     o.python = absl::GetFlag(FLAGS_peer_python);
     o.json = absl::GetFlag(FLAGS_json);
     return mlaserve::bench::RunGpuPeersCommand(o, std::cout);

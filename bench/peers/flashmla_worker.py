@@ -94,7 +94,8 @@ class Problem:
             softmax_scale=self.scale, causal=self.sq > 1)
 
     def torch_absorb(self):
-        """DeepSeek's reference decode: scores in fp32, softmax in fp32, bf16 products."""
+        """DeepSeek's reference decode: bf16 products (scores rounded to bf16 as its einsum's
+        are), then scale, softmax and LSE in fp32."""
         q = self.q.view(self.b, self.sq * self.h, DK)
         s = torch.bmm(q, self.dense.transpose(1, 2)).float().mul_(self.scale)
         if self.mask is not None:

@@ -119,6 +119,7 @@ class Lowerer {
     for (size_t i = 0; i < steps_.staging.size(); ++i) {
       const StageCopy& s = steps_.staging[i];
       const int64_t row_bytes = int64_t{s.width} * 2;
+      if (row_bytes <= 0 || s.rows <= 0) continue;  // nothing to copy
       const DevicePtr dst = Address(s.dst);
       DevicePtr src = 0;
       int64_t src_stride = row_bytes;
@@ -352,9 +353,10 @@ class Lowerer {
       std::vector<CombinePart> parts;
       for (const auto& p : j.parts) parts.push_back(CombinePart{Address(p.out), Address(p.lse)});
       // The kernel reads the parts' rows as 16-byte vectors.
-      const bool vectors = j.dv % 4 == 0 && std::all_of(parts.begin(), parts.end(), [](auto& p) {
-                             return Aligned16(static_cast<int64_t>(p.out));
-                           });
+      const bool vectors =
+          j.dv > 0 && j.dv % 4 == 0 && std::all_of(parts.begin(), parts.end(), [](auto& p) {
+            return Aligned16(static_cast<int64_t>(p.out));
+          });
       if (!vectors) {
         return absl::InternalError(absl::StrCat("combine '", step.name, "': rows of ", j.dv,
                                                 " values or parts not 16-byte aligned"));
