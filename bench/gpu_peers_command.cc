@@ -148,17 +148,116 @@ absl::Status TimePeers(Peer& peer, int repeats, PeerTimes& times) {
   return absl::OkStatus();
 }
 
+// The largest |a - b|; NaN where the two differ in length or are empty (as RelativeRms).
 double MaxAbsDiff(std::span<const float> a, std::span<const float> b) {
-  double worst = a.size() == b.size() ? 0 : kMissing;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    worst = std::max(worst, std::abs(double{a[i]} - b[i]));
-  }
+  if (a.size() != b.size() || a.empty()) return kMissing;
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(double{a[i]} - b[i]));
   return worst;
+}
+
+// One shape of the absorb form.
+struct AbsorbShape {
+  int batch, heads, sq, sk;
+};
+
+// Times one shape on both sides, alternating, and prints its row.
+absl::Status RunAbsorbShape(const GpuPeersCommandOptions& o, AbsorbShape shape,
+                            gpu::GpuRuntime& runtime, gpu::GpuBatchExecutor& executor, Peer& peer,
+                            InputsFile& file, Rng& rng, std::ostream& out) {
+  const gpu::DeviceProperties& props = runtime.properties();
+  const auto [batch, heads, sq, sk] = shape;
+  const int pages_per_seq = (sk + o.page_size - 1) / o.page_size;
+  const int64_t pool_pages = int64_t{batch} * pages_per_seq;
+  const int distinct_pages = static_cast<int>(std::min<int64_t>(kDistinctPoolPages, pool_pages));
+  std::vector<Bf16> distinct(static_cast<size_t>(distinct_pages) * o.page_size * kKeyWidth);
+  FillNormal(distinct, 0.1, rng);  // the public tests' scale (randn / 10)
+  std::vector<Bf16> q(static_cast<size_t>(batch) * sq * heads * kKeyWidth);
+  FillNormal(q, 1.0, rng);
+  file.Clear();
+  RETURN_IF_ERROR(file.Write("distinct", distinct, {distinct_pages, o.page_size, kKeyWidth}));
+  RETURN_IF_ERROR(file.Write("q", q, {batch, sq, heads, kKeyWidth}));
+  RETURN_IF_ERROR(peer.process
+                      ->Call({{"op", "load"},
+                              {"file", file.path()},
+                              {"tensors", file.tensors()},
+                              {"form", "absorb"},
+                              {"batch", batch},
+                              {"heads", heads},
+                              {"sq", sq},
+                              {"page_size", o.page_size},
+                              {"pages_per_seq", pages_per_seq},
+                              {"pool_pages", pool_pages},
+                              {"seqlen", sk},
+                              {"scale", kDeepSeekScale}})
+                      .status());
+  static const Bf16 kNamesThePool{};
+  ResidentInputs inputs(runtime);
+  RETURN_IF_ERROR(inputs.AddRepeated(&kNamesThePool, pool_pages * o.page_size * kKeyWidth * 2,
+                                     std::as_bytes(std::span<const Bf16>(distinct))));
+  std::vector<int32_t> table(static_cast<size_t>(pool_pages));
+  std::iota(table.begin(), table.end(), 0);
+  const NamedPool pool{&kNamesThePool, pool_pages, o.page_size, false, {}};
+  const DecodeBatch decode =
+      MakeLatentBatch(batch, heads, sq, sk, table, pages_per_seq, q.data(), pool, props.sm_count);
+  std::vector<double> ours_us;
+  PeerTimes peers;
+  GpuTimed ours;
+  for (int r = 0; r < o.rounds; ++r) {
+    ASSIGN_OR_RETURN(ours, TimeOnGpu(executor, props, decode, inputs, o.repeats));
+    ours_us.insert(ours_us.end(), ours.us.begin(), ours.us.end());
+    RETURN_IF_ERROR(TimePeers(peer, o.repeats, peers));
+  }
+  Peer::Answer fmla, torch;
+  if (peer.has_flashmla) {
+    ASSIGN_OR_RETURN(fmla, peer.AnswerOf("flashmla", file.answer_path()));
+  }
+  ASSIGN_OR_RETURN(torch, peer.AnswerOf("torch", file.answer_path()));
+  const double flops =
+      2.0 * batch * sq * heads * static_cast<double>(sk) * (kKeyWidth + kLatentWidth);
+  const double bytes = 2.0 * batch * static_cast<double>(sk) * kKeyWidth;  // the cache, read once
+  const double t_ours = Median(ours_us), t_fmla = Median(peers.flashmla),
+               t_torch = Median(peers.torch);
+  // mlaserve's answers against FlashMLA's (PyTorch's where FlashMLA is missing).
+  const Peer::Answer& reference = peer.has_flashmla ? fmla : torch;
+  const double rel = RelativeRms(ours.out, reference.out);
+  const double dlse = MaxAbsDiff(ours.lse, reference.lse);
+  const double rel_torch = peer.has_flashmla ? RelativeRms(torch.out, fmla.out) : kMissing;
+  if (o.json) {
+    out << nlohmann::json{{"form", "absorb"},
+                          {"gpu", gpu::DescribeGpu(props)},
+                          {"batch", batch},
+                          {"heads", heads},
+                          {"sq", sq},
+                          {"sk", sk},
+                          {"ours_us", t_ours},
+                          {"flashmla_us", t_fmla},
+                          {"torch_us", t_torch},
+                          {"ours_tflops", flops / t_ours / 1e6},
+                          {"flashmla_tflops", flops / t_fmla / 1e6},
+                          {"torch_tflops", flops / t_torch / 1e6},
+                          {"ours_gbps", bytes / t_ours / 1e3},
+                          {"flashmla_gbps", bytes / t_fmla / 1e3},
+                          {"rel_rms", rel},
+                          {"reference", peer.has_flashmla ? "flashmla" : "torch"},
+                          {"lse_max_diff", dlse},
+                          {"launches", ours.launches}}
+               .dump()
+        << "\n";
+  } else {
+    out << absl::StrFormat(
+        "%4d %4d %3d %6d %9.1f %9.1f %9.1f %6.0f %6.0f %6.0f %6.0f %6.0f %6.2f %6.2f "
+        "%8.1e %8.1e %8.1e\n",
+        batch, heads, sq, sk, t_ours, t_fmla, t_torch, flops / t_ours / 1e6, flops / t_fmla / 1e6,
+        flops / t_torch / 1e6, bytes / t_ours / 1e3, bytes / t_fmla / 1e3, t_fmla / t_ours,
+        t_torch / t_ours, rel, dlse, rel_torch);
+  }
+  out.flush();
+  return absl::OkStatus();
 }
 
 absl::Status RunAbsorbForm(const GpuPeersCommandOptions& o, gpu::GpuRuntime& runtime, Peer& peer,
                            std::ostream& out) {
-  const gpu::DeviceProperties& props = runtime.properties();
   ASSIGN_OR_RETURN(std::unique_ptr<InputsFile> file, InputsFile::Create());
   if (!o.json) {
     out << absl::StrFormat(
@@ -179,96 +278,8 @@ absl::Status RunAbsorbForm(const GpuPeersCommandOptions& o, gpu::GpuRuntime& run
     for (int heads : o.heads) {
       for (int sq : o.sq) {
         for (int sk : o.sk) {
-          const int pages_per_seq = (sk + o.page_size - 1) / o.page_size;
-          const int64_t pool_pages = int64_t{batch} * pages_per_seq;
-          const int distinct_pages =
-              static_cast<int>(std::min<int64_t>(kDistinctPoolPages, pool_pages));
-          std::vector<Bf16> distinct(static_cast<size_t>(distinct_pages) * o.page_size * kKeyWidth);
-          FillNormal(distinct, 0.1, rng);  // the public tests' scale (randn / 10)
-          std::vector<Bf16> q(static_cast<size_t>(batch) * sq * heads * kKeyWidth);
-          FillNormal(q, 1.0, rng);
-          file->Clear();
           RETURN_IF_ERROR(
-              file->Write("distinct", distinct, {distinct_pages, o.page_size, kKeyWidth}));
-          RETURN_IF_ERROR(file->Write("q", q, {batch, sq, heads, kKeyWidth}));
-          RETURN_IF_ERROR(peer.process
-                              ->Call({{"op", "load"},
-                                      {"file", file->path()},
-                                      {"tensors", file->tensors()},
-                                      {"form", "absorb"},
-                                      {"batch", batch},
-                                      {"heads", heads},
-                                      {"sq", sq},
-                                      {"page_size", o.page_size},
-                                      {"pages_per_seq", pages_per_seq},
-                                      {"pool_pages", pool_pages},
-                                      {"seqlen", sk},
-                                      {"scale", kDeepSeekScale}})
-                              .status());
-          static const Bf16 kNamesThePool{};
-          ResidentInputs inputs(runtime);
-          RETURN_IF_ERROR(inputs.AddRepeated(&kNamesThePool,
-                                             pool_pages * o.page_size * kKeyWidth * 2,
-                                             std::as_bytes(std::span<const Bf16>(distinct))));
-          std::vector<int32_t> table(static_cast<size_t>(pool_pages));
-          std::iota(table.begin(), table.end(), 0);
-          const NamedPool pool{&kNamesThePool, pool_pages, o.page_size, false, {}};
-          const DecodeBatch decode = MakeLatentBatch(batch, heads, sq, sk, table, pages_per_seq,
-                                                     q.data(), pool, props.sm_count);
-          std::vector<double> ours_us;
-          PeerTimes peers;
-          GpuTimed ours;
-          for (int r = 0; r < o.rounds; ++r) {
-            ASSIGN_OR_RETURN(ours, TimeOnGpu(executor, props, decode, inputs, o.repeats));
-            ours_us.insert(ours_us.end(), ours.us.begin(), ours.us.end());
-            RETURN_IF_ERROR(TimePeers(peer, o.repeats, peers));
-          }
-          Peer::Answer fmla, torch;
-          if (peer.has_flashmla) {
-            ASSIGN_OR_RETURN(fmla, peer.AnswerOf("flashmla", file->answer_path()));
-          }
-          ASSIGN_OR_RETURN(torch, peer.AnswerOf("torch", file->answer_path()));
-          const double flops =
-              2.0 * batch * sq * heads * static_cast<double>(sk) * (kKeyWidth + kLatentWidth);
-          const double bytes =
-              2.0 * batch * static_cast<double>(sk) * kKeyWidth;  // the cache, read once
-          const double t_ours = Median(ours_us), t_fmla = Median(peers.flashmla),
-                       t_torch = Median(peers.torch);
-          // mlaserve's answers against FlashMLA's (PyTorch's where FlashMLA is missing).
-          const Peer::Answer& reference = peer.has_flashmla ? fmla : torch;
-          const double rel = RelativeRms(ours.out, reference.out);
-          const double dlse = MaxAbsDiff(ours.lse, reference.lse);
-          const double rel_torch = peer.has_flashmla ? RelativeRms(torch.out, fmla.out) : kMissing;
-          if (o.json) {
-            out << nlohmann::json{{"form", "absorb"},
-                                  {"gpu", gpu::DescribeGpu(props)},
-                                  {"batch", batch},
-                                  {"heads", heads},
-                                  {"sq", sq},
-                                  {"sk", sk},
-                                  {"ours_us", t_ours},
-                                  {"flashmla_us", t_fmla},
-                                  {"torch_us", t_torch},
-                                  {"ours_tflops", flops / t_ours / 1e6},
-                                  {"flashmla_tflops", flops / t_fmla / 1e6},
-                                  {"torch_tflops", flops / t_torch / 1e6},
-                                  {"ours_gbps", bytes / t_ours / 1e3},
-                                  {"flashmla_gbps", bytes / t_fmla / 1e3},
-                                  {"rel_rms", rel},
-                                  {"reference", peer.has_flashmla ? "flashmla" : "torch"},
-                                  {"lse_max_diff", dlse},
-                                  {"launches", ours.launches}}
-                       .dump()
-                << "\n";
-          } else {
-            out << absl::StrFormat(
-                "%4d %4d %3d %6d %9.1f %9.1f %9.1f %6.0f %6.0f %6.0f %6.0f %6.0f %6.2f %6.2f "
-                "%8.1e %8.1e %8.1e\n",
-                batch, heads, sq, sk, t_ours, t_fmla, t_torch, flops / t_ours / 1e6,
-                flops / t_fmla / 1e6, flops / t_torch / 1e6, bytes / t_ours / 1e3,
-                bytes / t_fmla / 1e3, t_fmla / t_ours, t_torch / t_ours, rel, dlse, rel_torch);
-          }
-          out.flush();
+              RunAbsorbShape(o, {batch, heads, sq, sk}, runtime, executor, peer, *file, rng, out));
         }
       }
     }

@@ -22,12 +22,12 @@ A long-lived worker speaking JSON lines on stdin/stdout, as bench/peers/torch_ml
   {"op":"quit"}
 Errors reply {"error": "..."} so the caller never blocks on a missing line.
 """
-import json
-import sys
 import time
 
 import numpy as np
 import torch
+
+from json_lines import serve  # beside this script
 
 try:
     import flash_mla
@@ -145,36 +145,32 @@ class Problem:
         return {"us": [start.elapsed_time(end) * 1e3 for start, end in events]}
 
 
-def main():
+class Worker:
+    """The requests' handler; a load replaces the problem the other requests act on."""
+
     problem = None
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        try:
-            req = json.loads(line)
-            op = req.get("op")
-            if op == "quit":
-                break
-            if op == "info":
-                reply = {"torch": torch.__version__, "cuda": torch.version.cuda or "none",
-                         "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "the CPU",
-                         "flash_mla": None if flash_mla is None else flash_mla.__file__}
-            elif op == "load":
-                problem = None
-                if DEVICE == "cuda":
-                    torch.cuda.empty_cache()
-                problem = Problem(req)
-                reply = {"peers": (["flashmla"] if flash_mla is not None else []) + ["torch"]}
-            elif op == "time":
-                reply = problem.time(req["peer"], req.get("repeats", 20), req.get("warmup", 2))
-            elif op == "answer":
-                reply = problem.answer(req["peer"], req["out_file"])
-            else:
-                raise ValueError("unknown op %r" % op)
-        except Exception as e:  # report, stay alive: one bad shape must not end the run
-            reply = {"error": "%s: %s" % (type(e).__name__, e)}
-        sys.stdout.write(json.dumps(reply) + "\n")
-        sys.stdout.flush()
+
+    def handle(self, req):
+        op = req.get("op")
+        if op == "info":
+            return {"torch": torch.__version__, "cuda": torch.version.cuda or "none",
+                    "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "the CPU",
+                    "flash_mla": None if flash_mla is None else flash_mla.__file__}
+        if op == "load":
+            self.problem = None  # its GPU memory back before the next one's
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+            self.problem = Problem(req)
+            return {"peers": (["flashmla"] if flash_mla is not None else []) + ["torch"]}
+        if op == "time":
+            return self.problem.time(req["peer"], req.get("repeats", 20), req.get("warmup", 2))
+        if op == "answer":
+            return self.problem.answer(req["peer"], req["out_file"])
+        raise ValueError("unknown op %r" % op)
+
+
+def main():
+    serve(Worker().handle)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,12 @@ Errors reply {"error": "..."} so the caller never blocks on a missing line.
 Run with Debian's /usr/bin/python3 (python3-torch), not a pyenv python.
 """
 import ctypes
-import json
 import os
 import statistics
 import sys
 import time
+
+from json_lines import serve  # beside this script
 
 try:
     import torch
@@ -135,18 +136,7 @@ DEFAULT_THREADS = len(os.sched_getaffinity(0))
 
 def main():
     set_threads(DEFAULT_THREADS)
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        try:
-            req = json.loads(line)
-            if req.get("op") == "quit":
-                break
-            reply = handle(req)
-        except Exception as e:  # report, stay alive: one bad shape must not kill the run
-            reply = {"error": "%s: %s" % (type(e).__name__, e)}
-        sys.stdout.write(json.dumps(reply) + "\n")
-        sys.stdout.flush()
+    serve(handle)
 
 
 if __name__ == "__main__":

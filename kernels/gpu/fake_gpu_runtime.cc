@@ -353,21 +353,22 @@ absl::Status FakeGpuRuntime::Execute(const Launch& launch) {
         const std::span<const CombinePart> parts(As<const CombinePart>(parts_raw), j.num_parts);
         std::vector<const float*> outs(j.num_parts);
         std::vector<float> lses(j.num_parts);
-        std::vector<float> row(j.dv);
+        std::vector<float> slice(t.cols);
         const int64_t out_bytes = j.out_bf16 ? 2 : 4;
         for (int r = t.row0; r < std::min(j.rows, t.row0 + kCombineTileRows); ++r) {
+          // The tile's columns only: the merge is column by column (CombineLseParts).
           for (int p = 0; p < j.num_parts; ++p) {
-            ASSIGN_OR_RETURN(std::byte * o, Span(parts[p].out + (int64_t{r} * j.dv) * 4,
-                                                 int64_t{j.dv} * 4, "part"));
+            ASSIGN_OR_RETURN(std::byte * o, Span(parts[p].out + (int64_t{r} * j.dv + t.col0) * 4,
+                                                 int64_t{t.cols} * 4, "part"));
             ASSIGN_OR_RETURN(std::byte * l, Span(parts[p].lse + int64_t{r} * 4, 4, "part lse"));
             outs[p] = As<const float>(o);
             lses[p] = *As<const float>(l);
           }
           float lse = 0;
-          CombineLseParts(j.num_parts, outs.data(), lses.data(), j.dv, row.data(), &lse);
+          CombineLseParts(j.num_parts, outs.data(), lses.data(), t.cols, slice.data(), &lse);
           ASSIGN_OR_RETURN(std::byte * o, Span(j.out + (r * j.out_stride + t.col0) * out_bytes,
                                                int64_t{t.cols} * out_bytes, "out"));
-          StoreRow(row.data() + t.col0, t.cols, o, j.out_bf16 != 0);
+          StoreRow(slice.data(), t.cols, o, j.out_bf16 != 0);
           if (t.col0 == 0) {
             ASSIGN_OR_RETURN(std::byte * l, Span(j.lse + r * j.lse_stride * 4, 4, "lse"));
             *As<float>(l) = lse;
