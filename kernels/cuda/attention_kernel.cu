@@ -9,6 +9,16 @@
 // computed once. Keys come in by cp.async, two blocks in flight (the FP8 cache: its raw bytes
 // one block ahead, widened to bf16 in shared memory; e4m3 widens exactly).
 //
+// A launch whose tiles hold at most 16 rows (few heads: 16 with 8-way tensor parallelism) runs
+// the narrow shape instead: one row of eight warps, each taking 8 keys of a block and 64
+// output columns, so that no warp idles on rows the tile does not have and the tensor cores do
+// 16 rows' work, not 64's; its score products run as two chains (even and odd k steps) so that
+// they are not bound by the MMA's latency. Such a launch is bound by the cache's bytes, so the
+// FP8 cache keeps three raw blocks in flight there, where shared memory has room for them with
+// 16 query rows. On Hopper a raw FP8 block whose keys are whole 64-row runs of a page comes by
+// three bulk copies issued by one thread instead of every thread's cp.async (whose address
+// arithmetic, not the bytes, bounded the kernel).
+//
 // Softmax runs in base 2 on scores pre-multiplied by scale * log2(e); the LSE is returned in
 // natural log. The rescaling is FlashAttention-2's (the running output multiplied by
 // exp(m_old - m_new) in registers): the AMLA integer-add keeps an output in global memory,
@@ -23,6 +33,7 @@
 #include "kernels/cuda/mma_primitives.cuh"
 #include "kernels/cuda/paged_rows.cuh"
 #include "kernels/cuda/tile_rows.cuh"
+#include "kernels/cuda/tma.cuh"
 
 namespace mlaserve::cuda {
 namespace {
@@ -33,11 +44,13 @@ using gpu::KeysKind;
 constexpr int kRows = gpu::kAttentionTileRows;
 constexpr int kKeys = 64;  // keys per block
 
-template <int kDk, int kDv, KeysKind kKind, int kColumnWarps>
+template <int kDk, int kDv, KeysKind kKind, int kRowWarps, int kColumnWarps>
 struct Shape {
-  // 4 x kColumnWarps warps: warp (r, c) owns query rows [16 r, +16), keys [c kWarpKeys, +)
-  // of each block for the scores, output columns [c kWarpCols, +) for the values.
-  static constexpr int kThreads = 4 * kColumnWarps * 32;
+  // kRowWarps x kColumnWarps warps: warp (r, c) owns query rows [16 r, +16), keys
+  // [c kWarpKeys, +) of each block for the scores, output columns [c kWarpCols, +) for the
+  // values.
+  static constexpr int kThreads = kRowWarps * kColumnWarps * 32;
+  static constexpr int kTileRows = kRowWarps * 16;  // rows of the tile the shape takes
   static constexpr int kWarpKeys = kKeys / kColumnWarps;
   static constexpr int kScoreTiles = kWarpKeys / 8;  // n-tiles of the scores per warp
   static constexpr int kDvWidth = kDv;
@@ -49,23 +62,33 @@ struct Shape {
   // Values: the first dv columns of the keys' rows (the latent cache), or rows of their own.
   static constexpr int kVChunks = kDense ? kDv / 8 : kKChunks;
   static constexpr int kStages = kFp8 ? 1 : 2;
+  // Raw FP8 blocks in flight: one (it lands while the block before is computed) where the
+  // query rows leave no room for more.
+  static constexpr int kRawStages = kFp8 ? (kRowWarps == 1 ? 3 : 1) : 0;
+  // Independent accumulator chains of a score product.
+  static constexpr int kScoreChains = kRowWarps == 1 ? 2 : 1;
   static constexpr int kKBytes = kKeys * kDk * 2;
   static constexpr int kVBytes = kDense ? kKeys * kDv * 2 : 0;
   static constexpr int kStageBytes = kKBytes + kVBytes;
   // FP8: a block's raw content [kKeys][dv] e4m3, rope [kKeys][dr] bf16, scales [kKeys] fp32.
   static constexpr int kRawContentBytes = kFp8 ? kKeys * kDv : 0;
   static constexpr int kRawRopeBytes = kFp8 ? kKeys * kDr * 2 : 0;
+  static constexpr int kRawStageBytes = kRawContentBytes + kRawRopeBytes;
 
   static constexpr int kQOffset = 0;
-  static constexpr int kStageOffset = kQOffset + kRows * kDk * 2;
+  static constexpr int kStageOffset = kQOffset + kTileRows * kDk * 2;
   static constexpr int kRawOffset = kStageOffset + kStages * kStageBytes;
-  static constexpr int kPOffset = kRawOffset + kRawContentBytes + kRawRopeBytes;
-  static constexpr int kRedOffset = kPOffset + kRows * kKeys * 2;  // float [warps][kRows]
+  static constexpr int kPOffset = kRawOffset + kRawStages * kRawStageBytes;
+  static constexpr int kRedOffset = kPOffset + kTileRows * kKeys * 2;  // float [warps][kRows]
   static constexpr int kVisibleOffset = kRedOffset + kColumnWarps * kRows * 4;  // int32
   static constexpr int kScaleOffset = kVisibleOffset + kRows * 4;               // float [kKeys]
-  static constexpr int kRawScaleOffset = kScaleOffset + kKeys * 4;              // float [kKeys]
-  static constexpr int kTableOffset = kRawScaleOffset + kKeys * 4;  // int32 [table pages]
-  static constexpr int kSharedBytes = kTableOffset + (kDense ? 0 : kSharedTablePages * 4);
+  // float [kRawStages][kKeys]
+  static constexpr int kRawScaleOffset = kScaleOffset + kKeys * 4;
+  static constexpr int kTableOffset = kRawScaleOffset + kRawStages * kKeys * 4;  // int32
+  // uint64 [kRawStages]: the raw blocks' bulk copies complete on these.
+  static constexpr int kBarrierOffset =
+      (kTableOffset + (kDense ? 0 : kSharedTablePages * 4) + 7) / 8 * 8;
+  static constexpr int kSharedBytes = kBarrierOffset + kRawStages * 8;
 
   static_assert(kDk % 64 == 0 && kDv % 64 == 0 && kDv <= kDk, "unsupported widths");
   static_assert(kSharedBytes <= 227 * 1024, "more shared memory than a Hopper SM has");
@@ -78,7 +101,7 @@ __device__ __forceinline__ const char* Bytes(gpu::DevicePtr p) {
 // Rows of the tile's queries, zeros past its last row.
 template <class S>
 __device__ void LoadQueries(const AttentionTile& t, uint32_t q_smem) {
-  for (int i = threadIdx.x; i < kRows * S::kQChunks; i += S::kThreads) {
+  for (int i = threadIdx.x; i < S::kTileRows * S::kQChunks; i += S::kThreads) {
     const int row = i / S::kQChunks;
     const int chunk = i % S::kQChunks;
     const bool valid = row < t.rows;
@@ -153,15 +176,53 @@ __device__ void LoadFp8Raw(const AttentionTile& t, const int32_t* table, int blo
   }
 }
 
-// A landed raw FP8 block widened into the bf16 key stage: content e4m3 -> bf16 (exact), rope
-// as it is; its scales for the scores and the probabilities.
+// Whether a tile's raw FP8 blocks can come by the bulk copy: each block's 64 keys within one
+// page from a multiple of 64 on, so that its content, rope and scales are three runs of bytes,
+// all 16-byte aligned.
+__device__ __forceinline__ bool Fp8BlocksBulk(const AttentionTile& t) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint64_t addresses = static_cast<uint64_t>(t.base) |
+                             static_cast<uint64_t>(t.page_stride) |
+                             static_cast<uint64_t>(t.fp8_scale_offset) |
+                             static_cast<uint64_t>(t.fp8_rope_offset);
+  return t.page_size % kKeys == 0 && t.first_token % kKeys == 0 && (addresses & 15) == 0;
+#else
+  return false;
+#endif
+}
+
+// The same bytes as LoadFp8Raw by three bulk copies issued by the calling thread, completing
+// on `barrier`; rows past the tile's keys are left as they are (WidenFp8 zeroes them).
 template <class S>
-__device__ void WidenFp8(const char* raw, const float* raw_scales, uint32_t k_smem, float* scales) {
+__device__ void LoadFp8RawBulk(const AttentionTile& t, const int32_t* table, int block, char* raw,
+                               float* raw_scales, uint32_t barrier) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int valid = min(kKeys, t.keys - block * kKeys);
+  int row = 0;
+  const char* page = PageOf(t, table, block * kKeys, &row);
+  const uint32_t content = valid * S::kDvWidth;
+  const uint32_t rope = valid * S::kDr * 2;
+  const uint32_t scales = (valid * 4 + 15) / 16 * 16;  // within the page: its rows go on to 64
+  MbarrierExpectBytes(barrier, content + rope + scales);
+  BulkLoad(SharedAddress(raw), page + static_cast<int64_t>(row) * S::kDvWidth, content, barrier);
+  BulkLoad(SharedAddress(raw + S::kRawContentBytes),
+           page + t.fp8_rope_offset + static_cast<int64_t>(row) * S::kDr * 2, rope, barrier);
+  BulkLoad(SharedAddress(raw_scales), page + t.fp8_scale_offset + row * 4, scales, barrier);
+#endif
+}
+
+// A landed raw FP8 block widened into the bf16 key stage: content e4m3 -> bf16 (exact), rope
+// as it is; its scales for the scores and the probabilities. Rows from `valid` on become
+// zeros, scale 0 (what a bulk copy left there may be anything).
+template <class S>
+__device__ void WidenFp8(const char* raw, const float* raw_scales, uint32_t k_smem, float* scales,
+                         int valid) {
   constexpr int kUnits = kKeys * S::kDvWidth / 16;  // 16 content bytes -> two 16-byte bf16 chunks
   for (int i = threadIdx.x; i < kUnits; i += S::kThreads) {
     const int r = i / (S::kDvWidth / 16);
     const int u = i % (S::kDvWidth / 16);
-    const uint4 codes = *reinterpret_cast<const uint4*>(raw + r * S::kDvWidth + u * 16);
+    uint4 codes = *reinterpret_cast<const uint4*>(raw + r * S::kDvWidth + u * 16);
+    if (r >= valid) codes = make_uint4(0, 0, 0, 0);
     const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
     uint32_t widened[8];
 #pragma unroll
@@ -185,19 +246,19 @@ __device__ void WidenFp8(const char* raw, const float* raw_scales, uint32_t k_sm
   for (int i = threadIdx.x; i < kKeys * kRopeChunks; i += S::kThreads) {
     const int r = i / kRopeChunks;
     const int c = i % kRopeChunks;
-    const uint4 v =
-        *reinterpret_cast<const uint4*>(raw + S::kRawContentBytes + r * S::kDr * 2 + c * 16);
+    uint4 v = *reinterpret_cast<const uint4*>(raw + S::kRawContentBytes + r * S::kDr * 2 + c * 16);
+    if (r >= valid) v = make_uint4(0, 0, 0, 0);
     const uint32_t dst = SwizzledChunk<S::kKChunks>(k_smem, r, S::kDvWidth / 8 + c);
     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.x), "r"(v.y),
                  "r"(v.z), "r"(v.w));
   }
-  if (threadIdx.x < kKeys) scales[threadIdx.x] = raw_scales[threadIdx.x];
+  if (threadIdx.x < kKeys) scales[threadIdx.x] = threadIdx.x < valid ? raw_scales[threadIdx.x] : 0.f;
 }
 
-template <int kDk, int kDv, KeysKind kKind, int kColumnWarps>
-__global__ void __launch_bounds__(Shape<kDk, kDv, kKind, kColumnWarps>::kThreads, 1)
+template <int kDk, int kDv, KeysKind kKind, int kRowWarps, int kColumnWarps>
+__global__ void __launch_bounds__(Shape<kDk, kDv, kKind, kRowWarps, kColumnWarps>::kThreads, 1)
     AttentionKernel(const AttentionTile* __restrict__ tiles, float scale_log2) {
-  using S = Shape<kDk, kDv, kKind, kColumnWarps>;
+  using S = Shape<kDk, kDv, kKind, kRowWarps, kColumnWarps>;
   constexpr int kWarpCols = S::kDvWidth / kColumnWarps;  // output columns per warp
   constexpr int kOutTiles = kWarpCols / 8;               // n-tiles of the output per warp
   extern __shared__ __align__(128) unsigned char smem[];
@@ -206,8 +267,8 @@ __global__ void __launch_bounds__(Shape<kDk, kDv, kKind, kColumnWarps>::kThreads
   if (t.rows == 0) return;  // the empty second of a pair of dense tiles
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int wr = warp % 4;  // query rows [16 wr, 16 wr + 16)
-  const int wc = warp / 4;  // keys [wc kWarpKeys, +) of a block; columns [wc kWarpCols, +)
+  const int wr = warp % kRowWarps;  // query rows [16 wr, 16 wr + 16)
+  const int wc = warp / kRowWarps;  // keys [wc kWarpKeys, +) of a block; columns [wc kWarpCols, +)
   const int g = lane / 4;
   const int c2 = (lane % 4) * 2;
   const int row0 = wr * 16 + g;
@@ -221,7 +282,9 @@ __global__ void __launch_bounds__(Shape<kDk, kDv, kKind, kColumnWarps>::kThreads
   float* scales = reinterpret_cast<float*>(smem + S::kScaleOffset);
   float* raw_scales = reinterpret_cast<float*>(smem + S::kRawScaleOffset);
   int32_t* table = reinterpret_cast<int32_t*>(smem + S::kTableOffset);
-  char* raw = reinterpret_cast<char*>(smem + S::kRawOffset);
+  const auto raw = [&](int buffer) {
+    return reinterpret_cast<char*>(smem + S::kRawOffset + buffer * S::kRawStageBytes);
+  };
   const auto stage_k = [&](int s) {
     return SharedAddress(smem + S::kStageOffset + s * S::kStageBytes);
   };
@@ -234,20 +297,57 @@ __global__ void __launch_bounds__(Shape<kDk, kDv, kKind, kColumnWarps>::kThreads
     visible[threadIdx.x] =
         threadIdx.x < t.rows ? reinterpret_cast<const int32_t*>(t.visible)[threadIdx.x] : 0;
   }
-  if constexpr (!S::kDense) {
-    StagePageTable(t, table, S::kThreads);
-    __syncthreads();  // the block table
-  }
-  const int blocks = (t.keys + kKeys - 1) / kKeys;
-  LoadQueries<S>(t, q_smem);
-  if (blocks > 0) {
-    if constexpr (S::kFp8) {
-      LoadFp8Raw<S>(t, table, 0, raw, raw_scales);
-    } else {
-      LoadKeys<S>(t, table, 0, stage_k(0), stage_v(0));
+  const uint32_t barriers = SharedAddress(smem + S::kBarrierOffset);
+  [[maybe_unused]] const bool bulk = S::kFp8 && Fp8BlocksBulk(t);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (S::kFp8) {
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < S::kRawStages; ++i) MbarrierInit(barriers + i * 8, 1);
+      FenceBarrierInit();
     }
   }
-  CopyAsyncCommit();
+#endif
+  if constexpr (!S::kDense) {
+    StagePageTable(t, table, S::kThreads);
+    __syncthreads();  // the block table (and the barriers)
+  }
+  const int blocks = (t.keys + kKeys - 1) / kKeys;
+  // Raw FP8 block `block` into buffer `buffer`: by the bulk copy where the tile allows (one
+  // thread), else by every thread's cp.async; a commit group either way.
+  [[maybe_unused]] const auto load_raw = [&](int block, int buffer) {
+    if (block < blocks) {
+      if (!bulk) {
+        LoadFp8Raw<S>(t, table, block, raw(buffer), raw_scales + buffer * kKeys);
+      } else if (threadIdx.x == 0) {
+        LoadFp8RawBulk<S>(t, table, block, raw(buffer), raw_scales + buffer * kKeys,
+                          barriers + buffer * 8);
+      }
+    }
+    CopyAsyncCommit();
+  };
+  // Until raw block `block` has landed for this thread: its buffer's barrier, whose phase
+  // counts the buffer's uses, or all but the newest `pending` commit groups.
+  [[maybe_unused]] const auto wait_raw = [&](auto pending, int block) {
+    if (bulk) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      constexpr int kRing = S::kRawStages > 0 ? S::kRawStages : 1;  // (bf16 keys: unused)
+      MbarrierWait(barriers + (block % kRing) * 8, (block / kRing) & 1);
+#endif
+    } else {
+      CopyAsyncWait<decltype(pending)::value>();
+    }
+  };
+  [[maybe_unused]] const auto valid_keys = [&](int block) {
+    return min(kKeys, t.keys - block * kKeys);
+  };
+  LoadQueries<S>(t, q_smem);
+  if constexpr (S::kFp8) {
+    // Raw blocks 0 .. kRawStages - 2 (block 0 alone with one buffer).
+    for (int i = 0; i < (S::kRawStages > 1 ? S::kRawStages - 1 : 1); ++i) load_raw(i, i);
+  } else {
+    if (blocks > 0) LoadKeys<S>(t, table, 0, stage_k(0), stage_v(0));
+    CopyAsyncCommit();
+  }
 
   float o[kOutTiles][4];
 #pragma unroll
@@ -255,41 +355,79 @@ __global__ void __launch_bounds__(Shape<kDk, kDv, kKind, kColumnWarps>::kThreads
   TileRows<kColumnWarps> rows(wr * 16 + g, wc, lane);
 
   for (int b = 0; b < blocks; ++b) {
-    CopyAsyncWait<0>();
-    __syncthreads();  // block b has landed for every thread; block b - 1 is done with
     int stage = b % S::kStages;
-    if constexpr (S::kFp8) {
-      WidenFp8<S>(raw, raw_scales, stage_k(0), scales);
+    if constexpr (S::kFp8 && S::kRawStages == 1) {
+      wait_raw(std::integral_constant<int, 0>{}, b);
+      __syncthreads();  // block b has landed for every thread; block b - 1 is done with
+      WidenFp8<S>(raw(0), raw_scales, stage_k(0), scales, valid_keys(b));
       __syncthreads();  // widened; the raw buffer is free
-      if (b + 1 < blocks) LoadFp8Raw<S>(t, table, b + 1, raw, raw_scales);
+      load_raw(b + 1, 0);
+      stage = 0;
+    } else if constexpr (S::kFp8) {
+      // Groups committed: blocks 0 .. b + kRawStages - 2; all but the newest kRawStages - 2
+      // complete is block b.
+      wait_raw(std::integral_constant<int, S::kRawStages - 2>{}, b);
+      __syncthreads();  // block b has landed for every thread; block b - 1 is done with
+      // Block b + kRawStages - 1 into the buffer block b - 1 was widened from.
+      load_raw(b + S::kRawStages - 1, (b + S::kRawStages - 1) % S::kRawStages);
+      const int buffer = b % S::kRawStages;
+      WidenFp8<S>(raw(buffer), raw_scales + buffer * kKeys, stage_k(0), scales, valid_keys(b));
+      __syncthreads();  // widened
       stage = 0;
     } else {
+      CopyAsyncWait<0>();
+      __syncthreads();  // block b has landed for every thread; block b - 1 is done with
       if (b + 1 < blocks) LoadKeys<S>(t, table, b + 1, stage_k((b + 1) % 2), stage_v((b + 1) % 2));
+      CopyAsyncCommit();
     }
-    CopyAsyncCommit();
     const uint32_t k_smem = stage_k(stage);
     const uint32_t v_smem = stage_v(stage);
 
-    // Scores of the warp's 16 rows x 32 keys.
-    float s[S::kScoreTiles][4];
+    // Scores of the warp's 16 rows x kWarpKeys keys, in kScoreChains chains over the k steps.
+    float chains[S::kScoreChains][S::kScoreTiles][4];
 #pragma unroll
-    for (int n = 0; n < S::kScoreTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    for (int ch = 0; ch < S::kScoreChains; ++ch) {
+#pragma unroll
+      for (int n = 0; n < S::kScoreTiles; ++n) {
+        chains[ch][n][0] = chains[ch][n][1] = chains[ch][n][2] = chains[ch][n][3] = 0.f;
+      }
+    }
     if (warp_has_rows) {
-#pragma unroll 4
-      for (int kk = 0; kk < kDk / 16; ++kk) {
-        uint32_t a[4];
-        LoadMatrixX4(
-            a, SwizzledChunk<S::kQChunks>(q_smem, wr * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+      static_assert((kDk / 16) % S::kScoreChains == 0, "k steps split evenly between chains");
+#pragma unroll 2
+      for (int k0 = 0; k0 < kDk / 16; k0 += S::kScoreChains) {
 #pragma unroll
-        for (int np = 0; np < S::kScoreTiles / 2; ++np) {
-          uint32_t bb[4];
-          LoadMatrixX4(bb,
-                       SwizzledChunk<S::kKChunks>(
-                           k_smem, wc * S::kWarpKeys + np * 16 + ((lane >> 4) << 3) + (lane & 7),
-                           kk * 2 + ((lane >> 3) & 1)));
-          MmaBf16(s[np * 2], a, bb[0], bb[1]);
-          MmaBf16(s[np * 2 + 1], a, bb[2], bb[3]);
+        for (int ch = 0; ch < S::kScoreChains; ++ch) {
+          const int kk = k0 + ch;
+          uint32_t a[4];
+          LoadMatrixX4(
+              a, SwizzledChunk<S::kQChunks>(q_smem, wr * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+          if constexpr (S::kScoreTiles == 1) {
+            uint32_t bb[2];  // lanes 0-15 address the warp's 8 keys, both halves of the k step
+            LoadMatrixX2(bb, SwizzledChunk<S::kKChunks>(k_smem, wc * S::kWarpKeys + (lane & 7),
+                                                        kk * 2 + ((lane >> 3) & 1)));
+            MmaBf16(chains[ch][0], a, bb[0], bb[1]);
+          }
+#pragma unroll
+          for (int np = 0; np < S::kScoreTiles / 2; ++np) {
+            uint32_t bb[4];
+            LoadMatrixX4(bb,
+                         SwizzledChunk<S::kKChunks>(
+                             k_smem, wc * S::kWarpKeys + np * 16 + ((lane >> 4) << 3) + (lane & 7),
+                             kk * 2 + ((lane >> 3) & 1)));
+            MmaBf16(chains[ch][np * 2], a, bb[0], bb[1]);
+            MmaBf16(chains[ch][np * 2 + 1], a, bb[2], bb[3]);
+          }
         }
+      }
+    }
+    float(&s)[S::kScoreTiles][4] = chains[0];
+#pragma unroll
+    for (int ch = 1; ch < S::kScoreChains; ++ch) {
+#pragma unroll
+      for (int n = 0; n < S::kScoreTiles; ++n) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) s[n][j] += chains[ch][n][j];
       }
     }
     float block_max[2] = {-INFINITY, -INFINITY};
@@ -365,56 +503,70 @@ __global__ void __launch_bounds__(Shape<kDk, kDv, kKind, kColumnWarps>::kThreads
                                  [&](int i, int h, int e) { return o[i][h * 2 + e]; });
 }
 
-template <int kDk, int kDv, KeysKind kKind, int kColumnWarps>
+// The served shapes, as rows x columns of warps. The full shape: 2 columns (8 warps a block)
+// and 4 (16) ran at the same speed on an H100 (docs/performance.md 10.1: the kernel waits on
+// shared memory, not on latency that more warps would hide); 2 needs no register spills.
+struct Full {
+  static constexpr int kRowWarps = 4;
+  static constexpr int kColumnWarps = 2;
+};
+// The narrow shape, for launches whose tiles hold at most 16 rows: eight warps of 8 keys and
+// 64 output columns each (four of 16 keys and 128 columns ran no faster than the full shape:
+// a warp a scheduler waits on each instruction's latency).
+struct Narrow {
+  static constexpr int kRowWarps = 1;
+  static constexpr int kColumnWarps = 8;
+};
+
+template <int kDk, int kDv, KeysKind kKind, class W>
 cudaError_t Prepare() {
-  return cudaFuncSetAttribute(AttentionKernel<kDk, kDv, kKind, kColumnWarps>,
+  return cudaFuncSetAttribute(AttentionKernel<kDk, kDv, kKind, W::kRowWarps, W::kColumnWarps>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              Shape<kDk, kDv, kKind, kColumnWarps>::kSharedBytes);
+                              Shape<kDk, kDv, kKind, W::kRowWarps, W::kColumnWarps>::kSharedBytes);
 }
 
-template <int kDk, int kDv, KeysKind kKind, int kColumnWarps>
+template <int kDk, int kDv, KeysKind kKind, class W>
 cudaError_t Enqueue(const gpu::Launch& launch, cudaStream_t stream) {
-  using S = Shape<kDk, kDv, kKind, kColumnWarps>;
+  using S = Shape<kDk, kDv, kKind, W::kRowWarps, W::kColumnWarps>;
   constexpr float kLog2e = 1.4426950408889634f;
-  AttentionKernel<kDk, kDv, kKind, kColumnWarps>
+  AttentionKernel<kDk, kDv, kKind, W::kRowWarps, W::kColumnWarps>
       <<<launch.count, S::kThreads, S::kSharedBytes, stream>>>(
           reinterpret_cast<const AttentionTile*>(launch.tiles), launch.softmax_scale * kLog2e);
   return cudaGetLastError();
 }
 
-// Warps sharing a tile's rows. 2 (8 warps a block) and 4 (16) ran at the same speed on an
-// H100 (docs/performance.md 10.1: the kernel waits on shared memory, not on latency that
-// more warps would hide); 2 needs no register spills.
-constexpr int kColumnWarpsServed = 2;
-
-template <int kColumnWarps>
-cudaError_t EnqueueWith(const gpu::Launch& launch, cudaStream_t stream) {
-  if (launch.dk == 576 && launch.dv == 512 && launch.keys == KeysKind::kPagedBf16) {
-    return Enqueue<576, 512, KeysKind::kPagedBf16, kColumnWarps>(launch, stream);
-  }
-  if (launch.dk == 576 && launch.dv == 512 && launch.keys == KeysKind::kPagedFp8) {
-    return Enqueue<576, 512, KeysKind::kPagedFp8, kColumnWarps>(launch, stream);
-  }
-  if (launch.dk == 192 && launch.dv == 128 && launch.keys == KeysKind::kDense) {
-    return Enqueue<192, 128, KeysKind::kDense, kColumnWarps>(launch, stream);
-  }
-  return cudaErrorNotSupported;
-}
-
 }  // namespace
 
+bool NarrowAttentionTakes(const gpu::Launch& launch) {
+  return launch.dk == 576 && launch.dv == 512 && launch.keys != KeysKind::kDense &&
+         launch.max_tile_rows > 0 && launch.max_tile_rows <= Narrow::kRowWarps * 16;
+}
+
 cudaError_t PrepareAttentionKernels() {
-  constexpr int w = kColumnWarpsServed;
-  for (cudaError_t e :
-       {Prepare<576, 512, KeysKind::kPagedBf16, w>(), Prepare<576, 512, KeysKind::kPagedFp8, w>(),
-        Prepare<192, 128, KeysKind::kDense, w>()}) {
+  for (cudaError_t e : {Prepare<576, 512, KeysKind::kPagedBf16, Full>(),
+                        Prepare<576, 512, KeysKind::kPagedFp8, Full>(),
+                        Prepare<192, 128, KeysKind::kDense, Full>(),
+                        Prepare<576, 512, KeysKind::kPagedBf16, Narrow>(),
+                        Prepare<576, 512, KeysKind::kPagedFp8, Narrow>()}) {
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
 }
 
-cudaError_t EnqueueAttention(const gpu::Launch& launch, cudaStream_t stream) {
-  return EnqueueWith<kColumnWarpsServed>(launch, stream);
+cudaError_t EnqueueAttention(const gpu::Launch& launch, bool narrow, cudaStream_t stream) {
+  narrow = narrow && NarrowAttentionTakes(launch);
+  if (launch.dk == 576 && launch.dv == 512 && launch.keys == KeysKind::kPagedBf16) {
+    return narrow ? Enqueue<576, 512, KeysKind::kPagedBf16, Narrow>(launch, stream)
+                  : Enqueue<576, 512, KeysKind::kPagedBf16, Full>(launch, stream);
+  }
+  if (launch.dk == 576 && launch.dv == 512 && launch.keys == KeysKind::kPagedFp8) {
+    return narrow ? Enqueue<576, 512, KeysKind::kPagedFp8, Narrow>(launch, stream)
+                  : Enqueue<576, 512, KeysKind::kPagedFp8, Full>(launch, stream);
+  }
+  if (launch.dk == 192 && launch.dv == 128 && launch.keys == KeysKind::kDense) {
+    return Enqueue<192, 128, KeysKind::kDense, Full>(launch, stream);
+  }
+  return cudaErrorNotSupported;
 }
 
 }  // namespace mlaserve::cuda

@@ -17,7 +17,11 @@ cudaError_t PrepareAttentionKernels();
 
 // Attention tiles over the latent cache (bf16, dk 576, dv 512), its FP8 form (SnapMLA's
 // layout, same widths) and expanded heads (dense, dk 192, dv 128), on mma.sync (sm_80 on).
-cudaError_t EnqueueAttention(const gpu::Launch& launch, cudaStream_t stream);
+// With `narrow`, a launch NarrowAttentionTakes (the latent cache, bf16 or FP8, whose tiles hold
+// at most 16 rows: Launch::max_tile_rows) runs the kernel's narrow shape: four warps over 16
+// rows instead of eight over 64, and three FP8 blocks in flight instead of one.
+cudaError_t EnqueueAttention(const gpu::Launch& launch, bool narrow, cudaStream_t stream);
+bool NarrowAttentionTakes(const gpu::Launch& launch);
 
 // The bf16 latent cache's tiles on Hopper's warpgroup MMA (attention_wgmma_kernel.cu), where
 // the build has sm_90a code and the device is a Hopper part (WgmmaAttentionRuns).

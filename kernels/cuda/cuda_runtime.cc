@@ -84,6 +84,7 @@ CudaOptions CudaOptions::FromEnvironment() {
   if (variable("MLASERVE_CUDA_ROW_KERNEL") == "off") options.row_kernel = false;
   if (variable("MLASERVE_CUDA_GRAPHS") == "off") options.graphs = 0;
   if (variable("MLASERVE_CUDA_MAP_HOST") == "off") options.map_host = false;
+  if (variable("MLASERVE_CUDA_NARROW") == "off") options.narrow = false;
   return options;
 }
 
@@ -335,6 +336,9 @@ absl::StatusOr<gpu::ProgramTiming> CudaRuntime::Run(const gpu::Program& program,
       case Route::kExpanded:
         ++counts_.expanded;
         break;
+      case Route::kNarrow:
+        ++counts_.narrow;
+        break;
       case Route::kMma:
         ++counts_.mma;
         break;
@@ -380,6 +384,13 @@ CudaRuntime::Route CudaRuntime::RouteOf(const gpu::Launch& launch) const {
       // Tensor-map coordinates are 32-bit.
       const bool whole_blocks =
           launch.key_pool_rows > 0 && launch.key_pool_rows <= std::numeric_limits<int32_t>::max();
+      // The bf16 cache's few rows stay on the seesaw kernel, whose bulk tensor copies outrun
+      // the narrow shape's cp.async (docs/performance.md 21); mma.sync's own family takes them.
+      if (options_.narrow && NarrowAttentionTakes(launch) &&
+          (launch.keys == gpu::KeysKind::kPagedFp8 ||
+           options_.attention == AttentionKernels::kMma)) {
+        return Route::kNarrow;
+      }
       if (latent_bf16 && whole_blocks && encode_tensor_map_ != nullptr) return Route::kSeesaw;
       if (latent_bf16 && wgmma_attention_) return Route::kWgmma;
       const bool expanded =
@@ -419,8 +430,11 @@ absl::Status CudaRuntime::EnqueueLaunches(std::span<const gpu::Launch> launches)
       case Route::kExpanded:
         e = EnqueueExpandedAttention(launch, stream);
         break;
+      case Route::kNarrow:
+        e = EnqueueAttention(launch, /*narrow=*/true, stream);
+        break;
       case Route::kMma:
-        e = EnqueueAttention(launch, stream);
+        e = EnqueueAttention(launch, /*narrow=*/false, stream);
         break;
       case Route::kCombine:
         e = EnqueueCombine(launch, stream);

@@ -29,9 +29,14 @@ struct CudaOptions {
   // MapHost pins and maps host memory (the data plane's regions), whose queries the copy
   // launch then reads in place; off: MapHost is UNIMPLEMENTED and they are copied.
   bool map_host = true;
+  // FP8 latent-cache launches whose tiles hold at most 16 rows (few heads) on mma.sync's
+  // narrow shape, which does 16 rows' work where the full one does 64's (with kMma the bf16
+  // cache's too); off: the full shape.
+  bool narrow = true;
 
   // MLASERVE_CUDA_ATTENTION=wgmma or =mma, MLASERVE_CUDA_ROW_KERNEL=off,
-  // MLASERVE_CUDA_GRAPHS=off, MLASERVE_CUDA_MAP_HOST=off; the defaults otherwise.
+  // MLASERVE_CUDA_GRAPHS=off, MLASERVE_CUDA_MAP_HOST=off, MLASERVE_CUDA_NARROW=off; the
+  // defaults otherwise.
   static CudaOptions FromEnvironment();
 };
 
@@ -40,6 +45,7 @@ struct LaunchCounts {
   int64_t seesaw = 0;
   int64_t wgmma = 0;
   int64_t expanded = 0;  // expanded heads on the warpgroup MMA
+  int64_t narrow = 0;    // mma.sync's narrow shape (tiles of at most 16 rows)
   int64_t mma = 0;
   int64_t gemm = 0;  // the tiled GEMM
   int64_t gemv = 0;  // the row kernel
@@ -90,7 +96,18 @@ class CudaRuntime final : public gpu::GpuRuntime {
  private:
   struct Handles;
   // The kernel each kind of launch runs on.
-  enum class Route { kCopyRows, kFill, kGemm, kGemv, kSeesaw, kWgmma, kExpanded, kMma, kCombine };
+  enum class Route {
+    kCopyRows,
+    kFill,
+    kGemm,
+    kGemv,
+    kSeesaw,
+    kWgmma,
+    kExpanded,
+    kNarrow,
+    kMma,
+    kCombine
+  };
   CudaRuntime(int ordinal, CudaOptions options, std::unique_ptr<Handles> handles);
   Route RouteOf(const gpu::Launch& launch) const;
   // Enqueues the launches one by one; UNIMPLEMENTED for a launch without a kernel.

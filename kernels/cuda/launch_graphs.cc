@@ -33,6 +33,7 @@ std::string LaunchGraphs::Key(std::span<const gpu::Launch> launches) {
     Append(key, l.dk);
     Append(key, l.dv);
     Append(key, l.softmax_scale);
+    Append(key, l.max_tile_rows);
     Append(key, l.key_pool);
     Append(key, l.key_pool_rows);
     Append(key, l.key_row_stride);

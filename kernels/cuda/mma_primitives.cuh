@@ -36,6 +36,11 @@ __device__ __forceinline__ void LoadMatrixX4(uint32_t (&r)[4], uint32_t address)
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(address));
 }
+__device__ __forceinline__ void LoadMatrixX2(uint32_t (&r)[2], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(address));
+}
 __device__ __forceinline__ void LoadMatrixX4Trans(uint32_t (&r)[4], uint32_t address) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -37,6 +37,17 @@ __device__ __forceinline__ void MbarrierWait(uint32_t barrier, int parity) {
       : "memory");
 }
 
+// `bytes` (a multiple of 16) from global `src` to shared `dst` (both 16-byte aligned) by the
+// bulk copy, completing them on `barrier`.
+__device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes,
+                                         uint32_t barrier) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(barrier)
+      : "memory");
+}
+
 __device__ __forceinline__ void PrefetchTensorMap(const void* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }

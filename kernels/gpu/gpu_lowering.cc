@@ -333,6 +333,9 @@ class Lowerer {
       launch.dk = step.dk;
       launch.dv = step.dv;
       launch.softmax_scale = step.softmax_scale;
+      for (const AttentionTile& t : list) {
+        launch.max_tile_rows = std::max(launch.max_tile_rows, t.rows);
+      }
       if (kind == KeysKind::kPagedBf16 && block_pool.whole_blocks) {
         launch.key_pool = block_pool.base;
         launch.key_pool_rows = block_pool.rows;

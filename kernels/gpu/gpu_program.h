@@ -43,6 +43,7 @@ struct Launch {
   int32_t dk = 0;
   int32_t dv = 0;
   float softmax_scale = 0;
+  int32_t max_tile_rows = 0;  // the most rows of any of the launch's tiles
   // kAttention over the bf16 paged cache when every tile's keys are whole blocks of
   // kAttentionBlockKeys rows of one pool (pages a multiple of that, every tile starting on a
   // block): the pool as a matrix of `key_pool_rows` key rows `key_row_stride` bytes apart, so

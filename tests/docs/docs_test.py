@@ -71,7 +71,7 @@ FOREIGN_FLAGS = {
     # abseil's own
     "help", "helpfull", "version", "flagfile",
     # Nsight Compute
-    "cache-control", "clock-control",
+    "cache-control", "clock-control", "section",
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -81,6 +81,21 @@ std::vector<NamedScenario> GpuScenarios() {
   all.push_back({"Model128HeadsLatent", latent});
   latent.parallel_units = 132;
   all.push_back({"Model128HeadsLatentSplit", latent});
+  // 16 heads (the model with 8-way tensor parallelism): tiles of 16 rows, the narrow shape
+  // on Hopper; bf16 and FP8 groups of lengths that leave one, two, three and many blocks.
+  BatchScenarioSpec few_heads;
+  few_heads.heads = 16;
+  few_heads.data_scale = 0.1;
+  few_heads.groups = {
+      {.head_space = false, .sq = 1, .own_tokens = {4096, 1537, 100, 64, 1, 0, 130, 129}},
+      {.head_space = false,
+       .sq = 1,
+       .own_tokens = {3000, 700, 1, 64, 65, 128, 190},
+       .out_bf16 = true,
+       .kv_dtype = KvDtype::kFp8}};
+  all.push_back({"Model16HeadsLatent", few_heads});
+  few_heads.parallel_units = 132;
+  all.push_back({"Model16HeadsLatentSplit", few_heads});
   BatchScenarioSpec hybrid;
   hybrid.heads = 128;
   hybrid.data_scale = 0.1;

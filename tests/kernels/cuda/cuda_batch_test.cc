@@ -67,25 +67,39 @@ INSTANTIATE_TEST_SUITE_P(Batches, CudaBatchTest,
                          [](const auto& param_info) { return param_info.param.name; });
 
 // The kernels the best choice passes over, held to the same golden: the warpgroup one for
-// every bf16 latent launch (and mma.sync for the rest), mma.sync for all; the model's shapes
-// and the standard batches with every kind of key.
+// every bf16 latent launch (and mma.sync for the rest), mma.sync for all, and the 64-row
+// kernels where the narrow shape would take few rows; the model's shapes and the standard
+// batches with every kind of key.
+struct KernelChoice {
+  std::string name;
+  CudaOptions options;
+};
+
 class CudaOtherKernelsTest
     : public CudaTest,
-      public ::testing::WithParamInterface<std::tuple<AttentionKernels, NamedScenario>> {
+      public ::testing::WithParamInterface<std::tuple<KernelChoice, NamedScenario>> {
  protected:
-  void SetUp() override { Open(CudaOptions{.attention = std::get<0>(GetParam())}); }
+  void SetUp() override { Open(std::get<0>(GetParam()).options); }
 };
 
 TEST_P(CudaOtherKernelsTest, MatchTheGolden) {
   mlaserve::testing::ExpectGpuBatchMatchesGolden(*runtime_, std::get<1>(GetParam()), Seed());
-  EXPECT_EQ(runtime_->launch_counts().seesaw, 0);
+  const CudaOptions& options = std::get<0>(GetParam()).options;
+  if (options.attention != AttentionKernels::kBest) {
+    EXPECT_EQ(runtime_->launch_counts().seesaw, 0);
+  }
+  if (!options.narrow) {
+    EXPECT_EQ(runtime_->launch_counts().narrow, 0);
+  }
 }
 
 std::vector<NamedScenario> OtherKernelScenarios() {
   std::vector<NamedScenario> some;
   for (NamedScenario& s : mlaserve::testing::GpuScenarios()) {
     if (s.name == "Mixed" || s.name == "AbsorbHeadMtpBf16" || s.name == "MixedBf16AndFp8" ||
-        s.name == "HybridManyQueries" || s.name.rfind("Model128HeadsLatent", 0) == 0) {
+        s.name == "HybridManyQueries" || s.name == "Latent" || s.name == "HybridOneLevel" ||
+        s.name == "SplitLatent" || s.name.rfind("Model128HeadsLatent", 0) == 0 ||
+        s.name.rfind("Model16HeadsLatent", 0) == 0) {
       some.push_back(std::move(s));
     }
   }
@@ -94,12 +108,13 @@ std::vector<NamedScenario> OtherKernelScenarios() {
 
 INSTANTIATE_TEST_SUITE_P(
     Kernels, CudaOtherKernelsTest,
-    ::testing::Combine(::testing::Values(AttentionKernels::kWgmma, AttentionKernels::kMma),
+    ::testing::Combine(::testing::Values(KernelChoice{"Wgmma",
+                                                      {.attention = AttentionKernels::kWgmma}},
+                                         KernelChoice{"Mma", {.attention = AttentionKernels::kMma}},
+                                         KernelChoice{"Wide", {.narrow = false}}),
                        ::testing::ValuesIn(OtherKernelScenarios())),
     [](const auto& param_info) {
-      return std::string(std::get<0>(param_info.param) == AttentionKernels::kWgmma ? "Wgmma"
-                                                                                   : "Mma") +
-             std::get<1>(param_info.param).name;
+      return std::get<0>(param_info.param).name + std::get<1>(param_info.param).name;
     });
 
 // On Hopper the model's latent batches (64-token pages, keys from row 0, split-KV parts of
@@ -119,6 +134,28 @@ TEST_F(CudaTest, HopperRunsWholeBlocksOnTheSeesawKernel) {
       mlaserve::testing::ExpectGpuBatchMatchesGolden(*runtime_, s, 12);
   }
   EXPECT_GT(runtime_->launch_counts().wgmma, 0);
+}
+
+// FP8 launches whose tiles hold at most 16 rows (16 heads, whole and split) run mma.sync's
+// narrow shape, and only those (the bf16 ones beside them the seesaw kernel): the golden
+// checked that route, and 128 heads still take the 64-row kernels.
+TEST_F(CudaTest, FewRowsOfTheFp8CacheRunOnTheNarrowShape) {
+  if (!Hopper()) GTEST_SKIP() << "not a Hopper GPU: " << runtime_->properties().name;
+  for (const NamedScenario& s : mlaserve::testing::GpuScenarios()) {
+    if (s.name.rfind("Model16HeadsLatent", 0) == 0) {
+      mlaserve::testing::ExpectGpuBatchMatchesGolden(*runtime_, s, 14);
+    }
+  }
+  const LaunchCounts few = runtime_->launch_counts();
+  EXPECT_GT(few.narrow, 0);
+  EXPECT_GT(few.seesaw, 0);
+  EXPECT_EQ(few.wgmma + few.mma, 0);
+  for (const NamedScenario& s : mlaserve::testing::GpuScenarios()) {
+    if (s.name == "Model128HeadsLatent") {
+      mlaserve::testing::ExpectGpuBatchMatchesGolden(*runtime_, s, 15);
+    }
+  }
+  EXPECT_EQ(runtime_->launch_counts().narrow, few.narrow);
 }
 
 // On Hopper the naive pass (expanded heads) runs on the warpgroup kernel, tiles of one head

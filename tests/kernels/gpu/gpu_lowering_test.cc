@@ -287,6 +287,17 @@ TEST(GpuLoweringTest, AttentionOverWholeKeyBlocksNamesThePool) {
   EXPECT_EQ(OnlyPagedAttention(small_pages).key_pool_rows, 0);
 }
 
+// An attention launch states the most rows any of its tiles holds (a sequence's heads x sq, at
+// most a tile's 64), by which a runtime picks a kernel for few rows.
+TEST(GpuLoweringTest, AttentionLaunchesStateTheirLargestTile) {
+  EXPECT_EQ(OnlyPagedAttention(Named("AbsorbHead")).max_tile_rows, 8);          // 8 heads
+  EXPECT_EQ(OnlyPagedAttention(Named("AbsorbHeadMtpBf16")).max_tile_rows, 16);  // sq 2
+  EXPECT_EQ(OnlyPagedAttention(Named("SplitLatentHostParts")).max_tile_rows, 24);
+  NamedScenario wide = Named("Latent");
+  wide.spec.heads = 100;  // 100 rows: a tile of 64 and one of 36
+  EXPECT_EQ(OnlyPagedAttention(wide).max_tile_rows, 64);
+}
+
 // A dense launch's tiles come in pairs of one row group, the second empty where the group has
 // an odd number (gpu_jobs.h): a naive pass of 3 queries a head (one tile and an empty one) and
 // of 66 (two tiles of the same keys).
