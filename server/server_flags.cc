@@ -74,6 +74,9 @@ ABSL_FLAG(bool, batch_invariant, false,
           "Batch-invariant answers for calls that do not choose (DecodeCallOptions."
           "batch_invariant): each query's answer bit for bit what it gets alone, absorb-only, "
           "split-KV parts of a fixed length");
+ABSL_FLAG(bool, typhoon, true,
+          "TyphoonMLA: head-space groups on a shared prefix run its naive pass once they reach "
+          "B_theta queries; false: absorb-only for every group, no prefix expanded");
 ABSL_FLAG(int, max_message_mb, 64, "Largest request message, MiB");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "Prometheus /metrics address, host:port; empty disables it");
@@ -392,6 +395,7 @@ absl::StatusOr<ServerConfig> ParseServerCommandLine(int argc, char** argv,
   engine.max_wait = absl::Microseconds(absl::GetFlag(FLAGS_max_wait_us));
   engine.max_queue = absl::GetFlag(FLAGS_max_queue);
   engine.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
+  engine.typhoon = absl::GetFlag(FLAGS_typhoon);
   engine.matrix_tflops = absl::GetFlag(FLAGS_matrix_tflops);
   engine.hbm_tbps = absl::GetFlag(FLAGS_hbm_tbps);
   RETURN_IF_ERROR(RequirePositive("page_size", engine.kv.page_size));

@@ -124,6 +124,9 @@ struct EngineOptions {
   // TyphoonMLA over prefix trees: groups on a prefix and on its children share the naive
   // passes over the levels they have in common (PlannerOptions::tree_aware).
   bool tree_aware_grouping = true;
+  // TyphoonMLA's hybrid for head-space groups on a shared prefix that reach B_theta; false:
+  // absorb-only for every group, no prefix expanded (PlannerOptions::hybrid).
+  bool typhoon = true;
   // Overrides of the device rates the TyphoonMLA threshold is computed from (the paper's
   // B_theta = 61 uses 376 TFLOPS and 1.8 TB/s); 0 means "from the profile".
   double matrix_tflops = 0;

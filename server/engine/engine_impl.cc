@@ -119,7 +119,7 @@ EngineImpl::EngineImpl(EngineOptions options, ModelWeights weights, std::unique_
       weights_(std::move(weights)),
       store_(std::move(store)),
       planner_(options_.model, rates, options_.max_sq,
-               {.tree_aware = options_.tree_aware_grouping}),
+               {.tree_aware = options_.tree_aware_grouping, .hybrid = options_.typhoon}),
       context_{*store_,
                weights_,
                planner_,

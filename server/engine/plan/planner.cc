@@ -26,9 +26,12 @@ double TyphoonBatchThreshold(const ModelConfig& model, int sq, const DeviceRates
 
 Planner::Planner(const ModelConfig& model, DeviceRates rates, int max_sq, PlannerOptions options)
     : options_(options) {
+  constexpr double kNever = std::numeric_limits<double>::infinity();
   for (int sq = 1; sq <= max_sq; ++sq) {
-    b_theta_.push_back(TyphoonBatchThreshold(model, sq, rates));
-    b_theta_fp8_.push_back(TyphoonBatchThreshold(model, sq, rates, KvDtype::kFp8));
+    b_theta_.push_back(options.hybrid ? TyphoonBatchThreshold(model, sq, rates) : kNever);
+    b_theta_fp8_.push_back(options.hybrid
+                               ? TyphoonBatchThreshold(model, sq, rates, KvDtype::kFp8)
+                               : kNever);
   }
 }
 

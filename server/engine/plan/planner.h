@@ -49,6 +49,9 @@ struct PlannerOptions {
   // query tokens together reach B_theta(1). Flat: each group decides alone (its own members
   // against B_theta(sq)) and repeats the passes over the levels it shares with others.
   bool tree_aware = true;
+  // TyphoonMLA's hybrid where it pays; false: every group absorb-only (B_theta infinite), so
+  // that no prefix is ever expanded.
+  bool hybrid = true;
 };
 
 // Groups a batch by (layer, shared prefix, sq, q space, KV format) and picks each group's

@@ -213,6 +213,30 @@ TEST(EngineTest, FlatGroupingDecidesPerGroup) {
   for (int i : {3, 4}) EXPECT_EQ((*answers)[i].plan.formulation, Formulation::kAbsorb) << i;
 }
 
+// With TyphoonMLA off, the batch that runs P1's groups hybrid above runs every group
+// absorb-only, expands no prefix, and still answers as the golden does.
+TEST(EngineTest, TyphoonOffRunsEveryGroupAbsorbOnly) {
+  EngineOptions options = BaseOptions();
+  options.max_sq = 2;
+  SetThreshold(options, 5.0);
+  options.typhoon = false;
+  Scenario s(MakeEngine(options));
+  BuildMixedScenario(s);
+  std::vector<OwnedDecodeQuery> queries;
+  for (const char* id : {"a1", "a2", "a3", "b1", "b2", "c1"})
+    queries.push_back(s.HeadQuery(id, 1, 2));
+  auto answers = DecodeSync(s.engine(), queries);
+  ASSERT_TRUE(answers.ok()) << answers.status();
+  ExpectMatchesGolden(s, queries, *answers);
+  for (size_t i = 0; i < queries.size(); ++i) {
+    EXPECT_EQ((*answers)[i].plan.formulation, Formulation::kAbsorb) << i;
+    EXPECT_EQ((*answers)[i].plan.naive_tokens, 0) << i;
+  }
+  EXPECT_TRUE(std::isinf((*answers)[0].plan.b_theta));
+  EXPECT_TRUE(std::isinf(s.engine().Info().b_theta_by_sq.front()));
+  EXPECT_EQ(s.engine().Stats().kv.expanded_entries, 0);
+}
+
 // Two groups on children of P: flat grouping would give each its own pass over P (and none
 // clears the bar alone); tree-aware grouping shares one pass over P, and each child runs
 // naive only if its own readers clear it.
