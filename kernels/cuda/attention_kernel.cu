@@ -13,9 +13,9 @@
 // the narrow shape instead: one row of eight warps, each taking 8 keys of a block and 64
 // output columns, so that no warp idles on rows the tile does not have and the tensor cores do
 // 16 rows' work, not 64's; its score products run as two chains (even and odd k steps) so that
-// they are not bound by the MMA's latency. Such a launch is bound by the cache's bytes, so the
-// FP8 cache keeps three raw blocks in flight there, where shared memory has room for them with
-// 16 query rows. On Hopper a raw FP8 block whose keys are whole 64-row runs of a page comes by
+// they are not bound by the MMA's latency. There the FP8 cache keeps a ring of three raw
+// blocks (two landing while one is widened), for which shared memory has room with 16 query
+// rows. On Hopper a raw FP8 block whose keys are whole 64-row runs of a page comes by
 // three bulk copies issued by one thread instead of every thread's cp.async (whose address
 // arithmetic, not the bytes, bounded the kernel).
 //
@@ -203,6 +203,9 @@ __device__ void LoadFp8RawBulk(const AttentionTile& t, const int32_t* table, int
   const uint32_t content = valid * S::kDvWidth;
   const uint32_t rope = valid * S::kDr * 2;
   const uint32_t scales = (valid * 4 + 15) / 16 * 16;  // within the page: its rows go on to 64
+  // The buffer was last read by the block's threads' ordinary loads (a barrier before this):
+  // ordered before the copy engine's writes into it.
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   MbarrierExpectBytes(barrier, content + rope + scales);
   BulkLoad(SharedAddress(raw), page + static_cast<int64_t>(row) * S::kDvWidth, content, barrier);
   BulkLoad(SharedAddress(raw + S::kRawContentBytes),
@@ -326,9 +329,11 @@ __global__ void __launch_bounds__(Shape<kDk, kDv, kKind, kRowWarps, kColumnWarps
     CopyAsyncCommit();
   };
   // Until raw block `block` has landed for this thread: its buffer's barrier, whose phase
-  // counts the buffer's uses, or all but the newest `pending` commit groups.
+  // counts the buffer's uses, or all but the newest `pending` commit groups. The bulk path
+  // waits for every commit group too: the queries' cp.async copies are in the first.
   [[maybe_unused]] const auto wait_raw = [&](auto pending, int block) {
     if (bulk) {
+      CopyAsyncWait<0>();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
       constexpr int kRing = S::kRawStages > 0 ? S::kRawStages : 1;  // (bf16 keys: unused)
       MbarrierWait(barriers + (block % kRing) * 8, (block / kRing) & 1);

@@ -18,8 +18,9 @@ cudaError_t PrepareAttentionKernels();
 // Attention tiles over the latent cache (bf16, dk 576, dv 512), its FP8 form (SnapMLA's
 // layout, same widths) and expanded heads (dense, dk 192, dv 128), on mma.sync (sm_80 on).
 // With `narrow`, a launch NarrowAttentionTakes (the latent cache, bf16 or FP8, whose tiles hold
-// at most 16 rows: Launch::max_tile_rows) runs the kernel's narrow shape: four warps over 16
-// rows instead of eight over 64, and three FP8 blocks in flight instead of one.
+// at most 16 rows: Launch::max_tile_rows) runs the kernel's narrow shape: one row of eight
+// warps over 16 rows instead of 4 x 2 over 64, and a ring of three raw FP8 buffers (two blocks
+// in flight while one is widened) instead of one.
 cudaError_t EnqueueAttention(const gpu::Launch& launch, bool narrow, cudaStream_t stream);
 bool NarrowAttentionTakes(const gpu::Launch& launch);
 
