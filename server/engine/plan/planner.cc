@@ -29,9 +29,8 @@ Planner::Planner(const ModelConfig& model, DeviceRates rates, int max_sq, Planne
   constexpr double kNever = std::numeric_limits<double>::infinity();
   for (int sq = 1; sq <= max_sq; ++sq) {
     b_theta_.push_back(options.hybrid ? TyphoonBatchThreshold(model, sq, rates) : kNever);
-    b_theta_fp8_.push_back(options.hybrid
-                               ? TyphoonBatchThreshold(model, sq, rates, KvDtype::kFp8)
-                               : kNever);
+    b_theta_fp8_.push_back(options.hybrid ? TyphoonBatchThreshold(model, sq, rates, KvDtype::kFp8)
+                                          : kNever);
   }
 }
 
