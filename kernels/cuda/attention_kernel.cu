@@ -221,6 +221,8 @@ template <class S>
 __device__ void WidenFp8(const char* raw, const float* raw_scales, uint32_t k_smem, float* scales,
                          int valid) {
   constexpr int kUnits = kKeys * S::kDvWidth / 16;  // 16 content bytes -> two 16-byte bf16 chunks
+  // Unrolled: a thread's units are independent, so their loads and conversions overlap.
+#pragma unroll 4
   for (int i = threadIdx.x; i < kUnits; i += S::kThreads) {
     const int r = i / (S::kDvWidth / 16);
     const int u = i % (S::kDvWidth / 16);
@@ -246,6 +248,7 @@ __device__ void WidenFp8(const char* raw, const float* raw_scales, uint32_t k_sm
                  "r"(widened[5]), "r"(widened[6]), "r"(widened[7]));
   }
   constexpr int kRopeChunks = S::kDr * 2 / 16;
+#pragma unroll
   for (int i = threadIdx.x; i < kKeys * kRopeChunks; i += S::kThreads) {
     const int r = i / kRopeChunks;
     const int c = i % kRopeChunks;
