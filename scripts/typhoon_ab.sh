@@ -23,11 +23,16 @@ run() {  # $1: --typhoon value; the rest: server flags
     "$@" >"$log" 2>&1 &
   local pid=$! port=""
   for _ in $(seq 1 240); do
-    port=$(sed -n 's/.*gRPC on port \([0-9]*\).*/\1/p' "$log" | head -1)
     grep -q "ready: serving" "$log" && break
     kill -0 $pid 2>/dev/null || { cat "$log" >&2; return 1; }
     sleep 0.5
   done
+  if ! grep -q "ready: serving" "$log"; then
+    echo "typhoon_ab: the server did not start serving in 120 s" >&2
+    kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null
+    return 1
+  fi
+  port=$(sed -n 's/.*gRPC on port \([0-9]*\).*/\1/p' "$log" | head -1)
   "$bin/mlaserve-loadgen" --target=127.0.0.1:$port --workers=$workers --sequences=$sequences \
     --prefix-tokens=$prefix --context-tokens=$context --duration-s=$seconds \
     >"$out/load-$typhoon.txt" 2>&1

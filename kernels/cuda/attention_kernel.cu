@@ -331,20 +331,6 @@ __global__ void __launch_bounds__(Shape<kDk, kDv, kKind, kRowWarps, kColumnWarps
     }
     CopyAsyncCommit();
   };
-  // Until raw block `block` has landed for this thread: its buffer's barrier, whose phase
-  // counts the buffer's uses, or all but the newest `pending` commit groups. The bulk path
-  // waits for every commit group too: the queries' cp.async copies are in the first.
-  [[maybe_unused]] const auto wait_raw = [&](auto pending, int block) {
-    if (bulk) {
-      CopyAsyncWait<0>();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      constexpr int kRing = S::kRawStages > 0 ? S::kRawStages : 1;  // (bf16 keys: unused)
-      MbarrierWait(barriers + (block % kRing) * 8, (block / kRing) & 1);
-#endif
-    } else {
-      CopyAsyncWait<decltype(pending)::value>();
-    }
-  };
   [[maybe_unused]] const auto valid_keys = [&](int block) {
     return min(kKeys, t.keys - block * kKeys);
   };
@@ -352,6 +338,8 @@ __global__ void __launch_bounds__(Shape<kDk, kDv, kKind, kRowWarps, kColumnWarps
   if constexpr (S::kFp8) {
     // Raw blocks 0 .. kRawStages - 2 (block 0 alone with one buffer).
     for (int i = 0; i < (S::kRawStages > 1 ? S::kRawStages - 1 : 1); ++i) load_raw(i, i);
+    // The queries' cp.async copies: the bulk path's waits are on its barriers only.
+    if (bulk) CopyAsyncWait<0>();
   } else {
     if (blocks > 0) LoadKeys<S>(t, table, 0, stage_k(0), stage_v(0));
     CopyAsyncCommit();
@@ -363,25 +351,28 @@ __global__ void __launch_bounds__(Shape<kDk, kDv, kKind, kRowWarps, kColumnWarps
   TileRows<kColumnWarps> rows(wr * 16 + g, wc, lane);
 
   for (int b = 0; b < blocks; ++b) {
-    int stage = b % S::kStages;
-    if constexpr (S::kFp8 && S::kRawStages == 1) {
-      wait_raw(std::integral_constant<int, 0>{}, b);
+    const int stage = b % S::kStages;  // the FP8 cache widens into its one stage
+    if constexpr (S::kFp8) {
+      constexpr int kRing = S::kRawStages;
+      // Commit groups issued after block b's (a ring's blocks ahead), left pending by its wait.
+      constexpr int kAhead = kRing > 2 ? kRing - 2 : 0;
+      const int buffer = b % kRing;
+      // Raw block b has landed for this thread: its buffer's barrier, whose phase counts the
+      // buffer's uses, or every commit group but the kAhead after it.
+      if (bulk) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        MbarrierWait(barriers + buffer * 8, (b / kRing) & 1);
+#endif
+      } else {
+        CopyAsyncWait<kAhead>();
+      }
       __syncthreads();  // block b has landed for every thread; block b - 1 is done with
-      WidenFp8<S>(raw(0), raw_scales, stage_k(0), scales, valid_keys(b));
-      __syncthreads();  // widened; the raw buffer is free
-      load_raw(b + 1, 0);
-      stage = 0;
-    } else if constexpr (S::kFp8) {
-      // Groups committed: blocks 0 .. b + kRawStages - 2; all but the newest kRawStages - 2
-      // complete is block b.
-      wait_raw(std::integral_constant<int, S::kRawStages - 2>{}, b);
-      __syncthreads();  // block b has landed for every thread; block b - 1 is done with
-      // Block b + kRawStages - 1 into the buffer block b - 1 was widened from.
-      load_raw(b + S::kRawStages - 1, (b + S::kRawStages - 1) % S::kRawStages);
-      const int buffer = b % S::kRawStages;
+      // A ring refills the buffer block b - 1 was widened from before widening block b; a lone
+      // buffer is refilled once widened.
+      if constexpr (kRing > 1) load_raw(b + kRing - 1, (b + kRing - 1) % kRing);
       WidenFp8<S>(raw(buffer), raw_scales + buffer * kKeys, stage_k(0), scales, valid_keys(b));
       __syncthreads();  // widened
-      stage = 0;
+      if constexpr (kRing == 1) load_raw(b + 1, 0);
     } else {
       CopyAsyncWait<0>();
       __syncthreads();  // block b has landed for every thread; block b - 1 is done with

@@ -41,15 +41,22 @@ void BuildMixedScenario(Scenario& s) {
   s.CreateSequence("c2", "", 513);
 }
 
+// Head-space queries (layer 1, sq 2) of the mixed scenario's sequences on P1, on P2 and on
+// no prefix: a1-a3, b1-b2, c1.
+std::vector<OwnedDecodeQuery> MixedHeadQueries(Scenario& s) {
+  std::vector<OwnedDecodeQuery> queries;
+  for (const char* id : {"a1", "a2", "a3", "b1", "b2", "c1"})
+    queries.push_back(s.HeadQuery(id, 1, 2));
+  return queries;
+}
+
 TEST(EngineTest, MixedBatchMatchesGoldenWithGroupsAboveAndBelowTheThreshold) {
   EngineOptions options = BaseOptions();
   options.max_sq = 2;
   SetThreshold(options, 5.0);  // B_theta(sq = 2) = 2.5: P1's 3 queries go hybrid, P2's 2 do not
   Scenario s(MakeEngine(options));
   BuildMixedScenario(s);
-  std::vector<OwnedDecodeQuery> queries;
-  for (const char* id : {"a1", "a2", "a3", "b1", "b2", "c1"})
-    queries.push_back(s.HeadQuery(id, 1, 2));
+  std::vector<OwnedDecodeQuery> queries = MixedHeadQueries(s);
   queries.push_back(s.LatentQuery("c2", 1, 2));
   queries.push_back(s.LatentQuery("a1", 0, 2));
   auto answers = DecodeSync(s.engine(), queries);
@@ -164,9 +171,7 @@ TEST(EngineTest, APoolSharingItsCpusMatchesGolden) {
   ASSERT_EQ(s.engine().Info().devices.size(), 2u);
   for (const DeviceInfo& d : s.engine().Info().devices) EXPECT_EQ(d.host_threads, 1);
   BuildMixedScenario(s);
-  std::vector<OwnedDecodeQuery> queries;
-  for (const char* id : {"a1", "a2", "a3", "b1", "b2", "c1"})
-    queries.push_back(s.HeadQuery(id, 1, 2));
+  std::vector<OwnedDecodeQuery> queries = MixedHeadQueries(s);
   queries.push_back(s.LatentQuery("c2", 1, 2));
   auto answers = DecodeSync(s.engine(), queries);
   ASSERT_TRUE(answers.ok()) << answers.status();
@@ -200,9 +205,7 @@ TEST(EngineTest, FlatGroupingDecidesPerGroup) {
   SetThreshold(options, 5.0);
   Scenario s(MakeEngine(options));
   BuildMixedScenario(s);
-  std::vector<OwnedDecodeQuery> queries;
-  for (const char* id : {"a1", "a2", "a3", "b1", "b2", "c1"})
-    queries.push_back(s.HeadQuery(id, 1, 2));
+  std::vector<OwnedDecodeQuery> queries = MixedHeadQueries(s);
   auto answers = DecodeSync(s.engine(), queries);
   ASSERT_TRUE(answers.ok()) << answers.status();
   ExpectMatchesGolden(s, queries, *answers);
@@ -222,9 +225,7 @@ TEST(EngineTest, TyphoonOffRunsEveryGroupAbsorbOnly) {
   options.typhoon = false;
   Scenario s(MakeEngine(options));
   BuildMixedScenario(s);
-  std::vector<OwnedDecodeQuery> queries;
-  for (const char* id : {"a1", "a2", "a3", "b1", "b2", "c1"})
-    queries.push_back(s.HeadQuery(id, 1, 2));
+  std::vector<OwnedDecodeQuery> queries = MixedHeadQueries(s);
   auto answers = DecodeSync(s.engine(), queries);
   ASSERT_TRUE(answers.ok()) << answers.status();
   ExpectMatchesGolden(s, queries, *answers);
