@@ -16,6 +16,10 @@ inline __m512 Widen16(const Bf16* p) {
       _mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, bits), 16));
 }
 
+// How far ahead of the row being multiplied the weights are fetched (16 rows: 4 KiB of a
+// 128-column tile; past the tile's end it fetches what the next call reads, or nothing).
+constexpr int kPrefetchRows = 16;
+
 // Columns [j, j + 16 * kStrips) of kRows rows, kept in registers over the whole depth.
 template <int kRows, int kStrips>
 void NNStrips(int n, int k, const Bf16* a, const Bf16* b, float* c, int64_t ldc, int j) {
@@ -24,6 +28,10 @@ void NNStrips(int n, int k, const Bf16* a, const Bf16* b, float* c, int64_t ldc,
   for (int i = 0; i < kRows; ++i)
     for (int s = 0; s < kStrips; ++s) acc[i][s] = _mm512_loadu_ps(c + i * ldc + j + 16 * s);
   for (int kk = 0; kk < k; ++kk) {
+    // A weight tile is read once, row by row at a stride of n: the hardware prefetcher alone
+    // left single-row projections at about half the machine's streaming rate.
+    const Bf16* ahead = b + static_cast<int64_t>(kk + kPrefetchRows) * n + j;
+    for (int s = 0; s < kStrips; s += 2) _mm_prefetch(ahead + 16 * s, _MM_HINT_T0);
     __m512 row[kStrips] = {};
     for (int s = 0; s < kStrips; ++s)
       row[s] = Widen16(b + static_cast<int64_t>(kk) * n + j + 16 * s);
@@ -39,7 +47,9 @@ void NNStrips(int n, int k, const Bf16* a, const Bf16* b, float* c, int64_t ldc,
 // All whole 16-column strips of kRows rows; returns the first column left.
 template <int kRows>
 int NNColumns(int n, int k, const Bf16* a, const Bf16* b, float* c, int64_t ldc) {
-  constexpr int kWide = kRows <= 4 ? 4 : 2;  // strips in registers: kRows x kWide accumulators
+  // Strips in registers: kRows x kWide accumulators. One or two rows take a whole 128-column
+  // row of the tile at once (a sequential read, eight independent sums).
+  constexpr int kWide = kRows <= 2 ? 8 : 4;
   int j = 0;
   for (; j + 16 * kWide <= n; j += 16 * kWide) NNStrips<kRows, kWide>(n, k, a, b, c, ldc, j);
   for (; j + 16 <= n; j += 16) NNStrips<kRows, 1>(n, k, a, b, c, ldc, j);
