@@ -77,6 +77,9 @@ constexpr int kBarrierOffset = kSumOffset + 2 * kRows * 4;  // uint64 [2][kChunk
 constexpr int kSharedUsed = kBarrierOffset + 2 * kChunks * 8;
 constexpr int kSharedBytes = kSharedUsed + 1024;  // the base rounded up to the swizzle's atom
 static_assert(kSharedBytes <= 227 * 1024, "more shared memory than a Hopper SM has");
+constexpr int kDv = 512;
+static_assert(kRows * StagedRowBytes(kDv, false) <= 2 * kMatrixBytes,
+              "the staged output must fit in the two key buffers");
 
 // Named barriers between the groups (0 is __syncthreads); 5 + g: within group g.
 enum Barrier : int { kScale0Ready = 1, kScale1Ready = 2, kP0Ready = 3, kP1Ready = 4 };
@@ -89,18 +92,22 @@ __device__ __forceinline__ int BlockRow(const AttentionTile& t, int block) {
   return page * t.page_size + (position - index * t.page_size);
 }
 
-// Tiles [first, last) of the block at pool row `row` into `buffer`, each on its barrier.
+// Tiles [first, last) of the block at pool row `row` into `buffer`, each on its barrier, to
+// be evicted from L2 first (a block's second reader, the request's other tile, runs beside
+// the first).
 __device__ __forceinline__ void FetchKeys(const CUtensorMap* map, int row, uint32_t buffer,
                                           uint32_t barriers, int first, int last) {
+  const uint64_t policy = EvictFirstPolicy();
   for (int c = first; c < last; ++c) {
     MbarrierExpectBytes(barriers + c * 8, kTileBytes);
-    TmaLoad2d(buffer + c * kTileBytes, map, c * 64, row, barriers + c * 8);
+    TmaLoad2d(buffer + c * kTileBytes, map, c * 64, row, barriers + c * 8, policy);
   }
 }
 
-// s (+)= Q . K^T over tiles [kFirst, kLast) of the block in `k` (4 k16 steps a tile), each
-// tile's product issued once its keys have landed; the last tile's Q comes from registers.
-template <int kFirst, int kLast>
+// s (+)= Q . K^T over tiles [kFirst, kLast) of the block in `k` (4 k16 steps a tile; s
+// starts afresh at the first when kFresh), each tile's product issued once its keys have
+// landed; the last tile's Q comes from registers.
+template <int kFirst, int kLast, bool kFresh>
 __device__ __forceinline__ void Scores(float (&s)[32], uint32_t q, uint32_t k, uint32_t barriers,
                                        int parity, const uint32_t (&q_rope)[4][4]) {
 #pragma unroll
@@ -111,7 +118,7 @@ __device__ __forceinline__ void Scores(float (&s)[32], uint32_t q, uint32_t k, u
     for (int j = 0; j < 4; ++j) {
       const uint32_t offset = c * kTileBytes + j * 32;
       const uint64_t b = SharedDescriptor(k + offset, 16, 1024);
-      const int accumulate = c > 0 || j > 0 ? 1 : 0;
+      const int accumulate = kFresh && c == kFirst && j == 0 ? 0 : 1;
       if (c == kChunks - 1) {
         WgmmaM64N64Rs(s, q_rope[j], b, accumulate);
       } else {
@@ -244,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t own_k = group == 0 ? k0 : k1;
   const uint32_t own_barriers = group == 0 ? barriers0 : barriers1;
   if (blocks > group) {
-    Scores<0, kChunks>(s, q, own_k, own_barriers, parity, q_rope);
+    Scores<0, kChunks, true>(s, q, own_k, own_barriers, parity, q_rope);
     parity ^= 1;
   }
   WgmmaWait<0>();
@@ -255,6 +262,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool has1 = b + 1 < blocks;  // the pair's second block
     const bool next0 = b + 2 < blocks;
     const bool next1 = b + 3 < blocks;
+    // The next pair's pool rows, looked up before the barriers whose release they would delay.
+    const int row2 = next0 ? BlockRow(t, b + 2) : 0;
+    const int row3 = next1 ? BlockRow(t, b + 3) : 0;
     uint32_t p[4][4] = {};
     if (group == 0) {
       float block_max[2], base[2], scale[2], sum[2];
@@ -287,7 +297,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       SettleRegisters(p);
 
       NamedBarrierSync(kScale1Ready, kThreads);
-      if (next0 && in_group == 0) FetchKeys(map, BlockRow(t, b + 2), k0, barriers0, 0, 4);
+      if (next0 && in_group == 0) FetchKeys(map, row2, k0, barriers0, 0, 4);
       const float scale1[2] = {scale1_of[row], scale1_of[row + 8]};
       StoreProbabilities(p0, s, scale1, row, c2);
       FenceSharedForAsyncProxy();
@@ -301,13 +311,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         l[1] *= scale1[1];
         ValuesShared(o, p1, k1, 0);
       }
-      if (next0) Scores<0, 4>(s, q, k0, barriers0, parity, q_rope);
+      if (next0) Scores<0, 4, true>(s, q, k0, barriers0, parity, q_rope);
       if (next1) {
         WgmmaWait<4>();  // the value product over K1's left half
-        if (in_group == 0) FetchKeys(map, BlockRow(t, b + 3), k1, barriers1, 0, 4);
+        if (in_group == 0) FetchKeys(map, row3, k1, barriers1, 0, 4);
       }
       if (next0) {
-        Scores<4, kChunks>(s, q, k0, barriers0, parity, q_rope);
+        Scores<4, kChunks, false>(s, q, k0, barriers0, parity, q_rope);
         parity ^= 1;
       }
       WgmmaWait<0>();
@@ -357,14 +367,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (has1) NamedBarrierArrive(kP1Ready, kThreads);
       if (next1) {
         WgmmaWait<1>();  // the product over K1's right half
-        if (in_group == 0) FetchKeys(map, BlockRow(t, b + 3), k1, barriers1, 4, kChunks);
+        if (in_group == 0) FetchKeys(map, row3, k1, barriers1, 4, kChunks);
       }
       if (next0) {
         WgmmaWait<0>();  // and over K0's
-        if (in_group == 0) FetchKeys(map, BlockRow(t, b + 2), k0, barriers0, 4, kChunks);
+        if (in_group == 0) FetchKeys(map, row2, k0, barriers0, 4, kChunks);
       }
       if (next1) {
-        Scores<0, kChunks>(s, q, k1, barriers1, parity, q_rope);
+        // The right half first: fetched above, before group 0 could refetch the left.
+        Scores<4, kChunks, true>(s, q, k1, barriers1, parity, q_rope);
+        Scores<0, 4, false>(s, q, k1, barriers1, parity, q_rope);
         parity ^= 1;
       }
       WgmmaWait<0>();
@@ -387,7 +399,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   TileRows<2> rows(row, group, lane);
   rows.m[0] = max_of[row];
   rows.m[1] = max_of[row + 8];
-  rows.Store<32>(t, total, group * 256, [&](int i, int h, int e) { return o[i * 4 + h * 2 + e]; });
+  const auto value = [&](int i, int h, int e) { return o[i * 4 + h * 2 + e]; };
+  const int64_t row_bytes = t.out_stride * (t.out_bf16 ? 2 : 4);
+  if (t.out % 16 != 0 || row_bytes % 16 != 0) {
+    rows.Store<32>(t, total, group * 256, value);
+    return;
+  }
+  // Staged in the key buffers (free: every block fetched has been consumed) and written a
+  // row per bulk copy: element-wise stores from the fragments cost a quarter of a short tile.
+  const int stride = StagedRowBytes(kDv, t.out_bf16 != 0);
+  rows.Stage<32>(t, total, group * 256, value, k0, stride);
+  FenceSharedForAsyncProxy();
+  __syncthreads();
+  if (threadIdx.x < t.rows) {
+    BulkStore(reinterpret_cast<char*>(t.out) + threadIdx.x * row_bytes, k0 + threadIdx.x * stride,
+              kDv * (t.out_bf16 ? 2 : 4));
+    BulkStoreWait();
+  }
+  rows.StoreLse(t, total);
 #else
   (void)tiles;
   (void)scale_log2;

@@ -42,6 +42,14 @@ __device__ __forceinline__ void ScaleAndMask(float (&s)[32], float scale_log2, i
   row_max[1] = QuadMax(row_max[1]);
 }
 
+// 2^x by the special function unit alone (results below 2^-126 flush to zero), not exp2f's
+// longer sequence for subnormal results: the softmax's exponentials sit on the critical path.
+__device__ __forceinline__ float FastExp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // s <- exp2(s - base) per row; returns the rows' sums (this thread's keys).
 __device__ __forceinline__ void Exponentiate(float (&s)[32], const float (&base)[2],
                                              float (&sum)[2]) {
@@ -52,7 +60,7 @@ __device__ __forceinline__ void Exponentiate(float (&s)[32], const float (&base)
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float p = exp2f(s[4 * i + 2 * h + e] - base[h]);
+        const float p = FastExp2(s[4 * i + 2 * h + e] - base[h]);
         s[4 * i + 2 * h + e] = p;
         sum[h] += p;
       }

@@ -16,6 +16,12 @@
 
 namespace mlaserve::cuda {
 
+// Bytes between rows staged for TileRows::Stage: a row of `columns` outputs and 16 (bf16) or
+// 32 (fp32) bytes more, so that the eight rows a warp's fragments cover fall in different banks.
+__host__ __device__ constexpr int StagedRowBytes(int columns, bool bf16) {
+  return bf16 ? columns * 2 + 16 : columns * 4 + 32;
+}
+
 template <int kSlots>
 struct TileRows {
   static constexpr int kRows = gpu::kAttentionTileRows;
@@ -105,10 +111,44 @@ struct TileRows {
           out[1] = v1;
         }
       }
-      if (slot == 0 && (lane & 3) == 0) {
-        reinterpret_cast<float*>(t.lse)[row[h] * t.lse_stride] =
-            total[h] > 0.f ? (m[h] + log2f(total[h])) * kLn2 : -INFINITY;
+    }
+    StoreLse(t, total);
+  }
+
+  // Store's outputs into shared memory instead (the LSE apart), row r at stage + r * stride
+  // bytes in the output's type, for the caller to copy out as whole rows (StagedRowBytes).
+  template <int kBlocks, class Value>
+  __device__ void Stage(const gpu::AttentionTile& t, const float total[2], int col0, Value value,
+                        uint32_t stage, int stride) const {
+    const int c2 = (lane % 4) * 2;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (row[h] >= t.rows) continue;
+      const float inv = total[h] > 0.f ? 1.f / total[h] : 0.f;
+      const uint32_t at = stage + static_cast<uint32_t>(row[h] * stride);
+#pragma unroll
+      for (int i = 0; i < kBlocks; ++i) {
+        const int col = col0 + i * 8 + c2;
+        const float v0 = value(i, h, 0) * inv;
+        const float v1 = value(i, h, 1) * inv;
+        if (t.out_bf16) {
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at + col * 2), "r"(PackBf16(v0, v1)));
+        } else {
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at + col * 4), "f"(v0),
+                       "f"(v1));
+        }
       }
+    }
+  }
+
+  // The rows' natural-log LSEs, from the slot-0 warps.
+  __device__ void StoreLse(const gpu::AttentionTile& t, const float total[2]) const {
+    if (slot != 0 || (lane & 3) != 0) return;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (row[h] >= t.rows) continue;
+      reinterpret_cast<float*>(t.lse)[row[h] * t.lse_stride] =
+          total[h] > 0.f ? (m[h] + log2f(total[h])) * kLn2 : -INFINITY;
     }
   }
 };

@@ -48,6 +48,29 @@ __device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t
       : "memory");
 }
 
+// `bytes` (a multiple of 16) from shared `src` to global `dst` (both 16-byte aligned) by the
+// bulk copy, in this thread's current bulk group; BulkStoreWait before `src` is written again
+// or the block exits.
+__device__ __forceinline__ void BulkStore(void* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(
+                   reinterpret_cast<uint64_t>(dst)),
+               "r"(src), "r"(bytes)
+               : "memory");
+}
+// Until the copy engine has read every bulk store this thread issued.
+__device__ __forceinline__ void BulkStoreWait() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+
+// An L2 policy for data read once (a key block: whatever a later read of it would find in
+// L2, it is better spent on the blocks still to come).
+__device__ __forceinline__ uint64_t EvictFirstPolicy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
 __device__ __forceinline__ void PrefetchTensorMap(const void* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
@@ -59,6 +82,15 @@ __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const void* map, int x, 
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
       "{%2, %3}], [%4];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(barrier)
+      : "memory");
+}
+// The same under an L2 policy (EvictFirstPolicy).
+__device__ __forceinline__ void TmaLoad2d(uint32_t dst, const void* map, int x, int y,
+                                          uint32_t barrier, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(barrier), "l"(policy)
       : "memory");
 }
 
