@@ -21,7 +21,8 @@
 // overlaps the other's softmax and value GEMMs, and a buffer's half is fetched again as soon
 // as both its readers are done with it. Shared memory: Q (9 tiles; the last, the rope columns,
 // is moved into registers so that P(b + 1) can take its place), K0, K1 (9 tiles each), P(b)
-// and the per-row running max and scale factors: 226 KiB.
+// and the per-row running max and scale factors: 226 KiB. After the last block the two key
+// buffers take the normalised output rows, which the copy engine writes a row at a time.
 //
 // Same contract and numerics as the other attention kernels (attention_kernel.cu): scores in
 // base 2, FlashAttention-2 rescaling, natural-log LSE, a row that sees no key gets zeros and
