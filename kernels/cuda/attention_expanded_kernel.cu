@@ -45,9 +45,9 @@ namespace {
 
 using fragments::Exponentiate;
 using fragments::kMaxInit;
+using fragments::MaskAndMax;
 using fragments::PackProbabilities;
 using fragments::Rescale;
-using fragments::ScaleAndMask;
 using fragments::SettleRegisters;
 using gpu::AttentionTile;
 using latent::kTileBytes;
@@ -204,14 +204,14 @@ struct GroupRows {
   __device__ __forceinline__ void Softmax(float (&s)[32], int block, float scale_log2,
                                           uint32_t (&p)[4][4], float (&alpha)[2]) {
     float block_max[2], base[2], sum[2];
-    ScaleAndMask(s, scale_log2, block, visible, c2, block_max);
+    MaskAndMax(s, scale_log2, block, visible, c2, block_max);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       base[h] = fmaxf(m[h], block_max[h]);
       alpha[h] = exp2f(m[h] - base[h]);
       m[h] = base[h];
     }
-    Exponentiate(s, base, sum);
+    Exponentiate(s, scale_log2, base, sum);
     l[0] = l[0] * alpha[0] + sum[0];
     l[1] = l[1] * alpha[1] + sum[1];
     PackProbabilities(s, p);

@@ -56,9 +56,9 @@ using latent::TileUnit;
 using fragments::Exponentiate;
 using fragments::kMasked;
 using fragments::kMaxInit;
+using fragments::MaskAndMax;
 using fragments::PackProbabilities;
 using fragments::Rescale;
-using fragments::ScaleAndMask;
 using fragments::SettleRegisters;
 
 constexpr int kRows = gpu::kAttentionTileRows;  // 64
@@ -187,8 +187,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                           const __grid_constant__ CUtensorMap keys) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char raw_smem[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(raw_smem) + 1023) & ~static_cast<uintptr_t>(1023));
+  // Offset from the array itself, not rebuilt from an integer, so that the compiler knows
+  // the per-row maxima and scales below are in shared memory (LDS/STS, not generic accesses).
+  unsigned char* smem = raw_smem + ((1024 - (SharedAddress(raw_smem) & 1023)) & 1023);
   const AttentionTile t = tiles[blockIdx.x];
   const int group = threadIdx.x / 128;
   const int in_group = threadIdx.x % 128;
@@ -212,16 +213,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int partial = t.keys % kKeys;  // keys in the last block when it is not full
 
   if (threadIdx.x == 0) {
+    // The first two blocks are fetched before the block-wide barrier: only this thread has
+    // to see the barriers initialised for that, and the others wait on them after it.
     PrefetchTensorMap(map);
     for (int i = 0; i < 2 * kChunks; ++i) MbarrierInit(barriers0 + i * 8, 1);
     FenceBarrierInit();
-  }
-  if (threadIdx.x < kRows) max_of[threadIdx.x] = kMaxInit;
-  __syncthreads();
-  if (threadIdx.x == 0) {
     if (blocks > 0) FetchKeys(map, BlockRow(t, 0), k0, barriers0, 0, kChunks);
     if (blocks > 1) FetchKeys(map, BlockRow(t, 1), k1, barriers1, 0, kChunks);
   }
+  if (threadIdx.x < kRows) max_of[threadIdx.x] = kMaxInit;
+  __syncthreads();
   LoadQueries(t, q, kThreads);
   CopyAsyncCommit();
   CopyAsyncWait<0>();
@@ -269,7 +270,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t p[4][4] = {};
     if (group == 0) {
       float block_max[2], base[2], scale[2], sum[2];
-      ScaleAndMask(s, scale_log2, b, visible, c2, block_max);
+      MaskAndMax(s, scale_log2, b, visible, c2, block_max);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float old = max_of[row + 8 * h];
@@ -284,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           scale0_of[row + 8 * h] = scale[h];
         }
       }
-      Exponentiate(s, base, sum);
+      Exponentiate(s, scale_log2, base, sum);
       Rescale(o, scale);
       l[0] = l[0] * scale[0] + sum[0];
       l[1] = l[1] * scale[1] + sum[1];
@@ -329,7 +330,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       float scale[2] = {1.f, 1.f}, sum[2] = {0.f, 0.f};
       if (has1) {
         float block_max[2], base[2];
-        ScaleAndMask(s, scale_log2, b + 1, visible, c2, block_max);
+        MaskAndMax(s, scale_log2, b + 1, visible, c2, block_max);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const float old = max_of[row + 8 * h];
@@ -341,7 +342,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int h = 0; h < 2; ++h) max_of[row + 8 * h] = base[h];
         }
-        Exponentiate(s, base, sum);
+        Exponentiate(s, scale_log2, base, sum);
         PackProbabilities(s, p);
       }
       if (lane % 4 == 0) {

@@ -5,8 +5,10 @@
 // key block's 64 x 64 scores in one warpgroup keep it (the seesaw and the expanded-heads
 // kernels): a thread holds rows row and row + 8 of its warp's 16, keys 8 i + c2 + e at
 // s[4 i + 2 h + e], so a row's scores lie in one quad and its maximum needs no shared memory.
-// Scores in base 2; the output accumulators rescaled in registers (FlashAttention-2).
+// Scores kept as the MMA leaves them and scaled into base 2 inside the exponential; the output
+// accumulators rescaled in registers (FlashAttention-2).
 
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/cuda/mma_primitives.cuh"
@@ -14,32 +16,38 @@
 
 namespace mlaserve::cuda::fragments {
 
-// The running max starts finite so that exp2(old - new) is never (-inf) - (-inf); masked
-// scores sit far below it, so they weigh exactly 0.
+// The running max starts finite so that exp2(old - new) is never (-inf) - (-inf); a block
+// whose keys a row may not see reports kMasked, far below it, so it never moves the max.
 constexpr float kMaxInit = -1e30f;
 constexpr float kMasked = -1e33f;
 
 // The thread's share of a block's scores s (64 rows x 64 keys; rows row and row + 8, keys
-// 8 i + c2 + e at s[4 i + 2 h + e]) in base 2, keys at or past a row's visible count masked.
-__device__ __forceinline__ void ScaleAndMask(float (&s)[32], float scale_log2, int block,
-                                             const int (&visible)[2], int c2, float (&row_max)[2]) {
+// 8 i + c2 + e at s[4 i + 2 h + e]), keys at or past a row's visible count masked to -inf; the
+// scores stay as the MMA left them (Exponentiate applies the scale), the rows' maxima are
+// returned in base 2 (scale_log2 > 0, so the maximum commutes with the scale; a row with no
+// key left in the block gets kMasked).
+__device__ __forceinline__ void MaskAndMax(float (&s)[32], float scale_log2, int block,
+                                           const int (&visible)[2], int c2, float (&row_max)[2]) {
   const bool mask = (block + 1) * gpu::kAttentionBlockKeys > min(visible[0], visible[1]);
-  row_max[0] = row_max[1] = kMasked;
+  row_max[0] = row_max[1] = -INFINITY;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        float v = s[4 * i + 2 * h + e] * scale_log2;
-        if (mask && block * gpu::kAttentionBlockKeys + 8 * i + c2 + e >= visible[h]) v = kMasked;
+        float v = s[4 * i + 2 * h + e];
+        if (mask && block * gpu::kAttentionBlockKeys + 8 * i + c2 + e >= visible[h]) v = -INFINITY;
         s[4 * i + 2 * h + e] = v;
         row_max[h] = fmaxf(row_max[h], v);
       }
     }
   }
-  row_max[0] = QuadMax(row_max[0]);
-  row_max[1] = QuadMax(row_max[1]);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float m = QuadMax(row_max[h]);
+    row_max[h] = m == -INFINITY ? kMasked : m * scale_log2;
+  }
 }
 
 // 2^x by the special function unit alone (results below 2^-126 flush to zero), not exp2f's
@@ -50,9 +58,10 @@ __device__ __forceinline__ float FastExp2(float x) {
   return y;
 }
 
-// s <- exp2(s - base) per row; returns the rows' sums (this thread's keys).
-__device__ __forceinline__ void Exponentiate(float (&s)[32], const float (&base)[2],
-                                             float (&sum)[2]) {
+// s <- exp2(s x scale_log2 - base) per row, one fused multiply-add before the exponential
+// (a masked -inf gives 0); returns the rows' sums (this thread's keys).
+__device__ __forceinline__ void Exponentiate(float (&s)[32], float scale_log2,
+                                             const float (&base)[2], float (&sum)[2]) {
   sum[0] = sum[1] = 0.f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
@@ -60,7 +69,7 @@ __device__ __forceinline__ void Exponentiate(float (&s)[32], const float (&base)
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float p = FastExp2(s[4 * i + 2 * h + e] - base[h]);
+        const float p = FastExp2(fmaf(s[4 * i + 2 * h + e], scale_log2, -base[h]));
         s[4 * i + 2 * h + e] = p;
         sum[h] += p;
       }
