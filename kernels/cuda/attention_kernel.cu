@@ -310,6 +310,7 @@ __global__ void __launch_bounds__(Shape<kDk, kDv, kKind, kRowWarps, kColumnWarps
     if (threadIdx.x == 0) {
       for (int i = 0; i < S::kRawStages; ++i) MbarrierInit(barriers + i * 8, 1);
       FenceBarrierInit();
+      FenceSharedForAsyncProxy();  // the initialised barriers, seen by the copy engine too
     }
   }
 #endif

@@ -218,6 +218,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     PrefetchTensorMap(map);
     for (int i = 0; i < 2 * kChunks; ++i) MbarrierInit(barriers0 + i * 8, 1);
     FenceBarrierInit();
+    FenceSharedForAsyncProxy();  // the initialised barriers, seen by the copy engine too
     if (blocks > 0) FetchKeys(map, BlockRow(t, 0), k0, barriers0, 0, kChunks);
     if (blocks > 1) FetchKeys(map, BlockRow(t, 1), k1, barriers1, 0, kChunks);
   }

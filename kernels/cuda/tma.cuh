@@ -18,6 +18,12 @@ __device__ __forceinline__ void MbarrierInit(uint32_t barrier, int arrivals) {
 __device__ __forceinline__ void FenceBarrierInit() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
+// Shared memory written by ordinary stores (and cp.async) becomes visible to the async proxy
+// (the tensor cores' reads, the bulk copies, barriers as the copy engine sees them) only after
+// this, in each writing thread, before the barrier.
+__device__ __forceinline__ void FenceSharedForAsyncProxy() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 // One arrival that also announces `bytes` the copies will complete on the barrier.
 __device__ __forceinline__ void MbarrierExpectBytes(uint32_t barrier, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(barrier),

@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/tma.cuh"
+
 namespace mlaserve::cuda {
 
 // A shared-memory matrix descriptor for the 128-byte swizzle (Swizzle<3,4,3>: the 16-byte unit
@@ -37,11 +39,6 @@ __device__ __forceinline__ void WgmmaCommit() {
 template <int kPending>
 __device__ __forceinline__ void WgmmaWait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
-// Shared memory written by ordinary stores (and cp.async) becomes visible to the tensor cores'
-// reads (the async proxy) only after this, in each writing thread, before the barrier.
-__device__ __forceinline__ void FenceSharedForAsyncProxy() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 // Keeps the compiler from moving reads of an accumulator above the wait that completes it.
 template <int kN>
