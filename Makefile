@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc)
 
 # The concurrency tests that also run under ThreadSanitizer (engine and emulator; Debian's
 # gRPC and abseil are not TSan-instrumented, so the gRPC edge stays out).
-TSAN_TESTS := engine_test\.(EngineStressTest|StressTest|KvStoreStateConcurrencyTest|NpuAttentionDeviceTest|GpuDeviceTest|EngineTest)|kernels_npu_test\.(DeviceTest|LaunchSequenceTest|Programs/ProgramOrderTest|(Fp8)?Batches/StepsOnDevicesTest.*(NpuTwoThreads|NpuFp8CubeTwoThreads))
+TSAN_TESTS := engine_test\.(EngineStressTest|StressTest|KvStoreStateConcurrencyTest|NpuAttentionDeviceTest|GpuDeviceTest|EngineTest)|kernels_npu_test\.(DeviceTest|HostExecutorTest|LaunchSequenceTest|Programs/ProgramOrderTest|(Fp8)?Batches/StepsOnDevicesTest.*(NpuTwoThreads|NpuFp8CubeTwoThreads))
 
 all: build
 

@@ -1,6 +1,9 @@
 #include "kernels/npu/host_executor.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <span>
+#include <string_view>
 
 #if defined(__SANITIZE_THREAD__)
 // ThreadSanitizer must see the happens-before the *device program* guarantees, not the one
@@ -70,7 +73,12 @@ std::vector<std::vector<uint32_t>> WorkSuccessors(const Program& program) {
 }  // namespace
 
 HostExecutor::HostExecutor(int threads)
-    : parallelism_(std::max(threads, 1)), waiting_(static_cast<size_t>(parallelism_.load()), 0) {
+    : parallelism_(std::max(threads, 1)),
+      waiting_(static_cast<size_t>(parallelism_.load()), 0),
+      by_instruction_only_([] {
+        const char* forced = std::getenv("MLASERVE_NPU_EXECUTION");
+        return forced != nullptr && std::string_view(forced) == "instruction";
+      }()) {
   const int n = parallelism_.load();
   for (int i = 0; i < n; ++i) wake_.push_back(std::make_unique<std::condition_variable>());
   for (int i = 0; i < n; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
@@ -124,6 +132,23 @@ void HostExecutor::Start(const Program& program, GlobalMemory& gm) {
     pending_[i].store(in_degree[i], std::memory_order_relaxed);
   }
   remaining_.store(static_cast<int64_t>(in_degree.size()), std::memory_order_relaxed);
+  by_core_ = program.core_local() && !by_instruction_only_;
+  if (by_core_) {
+    const int cores = program.num_cores();
+    core_next_.assign(static_cast<size_t>(cores), 0);
+    for (int core = cores - 1; core >= 0; --core) {  // ready_ is taken from the back
+      if (!program.core_work(core).empty()) {
+        ready_.push_back(static_cast<uint32_t>(core));
+      } else {
+        remaining_.fetch_sub(program.core_instructions(core), std::memory_order_relaxed);
+      }
+    }
+    WakeLocked(ready_.size());
+    if (remaining_.load(std::memory_order_relaxed) == 0) done_.notify_all();
+    lock.unlock();
+    MLASERVE_TSAN_BOOKKEEPING_END();
+    return;
+  }
   std::vector<uint32_t> roots;
   for (uint32_t i = 0; i < in_degree.size(); ++i) {
     if (in_degree[i] == 0) roots.push_back(i);
@@ -182,6 +207,24 @@ void HostExecutor::Execute(const Program& program, uint32_t id) {
   }
 }
 
+bool HostExecutor::RunCore(const Program& program, int core, int index,
+                           std::vector<uint32_t>& spawned) {
+  const std::span<const uint32_t> work = program.core_work(core);
+  size_t& next = core_next_[static_cast<size_t>(core)];
+  while (next < work.size()) {
+    MLASERVE_TSAN_BOOKKEEPING_END();
+    Execute(program, work[next]);
+    MLASERVE_TSAN_BOOKKEEPING_BEGIN();
+    ++next;
+    if (next < work.size() && index >= parallelism_.load(std::memory_order_relaxed)) {
+      spawned.push_back(static_cast<uint32_t>(core));  // held back: the rest for the others
+      return false;
+    }
+  }
+  const int64_t count = program.core_instructions(core);
+  return remaining_.fetch_sub(count, std::memory_order_acq_rel) == count;
+}
+
 int64_t HostExecutor::Complete(uint32_t id, std::vector<uint32_t>& stack,
                                std::vector<uint32_t>& spawned, bool& all_done) {
   const auto& offsets = program_->edge_offsets();
@@ -231,8 +274,19 @@ void HostExecutor::WorkerLoop(int index) {
     int64_t id = ready_.back();
     ready_.pop_back();
     const Program& program = *program_;
+    const bool by_core = by_core_;
     lock.unlock();
     bool all_done = false;
+    if (by_core) {
+      all_done = RunCore(program, static_cast<int>(id), index, spawned);
+      id = -1;
+      if (!spawned.empty()) {
+        std::lock_guard<std::mutex> guard(mu_);
+        ready_.insert(ready_.end(), spawned.begin(), spawned.end());
+        WakeLocked(spawned.size());
+        spawned.clear();
+      }
+    }
     while (id >= 0) {  // keep going down a chain without a queue round trip
       MLASERVE_TSAN_BOOKKEEPING_END();
       Execute(program, static_cast<uint32_t>(id));

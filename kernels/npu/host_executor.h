@@ -21,6 +21,15 @@ namespace mlaserve::npu {
 //
 // std::mutex rather than absl::Mutex: Debian's abseil is not built for ThreadSanitizer, and
 // the executor is exactly what the TSan runs must see through.
+//
+// A program whose dependencies all stay within a core and follow its program order
+// (Program::core_local: the projections, the split-KV merge) runs a core's host work as one
+// item, in program order, the cores side by side: the same payloads in an order the device
+// allows, without the per-instruction hand-offs (a projection's 11,600 instructions, most
+// without host work, cost more to release one by one than their arithmetic). Programs whose
+// cores wait on each other (the attention's AIC <-> AIV flags) run instruction by instruction.
+// MLASERVE_NPU_EXECUTION=instruction runs every program so (to compare the two; a missing
+// intra-core flag shows up as a ThreadSanitizer race only there).
 class HostExecutor {
  public:
   explicit HostExecutor(int threads);
@@ -48,6 +57,10 @@ class HostExecutor {
 
  private:
   void WorkerLoop(int index);
+  // Runs core `core`'s host work from where it stopped (a core-local program); returns true
+  // when that finished the program. A worker held back meanwhile leaves the rest of the core
+  // in `spawned` instead.
+  bool RunCore(const Program& program, int core, int index, std::vector<uint32_t>& spawned);
   // Wakes up to `n` sleeping workers among those allowed to run (under mu_).
   void WakeLocked(size_t n);
   void Execute(const Program& program, uint32_t id);
@@ -78,6 +91,11 @@ class HostExecutor {
   std::atomic<int> parallelism_;
   std::vector<char> waiting_;  // per worker: asleep on its wake_
   const Program* program_ = nullptr;
+  // This program runs a core at a time: ready_ holds cores, core_next_ how far each got (read
+  // and written only by the worker holding the core, handed over under mu_).
+  bool by_core_ = false;
+  const bool by_instruction_only_;
+  std::vector<size_t> core_next_;
   GlobalMemory* gm_ = nullptr;
   bool stopping_ = false;
   // Set by Run before any instruction is queued, then counted down by the workers without a

@@ -280,6 +280,10 @@ void ProgramBuffers::Clear() {
     pairs->offsets.clear();
     pairs->pairs.clear();
   }
+  core_work_offsets.clear();
+  core_work.clear();
+  core_sizes.clear();
+  core_local = false;
 }
 
 namespace {
@@ -486,8 +490,33 @@ absl::Status Program::Finalize() {
   for (const ProgramBuffers::RawEdge& e : b_.raw_edges) {
     b_.edges[b_.fill[e.from]++] = Edge{e.to, e.after_completion};
   }
+  IndexCoreWork();
   b_.raw_edges.clear();
   return CheckAcyclic();
+}
+
+void Program::IndexCoreWork() {
+  const std::vector<Instruction>& ins = b_.instructions;
+  b_.core_local = true;
+  for (const ProgramBuffers::RawEdge& e : b_.raw_edges) {
+    if (e.from >= e.to || ins[e.from].core != ins[e.to].core) {
+      b_.core_local = false;
+      break;
+    }
+  }
+  const size_t cores = cores_.size();
+  b_.core_work_offsets.assign(cores + 1, 0);
+  b_.core_sizes.assign(cores, 0);
+  for (const Instruction& i : ins) {
+    ++b_.core_sizes[i.core];
+    if (i.payload >= 0) ++b_.core_work_offsets[i.core + 1];
+  }
+  for (size_t c = 0; c < cores; ++c) b_.core_work_offsets[c + 1] += b_.core_work_offsets[c];
+  b_.core_work.resize(b_.core_work_offsets[cores]);
+  b_.fill.assign(b_.core_work_offsets.begin(), b_.core_work_offsets.end() - 1);
+  for (uint32_t id = 0; id < ins.size(); ++id) {
+    if (ins[id].payload >= 0) b_.core_work[b_.fill[ins[id].core]++] = id;
+  }
 }
 
 // Every instruction must be reachable in a dependency order: a cycle (a wait on a flag set

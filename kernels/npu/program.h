@@ -10,6 +10,7 @@
 #include <memory>
 #include <new>
 #include <optional>
+#include <span>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -267,6 +268,12 @@ class ProgramBuffers {
   std::vector<uint32_t> order;  // Finalize's scratch (the cycle check's ready list)
   std::vector<uint32_t> in_degree;
   FlagPairs flag_pairs, cross_pairs;
+  // Per core (CSR), its instructions with host work in program order; and how many
+  // instructions each core has in all.
+  std::vector<uint32_t> core_work_offsets;
+  std::vector<uint32_t> core_work;
+  std::vector<uint32_t> core_sizes;
+  bool core_local = false;
 };
 
 // Everything one kernel launch issues, over `block_dim` groups of one AIC and two AIVs.
@@ -310,6 +317,16 @@ class Program {
   // Per instruction, 1 if it has host work: what the executor asks of every instruction it
   // releases, a byte instead of a read of the whole record.
   const std::vector<uint8_t>& has_payload() const { return b_.has_payload; }
+  // Whether no dependency crosses cores and every one points forward in program order: then
+  // each core's program order is a valid order for its host work, and the executor may run a
+  // core's work as one item (HostExecutor), the cores side by side.
+  bool core_local() const { return b_.core_local; }
+  // Core `core`'s instructions with host work, in program order, and its instructions in all.
+  std::span<const uint32_t> core_work(int core) const {
+    return {b_.core_work.data() + b_.core_work_offsets[core],
+            b_.core_work_offsets[core + 1] - b_.core_work_offsets[core]};
+  }
+  uint32_t core_instructions(int core) const { return b_.core_sizes[core]; }
   // Matched (set, wait) pairs of each intra-core flag, for the outstanding-set check.
   const FlagPairs& flag_pairs() const { return b_.flag_pairs; }
   // Matched (set, wait) pairs of each cross-core counter and sender, for the 16-outstanding
@@ -322,6 +339,7 @@ class Program {
 
  private:
   absl::Status CheckAcyclic();  // Finalize's last step
+  void IndexCoreWork();         // Finalize's: core_work, core_local
   friend class CoreRecorder;
   void Fail(absl::Status status);
   void AddEdge(uint32_t from, uint32_t to, bool after_completion) {
