@@ -212,8 +212,9 @@ bool HostExecutor::RunCore(const Program& program, int core, int index,
   const std::span<const uint32_t> work = program.core_work(core);
   size_t& next = core_next_[static_cast<size_t>(core)];
   while (next < work.size()) {
+    const uint32_t id = work[next];  // the executor's own arrays: read as bookkeeping
     MLASERVE_TSAN_BOOKKEEPING_END();
-    Execute(program, work[next]);
+    Execute(program, id);
     MLASERVE_TSAN_BOOKKEEPING_BEGIN();
     ++next;
     if (next < work.size() && index >= parallelism_.load(std::memory_order_relaxed)) {
