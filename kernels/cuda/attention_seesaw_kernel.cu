@@ -54,7 +54,6 @@ using latent::kTileBytes;
 using latent::LoadQueries;
 using latent::TileUnit;
 using fragments::Exponentiate;
-using fragments::kMasked;
 using fragments::kMaxInit;
 using fragments::MaskAndMax;
 using fragments::PackProbabilities;

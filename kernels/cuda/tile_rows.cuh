@@ -90,28 +90,17 @@ struct TileRows {
   template <int kBlocks, class Value>
   __device__ void Store(const gpu::AttentionTile& t, const float total[2], int col0,
                         Value value) const {
-    const int c2 = (lane % 4) * 2;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (row[h] >= t.rows) continue;
-      const float inv = total[h] > 0.f ? 1.f / total[h] : 0.f;
-#pragma unroll
-      for (int i = 0; i < kBlocks; ++i) {
-        const int col = col0 + i * 8 + c2;
-        const float v0 = value(i, h, 0) * inv;
-        const float v1 = value(i, h, 1) * inv;
-        if (t.out_bf16) {
-          __nv_bfloat16* out =
-              reinterpret_cast<__nv_bfloat16*>(t.out) + row[h] * t.out_stride + col;
-          out[0] = __float2bfloat16_rn(v0);
-          out[1] = __float2bfloat16_rn(v1);
-        } else {
-          float* out = reinterpret_cast<float*>(t.out) + row[h] * t.out_stride + col;
-          out[0] = v0;
-          out[1] = v1;
-        }
+    ForEachPair<kBlocks>(t, total, col0, value, [&](int h, int col, float v0, float v1) {
+      if (t.out_bf16) {
+        __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(t.out) + row[h] * t.out_stride + col;
+        out[0] = __float2bfloat16_rn(v0);
+        out[1] = __float2bfloat16_rn(v1);
+      } else {
+        float* out = reinterpret_cast<float*>(t.out) + row[h] * t.out_stride + col;
+        out[0] = v0;
+        out[1] = v1;
       }
-    }
+    });
     StoreLse(t, total);
   }
 
@@ -120,25 +109,14 @@ struct TileRows {
   template <int kBlocks, class Value>
   __device__ void Stage(const gpu::AttentionTile& t, const float total[2], int col0, Value value,
                         uint32_t stage, int stride) const {
-    const int c2 = (lane % 4) * 2;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (row[h] >= t.rows) continue;
-      const float inv = total[h] > 0.f ? 1.f / total[h] : 0.f;
+    ForEachPair<kBlocks>(t, total, col0, value, [&](int h, int col, float v0, float v1) {
       const uint32_t at = stage + static_cast<uint32_t>(row[h] * stride);
-#pragma unroll
-      for (int i = 0; i < kBlocks; ++i) {
-        const int col = col0 + i * 8 + c2;
-        const float v0 = value(i, h, 0) * inv;
-        const float v1 = value(i, h, 1) * inv;
-        if (t.out_bf16) {
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at + col * 2), "r"(PackBf16(v0, v1)));
-        } else {
-          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at + col * 4), "f"(v0),
-                       "f"(v1));
-        }
+      if (t.out_bf16) {
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at + col * 2), "r"(PackBf16(v0, v1)));
+      } else {
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at + col * 4), "f"(v0), "f"(v1));
       }
-    }
+    });
   }
 
   // The rows' natural-log LSEs, from the slot-0 warps.
@@ -149,6 +127,24 @@ struct TileRows {
       if (row[h] >= t.rows) continue;
       reinterpret_cast<float*>(t.lse)[row[h] * t.lse_stride] =
           total[h] > 0.f ? (m[h] + log2f(total[h])) * kLn2 : -INFINITY;
+    }
+  }
+
+ private:
+  // emit(h, column, v0, v1) for each pair of normalised outputs of the thread's rows within
+  // the tile (Store's layout of `value`).
+  template <int kBlocks, class Value, class Emit>
+  __device__ void ForEachPair(const gpu::AttentionTile& t, const float total[2], int col0,
+                              Value value, Emit emit) const {
+    const int c2 = (lane % 4) * 2;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (row[h] >= t.rows) continue;
+      const float inv = total[h] > 0.f ? 1.f / total[h] : 0.f;
+#pragma unroll
+      for (int i = 0; i < kBlocks; ++i) {
+        emit(h, col0 + i * 8 + c2, value(i, h, 0) * inv, value(i, h, 1) * inv);
+      }
     }
   }
 };

@@ -81,16 +81,8 @@ __device__ __forceinline__ void PrefetchTensorMap(const void* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 // The box at (x, y) (x the innermost coordinate, in elements) of the tensor `map` describes,
-// into shared memory at `dst`, completing its bytes on `barrier`.
-__device__ __forceinline__ void TmaLoad2d(uint32_t dst, const void* map, int x, int y,
-                                          uint32_t barrier) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
-      "{%2, %3}], [%4];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(barrier)
-      : "memory");
-}
-// The same under an L2 policy (EvictFirstPolicy).
+// into shared memory at `dst`, completing its bytes on `barrier`, under the L2 policy `policy`
+// (EvictFirstPolicy).
 __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const void* map, int x, int y,
                                           uint32_t barrier, uint64_t policy) {
   asm volatile(

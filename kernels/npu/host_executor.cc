@@ -207,6 +207,14 @@ void HostExecutor::Execute(const Program& program, uint32_t id) {
   }
 }
 
+void HostExecutor::QueueSpawned(std::vector<uint32_t>& spawned) {
+  if (spawned.empty()) return;
+  std::lock_guard<std::mutex> guard(mu_);
+  ready_.insert(ready_.end(), spawned.begin(), spawned.end());
+  WakeLocked(spawned.size());
+  spawned.clear();
+}
+
 bool HostExecutor::RunCore(const Program& program, int core, int index,
                            std::vector<uint32_t>& spawned) {
   const std::span<const uint32_t> work = program.core_work(core);
@@ -281,12 +289,7 @@ void HostExecutor::WorkerLoop(int index) {
     if (by_core) {
       all_done = RunCore(program, static_cast<int>(id), index, spawned);
       id = -1;
-      if (!spawned.empty()) {
-        std::lock_guard<std::mutex> guard(mu_);
-        ready_.insert(ready_.end(), spawned.begin(), spawned.end());
-        WakeLocked(spawned.size());
-        spawned.clear();
-      }
+      QueueSpawned(spawned);
     }
     while (id >= 0) {  // keep going down a chain without a queue round trip
       MLASERVE_TSAN_BOOKKEEPING_END();
@@ -299,12 +302,7 @@ void HostExecutor::WorkerLoop(int index) {
         spawned.push_back(static_cast<uint32_t>(id));
         id = -1;
       }
-      if (!spawned.empty()) {
-        std::lock_guard<std::mutex> guard(mu_);
-        ready_.insert(ready_.end(), spawned.begin(), spawned.end());
-        WakeLocked(spawned.size());
-        spawned.clear();
-      }
+      QueueSpawned(spawned);
     }
     lock.lock();
     // Held back now (the parallelism fell while this chain ran): the work it leaves is for

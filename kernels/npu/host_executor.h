@@ -63,6 +63,9 @@ class HostExecutor {
   bool RunCore(const Program& program, int core, int index, std::vector<uint32_t>& spawned);
   // Wakes up to `n` sleeping workers among those allowed to run (under mu_).
   void WakeLocked(size_t n);
+  // Work a worker enabled or handed back, onto the queue for the others (takes mu_); empties
+  // `spawned`.
+  void QueueSpawned(std::vector<uint32_t>& spawned);
   void Execute(const Program& program, uint32_t id);
   // Marks `id` done and releases its successors. Successors without host work (flags, waits)
   // are completed on the spot; the first one with work is returned for the caller to run
